@@ -58,7 +58,8 @@ func TestNothingUserControlledIsLogged(t *testing.T) {
 		"status=499", "route=jobs.report status=409",
 		`msg=panic`, `panic="a string, its value withheld from logs"`, `panic="a *errors.errorString, its value withheld from logs"`,
 		"route=effects.begin err=", "SQLSTATE 22P02", "SQLSTATE P0001", "SQLSTATE RTZ99",
-		"route=mcp.post status=200", "route=effects.report status=409")
+		"route=mcp.post status=200", "route=effects.report status=409",
+		"result_unreadable", "webhook signing secret cannot be opened", "claim passed over a job whose input")
 	t.Logf("%d log lines checked, %d secrets", strings.Count(out, "\n"), len(s.secrets))
 }
 
@@ -70,6 +71,8 @@ type leakScenario struct {
 	env     *apitest.Env
 	key     string // the workspace's operator key
 	gateKey string // an effect's idempotency key
+	effect  string // its effect, succeeded with a marked result
+	hook    string // a webhook whose deliveries fail
 	n       int
 	secrets []string
 }
@@ -104,6 +107,7 @@ func (s *leakScenario) run(logger *slog.Logger) {
 	s.jobs()
 	s.sdkWorker()
 	s.webhooks()
+	s.unreadable()
 	s.failingRequests(logger)
 	s.panics()
 	s.quotingErrors()
@@ -140,6 +144,7 @@ func (s *leakScenario) gate() {
 	s.gateKey = key
 	b := begin(key, 10, map[string]any{"to": s.c("payload")})
 	id, _ := b["effect_id"].(string)
+	s.effect = id
 	token := s.secret(b["lease_token"])
 	s.do("POST", "/api/v1/effects/"+id+"/heartbeat", s.key, map[string]any{"lease_token": token})
 	s.do("POST", "/api/v1/effects/"+id+"/report", s.key, map[string]any{"lease_token": token,
@@ -352,6 +357,7 @@ func (s *leakScenario) webhooks() {
 		s.secret(sec)
 	}
 	hookID, _ := hook["id"].(string)
+	s.hook = hookID
 	s.do("POST", "/api/v1/webhooks", s.key, map[string]any{"url": "http://" + s.c("unresolvable") + ".invalid/?k=" + s.c("q"),
 		"events": []string{"approval.requested"}})
 	// An approval.requested event, then passes of the sweeper until the receiver was called.
@@ -369,6 +375,49 @@ func (s *leakScenario) webhooks() {
 	if rot, ok := s.do("POST", "/api/v1/webhooks/"+hookID+"/rotate-secret", s.key, nil)["secret"].(string); ok {
 		s.secret(rot)
 	}
+}
+
+// unreadable garbles sealed values the scenario marked, as a disk or a
+// botched restore would, so that the lines saying a value cannot be opened
+// are written: the succeeded effect's result (its tag), read back and
+// answered to a duplicate begin; the failing webhook's signing secret (its
+// tag), then a delivery to it; and a job's input (its key id: a key this
+// instance is not configured with), which a claim passes over.
+func (s *leakScenario) unreadable() {
+	ctx := context.Background()
+	garble := func(sql string, args ...any) {
+		tag, err := s.env.App.Pool.Exec(ctx, sql, args...)
+		require.NoError(s.t, err)
+		require.EqualValues(s.t, 1, tag.RowsAffected(), sql)
+	}
+	const lastByte = "set_byte(%[1]s, length(%[1]s) - 1, get_byte(%[1]s, length(%[1]s) - 1) # 1)"
+	garble(`UPDATE effects SET result = `+fmt.Sprintf(lastByte, "result")+` WHERE id = $1`, s.effect)
+	e := s.do("GET", "/api/v1/effects/"+s.effect, s.key, nil)
+	require.Equal(s.t, true, e["result_unreadable"], "%v", e)
+	s.do("POST", "/api/v1/effects/begin", s.key, map[string]any{"effect_type": "email.send",
+		"idempotency_key": s.gateKey, "payload": map[string]any{"to": s.c("payload")}, "cost_micros": 10,
+		"dimensions": map[string]any{"recipient": s.c("dimension")}})
+
+	garble(`UPDATE webhooks SET secret = `+fmt.Sprintf(lastByte, "secret")+` WHERE id = $1`, s.hook)
+	s.do("POST", "/api/v1/effects/begin", s.key, map[string]any{"effect_type": "email.send",
+		"idempotency_key": s.c("gatekey-garbled"), "payload": map[string]any{"to": s.c("payload")}, "cost_micros": 5000,
+		"dimensions": map[string]any{"recipient": s.c("dimension")}})
+	for range 3 {
+		s.env.App.Sweeper.RunOnce(ctx)
+	}
+
+	tool := s.c("garbledtool")
+	worker := s.secret(s.do("POST", "/api/v1/keys", s.key, map[string]any{"name": "garbled", "preset": "WORKER",
+		"tools": []string{tool + "@1"}})["secret"])
+	run := s.do("POST", "/api/v1/runs", s.key, map[string]any{"name": s.c("garbledrun")})
+	runID, _ := run["id"].(string)
+	step := s.do("POST", "/api/v1/runs/"+runID+"/steps", s.key, map[string]any{"name": tool, "version": "1",
+		"input": map[string]any{"to": s.c("input")}})
+	jobID, _ := step["jobId"].(string)
+	garble(`UPDATE jobs SET input_sealed = set_byte(input_sealed, 1, get_byte(input_sealed, 1) # 255) WHERE id = $1`, jobID)
+	reg := s.do("POST", "/api/v1/workers/register", worker, map[string]any{"tools": []map[string]any{{"name": tool, "version": "1"}}})
+	wid, _ := reg["workerId"].(string)
+	s.do("POST", "/api/v1/workers/"+wid+"/claim", worker, map[string]any{"limit": 1, "waitSeconds": 0})
 }
 
 // failingRequests raises database errors mid-request: while the test holds
