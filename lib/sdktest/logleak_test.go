@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -54,12 +55,14 @@ func TestNothingUserControlledIsLogged(t *testing.T) {
 	out := logs.String()
 	// The lines that had a value at hand were written (else the test holds nothing):
 	// the SDK worker's default log, the statement timeout, the cancelled request, a request line.
-	apitest.RequireNoLeak(t, out, s.secrets, `msg="ratchet worker" error=*ratchet.PanicError`, "SQLSTATE 57014",
+	apitest.RequireNoLeak(t, out, s.secrets, `msg="ratchet worker" error=*ratchet.PanicError`,
+		`msg="ratchet worker" report=not_recorded`, "code=lease_expired", "SQLSTATE 57014",
 		"status=499", "route=jobs.report status=409",
 		`msg=panic`, `panic="a string, its value withheld from logs"`, `panic="a *errors.errorString, its value withheld from logs"`,
 		"route=effects.begin err=", "SQLSTATE 22P02", "SQLSTATE P0001", "SQLSTATE RTZ99",
 		"route=mcp.post status=200", "route=effects.report status=409",
 		"result_unreadable", "webhook signing secret cannot be opened", "claim passed over a job whose input")
+	require.GreaterOrEqual(t, strings.Count(out, `error=*ratchet.PanicError`), 2, "the handler's panic and the classifier's")
 	t.Logf("%d log lines checked, %d secrets", strings.Count(out, "\n"), len(s.secrets))
 }
 
@@ -293,33 +296,75 @@ func (s *leakScenario) jobs() {
 
 // sdkWorker runs the Go SDK's worker without OnError, so its default
 // failure log (slog.Default, captured) writes what goes wrong: a handler
-// that panics with a canary, one that fails with one.
+// that panics with a canary, then one that fails with one; since the log
+// writes one line a minute, each next problem in a worker of its own: a
+// classifier that panics with a canary, and reports refused with a marked
+// message and detail.
 func (s *leakScenario) sdkWorker() {
+	var calls atomic.Int32
+	s.goWorker(2, func(in map[string]any) (map[string]any, error) {
+		if calls.Add(1) == 1 {
+			panic(fmt.Sprint(in["to"]))
+		}
+		return nil, errors.New(fmt.Sprint(in["to"]))
+	}, nil, nil)
+	s.goWorker(1, func(in map[string]any) (map[string]any, error) { return nil, errors.New(fmt.Sprint(in["to"])) },
+		func(err error, _ ratchet.JobContext) ratchet.Decision { panic(err.Error()) }, nil)
+	s.goWorker(1, func(in map[string]any) (map[string]any, error) { return map[string]any{"sent": in["to"]}, nil }, nil,
+		func(r *http.Request) *http.Response {
+			if !strings.HasSuffix(r.URL.Path, "/report") {
+				return nil
+			}
+			body := fmt.Sprintf(`{"error":{"code":"lease_expired","message":"%s","detail":{"x":"%s"}}}`,
+				s.c("reportmessage"), s.c("reportdetail"))
+			return &http.Response{StatusCode: http.StatusConflict, Request: r, Body: io.NopCloser(strings.NewReader(body)),
+				Header: http.Header{"Content-Type": {"application/json"}}}
+		})
+}
+
+// answering answers a request itself when answer does, else sends it on.
+type answering struct {
+	answer func(*http.Request) *http.Response
+	next   http.RoundTripper
+}
+
+func (a answering) RoundTrip(r *http.Request) (*http.Response, error) {
+	if res := a.answer(r); res != nil {
+		return res, nil
+	}
+	return a.next.RoundTrip(r)
+}
+
+// goWorker runs a Go SDK worker of a tool of its own (handle, classify) on
+// jobs marked inputs, until it ran n of them; answer, when set, answers
+// the worker's requests it says it answers.
+func (s *leakScenario) goWorker(n int, handle func(map[string]any) (map[string]any, error),
+	classify func(error, ratchet.JobContext) ratchet.Decision, answer func(*http.Request) *http.Response) {
 	ctx := context.Background()
 	tool := s.c("sdktool")
 	key := s.secret(s.do("POST", "/api/v1/keys", s.key, map[string]any{"name": "sdk", "preset": "WORKER",
 		"tools": []string{tool + "@1"}})["secret"])
-	client, err := ratchet.NewClient(ratchet.Config{BaseURL: s.env.Server.URL, APIKey: key, HTTPClient: s.env.Server.Client()})
+	hc := s.env.Server.Client()
+	if answer != nil {
+		hc = &http.Client{Transport: answering{answer: answer, next: hc.Transport}}
+	}
+	client, err := ratchet.NewClient(ratchet.Config{BaseURL: s.env.Server.URL, APIKey: key, HTTPClient: hc})
 	require.NoError(s.t, err)
 	w := ratchet.NewWorker(client)
-	var calls atomic.Int32
-	handled := make(chan struct{}, 4)
+	handled := make(chan struct{}, n)
 	require.NoError(s.t, ratchet.RegisterTool(w, ratchet.Tool[map[string]any, map[string]any]{Name: tool, Version: "1",
 		Handler: func(_ context.Context, in map[string]any, _ ratchet.JobContext) (map[string]any, error) {
 			defer func() { handled <- struct{}{} }()
-			if calls.Add(1) == 1 {
-				panic(fmt.Sprint(in["to"]))
-			}
-			return nil, errors.New(fmt.Sprint(in["to"]))
-		}}))
+			return handle(in)
+		}, ClassifyError: classify}))
 	require.NoError(s.t, w.Start(ctx, ratchet.StartOptions{Concurrency: 2, PollInterval: 50 * time.Millisecond}))
 	run := s.do("POST", "/api/v1/runs", s.key, map[string]any{"name": s.c("sdkrun")})
 	runID, _ := run["id"].(string)
-	for i := 0; i < 2; i++ {
+	for i := 0; i < n; i++ {
 		s.do("POST", "/api/v1/runs/"+runID+"/steps", s.key, map[string]any{"name": tool, "version": "1",
 			"input": map[string]any{"to": s.c("sdkinput")}, "maxAttempts": 1})
 	}
-	for i := 0; i < 2; i++ {
+	for i := 0; i < n; i++ {
 		select {
 		case <-handled:
 		case <-time.After(20 * time.Second):
