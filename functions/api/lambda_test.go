@@ -43,22 +43,7 @@ func TestTheLambdaFunctionServesTheAPIThroughTheRuntimeAPI(t *testing.T) {
 	logs := rt.StartFunction(t)
 	call := func(ev events.LambdaFunctionURLRequest) (int, map[string]any) {
 		t.Helper()
-		a := rt.Invoke(t, ev)
-		require.False(t, a.Error, "a function error: %s", a.Payload)
-		var res events.LambdaFunctionURLResponse
-		require.NoError(t, json.Unmarshal(a.Payload, &res), "%s", a.Payload)
-		require.True(t, strings.HasPrefix(res.Headers["X-Request-Id"], "req_"), "%v", res.Headers)
-		body := []byte(res.Body)
-		if res.IsBase64Encoded {
-			var err error
-			body, err = base64.StdEncoding.DecodeString(res.Body)
-			require.NoError(t, err)
-		}
-		var out map[string]any
-		if len(body) > 0 {
-			require.NoError(t, json.Unmarshal(body, &out), "%s", body)
-		}
-		return res.StatusCode, out
+		return invoke(t, rt, ev)
 	}
 
 	status, health := call(urlEvent("GET", "/api/v1/health", "", "", "", false))
@@ -109,4 +94,27 @@ func TestTheLambdaFunctionServesTheAPIThroughTheRuntimeAPI(t *testing.T) {
 		require.NotContains(t, logs(), secret)
 	}
 	require.NotContains(t, logs(), "welcome:lambda", "nor an idempotency key")
+}
+
+// invoke hands ev to the function and answers its response's status and
+// JSON body (nil when it has none), failing on a function error or an
+// answer without a request id.
+func invoke(t *testing.T, rt *apitest.LambdaRuntime, ev events.LambdaFunctionURLRequest) (int, map[string]any) {
+	t.Helper()
+	a := rt.Invoke(t, ev)
+	require.False(t, a.Error, "a function error: %s", a.Payload)
+	var res events.LambdaFunctionURLResponse
+	require.NoError(t, json.Unmarshal(a.Payload, &res), "%s", a.Payload)
+	require.True(t, strings.HasPrefix(res.Headers["X-Request-Id"], "req_"), "%v", res.Headers)
+	body := []byte(res.Body)
+	if res.IsBase64Encoded {
+		var err error
+		body, err = base64.StdEncoding.DecodeString(res.Body)
+		require.NoError(t, err)
+	}
+	var out map[string]any
+	if len(body) > 0 {
+		require.NoError(t, json.Unmarshal(body, &out), "%s", body)
+	}
+	return res.StatusCode, out
 }
