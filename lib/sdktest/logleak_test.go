@@ -72,17 +72,16 @@ func TestNothingUserControlledIsLogged(t *testing.T) {
 type leakScenario struct {
 	t       *testing.T
 	env     *apitest.Env
-	key     string // the workspace's operator key
-	gateKey string // an effect's idempotency key
-	effect  string // its effect, succeeded with a marked result
-	hook    string // a webhook whose deliveries fail
-	n       int
+	key     string       // the workspace's operator key
+	gateKey string       // an effect's idempotency key
+	effect  string       // its effect, succeeded with a marked result
+	hook    string       // a webhook whose deliveries fail
+	n       atomic.Int64 // c's count: receivers and proxies mark their answers from their own goroutines
 	secrets []string
 }
 
 func (s *leakScenario) c(label string) string {
-	s.n++
-	return apitest.Marked(label, s.n)
+	return apitest.Marked(label, int(s.n.Add(1)))
 }
 
 func (s *leakScenario) secret(v any) string {
