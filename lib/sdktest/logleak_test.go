@@ -229,6 +229,22 @@ func (s *leakScenario) jobs() {
 		"inputSchema": map[string]any{"type": "object", "description": s.c("schema"),
 			"properties": map[string]any{"to": map[string]any{"type": "string", "pattern": "^" + canary + "_", "description": s.c("pattern")}}},
 		"outputSchema": map[string]any{"type": "object", "title": s.c("outschema")}, "status": "ACTIVE"})
+	// Schemas a library may refuse quoting what it was given: a pattern
+	// that is no regular expression, a $ref and a format it does not know,
+	// a $schema it does not take (another tool's, this one's latest contract stays).
+	other := s.c("othertool")
+	for _, bad := range []map[string]any{
+		{"type": "string", "pattern": "(" + s.c("badpattern")},
+		{"$ref": "#/" + s.c("badref")},
+		{"$ref": "https://" + s.c("remote") + ".example/s.json"},
+		{"type": "string", "format": s.c("format")},
+		{"$schema": "https://" + s.c("dialect") + ".example/schema"},
+		{"type": s.c("type")},
+		{"enum": s.c("enum")},
+	} {
+		s.do("POST", "/api/v1/tools/"+other+"/contracts", s.key, map[string]any{"handlerVersion": "1",
+			"inputSchema": bad, "outputSchema": bad})
+	}
 	run := s.do("POST", "/api/v1/runs", s.key, map[string]any{"name": s.c("runname")}, "Idempotency-Key", s.c("runheader"))
 	runID, _ := run["id"].(string)
 	enqueue := func(name string, input map[string]any, extra map[string]any) map[string]any {
