@@ -548,12 +548,13 @@ func (s *leakScenario) pollWaiters(ctx context.Context, done func(int) bool) {
 
 // panics makes routes panic while they read their body, with a string, an
 // error and a wrapped error each holding a canary, on a route taking an
-// Idempotency-Key and on one that does not: the recover hook logs the panic
-// and its stack, never the value.
+// Idempotency-Key, one that does not and the MCP endpoint (a protocol
+// endpoint the MCP SDK reads): the recover hook logs the panic and its
+// stack, never the value.
 func (s *leakScenario) panics() {
 	values := []any{s.c("panicstring"), errors.New(s.c("panicerror")), fmt.Errorf("decode: %w", errors.New(s.c("panicwrapped")))}
 	for _, v := range values {
-		for _, path := range []string{"/api/v1/effects/begin", "/api/v1/keys"} {
+		for _, path := range []string{"/api/v1/effects/begin", "/api/v1/keys", "/api/v1/mcp"} {
 			req := httptest.NewRequest("POST", path, apitest.PanickyBody{V: v})
 			req.Header.Set("Authorization", "Bearer "+s.key)
 			req.Header.Set("Content-Type", "application/json")
