@@ -16,6 +16,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -768,8 +769,12 @@ func TestTheSweeperLogsNothingUserControlled(t *testing.T) {
 // whose inputs carry marks fail a way each worker logs (a handler raising
 // with the mark, a classifier raising with it, an output that is not JSON
 // whose error names it, each report then refused), a worker whose marked
-// key is refused at its start, and one whose claims are refused with a
-// marked message. What each process prints holds no mark and no key.
+// key is refused at its start, and one whose first claim is answered with
+// a marked body that is not JSON, then refused with a marked message. What each process prints holds no mark and no key.
+// garbledClaims is how many of a worker's claims the revoking proxy answers
+// with a body that is not JSON: past the client's own retries.
+const garbledClaims = 6
+
 func TestTheSDKWorkersLogNothingUserControlled(t *testing.T) {
 	t.Parallel()
 	env := apitest.Start(t)
@@ -792,10 +797,22 @@ func TestTheSDKWorkersLogNothingUserControlled(t *testing.T) {
 		forward.ServeHTTP(w, r)
 	}))
 	t.Cleanup(proxy.Close)
-	// The other proxy refuses every claim as a revoked key's.
+	// The other proxy answers a worker's first claim with a body that is
+	// not JSON, beginning with a mark (a JSON parser's error may quote it),
+	// then its claims as a revoked key's.
+	var mu sync.Mutex
+	claims := map[string]int{} // worker path → claims answered
 	revoking := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if strings.HasSuffix(r.URL.Path, "/claim") {
 			w.Header().Set("Content-Type", "application/json")
+			mu.Lock()
+			claims[r.URL.Path]++
+			n := claims[r.URL.Path]
+			mu.Unlock()
+			if n <= garbledClaims {
+				_, _ = fmt.Fprintf(w, `%s {"jobs":[`, s.c("garbledclaim"))
+				return
+			}
 			w.WriteHeader(http.StatusUnauthorized)
 			_, _ = fmt.Fprintf(w, `{"error":{"code":"unauthorized","message":"%s","detail":{}}}`, s.c("claimmessage"))
 			return
@@ -827,7 +844,8 @@ func TestTheSDKWorkersLogNothingUserControlled(t *testing.T) {
 		require.Contains(t, string(out), "handlers ran: 3")
 		require.Greater(t, refused.Load(), before, "reports were refused")
 		apitest.RequireNoLeak(t, string(out), append(s.secrets, key), "report=not_recorded", "code=lease_expired",
-			"refused: RatchetError", "ratchet worker refused: error=api status=401 code=unauthorized")
+			"refused: RatchetError", "ratchet worker refused: error=api status=401 code=unauthorized",
+			`kind="unreadable answer"`)
 	}
 	t.Run("python", func(t *testing.T) {
 		python := interpreter(t, "RATCHET_PYTHON", "python3", "Python 3.10 or newer (Debian: apt-get install python3)",
