@@ -57,7 +57,8 @@ func TestNothingUserControlledIsLogged(t *testing.T) {
 	// The lines that had a value at hand were written (else the test holds nothing):
 	// the SDK worker's default log, the statement timeout, the cancelled request, a request line.
 	apitest.RequireNoLeak(t, out, s.secrets, `msg="ratchet worker" error=*ratchet.PanicError`,
-		`msg="ratchet worker" report=not_recorded`, "code=lease_expired", "SQLSTATE 57014",
+		`msg="ratchet worker" report=not_recorded`, "code=lease_expired", `msg="ratchet worker refused" error=api status=401`,
+		`msg="ratchet worker" error=*ratchet.unconfirmed`, "SQLSTATE 57014",
 		"status=499", "route=jobs.report status=409",
 		`msg=panic`, `panic="a string, its value withheld from logs"`, `panic="a *errors.errorString, its value withheld from logs"`,
 		"route=effects.begin err=", "SQLSTATE 22P02", "SQLSTATE P0001", "SQLSTATE RTZ99",
@@ -326,6 +327,7 @@ func (s *leakScenario) sdkWorker() {
 	}, nil, nil)
 	s.goWorker(1, func(in map[string]any) (map[string]any, error) { return nil, errors.New(fmt.Sprint(in["to"])) },
 		func(err error, _ ratchet.JobContext) ratchet.Decision { panic(err.Error()) }, nil)
+	s.refusedGoWorker()
 	s.goWorker(1, func(in map[string]any) (map[string]any, error) { return map[string]any{"sent": in["to"]}, nil }, nil,
 		func(r *http.Request) *http.Response {
 			if !strings.HasSuffix(r.URL.Path, "/report") {
@@ -336,6 +338,40 @@ func (s *leakScenario) sdkWorker() {
 			return &http.Response{StatusCode: http.StatusConflict, Request: r, Body: io.NopCloser(strings.NewReader(body)),
 				Header: http.Header{"Content-Type": {"application/json"}}}
 		})
+}
+
+// refusedGoWorker runs a Go SDK worker whose claims are answered with a
+// marked body that is not JSON (past the client's retries), then refused
+// as a revoked key's with a marked message, which stops it.
+func (s *leakScenario) refusedGoWorker() {
+	ctx := context.Background()
+	tool := s.c("sdktool")
+	key := s.secret(s.do("POST", "/api/v1/keys", s.key, map[string]any{"name": "sdk", "preset": "WORKER",
+		"tools": []string{tool + "@1"}})["secret"])
+	var claims atomic.Int32
+	hc := &http.Client{Transport: answering{next: s.env.Server.Client().Transport, answer: func(r *http.Request) *http.Response {
+		if !strings.HasSuffix(r.URL.Path, "/claim") {
+			return nil
+		}
+		status, body := http.StatusOK, s.c("garbledclaim")+` {"jobs":[`
+		if claims.Add(1) > garbledClaims {
+			status, body = http.StatusUnauthorized, fmt.Sprintf(`{"error":{"code":"unauthorized","message":"%s","detail":{}}}`,
+				s.c("claimmessage"))
+		}
+		return &http.Response{StatusCode: status, Request: r, Body: io.NopCloser(strings.NewReader(body)),
+			Header: http.Header{"Content-Type": {"application/json"}}}
+	}}}
+	client, err := ratchet.NewClient(ratchet.Config{BaseURL: s.env.Server.URL, APIKey: key, HTTPClient: hc})
+	require.NoError(s.t, err)
+	w := ratchet.NewWorker(client)
+	require.NoError(s.t, ratchet.RegisterTool(w, ratchet.Tool[map[string]any, map[string]any]{Name: tool, Version: "1",
+		Handler: func(context.Context, map[string]any, ratchet.JobContext) (map[string]any, error) { return nil, nil }}))
+	require.NoError(s.t, w.Start(ctx, ratchet.StartOptions{PollInterval: 50 * time.Millisecond}))
+	select {
+	case <-w.Done():
+	case <-time.After(time.Minute):
+		s.t.Fatal("the refused worker never stopped")
+	}
 }
 
 // answering answers a request itself when answer does, else sends it on.
