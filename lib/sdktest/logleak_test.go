@@ -35,11 +35,16 @@ const canary = apitest.Mark
 
 // TestNothingUserControlledIsLogged runs a wide scenario (gate, approvals,
 // groups, reconcile, jobs, contracts, webhooks against a failing receiver,
-// refusals, a database error and a panic mid-request, the sweeper, and the
-// Go SDK worker's default failure log) at the most verbose log level, every
-// value the caller chooses marked with canary, and holds every captured line
-// to "never log payloads, inputs, outputs, keys or full error bodies": no
-// canary, no API key secret, no lease token (nor either half of one).
+// refusals, database errors mid-request, sealed values that cannot be
+// opened, panics mid-request, route errors whose text quotes a request's
+// value, MCP tool calls, the sweeper, and the Go SDK worker's default
+// failure log) at the most verbose log level, every value the caller
+// chooses marked with canary, and holds every captured line to "never log
+// payloads, inputs, outputs, keys or full error bodies": no canary, no API
+// key secret, no lease token (nor either half of one). Its siblings below
+// (the sweeper on a moved clock, the Python and TypeScript workers) and in
+// functions/api, functions/sweeper, functions/mcp and lib/vercel (each
+// entry point as deployed) share its mark and check (apitest.RequireNoLeak).
 // Not parallel: the SDK worker's default log is slog.Default, swapped here.
 func TestNothingUserControlledIsLogged(t *testing.T) {
 	var logs apitest.LockedBuffer
@@ -315,8 +320,9 @@ func (s *leakScenario) jobs() {
 // failure log (slog.Default, captured) writes what goes wrong: a handler
 // that panics with a canary, then one that fails with one; since the log
 // writes one line a minute, each next problem in a worker of its own: a
-// classifier that panics with a canary, and reports refused with a marked
-// message and detail.
+// classifier that panics with a canary, claims answered unreadably then
+// refused (refusedGoWorker), and reports refused with a marked message and
+// detail.
 func (s *leakScenario) sdkWorker() {
 	var calls atomic.Int32
 	s.goWorker(2, func(in map[string]any) (map[string]any, error) {
