@@ -1,8 +1,14 @@
 package main
 
 import (
+	"bytes"
 	"fmt"
+	"os"
+	"os/exec"
+	"strings"
 	"testing"
+
+	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apitest"
 )
@@ -40,4 +46,32 @@ func TestStdioLogsNothingUserControlled(t *testing.T) {
 	b.waitFor("21")
 	b.end()
 	apitest.RequireNoLeak(t, b.stderr.String(), []string{b.agent, b.operator, grant.LeaseToken}, "reported failed")
+}
+
+// Against a server that does not answer, each marked call's failure is
+// answered to the client, never written to stderr.
+func TestStdioLogsNothingUserControlledWhenTheServerIsDown(t *testing.T) {
+	n := 0
+	c := func(label string) string { n++; return apitest.Marked(label, n) }
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "RATCHET_MCP_MAIN=1", "RATCHET_API_KEY=rk_test", "RATCHET_BASE_URL=http://127.0.0.1:1")
+	lines := []string{
+		`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}`,
+		`{"jsonrpc":"2.0","method":"notifications/initialized"}`,
+	}
+	for i, params := range []string{
+		`{"name":"ratchet_begin","arguments":{"effect_type":"push.send","idempotency_key":%q,"payload":{"to":%q}}}`,
+		`{"name":"ratchet_get_effect","arguments":{"effect_id":%q}}`,
+		`{"name":"ratchet_report","arguments":{"effect_id":%q,"lease_token":%q,"outcome":"succeeded"}}`,
+	} {
+		lines = append(lines, fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":`+params+`}`, 10+i,
+			c("a"), c("b")))
+	}
+	cmd.Stdin = strings.NewReader(strings.Join(lines, "\n") + "\n")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	require.NoError(t, err, "%s", stderr.String())
+	require.Contains(t, string(out), "did not answer", "the calls failed: %s", out)
+	require.NotContains(t, strings.ToLower(stderr.String()), apitest.Mark, "%s", stderr.String())
 }
