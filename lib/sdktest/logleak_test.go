@@ -63,7 +63,7 @@ func TestNothingUserControlledIsLogged(t *testing.T) {
 	// the SDK worker's default log, the statement timeout, the cancelled request, a request line.
 	apitest.RequireNoLeak(t, out, s.secrets, `msg="ratchet worker" error=*ratchet.PanicError`,
 		`msg="ratchet worker" report=not_recorded`, "code=lease_expired", `msg="ratchet worker refused" error=api status=401`,
-		`msg="ratchet worker" error=*ratchet.unconfirmed`, "SQLSTATE 57014",
+		`msg="ratchet worker" error=network kind="unreadable answer" method=POST`, "SQLSTATE 57014",
 		"status=499", "route=jobs.report status=409",
 		`msg=panic`, `panic="a string, its value withheld from logs"`, `panic="a *errors.errorString, its value withheld from logs"`,
 		"route=effects.begin err=", "SQLSTATE 22P02", "SQLSTATE P0001", "SQLSTATE RTZ99",

@@ -409,7 +409,10 @@ func (c *Client) backoff(attempt int) time.Duration {
 
 // unreadableAnswer marks a 2xx whose body could not be decoded: the call
 // was applied, and its answer lost as surely as by a dropped connection.
-type unreadableAnswer struct{ err error }
+type unreadableAnswer struct {
+	err  error
+	call callInfo // the call it answered, for the default failure log
+}
 
 func (e *unreadableAnswer) Error() string { return e.err.Error() }
 func (e *unreadableAnswer) Unwrap() error { return e.err }
@@ -501,7 +504,8 @@ func (c *Client) once(ctx context.Context, method, path, key string, body []byte
 	if err != nil {
 		// The server acted and answered; only its answer is unreadable
 		// (cut short by a proxy, say).
-		return &unconfirmed{err: &unreadableAnswer{err: fmt.Errorf("ratchet: decode %s %s response: %w", method, path, err)}}
+		return &unconfirmed{err: &unreadableAnswer{err: fmt.Errorf("ratchet: decode %s %s response: %w", method, path, err),
+			call: call}}
 	}
 	if sd, ok := out.(serverDated); ok {
 		if d, err := http.ParseTime(res.Header.Get("Date")); err == nil {

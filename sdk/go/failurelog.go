@@ -163,6 +163,12 @@ func failureAttrs(err error) (attrs []any, call bool) {
 		}
 		return append(attrs, apiErr.call.attrs()...), true
 	}
+	var ua *unreadableAnswer
+	if errors.As(err, &ua) {
+		// As the Python and TypeScript workers log it (it read as an
+		// unknown *ratchet.unconfirmed, with the hint to set OnError).
+		return append([]any{"error", "network", "kind", "unreadable answer"}, ua.call.attrs()...), true
+	}
 	var ne *netError
 	if errors.As(err, &ne) {
 		return append([]any{"error", "network", "kind", netKind(ne.err)}, ne.call.attrs()...), true

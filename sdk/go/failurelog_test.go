@@ -348,6 +348,15 @@ func TestFailureAttrsHoldNoText(t *testing.T) {
 	if !call || !equalAttrs(attrs, want) {
 		t.Fatalf("attrs %v, want %v", attrs, want)
 	}
+	// An answer that is not JSON, by its kind and call as the other SDKs log it.
+	unreadable := &unconfirmed{err: &unreadableAnswer{err: errors.New(secret),
+		call: callInfo{method: "POST", host: "api.example", path: "/api/v1/workers/wkr_1/claim"}}}
+	attrs, call = failureAttrs(unreadable)
+	want = []any{"error", "network", "kind", "unreadable answer", "method", "POST", "host", "api.example",
+		"path", "/api/v1/workers/wkr_1/claim"}
+	if !call || !equalAttrs(attrs, want) {
+		t.Fatalf("attrs %v, want %v", attrs, want)
+	}
 	apiErr := &Error{StatusCode: 502, Code: "bad\ncode\x00", Message: secret, Detail: map[string]any{"x": secret}}
 	attrs, _ = failureAttrs(apiErr)
 	want = []any{"error", "api", "status", 502, "code", "bad?code?"}
