@@ -35,6 +35,35 @@ func finishing(ctx context.Context, grace time.Duration) (_ context.Context, sto
 	return detached, func() { stopWatching(); cancel() }
 }
 
+// carrierKey holds the context of the HTTP request that carried a message
+// to the streamable-HTTP endpoint (Handler).
+type carrierKey struct{}
+
+// withCarrier is r with its own context kept for the tool calls it carries
+// (boundToCarrier).
+func withCarrier(r *http.Request) *http.Request {
+	return r.WithContext(context.WithValue(r.Context(), carrierKey{}, r.Context()))
+}
+
+// boundToCarrier is ctx, a tool call's, cancelled too when the HTTP request
+// that carried the call ends: its client hung up, or the route's time ran
+// out. The SDK gives a call of a protocol before 2026-07-28 a context that
+// its request's end never cancels, so a call whose client had gone ran on
+// to its end (MCP QA: a ratchet_begin waiting on its group's lock was
+// granted after its client hung up, a lease no one held, and the key
+// answered in_flight to the retry), where README has it stop where it is,
+// as a REST call does. stop releases it. Over stdio, with no carrier, it is
+// ctx.
+func boundToCarrier(ctx context.Context) (_ context.Context, stop context.CancelFunc) {
+	carrier, ok := ctx.Value(carrierKey{}).(context.Context)
+	if !ok {
+		return ctx, func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	stopWatching := context.AfterFunc(carrier, cancel)
+	return ctx, func() { stopWatching(); cancel() }
+}
+
 // BeginWithoutRequestID says whether params, a tools/call's, call
 // ratchet_begin without a request_id: the lease token such a call may be
 // granted is in its answer and nowhere else, so if the answer is dropped

@@ -159,9 +159,13 @@ func refuseNotOffered(next mcp.MethodHandler) mcp.MethodHandler {
 // crossOrigin); against DNS rebinding, every request must carry an API key
 // in its Authorization header, which a page that rebinds a name to
 // 127.0.0.1 cannot make a browser send.
+//
+// A tool call stops when its request ends (boundToCarrier), as a REST call
+// does when its client hangs up.
 func Handler(s *mcp.Server) http.Handler {
-	return mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s },
+	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s },
 		&mcp.StreamableHTTPOptions{Stateless: true, JSONResponse: true, DisableLocalhostProtection: true})
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { h.ServeHTTP(w, withCarrier(r)) })
 }
 
 // call runs one REST call and turns its answer into a tool result: the API's

@@ -88,6 +88,8 @@ func define[In any](name, description, needs string, route func(In) (method, pat
 	return tool{name: name, needs: needs, spec: spec, add: func(s *mcp.Server, c Caller, defaultAuth string) {
 		s.AddTool(spec,
 			func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+				ctx, stop := boundToCarrier(ctx)
+				defer stop()
 				in, err := decodeArguments[In](req.Params.Arguments, resolved, urlOnly)
 				if err != nil {
 					return fit(ctx, name, argumentsError(err), nil)

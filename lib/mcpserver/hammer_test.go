@@ -1,0 +1,305 @@
+package mcpserver_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apitest"
+)
+
+// rpcCall is one tools/call message of tool with args under id.
+func rpcCall(id int, tool string, args map[string]any) map[string]any {
+	return map[string]any{"jsonrpc": "2.0", "id": id, "method": "tools/call",
+		"params": map[string]any{"name": tool, "arguments": args}}
+}
+
+// toolAnswers posts msg (one message, or a batch) to env's MCP endpoint
+// under key and answers each tool result's structured content by its
+// message's id, with whether it is an error result. Safe to call from any
+// goroutine: it reports what is wrong as an error, never through t.
+func toolAnswers(ctx context.Context, env *apitest.Env, key string, msg any) (map[int]toolAnswer, error) {
+	body, err := json.Marshal(msg)
+	if err != nil {
+		return nil, err
+	}
+	req, err := http.NewRequestWithContext(ctx, "POST", env.Server.URL+"/api/v1/mcp", strings.NewReader(string(body)))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+key)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	res, err := env.Client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer res.Body.Close()
+	raw, err := io.ReadAll(res.Body)
+	if err != nil {
+		return nil, err
+	}
+	if res.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("status %d: %s", res.StatusCode, raw)
+	}
+	var answers []struct {
+		ID     int `json:"id"`
+		Result *struct {
+			IsError           bool           `json:"isError"`
+			StructuredContent map[string]any `json:"structuredContent"`
+		} `json:"result"`
+	}
+	if raw[0] != '[' {
+		raw = append(append([]byte("["), raw...), ']')
+	}
+	if err := json.Unmarshal(raw, &answers); err != nil {
+		return nil, fmt.Errorf("%w: %s", err, raw)
+	}
+	out := map[int]toolAnswer{}
+	for _, a := range answers {
+		if a.Result == nil {
+			return nil, fmt.Errorf("no tool result: %s", raw)
+		}
+		out[a.ID] = toolAnswer{a.Result.StructuredContent, a.Result.IsError}
+	}
+	return out, nil
+}
+
+type toolAnswer struct {
+	content map[string]any
+	isError bool
+}
+
+// spent is what the gate's daily counters of workspace hold, by scope.
+func spent(t *testing.T, env *apitest.Env, workspace string) map[string][2]int64 {
+	t.Helper()
+	rows, err := env.App.Pool.Query(context.Background(),
+		`SELECT scope, micros, count FROM gate_spend WHERE workspace_id = $1`, workspace)
+	require.NoError(t, err)
+	defer rows.Close()
+	out := map[string][2]int64{}
+	for rows.Next() {
+		var scope string
+		var micros, count int64
+		require.NoError(t, rows.Scan(&scope, &micros, &count))
+		out[scope] = [2]int64{micros, count}
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
+// attempts counts the attempts of every effect of workspace.
+func attempts(t *testing.T, env *apitest.Env, workspace string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, env.App.Pool.QueryRow(context.Background(), `SELECT count(*) FROM effect_attempts a
+		JOIN effects e ON e.id = a.effect_id WHERE e.workspace_id = $1`, workspace).Scan(&n))
+	return n
+}
+
+// Racers released together on two instances, each sending ratchet_begin of
+// one effect type and idempotency key through the MCP endpoint (a third
+// alone without a request_id, a third alone with its own, a third as a
+// batch of two with their own), in two workspaces at once under the same
+// key: in each workspace exactly one call is answered execute and every
+// other in_flight on the same effect, one attempt is made, and the type's
+// budget, the key's ceiling and the dimension's limit are charged once.
+// Reported succeeded by racers on both instances, the effect answers every
+// later racer duplicate with its result, and nothing is charged again.
+func TestRacingBeginsThroughMCPGrantOneLease(t *testing.T) {
+	t.Parallel()
+	instances := []*apitest.Env{apitest.Start(t), apitest.Start(t)}
+	type tenant struct {
+		ws    apitest.Workspace
+		agent string
+	}
+	var tenants []tenant
+	for range 2 {
+		ws := instances[0].Signup()
+		instances[0].Must(http.StatusOK, "PUT", "/api/v1/policies/hammer.send", ws.Key, map[string]any{
+			"daily_budget_micros": 1000, "dimension_limits": map[string]any{"to": map[string]any{"daily_micros": 1000, "daily_count": 5}}})
+		agent := instances[0].Key(ws, map[string]any{"name": "agent", "preset": "AGENT", "daily_spend_ceiling_micros": 1000})
+		tenants = append(tenants, tenant{ws, agent})
+	}
+	args := func(requestID string) map[string]any {
+		a := map[string]any{"effect_type": "hammer.send", "idempotency_key": "order:1", "cost_micros": 100,
+			"payload": map[string]any{"n": 1}, "dimensions": map[string]any{"to": "a@b.c"}}
+		if requestID != "" {
+			a["request_id"] = requestID
+		}
+		return a
+	}
+	const racers = 24 // per workspace
+	type answered struct {
+		tenant  int
+		answers map[int]toolAnswer
+		err     error
+	}
+	race := func(message func(i, tenant int) any) []answered {
+		out := make([]answered, 2*racers)
+		apitest.StartTogether(2*racers, func(i int) {
+			ten := i % 2
+			a, err := toolAnswers(context.Background(), instances[(i/2)%2], tenants[ten].agent, message(i/2, ten))
+			out[i] = answered{ten, a, err}
+		})
+		return out
+	}
+	begins := race(func(i, _ int) any {
+		switch i % 3 {
+		case 0:
+			return rpcCall(1, "ratchet_begin", args(""))
+		case 1:
+			return rpcCall(1, "ratchet_begin", args(fmt.Sprintf("hammer-request-%04d-a", i)))
+		}
+		return []any{rpcCall(1, "ratchet_begin", args(fmt.Sprintf("hammer-request-%04d-b", i))),
+			rpcCall(2, "ratchet_begin", args(fmt.Sprintf("hammer-request-%04d-c", i)))}
+	})
+	grants := make([]map[string]any, 2)
+	effectIDs := make([]map[any]int, 2)
+	for ten := range 2 {
+		effectIDs[ten] = map[any]int{}
+	}
+	for _, b := range begins {
+		require.NoError(t, b.err)
+		for _, a := range b.answers {
+			require.False(t, a.isError, "%v", a.content)
+			effectIDs[b.tenant][a.content["effect_id"]]++
+			switch a.content["decision"] {
+			case "execute":
+				require.Nil(t, grants[b.tenant], "a second execute: %v and %v", grants[b.tenant], a.content)
+				grants[b.tenant] = a.content
+			case "in_flight":
+			default:
+				t.Fatalf("decision %v", a.content)
+			}
+		}
+	}
+	for ten, tn := range tenants {
+		require.NotNil(t, grants[ten], "no racer was granted the lease")
+		require.Len(t, effectIDs[ten], 1, "every racer answered on one effect")
+		require.Equal(t, 1, attempts(t, instances[0], tn.ws.ID), "one attempt")
+		charged := spent(t, instances[0], tn.ws.ID)
+		require.Len(t, charged, 3, "the type's budget, the key's ceiling and the dimension's limit: %v", charged)
+		for scope, c := range charged {
+			require.Equal(t, [2]int64{100, 1}, c, "%s charged once", scope)
+		}
+	}
+
+	reports := race(func(_, ten int) any {
+		return rpcCall(1, "ratchet_report", map[string]any{"effect_id": grants[ten]["effect_id"],
+			"lease_token": grants[ten]["lease_token"], "outcome": "succeeded", "result": map[string]any{"sent": "m-1"}})
+	})
+	for _, r := range reports {
+		require.NoError(t, r.err)
+		require.False(t, r.answers[1].isError, "a report repeated answers its first outcome: %v", r.answers[1].content)
+	}
+	duplicates := race(func(_, _ int) any { return rpcCall(1, "ratchet_begin", args("")) })
+	for _, d := range duplicates {
+		require.NoError(t, d.err)
+		require.Equal(t, "duplicate", d.answers[1].content["decision"], "%v", d.answers[1].content)
+		require.Equal(t, map[string]any{"sent": "m-1"}, d.answers[1].content["result"])
+	}
+	for _, tn := range tenants {
+		require.Equal(t, 1, attempts(t, instances[0], tn.ws.ID), "one attempt")
+		for scope, c := range spent(t, instances[0], tn.ws.ID) {
+			require.Equal(t, [2]int64{100, 1}, c, "%s charged once", scope)
+		}
+	}
+}
+
+// Racers on two instances sending one ratchet_begin under one request_id
+// (the retries of one call whose answer was lost, as a client sends them)
+// are each answered the same execute, lease token included: one attempt,
+// charged once. The same request_id from another key of the workspace is
+// in_flight (README: only that request can have the lease).
+func TestRacingRetriesOfOneBeginThroughMCPShareItsLease(t *testing.T) {
+	t.Parallel()
+	instances := []*apitest.Env{apitest.Start(t), apitest.Start(t)}
+	ws := instances[0].Signup()
+	instances[0].Must(http.StatusOK, "PUT", "/api/v1/policies/hammer.retry", ws.Key, map[string]any{"daily_budget_micros": 500})
+	agents := []string{instances[0].Key(ws, map[string]any{"name": "a", "preset": "AGENT"}),
+		instances[0].Key(ws, map[string]any{"name": "b", "preset": "AGENT"})}
+	args := map[string]any{"effect_type": "hammer.retry", "idempotency_key": "refund:9", "cost_micros": 200,
+		"request_id": "8d0f6b1c-2b7e-4c55-9a31-5f0d8e2c7a10"}
+	const racers = 20
+	answers := make([]map[int]toolAnswer, racers)
+	errs := make([]error, racers)
+	apitest.StartTogether(racers, func(i int) {
+		answers[i], errs[i] = toolAnswers(context.Background(), instances[i%2], agents[0], rpcCall(7, "ratchet_begin", args))
+	})
+	var lease any
+	for i, a := range answers {
+		require.NoError(t, errs[i])
+		got := a[7].content
+		require.Equal(t, "execute", got["decision"], "%v", got)
+		if lease == nil {
+			lease = got["lease_token"]
+		}
+		require.Equal(t, lease, got["lease_token"], "every retry answers the one lease")
+	}
+	other, err := toolAnswers(context.Background(), instances[1], agents[1], rpcCall(7, "ratchet_begin", args))
+	require.NoError(t, err)
+	require.Equal(t, "in_flight", other[7].content["decision"], "%v", other[7].content)
+	require.Equal(t, 1, attempts(t, instances[0], ws.ID))
+	require.Equal(t, map[string][2]int64{"type:hammer.retry": {200, 1}}, spent(t, instances[0], ws.ID))
+}
+
+// A client that closes its connection while its ratchet_begin waits in the
+// database stops the call where it is (README, MCP): the begin's statement
+// is cancelled, nothing is granted, leased or charged, and the next begin
+// of the key, with or without the request_id, is execute, not in_flight.
+func TestABeginWhoseClientHangsUpLeavesNothingLeased(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	env.Must(http.StatusOK, "PUT", "/api/v1/policies/hammer.hangup", ws.Key, map[string]any{"daily_budget_micros": 500})
+	agent := env.Key(ws, map[string]any{"name": "agent", "preset": "AGENT"})
+	group := env.Must(http.StatusCreated, "POST", "/api/v1/groups", agent, map[string]any{"name": "g"}).JSON()["id"].(string)
+	args := map[string]any{"effect_type": "hammer.hangup", "idempotency_key": "wire:1", "cost_micros": 100,
+		"group_id": group, "request_id": "0b5f7c4e-8a5d-4e4b-9c8f-3a6e2d1b9f70"}
+
+	// The begin takes its group's row FOR SHARE: held FOR UPDATE here, it
+	// waits until this transaction ends.
+	ctx := context.Background()
+	tx, err := env.App.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `SELECT 1 FROM effect_groups WHERE id = $1 FOR UPDATE`, group)
+	require.NoError(t, err)
+	holder := tx.Conn().PgConn().PID()
+	waiting := func() bool {
+		var n int
+		require.NoError(t, env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE $1::int = ANY (pg_blocking_pids(pid))`, holder).Scan(&n))
+		return n > 0
+	}
+
+	callCtx, hangUp := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		_, err := toolAnswers(callCtx, env, agent, rpcCall(1, "ratchet_begin", args))
+		done <- err
+	}()
+	require.Eventually(t, waiting, 10*time.Second, 5*time.Millisecond, "the begin never waited for the group")
+	hangUp()
+	require.ErrorIs(t, <-done, context.Canceled)
+	require.Eventually(t, func() bool { return !waiting() }, 10*time.Second, 5*time.Millisecond,
+		"the begin went on waiting after its client hung up")
+	require.NoError(t, tx.Rollback(ctx))
+
+	require.Equal(t, 0, attempts(t, env, ws.ID), "nothing was granted")
+	require.Empty(t, spent(t, env, ws.ID), "nothing was charged")
+	delete(args, "request_id")
+	again, err := toolAnswers(ctx, env, agent, rpcCall(2, "ratchet_begin", args))
+	require.NoError(t, err)
+	require.Equal(t, "execute", again[2].content["decision"], "the key is free: %v", again[2].content)
+	require.Equal(t, 1, attempts(t, env, ws.ID))
+	require.Equal(t, map[string][2]int64{"type:hammer.hangup": {100, 1}}, spent(t, env, ws.ID))
+}
