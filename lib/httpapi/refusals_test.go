@@ -18,6 +18,7 @@ import (
 
 	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/ids"
+	"github.com/getratchet/ratchet/lib/mcpserver"
 )
 
 // TestRefusalsChangeNothing holds every route of the served OpenAPI document
@@ -126,6 +127,8 @@ type refusal struct {
 	code         string // error.code; for MCP's JSON-RPC refusals, ""
 	field        string // invalid_request: a problem's field is this or under it; "" takes any
 	rpcCode      int    // MCP: the JSON-RPC error code
+	rpcID        any    // MCP: the id the JSON-RPC error answers under (nil: null)
+	bodiless     bool   // MCP: a notification or a response, answered 202 without a body
 	slot         bool   // a batch: status 200, its one slot refused with code and field
 	tool         bool   // an MCP tool call: status 200, its result the error envelope
 }
@@ -133,12 +136,15 @@ type refusal struct {
 // refusalWorld is the shared setup: the caller's workspace with one object
 // of each kind, another workspace with the same, and the digest query.
 type refusalWorld struct {
-	env         *apitest.Env
-	own, other  apitest.Workspace
-	ownIDs      map[string]string // by the path segment before the id: "effects" → eff_…
-	otherIDs    map[string]string
-	subst       map[string]string // seed placeholders
-	digestQuery string
+	env        *apitest.Env
+	own, other apitest.Workspace
+	ownIDs     map[string]string // by the path segment before the id: "effects" → eff_…
+	otherIDs   map[string]string
+	subst      map[string]string // seed placeholders
+	// keys of the caller's workspace: an AGENT key, a WORKER key whose
+	// tools list names one job tool, and a revoked key (MCP's cases).
+	agent, worker, revoked string
+	digestQuery            string
 }
 
 func newRefusalWorld(t *testing.T) *refusalWorld {
@@ -152,6 +158,12 @@ func newRefusalWorld(t *testing.T) *refusalWorld {
 	env.Must(http.StatusOK, "PUT", "/api/v1/policies/refusal.cost", w.own.Key, map[string]any{"require_cost": true})
 	env.Must(http.StatusOK, "PUT", "/api/v1/policies/refusal.dim", w.own.Key,
 		map[string]any{"required_dimensions": []string{"to"}})
+	w.agent = env.Key(w.own, map[string]any{"name": "agent", "preset": "AGENT"})
+	w.worker = env.Key(w.own, map[string]any{"name": "worker", "preset": "WORKER", "tools": []string{"send_email@1"}})
+	revoked := env.Must(http.StatusCreated, "POST", "/api/v1/keys", w.own.Key, map[string]any{"name": "gone",
+		"preset": "AGENT"}).JSON()
+	env.Must(http.StatusOK, "DELETE", "/api/v1/keys/"+revoked["id"].(string), w.own.Key, nil)
+	w.revoked = revoked["secret"].(string)
 	w.digestQuery = refusalDigestQuery(t, env)
 	return w
 }
@@ -270,6 +282,12 @@ func refusalMismatch(c refusal, res *apitest.Response) string {
 		}
 		return envelopeMismatch(c, mustJSON(map[string]any{"error": m.Results[0].Error}))
 	}
+	if c.bodiless {
+		if len(res.Body) > 0 {
+			return "want no body"
+		}
+		return ""
+	}
 	if c.rpcCode != 0 {
 		var m struct {
 			ID    any `json:"id"`
@@ -277,8 +295,8 @@ func refusalMismatch(c refusal, res *apitest.Response) string {
 				Code int `json:"code"`
 			} `json:"error"`
 		}
-		if json.Unmarshal(res.Body, &m) != nil || m.Error.Code != c.rpcCode || m.ID != nil {
-			return fmt.Sprintf("want JSON-RPC error %d with id null", c.rpcCode)
+		if json.Unmarshal(res.Body, &m) != nil || m.Error.Code != c.rpcCode || m.ID != c.rpcID {
+			return fmt.Sprintf("want JSON-RPC error %d with id %v", c.rpcCode, c.rpcID)
 		}
 		return ""
 	}
@@ -1017,6 +1035,7 @@ func (w *refusalWorld) mcpCases(t *testing.T, base refusal, method string) []ref
 		c.name, c.body, c.header, c.status, c.rpcCode = "JSON-RPC: "+b.name, b.body, header, http.StatusBadRequest, b.code
 		out = append(out, c)
 	}
+	out = append(out, w.mcpProtocolCases(t, base, call, header)...)
 	huge := `{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"zz":"` + strings.Repeat("a", 1<<20) + `"}}`
 	c := base
 	c.name, c.body, c.header = "over 1 MiB", huge, header
@@ -1029,6 +1048,94 @@ func (w *refusalWorld) mcpCases(t *testing.T, base refusal, method string) []ref
 		out = append(out, w.toolCases(t, base, header, tool.Name, tool.InputSchema)...)
 	}
 	return out
+}
+
+// mcpProtocolCases: a message the protocol refuses is answered as README's
+// MCP section says, a JSON-RPC error under the request's id when it has one
+// the answer can carry (a request's answer, HTTP 200, unless the transport
+// refused the message whole, 400), and null otherwise; a notification or a
+// response is a 202 without a body; a tool call of a key without the tool's
+// scope (an AGENT key, a WORKER key whose tools list names a job tool) is
+// the tool's forbidden, and a revoked key is 401 as on every route. call is
+// a valid ratchet_begin under id 1, which would change something if run.
+func (w *refusalWorld) mcpProtocolCases(t *testing.T, base refusal, call string, header http.Header) []refusal {
+	var out []refusal
+	rpc := func(name, body string, status, code int, id any, hdr ...string) {
+		c := base
+		c.name, c.body, c.status, c.rpcCode, c.rpcID = "JSON-RPC: "+name, body, status, code, id
+		c.header = header.Clone()
+		for i := 0; i+1 < len(hdr); i += 2 {
+			c.header.Set(hdr[i], hdr[i+1])
+		}
+		out = append(out, c)
+	}
+	const begin = `"method":"tools/call","params":{"name":"ratchet_begin","arguments":` +
+		`{"effect_type":"email.send","idempotency_key":"refusal"}}`
+	rpc("jsonrpc 1.0", `{"jsonrpc":"1.0","id":1,`+begin+`}`, http.StatusBadRequest, -32600, 1.0)
+	rpc("no jsonrpc member", `{"id":1,`+begin+`}`, http.StatusBadRequest, -32600, 1.0)
+	rpc("a boolean id", `{"jsonrpc":"2.0","id":true,`+begin+`}`, http.StatusBadRequest, -32600, nil)
+	rpc("a null id", `{"jsonrpc":"2.0","id":null,`+begin+`}`, http.StatusBadRequest, -32600, nil)
+	rpc("a tool call without an id", `{"jsonrpc":"2.0",`+begin+`}`, http.StatusBadRequest, -32600, nil)
+	rpc("a tool call without params", `{"jsonrpc":"2.0","id":1,"method":"tools/call"}`, http.StatusBadRequest, -32600, 1.0)
+	rpc("params that are not an object", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":"x"}`,
+		http.StatusOK, -32602, 1.0)
+	rpc("an unknown method", `{"jsonrpc":"2.0","id":1,"method":"effects/begin","params":{}}`, http.StatusOK, -32601, 1.0)
+	rpc("a capability not offered", `{"jsonrpc":"2.0","id":"r","method":"resources/list"}`, http.StatusOK, -32601, "r")
+	rpc("an unknown tool", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"ratchet_begin_x",`+
+		`"arguments":{"effect_type":"email.send","idempotency_key":"refusal"}}}`, http.StatusOK, -32602, 1.0)
+	rpc("a batch under protocol 2025-06-18", "["+call+"]", http.StatusBadRequest, -32600, nil,
+		"MCP-Protocol-Version", "2025-06-18")
+	rpc("an unsupported MCP-Protocol-Version", call, http.StatusBadRequest, -32600, 1.0, "MCP-Protocol-Version", "1999-01-01")
+	rpc("an Accept without JSON", call, http.StatusBadRequest, -32600, nil, "Accept", "text/event-stream")
+	rpc("two requests of a batch under one id", "["+call+","+call+"]", http.StatusBadRequest, -32600, nil)
+	rpc("an initialize in a batch", "["+call+`,{"jsonrpc":"2.0","id":2,"method":"initialize","params":`+
+		`{"protocolVersion":"2025-03-26","capabilities":{},"clientInfo":{"name":"c","version":"1"}}}]`,
+		http.StatusBadRequest, -32600, nil)
+	many := make([]string, mcpserver.MaxBatch+1)
+	for i := range many {
+		many[i] = strings.Replace(call, `"id":1`, fmt.Sprintf(`"id":%d`, i+1), 1)
+	}
+	rpc("a batch over MaxBatch", "["+strings.Join(many, ",")+"]", http.StatusBadRequest, -32600, nil)
+	for name, body := range map[string]string{
+		"a notification of an unknown method": `{"jsonrpc":"2.0","method":"effects/begin","params":{}}`,
+		"a cancellation":                      `{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1}}`,
+		"a response":                          `{"jsonrpc":"2.0","id":1,"result":{}}`,
+	} {
+		c := base
+		c.name, c.body, c.header, c.status, c.bodiless = "JSON-RPC: "+name, body, header, http.StatusAccepted, true
+		out = append(out, c)
+	}
+	cross := base
+	cross.name, cross.body, cross.status, cross.code = "a browser page of another origin", call, http.StatusForbidden, "forbidden"
+	cross.header = header.Clone()
+	cross.header.Set("Sec-Fetch-Site", "cross-site")
+	gzipped := invalid(base, "a compressed body", "Content-Encoding", call, "")
+	gzipped.header = header.Clone()
+	gzipped.header.Set("Content-Encoding", "gzip")
+	noType := invalid(base, "no Content-Type", "Content-Type", call, "")
+	noType.header = header.Clone()
+	noType.header["Content-Type"] = nil
+	revoked := unauthorized(base, call, header)
+	revoked.name, revoked.key = "a revoked key", w.revoked
+	out = append(out, cross, gzipped, noType, revoked)
+	args := w.toolSeed(t, "ratchet_resolve")
+	for _, k := range []struct{ name, key, tool string }{
+		{"an AGENT key resolves", w.agent, "ratchet_resolve"},
+		{"an AGENT key decides its approval", w.agent, "ratchet_decide_approval"},
+		{"a WORKER key with a tools list begins", w.worker, "ratchet_begin"},
+	} {
+		if k.tool != "ratchet_resolve" {
+			args = w.toolSeed(t, k.tool)
+		}
+		c := base
+		c.name, c.key, c.header, c.body = k.name, k.key, header, w.toolCall(k.tool, args)
+		c.status, c.tool, c.code = http.StatusOK, true, "forbidden"
+		out = append(out, c)
+	}
+	c := base
+	c.name, c.header, c.body = "arguments that are not an object", header, w.toolCall("ratchet_begin", []any{1})
+	c.status, c.tool, c.code, c.field = http.StatusOK, true, "invalid_request", "arguments"
+	return append(out, c)
 }
 
 // refusalToolSeeds are valid arguments of the MCP tools that require some
