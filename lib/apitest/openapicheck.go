@@ -152,6 +152,30 @@ func (c *openapiChecker) schema(ptr string) (*jsonschema.Schema, error) {
 	return s, nil
 }
 
+// CheckRequestBody fails t unless body is what the OpenAPI document says
+// the route of pattern (as the document spells its path) and method takes.
+// Requests are not checked as answers are (Env.DoWith): a test sends bad
+// ones on purpose.
+func CheckRequestBody(t testing.TB, method, pattern string, body []byte) {
+	t.Helper()
+	c, err := loadChecker()
+	if err != nil {
+		t.Fatalf("the OpenAPI document: %v", err)
+	}
+	ptr := "#/paths/" + pointerPart(pattern) + "/" + strings.ToLower(method) + "/requestBody/content/application~1json/schema"
+	sch, err := c.schema(ptr)
+	if err != nil {
+		t.Fatalf("compile %s: %v", ptr, err)
+	}
+	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(body))
+	if err != nil {
+		t.Fatalf("the body is not JSON: %v", err)
+	}
+	if err := sch.Validate(v); err != nil {
+		t.Errorf("%s %s: the request body does not match the OpenAPI document: %v", method, pattern, err)
+	}
+}
+
 // OpenAPIDoc is the OpenAPI document as encoding/json reads it back, for a
 // test that walks it (At).
 func OpenAPIDoc(t testing.TB) map[string]any {

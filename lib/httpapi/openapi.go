@@ -273,6 +273,9 @@ func operation(r Route) map[string]any {
 		// reads none as {}), so only one with a required field is required,
 		// or one that must send some of its fields (a PATCH).
 		fields, _ := schema.(map[string]any)["required"].([]any)
+		if _, batch := r.Request.(batchOf); batch {
+			fields = []any{"a message or a batch"}
+		}
 		least := 0
 		if m, ok := r.Request.(interface{ MinProperties() int }); ok {
 			least = m.MinProperties()
@@ -394,12 +397,38 @@ func contains(s []string, v string) bool {
 // date-time string, raw JSON to any value, and Optional[T] to T-or-null.
 // Every field of a response is required: it is always written, null or not
 // (but for one left out when empty, which is never null: omittedNotNull).
-func schemaOf(v any) any { return schemaFor(reflect.TypeOf(v), omittedNotNull) }
+func schemaOf(v any) any {
+	if b, ok := v.(batchOf); ok {
+		return b.schema(schemaOf)
+	}
+	return schemaFor(reflect.TypeOf(v), omittedNotNull)
+}
+
+// batchOf is a body that is one value like One or a JSON array of 1 to Max
+// of them: a JSON-RPC message or a batch of them, and its answer (QA: the
+// MCP endpoint's document showed one message alone, while README has it
+// take and answer batches).
+type batchOf struct {
+	One any
+	Max int
+}
+
+// schema is the body's: of is schemaOf or requestSchemaOf.
+func (b batchOf) schema(of func(any) any) any {
+	one := of(b.One)
+	return map[string]any{"anyOf": []any{one,
+		map[string]any{"type": "array", "items": one, "minItems": 1, "maxItems": b.Max}}}
+}
 
 // requestSchemaOf is schemaOf for a request body, where a field may be left
 // out when it can be null (a pointer, a map, a list, raw JSON, an Optional)
 // or is tagged omitempty; the others are required.
-func requestSchemaOf(v any) any { return schemaFor(reflect.TypeOf(v), relaxRequired) }
+func requestSchemaOf(v any) any {
+	if b, ok := v.(batchOf); ok {
+		return b.schema(requestSchemaOf)
+	}
+	return schemaFor(reflect.TypeOf(v), relaxRequired)
+}
 
 func schemaFor(t reflect.Type, adjust func(reflect.Type, *jsonschema.Schema)) any {
 	opts := &jsonschema.ForOptions{IgnoreInvalidTypes: true, TypeSchemas: map[reflect.Type]*jsonschema.Schema{

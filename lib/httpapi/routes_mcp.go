@@ -103,7 +103,10 @@ func (s *Server) mcpRoutes() []Route {
 			// A message the transport cannot take is a JSON-RPC error
 			// response (HTTP 400); a wrong content type is the envelope's.
 			rt.Errors = []string{apierr.CodeInvalidRequest, apierr.CodeForbidden}
-			rt.Request, rt.Response = mcpMessage{}, mcpAnswer{}
+			// A batch (a JSON-RPC array) is taken under the protocol
+			// versions that have them, and answered with an array.
+			rt.Request = batchOf{One: mcpMessage{}, Max: mcpserver.MaxBatch}
+			rt.Response = batchOf{One: mcpAnswer{}, Max: mcpserver.MaxBatch}
 			rt.ErrorBodies = map[int]any{http.StatusBadRequest: mcpAnswer{}}
 			rt.Bodiless = map[int]string{http.StatusAccepted: "Accepted: a JSON-RPC notification or response, " +
 				"which has no answer"}

@@ -469,3 +469,20 @@ func TestAnAnswerTooDeepForStructuredContentComesAsText(t *testing.T) {
 		require.Equal(t, levels == 9997, answer.Result.StructuredContent != nil, "%d levels", levels)
 	}
 }
+
+// The OpenAPI document says what the endpoint takes and answers: one
+// message or a batch, each answered in its place (QA: it showed one message
+// alone, and a batch's answer, an array, did not match it).
+func TestTheOpenAPIDocumentTakesAndAnswersABatch(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	key := env.Key(env.Signup(), map[string]any{"name": "agent", "preset": "AGENT"})
+	batch := `[{"jsonrpc":"2.0","id":1,"method":"ping"},{"jsonrpc":"2.0","id":2,"method":"tools/call",` +
+		`"params":{"name":"ratchet_get_policy","arguments":{"effect_type":"email.send"}}},` +
+		`{"jsonrpc":"2.0","method":"notifications/initialized"}]`
+	apitest.CheckRequestBody(t, "POST", "/api/v1/mcp", []byte(batch))
+	apitest.CheckRequestBody(t, "POST", "/api/v1/mcp", []byte(`{"jsonrpc":"2.0","id":1,"method":"ping"}`))
+	res := env.DoWith("POST", "/api/v1/mcp", key, http.Header{"Accept": {"application/json, text/event-stream"}}, batch)
+	require.Equal(t, http.StatusOK, res.Status, "%s", res.Body)
+	require.Len(t, rpcAnswers(t, res.Body), 2)
+}
