@@ -303,3 +303,51 @@ func TestABeginWhoseClientHangsUpLeavesNothingLeased(t *testing.T) {
 	require.Equal(t, 1, attempts(t, env, ws.ID))
 	require.Equal(t, map[string][2]int64{"type:hammer.hangup": {100, 1}}, spent(t, env, ws.ID))
 }
+
+// A notifications/cancelled in a batch cancels the request of that batch it
+// names (README, MCP): a ratchet_begin waiting in the database stops there,
+// answered as stopped (a JSON-RPC error, or the tool's error, worded by where
+// it stopped), with nothing granted, leased or charged, so the key's next
+// begin is execute.
+func TestACancellationInABatchStopsItsBegin(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	env.Must(http.StatusOK, "PUT", "/api/v1/policies/hammer.cancel", ws.Key, map[string]any{"daily_budget_micros": 500})
+	agent := env.Key(ws, map[string]any{"name": "agent", "preset": "AGENT"})
+	group := env.Must(http.StatusCreated, "POST", "/api/v1/groups", agent, map[string]any{"name": "g"}).JSON()["id"].(string)
+	args := map[string]any{"effect_type": "hammer.cancel", "idempotency_key": "wire:2", "cost_micros": 100, "group_id": group}
+	ctx := context.Background()
+	tx, err := env.App.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `SELECT 1 FROM effect_groups WHERE id = $1 FOR UPDATE`, group)
+	require.NoError(t, err)
+
+	// The begin waits for the group until the transaction ends; its route's
+	// own time (15 s) would answer it otherwise than as cancelled.
+	batch, err := json.Marshal([]any{rpcCall(1, "ratchet_begin", args),
+		map[string]any{"jsonrpc": "2.0", "method": "notifications/cancelled", "params": map[string]any{"requestId": 1}}})
+	require.NoError(t, err)
+	status, out := postMCP(t, env, agent, string(batch))
+	require.Equal(t, http.StatusOK, status, "%s", out)
+	answer := rpcAnswers(t, out)["1"]
+	require.NotNil(t, answer, "%s", out)
+	if rpcErr, ok := answer["error"].(map[string]any); ok {
+		// cancelled before its tool ran
+		require.Equal(t, -32600.0, rpcErr["code"], "%s", out)
+	} else {
+		result := answer["result"].(map[string]any)
+		require.Equal(t, true, result["isError"], "%s", out)
+		// cancelled as its REST call read its body, or while it ran
+		require.Contains(t, []string{"request_timeout", "client_closed_request"},
+			result["structuredContent"].(map[string]any)["error"].(map[string]any)["code"], "%s", out)
+	}
+	require.NoError(t, tx.Rollback(ctx))
+
+	require.Equal(t, 0, attempts(t, env, ws.ID), "nothing was granted")
+	require.Empty(t, spent(t, env, ws.ID), "nothing was charged")
+	again, err := toolAnswers(ctx, env, agent, rpcCall(2, "ratchet_begin", args))
+	require.NoError(t, err)
+	require.Equal(t, "execute", again[2].content["decision"], "the key is free: %v", again[2].content)
+}
