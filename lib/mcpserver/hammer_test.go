@@ -30,24 +30,9 @@ func toolAnswers(ctx context.Context, env *apitest.Env, key string, msg any) (ma
 	if err != nil {
 		return nil, err
 	}
-	req, err := http.NewRequestWithContext(ctx, "POST", env.Server.URL+"/api/v1/mcp", strings.NewReader(string(body)))
+	raw, err := post(ctx, env, key, string(body))
 	if err != nil {
 		return nil, err
-	}
-	req.Header.Set("Authorization", "Bearer "+key)
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json, text/event-stream")
-	res, err := env.Client.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer res.Body.Close()
-	raw, err := io.ReadAll(res.Body)
-	if err != nil {
-		return nil, err
-	}
-	if res.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("status %d: %s", res.StatusCode, raw)
 	}
 	var answers []struct {
 		ID     int `json:"id"`
@@ -70,6 +55,31 @@ func toolAnswers(ctx context.Context, env *apitest.Env, key string, msg any) (ma
 		out[a.ID] = toolAnswer{a.Result.StructuredContent, a.Result.IsError}
 	}
 	return out, nil
+}
+
+// post is postMCP for any goroutine: it answers the body of a 200, and
+// anything else as an error.
+func post(ctx context.Context, env *apitest.Env, key, body string) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, "POST", env.Server.URL+"/api/v1/mcp", strings.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+key)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	res, err := env.Client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer res.Body.Close()
+	raw, err := io.ReadAll(res.Body)
+	if err != nil {
+		return nil, err
+	}
+	if res.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("status %d: %s", res.StatusCode, raw)
+	}
+	return raw, nil
 }
 
 type toolAnswer struct {
@@ -350,4 +360,86 @@ func TestACancellationInABatchStopsItsBegin(t *testing.T) {
 	again, err := toolAnswers(ctx, env, agent, rpcCall(2, "ratchet_begin", args))
 	require.NoError(t, err)
 	require.Equal(t, "execute", again[2].content["decision"], "the key is free: %v", again[2].content)
+}
+
+// Racers on two instances, each a batch of two ratchet_begin calls of
+// distinct keys under one type's daily budget that fits ten: exactly ten
+// are granted, every other denied budget_exceeded (an error result carrying
+// the decision), and the type's counter holds exactly the budget.
+func TestRacingBeginsThroughMCPSpendExactlyTheBudget(t *testing.T) {
+	t.Parallel()
+	instances := []*apitest.Env{apitest.Start(t), apitest.Start(t)}
+	ws := instances[0].Signup()
+	instances[0].Must(http.StatusOK, "PUT", "/api/v1/policies/hammer.budget", ws.Key, map[string]any{"daily_budget_micros": 1000})
+	agent := instances[0].Key(ws, map[string]any{"name": "agent", "preset": "AGENT"})
+	const racers = 15
+	answers := make([]map[int]toolAnswer, racers)
+	errs := make([]error, racers)
+	apitest.StartTogether(racers, func(i int) {
+		begin := func(id int) map[string]any {
+			return rpcCall(id, "ratchet_begin", map[string]any{"effect_type": "hammer.budget",
+				"idempotency_key": fmt.Sprintf("charge:%d:%d", i, id), "cost_micros": 100})
+		}
+		answers[i], errs[i] = toolAnswers(context.Background(), instances[i%2], agent, []any{begin(1), begin(2)})
+	})
+	granted := 0
+	for i, a := range answers {
+		require.NoError(t, errs[i])
+		for _, r := range a {
+			if r.content["decision"] == "execute" {
+				require.False(t, r.isError)
+				granted++
+				continue
+			}
+			require.True(t, r.isError, "%v", r.content)
+			require.Equal(t, "denied", r.content["decision"], "%v", r.content)
+			require.Equal(t, "budget_exceeded", r.content["error"].(map[string]any)["code"], "%v", r.content)
+		}
+	}
+	require.Equal(t, 10, granted)
+	require.Equal(t, 10, attempts(t, instances[0], ws.ID))
+	require.Equal(t, map[string][2]int64{"type:hammer.budget": {1000, 10}}, spent(t, instances[0], ws.ID))
+}
+
+// Racers on two instances, each a batch of a tools/list, a ping and two
+// ratchet_begin calls, under a key limited to five calls a minute: exactly
+// five begins are admitted and the others refused rate_limited, each tool
+// call counted once as its REST call, the protocol's own messages not at
+// all (README, MCP): they are answered still.
+func TestRacingToolCallsThroughMCPKeepTheRateLimit(t *testing.T) {
+	t.Parallel()
+	clock := apitest.NewClock(time.Now().Truncate(time.Minute)) // one rate window throughout
+	instances := []*apitest.Env{apitest.Start(t, apitest.WithNow(clock.Now)), apitest.Start(t, apitest.WithNow(clock.Now))}
+	ws := instances[0].Signup()
+	agent := instances[0].Key(ws, map[string]any{"name": "agent", "preset": "AGENT", "rate_limit_per_minute": 5})
+	const racers = 6
+	outs := make([][]byte, racers)
+	errs := make([]error, racers)
+	apitest.StartTogether(racers, func(i int) {
+		begin := func(id int) string {
+			return fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"ratchet_begin",`+
+				`"arguments":{"effect_type":"hammer.limit","idempotency_key":"k:%d:%d"}}}`, id, i, id)
+		}
+		outs[i], errs[i] = post(context.Background(), instances[i%2], agent, `[{"jsonrpc":"2.0","id":1,"method":"tools/list"},`+
+			`{"jsonrpc":"2.0","id":2,"method":"ping"},`+begin(3)+`,`+begin(4)+`]`)
+	})
+	admitted := 0
+	for i, out := range outs {
+		require.NoError(t, errs[i])
+		answers := rpcAnswers(t, out)
+		require.Len(t, answers, 4, "%s", out)
+		require.Len(t, answers["1"]["result"].(map[string]any)["tools"], 9, "tools/list is not counted")
+		require.Equal(t, map[string]any{}, answers["2"]["result"], "ping is not counted")
+		for _, id := range []string{"3", "4"} {
+			result := answers[id]["result"].(map[string]any)
+			structured := result["structuredContent"].(map[string]any)
+			if structured["decision"] == "execute" {
+				admitted++
+				continue
+			}
+			require.Equal(t, "rate_limited", structured["error"].(map[string]any)["code"], "%v", structured)
+		}
+	}
+	require.Equal(t, 5, admitted)
+	require.Equal(t, 5, attempts(t, instances[0], ws.ID))
 }
