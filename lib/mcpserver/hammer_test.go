@@ -261,26 +261,28 @@ func TestRacingRetriesOfOneBeginThroughMCPShareItsLease(t *testing.T) {
 	require.Equal(t, map[string][2]int64{"type:hammer.retry": {200, 1}}, spent(t, instances[0], ws.ID))
 }
 
-// A client that closes its connection while its ratchet_begin waits in the
-// database stops the call where it is (README, MCP): the begin's statement
-// is cancelled, nothing is granted, leased or charged, and the next begin
-// of the key, with or without the request_id, is execute, not in_flight.
-func TestABeginWhoseClientHangsUpLeavesNothingLeased(t *testing.T) {
-	t.Parallel()
-	env := apitest.Start(t)
+// heldGroup is a workspace with a budgeted policy of effectType, an AGENT
+// key and a group of that key whose row this test holds FOR UPDATE: a begin
+// naming the group (which takes its row FOR SHARE) waits until release.
+// waiting says whether a statement waits for the holder.
+type heldGroup struct {
+	ws           apitest.Workspace
+	agent, group string
+	release      func()
+	waiting      func() bool
+}
+
+func holdGroup(t *testing.T, env *apitest.Env, effectType string) heldGroup {
+	t.Helper()
 	ws := env.Signup()
-	env.Must(http.StatusOK, "PUT", "/api/v1/policies/hammer.hangup", ws.Key, map[string]any{"daily_budget_micros": 500})
+	env.Must(http.StatusOK, "PUT", "/api/v1/policies/"+effectType, ws.Key, map[string]any{"daily_budget_micros": 500})
 	agent := env.Key(ws, map[string]any{"name": "agent", "preset": "AGENT"})
 	group := env.Must(http.StatusCreated, "POST", "/api/v1/groups", agent, map[string]any{"name": "g"}).JSON()["id"].(string)
-	args := map[string]any{"effect_type": "hammer.hangup", "idempotency_key": "wire:1", "cost_micros": 100,
-		"group_id": group, "request_id": "0b5f7c4e-8a5d-4e4b-9c8f-3a6e2d1b9f70"}
-
-	// The begin takes its group's row FOR SHARE: held FOR UPDATE here, it
-	// waits until this transaction ends.
 	ctx := context.Background()
 	tx, err := env.App.Pool.Begin(ctx)
 	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
+	release := func() { require.NoError(t, tx.Rollback(ctx)) }
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
 	_, err = tx.Exec(ctx, `SELECT 1 FROM effect_groups WHERE id = $1 FOR UPDATE`, group)
 	require.NoError(t, err)
 	holder := tx.Conn().PgConn().PID()
@@ -290,6 +292,21 @@ func TestABeginWhoseClientHangsUpLeavesNothingLeased(t *testing.T) {
 			WHERE $1::int = ANY (pg_blocking_pids(pid))`, holder).Scan(&n))
 		return n > 0
 	}
+	return heldGroup{ws, agent, group, release, waiting}
+}
+
+// A client that closes its connection while its ratchet_begin waits in the
+// database stops the call where it is (README, MCP): the begin's statement
+// is cancelled, nothing is granted, leased or charged, and the next begin
+// of the key, with or without the request_id, is execute, not in_flight.
+func TestABeginWhoseClientHangsUpLeavesNothingLeased(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	held := holdGroup(t, env, "hammer.hangup")
+	ws, agent := held.ws, held.agent
+	args := map[string]any{"effect_type": "hammer.hangup", "idempotency_key": "wire:1", "cost_micros": 100,
+		"group_id": held.group, "request_id": "0b5f7c4e-8a5d-4e4b-9c8f-3a6e2d1b9f70"}
+	ctx := context.Background()
 
 	callCtx, hangUp := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -297,12 +314,12 @@ func TestABeginWhoseClientHangsUpLeavesNothingLeased(t *testing.T) {
 		_, err := toolAnswers(callCtx, env, agent, rpcCall(1, "ratchet_begin", args))
 		done <- err
 	}()
-	require.Eventually(t, waiting, 10*time.Second, 5*time.Millisecond, "the begin never waited for the group")
+	require.Eventually(t, held.waiting, 10*time.Second, 5*time.Millisecond, "the begin never waited for the group")
 	hangUp()
 	require.ErrorIs(t, <-done, context.Canceled)
-	require.Eventually(t, func() bool { return !waiting() }, 10*time.Second, 5*time.Millisecond,
+	require.Eventually(t, func() bool { return !held.waiting() }, 10*time.Second, 5*time.Millisecond,
 		"the begin went on waiting after its client hung up")
-	require.NoError(t, tx.Rollback(ctx))
+	held.release()
 
 	require.Equal(t, 0, attempts(t, env, ws.ID), "nothing was granted")
 	require.Empty(t, spent(t, env, ws.ID), "nothing was charged")
@@ -322,17 +339,11 @@ func TestABeginWhoseClientHangsUpLeavesNothingLeased(t *testing.T) {
 func TestACancellationInABatchStopsItsBegin(t *testing.T) {
 	t.Parallel()
 	env := apitest.Start(t)
-	ws := env.Signup()
-	env.Must(http.StatusOK, "PUT", "/api/v1/policies/hammer.cancel", ws.Key, map[string]any{"daily_budget_micros": 500})
-	agent := env.Key(ws, map[string]any{"name": "agent", "preset": "AGENT"})
-	group := env.Must(http.StatusCreated, "POST", "/api/v1/groups", agent, map[string]any{"name": "g"}).JSON()["id"].(string)
-	args := map[string]any{"effect_type": "hammer.cancel", "idempotency_key": "wire:2", "cost_micros": 100, "group_id": group}
+	held := holdGroup(t, env, "hammer.cancel")
+	ws, agent := held.ws, held.agent
+	args := map[string]any{"effect_type": "hammer.cancel", "idempotency_key": "wire:2", "cost_micros": 100,
+		"group_id": held.group}
 	ctx := context.Background()
-	tx, err := env.App.Pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
-	_, err = tx.Exec(ctx, `SELECT 1 FROM effect_groups WHERE id = $1 FOR UPDATE`, group)
-	require.NoError(t, err)
 
 	// The begin waits for the group until the transaction ends; its route's
 	// own time (15 s) would answer it otherwise than as cancelled.
@@ -353,7 +364,7 @@ func TestACancellationInABatchStopsItsBegin(t *testing.T) {
 		require.Contains(t, []string{"request_timeout", "client_closed_request"},
 			result["structuredContent"].(map[string]any)["error"].(map[string]any)["code"], "%s", out)
 	}
-	require.NoError(t, tx.Rollback(ctx))
+	held.release()
 
 	require.Equal(t, 0, attempts(t, env, ws.ID), "nothing was granted")
 	require.Empty(t, spent(t, env, ws.ID), "nothing was charged")
