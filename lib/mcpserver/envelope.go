@@ -183,8 +183,9 @@ var protocolNames = map[string]bool{"jsonrpc": true, "id": true, "method": true,
 	"error": true, "name": true, "arguments": true, "_meta": true, "protocolVersion": true, "capabilities": true,
 	"clientInfo": true, "cursor": true}
 
-// canonicalID spells an id so that 1, 1.0 and 1e0 are one id (as the SDK
-// reads them: answerableID lets only integers through) and "1" another.
+// canonicalID spells an id so that 1, 1.0 and 1e0 are one id, as are 0 and
+// -0 (as the SDK reads them: answerableID lets only integers through), and
+// "1" another.
 func canonicalID(id json.RawMessage) string {
 	if id[0] == '"' {
 		var s string
@@ -193,6 +194,9 @@ func canonicalID(id json.RawMessage) string {
 	}
 	var f float64
 	_ = json.Unmarshal(id, &f)
+	if f == 0 {
+		f = 0 // -0 too, which the SDK reads as 0 (MCP QA: 0 and -0 passed as two ids, and one was dropped)
+	}
 	return fmt.Sprintf("n:%v", f)
 }
 

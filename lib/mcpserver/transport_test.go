@@ -486,3 +486,24 @@ func TestTheOpenAPIDocumentTakesAndAnswersABatch(t *testing.T) {
 	require.Equal(t, http.StatusOK, res.Status, "%s", res.Body)
 	require.Len(t, rpcAnswers(t, res.Body), 2)
 }
+
+// Two requests of a batch under ids that the SDK reads as one (0 and -0,
+// as 1 and 1.0) are refused whole, none run: the SDK ran one and dropped
+// the other, neither run nor answered (MCP QA).
+func TestABatchNamingOneIDTwiceRunsNothing(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	begin := func(id, key string) string {
+		return `{"jsonrpc":"2.0","id":` + id + `,"method":"tools/call","params":{"name":"ratchet_begin",` +
+			`"arguments":{"effect_type":"email.send","idempotency_key":"` + key + `"}}}`
+	}
+	for _, ids := range [][2]string{{"0", "-0"}, {"-0", "0.0"}, {"0e3", "-0.0e-2"}, {"1", "1.0"}} {
+		status, out := postMCP(t, env, ws.Key, "["+begin(ids[0], "a:"+ids[0])+","+begin(ids[1], "b:"+ids[1])+"]")
+		require.Equal(t, http.StatusBadRequest, status, "%v: %s", ids, out)
+		require.JSONEq(t, `{"jsonrpc":"2.0","id":null,"error":{"code":-32600,`+
+			`"message":"Invalid Request: a batch names each request's id once"}}`, string(out), "%v", ids)
+	}
+	list := env.Must(http.StatusOK, "GET", "/api/v1/effects", ws.Key, nil).JSON()
+	require.Empty(t, list["data"], "no begin ran")
+}
