@@ -454,3 +454,58 @@ func TestRacingToolCallsThroughMCPKeepTheRateLimit(t *testing.T) {
 	require.Equal(t, 5, admitted)
 	require.Equal(t, 5, attempts(t, instances[0], ws.ID))
 }
+
+// Racers on two instances resolving one indeterminate effect through MCP,
+// half succeeded and half failed, under one key: the first outcome recorded
+// stands, every racer that sent it is answered the effect as settled, every
+// other 409 invalid_state naming it, and the attempt's charge is kept or
+// given back once (README: a resolve repeated with the same outcome is safe
+// to retry).
+func TestRacingResolvesThroughMCPSettleOnce(t *testing.T) {
+	t.Parallel()
+	instances := []*apitest.Env{apitest.Start(t), apitest.Start(t)}
+	ws := instances[0].Signup()
+	instances[0].Must(http.StatusOK, "PUT", "/api/v1/policies/hammer.resolve", ws.Key, map[string]any{"daily_budget_micros": 500})
+	agent := instances[0].Key(ws, map[string]any{"name": "agent", "preset": "AGENT"})
+	begun, err := toolAnswers(context.Background(), instances[0], agent, rpcCall(1, "ratchet_begin", map[string]any{
+		"effect_type": "hammer.resolve", "idempotency_key": "vendor:1", "cost_micros": 100, "lease_seconds": 1}))
+	require.NoError(t, err)
+	effect := begun[1].content["effect_id"].(string)
+	require.Eventually(t, func() bool {
+		e := instances[0].Must(http.StatusOK, "GET", "/api/v1/effects/"+effect, ws.Key, nil).JSON()
+		return e["state"] == "indeterminate"
+	}, 30*time.Second, 50*time.Millisecond, "the lease never lapsed")
+
+	const racers = 20
+	outcome := func(i int) string { return []string{"succeeded", "failed"}[i%2] }
+	answers := make([]map[int]toolAnswer, racers)
+	errs := make([]error, racers)
+	apitest.StartTogether(racers, func(i int) {
+		answers[i], errs[i] = toolAnswers(context.Background(), instances[(i/2)%2], ws.Key, rpcCall(1, "ratchet_resolve",
+			map[string]any{"effect_id": effect, "outcome": outcome(i), "note": "checked"}))
+	})
+	won := ""
+	for i, a := range answers {
+		require.NoError(t, errs[i])
+		if !a[1].isError {
+			require.Equal(t, outcome(i), a[1].content["state"], "%v", a[1].content)
+			require.True(t, won == "" || won == outcome(i), "both outcomes answered as settled")
+			won = outcome(i)
+		}
+	}
+	require.NotEmpty(t, won, "no resolve was answered")
+	for i, a := range answers {
+		if a[1].isError {
+			require.NotEqual(t, won, outcome(i), "a repeat of the outcome that stands is refused: %v", a[1].content)
+			e := a[1].content["error"].(map[string]any)
+			require.Equal(t, "invalid_state", e["code"], "%v", a[1].content)
+			require.Equal(t, won, e["detail"].(map[string]any)["state"], "%v", a[1].content)
+		}
+	}
+	want := map[string][2]int64{"type:hammer.resolve": {100, 1}} // succeeded: kept
+	if won == "failed" {
+		want = map[string][2]int64{"type:hammer.resolve": {0, 0}} // given back, once
+	}
+	require.Equal(t, want, spent(t, instances[0], ws.ID))
+	require.Equal(t, 1, attempts(t, instances[0], ws.ID))
+}
