@@ -509,3 +509,56 @@ func TestRacingResolvesThroughMCPSettleOnce(t *testing.T) {
 	require.Equal(t, want, spent(t, instances[0], ws.ID))
 	require.Equal(t, 1, attempts(t, instances[0], ws.ID))
 }
+
+// An effect held for approval, approved by racers on two instances through
+// ratchet_decide_approval, then begun again by racers on both: every
+// decision is answered approved, exactly one begin is granted and the rest
+// in_flight, and the budget is charged once, when it is granted.
+func TestRacingApprovalsAndBeginsThroughMCPChargeOnce(t *testing.T) {
+	t.Parallel()
+	instances := []*apitest.Env{apitest.Start(t), apitest.Start(t)}
+	ws := instances[0].Signup()
+	instances[0].Must(http.StatusOK, "PUT", "/api/v1/policies/hammer.approve", ws.Key,
+		map[string]any{"daily_budget_micros": 500, "approval_above_micros": 10})
+	agent := instances[0].Key(ws, map[string]any{"name": "agent", "preset": "AGENT"})
+	args := map[string]any{"effect_type": "hammer.approve", "idempotency_key": "payout:7", "cost_micros": 100}
+	held, err := toolAnswers(context.Background(), instances[1], agent, rpcCall(1, "ratchet_begin", args))
+	require.NoError(t, err)
+	require.Equal(t, "approval_required", held[1].content["decision"], "%v", held[1].content)
+	require.Empty(t, spent(t, instances[0], ws.ID), "nothing is charged while held")
+
+	const racers = 12
+	race := func(key string, msg map[string]any) []toolAnswer {
+		out := make([]toolAnswer, racers)
+		errs := make([]error, racers)
+		apitest.StartTogether(racers, func(i int) {
+			var a map[int]toolAnswer
+			a, errs[i] = toolAnswers(context.Background(), instances[i%2], key, msg)
+			out[i] = a[1]
+		})
+		for _, err := range errs {
+			require.NoError(t, err)
+		}
+		return out
+	}
+	for _, d := range race(ws.Key, rpcCall(1, "ratchet_decide_approval",
+		map[string]any{"approval_id": held[1].content["approval_id"], "decision": "approve"})) {
+		require.False(t, d.isError, "%v", d.content)
+		require.Equal(t, "approved", d.content["state"], "%v", d.content)
+	}
+	require.Empty(t, spent(t, instances[0], ws.ID), "approval charges nothing: the grant does")
+	granted := 0
+	for _, b := range race(agent, rpcCall(1, "ratchet_begin", args)) {
+		require.False(t, b.isError, "%v", b.content)
+		switch b.content["decision"] {
+		case "execute":
+			granted++
+		case "in_flight":
+		default:
+			t.Fatalf("decision %v", b.content)
+		}
+	}
+	require.Equal(t, 1, granted)
+	require.Equal(t, 1, attempts(t, instances[0], ws.ID))
+	require.Equal(t, map[string][2]int64{"type:hammer.approve": {100, 1}}, spent(t, instances[0], ws.ID))
+}
