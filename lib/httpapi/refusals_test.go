@@ -1086,6 +1086,18 @@ func (w *refusalWorld) mcpProtocolCases(t *testing.T, base refusal, call string,
 	rpc("a batch under protocol 2025-06-18", "["+call+"]", http.StatusBadRequest, -32600, nil,
 		"MCP-Protocol-Version", "2025-06-18")
 	rpc("an unsupported MCP-Protocol-Version", call, http.StatusBadRequest, -32600, 1.0, "MCP-Protocol-Version", "1999-01-01")
+	// Protocol 2026-07-28 names the method and the tool in headers too,
+	// which a gateway may route or authorize by: a body that says
+	// otherwise is refused, not run.
+	const meta = `"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28",` +
+		`"io.modelcontextprotocol/clientCapabilities":{},"io.modelcontextprotocol/clientInfo":{"name":"c","version":"1"}}`
+	stateless := strings.Replace(call, `"arguments":`, meta+`,"arguments":`, 1)
+	rpc("an Mcp-Name naming another tool", stateless, http.StatusBadRequest, -32020, 1.0,
+		"MCP-Protocol-Version", "2026-07-28", "Mcp-Method", "tools/call", "Mcp-Name", "ratchet_get_policy")
+	rpc("an Mcp-Method naming another method", stateless, http.StatusBadRequest, -32020, 1.0,
+		"MCP-Protocol-Version", "2026-07-28", "Mcp-Method", "tools/list")
+	rpc("protocol 2026-07-28 without its _meta", call, http.StatusBadRequest, -32602, 1.0,
+		"MCP-Protocol-Version", "2026-07-28", "Mcp-Method", "tools/call", "Mcp-Name", "ratchet_begin")
 	rpc("an Accept without JSON", call, http.StatusBadRequest, -32600, nil, "Accept", "text/event-stream")
 	rpc("two requests of a batch under one id", "["+call+","+call+"]", http.StatusBadRequest, -32600, nil)
 	rpc("an initialize in a batch", "["+call+`,{"jsonrpc":"2.0","id":2,"method":"initialize","params":`+
