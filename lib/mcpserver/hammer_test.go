@@ -87,11 +87,12 @@ type toolAnswer struct {
 	isError bool
 }
 
-// spent is what the gate's daily counters of workspace hold, by scope.
+// spent is what the gate's daily counters of workspace hold, by scope (the
+// days summed: a test may run across midnight, UTC).
 func spent(t *testing.T, env *apitest.Env, workspace string) map[string][2]int64 {
 	t.Helper()
-	rows, err := env.App.Pool.Query(context.Background(),
-		`SELECT scope, micros, count FROM gate_spend WHERE workspace_id = $1`, workspace)
+	rows, err := env.App.Pool.Query(context.Background(), `SELECT scope, sum(micros)::bigint, sum(count)::bigint
+		FROM gate_spend WHERE workspace_id = $1 GROUP BY scope`, workspace)
 	require.NoError(t, err)
 	defer rows.Close()
 	out := map[string][2]int64{}
