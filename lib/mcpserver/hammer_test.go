@@ -25,12 +25,12 @@ func rpcCall(id int, tool string, args map[string]any) map[string]any {
 // under key and answers each tool result's structured content by its
 // message's id, with whether it is an error result. Safe to call from any
 // goroutine: it reports what is wrong as an error, never through t.
-func toolAnswers(ctx context.Context, env *apitest.Env, key string, msg any) (map[int]toolAnswer, error) {
+func toolAnswers(ctx context.Context, env *apitest.Env, key string, msg any, header ...string) (map[int]toolAnswer, error) {
 	body, err := json.Marshal(msg)
 	if err != nil {
 		return nil, err
 	}
-	raw, err := post(ctx, env, key, string(body))
+	raw, err := post(ctx, env, key, string(body), header...)
 	if err != nil {
 		return nil, err
 	}
@@ -57,9 +57,9 @@ func toolAnswers(ctx context.Context, env *apitest.Env, key string, msg any) (ma
 	return out, nil
 }
 
-// post is postMCP for any goroutine: it answers the body of a 200, and
-// anything else as an error.
-func post(ctx context.Context, env *apitest.Env, key, body string) ([]byte, error) {
+// post is postMCP for any goroutine, with more headers (name, value, ...):
+// it answers the body of a 200, and anything else as an error.
+func post(ctx context.Context, env *apitest.Env, key, body string, header ...string) ([]byte, error) {
 	req, err := http.NewRequestWithContext(ctx, "POST", env.Server.URL+"/api/v1/mcp", strings.NewReader(body))
 	if err != nil {
 		return nil, err
@@ -67,6 +67,9 @@ func post(ctx context.Context, env *apitest.Env, key, body string) ([]byte, erro
 	req.Header.Set("Authorization", "Bearer "+key)
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "application/json, text/event-stream")
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
 	res, err := env.Client.Do(req)
 	if err != nil {
 		return nil, err
@@ -303,33 +306,47 @@ func holdGroup(t *testing.T, env *apitest.Env, effectType string) heldGroup {
 func TestABeginWhoseClientHangsUpLeavesNothingLeased(t *testing.T) {
 	t.Parallel()
 	env := apitest.Start(t)
-	held := holdGroup(t, env, "hammer.hangup")
-	ws, agent := held.ws, held.agent
-	args := map[string]any{"effect_type": "hammer.hangup", "idempotency_key": "wire:1", "cost_micros": 100,
-		"group_id": held.group, "request_id": "0b5f7c4e-8a5d-4e4b-9c8f-3a6e2d1b9f70"}
-	ctx := context.Background()
+	// Under every protocol version: the SDK ties a call to its request
+	// under none of those before 2026-07-28, nor under that one unless told.
+	for i, version := range []string{"", "2025-06-18", "2026-07-28"} {
+		held := holdGroup(t, env, "hammer.hangup")
+		ws, agent := held.ws, held.agent
+		args := map[string]any{"effect_type": "hammer.hangup", "idempotency_key": "wire:1", "cost_micros": 100,
+			"group_id": held.group, "request_id": fmt.Sprintf("0b5f7c4e-8a5d-4e4b-9c8f-3a6e2d1b9f7%d", i)}
+		ctx := context.Background()
+		msg, header := rpcCall(1, "ratchet_begin", args), []string{}
+		if version != "" {
+			header = []string{"MCP-Protocol-Version", version}
+		}
+		if version == "2026-07-28" {
+			msg["params"].(map[string]any)["_meta"] = map[string]any{"io.modelcontextprotocol/protocolVersion": version,
+				"io.modelcontextprotocol/clientCapabilities": map[string]any{},
+				"io.modelcontextprotocol/clientInfo":         map[string]any{"name": "t", "version": "1"}}
+			header = append(header, "Mcp-Method", "tools/call", "Mcp-Name", "ratchet_begin")
+		}
 
-	callCtx, hangUp := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() {
-		_, err := toolAnswers(callCtx, env, agent, rpcCall(1, "ratchet_begin", args))
-		done <- err
-	}()
-	require.Eventually(t, held.waiting, 10*time.Second, 5*time.Millisecond, "the begin never waited for the group")
-	hangUp()
-	require.ErrorIs(t, <-done, context.Canceled)
-	require.Eventually(t, func() bool { return !held.waiting() }, 10*time.Second, 5*time.Millisecond,
-		"the begin went on waiting after its client hung up")
-	held.release()
+		callCtx, hangUp := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() {
+			_, err := toolAnswers(callCtx, env, agent, msg, header...)
+			done <- err
+		}()
+		require.Eventually(t, held.waiting, 10*time.Second, 5*time.Millisecond, "%s: the begin never waited for the group", version)
+		hangUp()
+		require.ErrorIs(t, <-done, context.Canceled, version)
+		require.Eventually(t, func() bool { return !held.waiting() }, 10*time.Second, 5*time.Millisecond,
+			"%s: the begin went on waiting after its client hung up", version)
+		held.release()
 
-	require.Equal(t, 0, attempts(t, env, ws.ID), "nothing was granted")
-	require.Empty(t, spent(t, env, ws.ID), "nothing was charged")
-	delete(args, "request_id")
-	again, err := toolAnswers(ctx, env, agent, rpcCall(2, "ratchet_begin", args))
-	require.NoError(t, err)
-	require.Equal(t, "execute", again[2].content["decision"], "the key is free: %v", again[2].content)
-	require.Equal(t, 1, attempts(t, env, ws.ID))
-	require.Equal(t, map[string][2]int64{"type:hammer.hangup": {100, 1}}, spent(t, env, ws.ID))
+		require.Equal(t, 0, attempts(t, env, ws.ID), "%s: nothing was granted", version)
+		require.Empty(t, spent(t, env, ws.ID), "%s: nothing was charged", version)
+		delete(args, "request_id")
+		again, err := toolAnswers(ctx, env, agent, rpcCall(2, "ratchet_begin", args))
+		require.NoError(t, err)
+		require.Equal(t, "execute", again[2].content["decision"], "%s: the key is free: %v", version, again[2].content)
+		require.Equal(t, 1, attempts(t, env, ws.ID), version)
+		require.Equal(t, map[string][2]int64{"type:hammer.hangup": {100, 1}}, spent(t, env, ws.ID), version)
+	}
 }
 
 // A notifications/cancelled in a batch cancels the request of that batch it
