@@ -118,6 +118,14 @@ func attempts(t *testing.T, env *apitest.Env, workspace string) int {
 	return n
 }
 
+// budgeted is a workspace whose policy of effectType is policy, with an
+// AGENT key, made through env.
+func budgeted(env *apitest.Env, effectType string, policy map[string]any) (apitest.Workspace, string) {
+	ws := env.Signup()
+	env.Must(http.StatusOK, "PUT", "/api/v1/policies/"+effectType, ws.Key, policy)
+	return ws, env.Key(ws, map[string]any{"name": "agent", "preset": "AGENT"})
+}
+
 // Racers released together on two instances, each sending ratchet_begin of
 // one effect type and idempotency key through the MCP endpoint (a third
 // alone without a request_id, a third alone with its own, a third as a
@@ -236,10 +244,8 @@ func TestRacingBeginsThroughMCPGrantOneLease(t *testing.T) {
 func TestRacingRetriesOfOneBeginThroughMCPShareItsLease(t *testing.T) {
 	t.Parallel()
 	instances := []*apitest.Env{apitest.Start(t), apitest.Start(t)}
-	ws := instances[0].Signup()
-	instances[0].Must(http.StatusOK, "PUT", "/api/v1/policies/hammer.retry", ws.Key, map[string]any{"daily_budget_micros": 500})
-	agents := []string{instances[0].Key(ws, map[string]any{"name": "a", "preset": "AGENT"}),
-		instances[0].Key(ws, map[string]any{"name": "b", "preset": "AGENT"})}
+	ws, agent := budgeted(instances[0], "hammer.retry", map[string]any{"daily_budget_micros": 500})
+	agents := []string{agent, instances[0].Key(ws, map[string]any{"name": "b", "preset": "AGENT"})}
 	args := map[string]any{"effect_type": "hammer.retry", "idempotency_key": "refund:9", "cost_micros": 200,
 		"request_id": "8d0f6b1c-2b7e-4c55-9a31-5f0d8e2c7a10"}
 	const racers = 20
@@ -278,9 +284,7 @@ type heldGroup struct {
 
 func holdGroup(t *testing.T, env *apitest.Env, effectType string) heldGroup {
 	t.Helper()
-	ws := env.Signup()
-	env.Must(http.StatusOK, "PUT", "/api/v1/policies/"+effectType, ws.Key, map[string]any{"daily_budget_micros": 500})
-	agent := env.Key(ws, map[string]any{"name": "agent", "preset": "AGENT"})
+	ws, agent := budgeted(env, effectType, map[string]any{"daily_budget_micros": 500})
 	group := env.Must(http.StatusCreated, "POST", "/api/v1/groups", agent, map[string]any{"name": "g"}).JSON()["id"].(string)
 	ctx := context.Background()
 	tx, err := env.App.Pool.Begin(ctx)
@@ -398,9 +402,7 @@ func TestACancellationInABatchStopsItsBegin(t *testing.T) {
 func TestRacingBeginsThroughMCPSpendExactlyTheBudget(t *testing.T) {
 	t.Parallel()
 	instances := []*apitest.Env{apitest.Start(t), apitest.Start(t)}
-	ws := instances[0].Signup()
-	instances[0].Must(http.StatusOK, "PUT", "/api/v1/policies/hammer.budget", ws.Key, map[string]any{"daily_budget_micros": 1000})
-	agent := instances[0].Key(ws, map[string]any{"name": "agent", "preset": "AGENT"})
+	ws, agent := budgeted(instances[0], "hammer.budget", map[string]any{"daily_budget_micros": 1000})
 	const racers = 15
 	answers := make([]map[int]toolAnswer, racers)
 	errs := make([]error, racers)
@@ -482,9 +484,7 @@ func TestRacingToolCallsThroughMCPKeepTheRateLimit(t *testing.T) {
 func TestRacingResolvesThroughMCPSettleOnce(t *testing.T) {
 	t.Parallel()
 	instances := []*apitest.Env{apitest.Start(t), apitest.Start(t)}
-	ws := instances[0].Signup()
-	instances[0].Must(http.StatusOK, "PUT", "/api/v1/policies/hammer.resolve", ws.Key, map[string]any{"daily_budget_micros": 500})
-	agent := instances[0].Key(ws, map[string]any{"name": "agent", "preset": "AGENT"})
+	ws, agent := budgeted(instances[0], "hammer.resolve", map[string]any{"daily_budget_micros": 500})
 	begun, err := toolAnswers(context.Background(), instances[0], agent, rpcCall(1, "ratchet_begin", map[string]any{
 		"effect_type": "hammer.resolve", "idempotency_key": "vendor:1", "cost_micros": 100, "lease_seconds": 1}))
 	require.NoError(t, err)
@@ -535,10 +535,8 @@ func TestRacingResolvesThroughMCPSettleOnce(t *testing.T) {
 func TestRacingApprovalsAndBeginsThroughMCPChargeOnce(t *testing.T) {
 	t.Parallel()
 	instances := []*apitest.Env{apitest.Start(t), apitest.Start(t)}
-	ws := instances[0].Signup()
-	instances[0].Must(http.StatusOK, "PUT", "/api/v1/policies/hammer.approve", ws.Key,
-		map[string]any{"daily_budget_micros": 500, "approval_above_micros": 10})
-	agent := instances[0].Key(ws, map[string]any{"name": "agent", "preset": "AGENT"})
+	ws, agent := budgeted(instances[0], "hammer.approve", map[string]any{"daily_budget_micros": 500,
+		"approval_above_micros": 10})
 	args := map[string]any{"effect_type": "hammer.approve", "idempotency_key": "payout:7", "cost_micros": 100}
 	held, err := toolAnswers(context.Background(), instances[1], agent, rpcCall(1, "ratchet_begin", args))
 	require.NoError(t, err)
