@@ -261,7 +261,10 @@ test('approve and reject a held effect, with notes; a declined confirmation send
 	let a = await api('GET', `/approvals/${held[0].approval_id}`, key);
 	assert.equal(a.body.state, 'approved');
 	assert.equal(a.body.note, 'checked with finance');
-	assert.ok(!ui.root.textContent.includes(held[0].effect_id), 'approved one left the pending list');
+	assert.ok(!ui.root.querySelectorAll('tr').some((r) => r.textContent.includes(held[0].effect_id)), 'approved one left the pending list');
+	// Said in words, naming which (console QA, in a browser: the row just
+	// left the list).
+	assert.deepEqual(notices(ui), [`Approved: payment.charge ${held[0].effect_id} — checked with finance.`]);
 
 	ui.confirmAnswer = false;
 	await submit(row(ui, held[1].effect_id), 'Reject', { note: 'no' });
@@ -274,6 +277,7 @@ test('approve and reject a held effect, with notes; a declined confirmation send
 	a = await api('GET', `/approvals/${held[1].approval_id}`, key);
 	assert.equal(a.body.state, 'rejected');
 	assert.match(ui.root.textContent, /No approval is pending\./);
+	assert.deepEqual(notices(ui), [`Rejected: payment.charge ${held[1].effect_id} — duplicate order.`]);
 
 	// The next begins follow the decisions.
 	const again = await api('POST', '/effects/begin', key, { effect_type: 'payment.charge', idempotency_key: 'c1', payload: { amount: 5 }, cost_micros: 5_000_000 });
@@ -686,6 +690,8 @@ test('runs, steps and the queue: a step cancelled, then replayed naming what its
 	assert.equal(job.status, 'QUEUED');
 	assert.equal(job.maxAttempts, 2);
 	assert.ok(ui.requests.includes(`POST /api/v1/steps/${step.stepId}/replay`));
+	// Said in words (console QA, in a browser: the page redrew silently).
+	assert.deepEqual(notices(ui), ['Replayed: the job is QUEUED, with 2 more executions allowed, on handler version 1.']);
 	// The replay is listed under the attempts, from the job's audit
 	// (console QA: not shown anywhere).
 	assert.equal(job.replays.length, 1);
@@ -820,7 +826,10 @@ test('a step replayed while its cancelled attempt may still run says it waits fo
 	await app.rendered();
 	const held = (await api('GET', `/steps/${step.stepId}`, key)).body.durableJob;
 	assert.deepEqual([held.status, held.dueAt, held.leaseExpiresAt], ['QUEUED', lease, lease]);
-	assert.deepEqual(notices(ui), [`Waiting for its cancelled attempt 1, which may still be running: no worker is given this step until that attempt reports or its lease expires (${time(lease)}), whichever comes first. Its worker learns of the cancel at its next heartbeat.`]);
+	assert.deepEqual(notices(ui), [
+		'Replayed: the job is QUEUED, with 1 more execution allowed, on handler version 1.',
+		`Waiting for its cancelled attempt 1, which may still be running: no worker is given this step until that attempt reports or its lease expires (${time(lease)}), whichever comes first. Its worker learns of the cancel at its next heartbeat.`,
+	]);
 	assert.equal(fieldValue(ui, 'Due'), `${time(lease)}, or sooner if attempt 1 reports`);
 
 	await go(ui, '#/runs/' + run.id);
@@ -1390,6 +1399,29 @@ test('the pages an operator watches refresh themselves in place, but not under a
 	assert.equal(ui.requests.length, sent, 'nothing fetched for a page no longer shown');
 });
 
+test("a live page's refresh keeps the line saying what was just done", async () => {
+	// Console QA, in a browser: "Approved: …" was dropped by the next
+	// refresh 15 s later, leaving nothing to say what had been done.
+	const key = await signup();
+	await api('PUT', '/policies/push.send', key, { mode: 'require_approval' });
+	const held = (await api('POST', '/effects/begin', key, { effect_type: 'push.send', idempotency_key: 'k1', payload: {} })).body;
+	const ui = await mount(key, '#/approvals');
+	await submit(row(ui, held.effect_id), 'Approve', { note: 'fine' });
+	const said = [`Approved: push.send ${held.effect_id} — fine.`];
+	assert.deepEqual(notices(ui), said);
+	const main = ui.root.querySelector('main');
+	const later = (await api('POST', '/effects/begin', key, { effect_type: 'push.send', idempotency_key: 'k2', payload: {} })).body;
+	ui.timers.at(-1).fn();
+	await app.rendered();
+	assert.equal(ui.root.querySelector('main'), main, 'redrawn in place');
+	assert.match(row(ui, later.effect_id).textContent, /push\.send/, 'the refresh drew the new row');
+	assert.deepEqual(notices(ui), said);
+	// A full redraw (the page's own link) says nothing more.
+	await go(ui, '#/effects');
+	await go(ui, '#/approvals');
+	assert.deepEqual(notices(ui), []);
+});
+
 test("a refresh never replaces an action's answer, nor the rows Load more added", async () => {
 	// Console QA: a refresh fetched while a rejection was sent replaced the
 	// page: the rejection's 409 (another operator had approved) was written
@@ -1653,6 +1685,8 @@ test('webhooks: disabled and enabled again, and edited, keeping its secret', asy
 	assert.deepEqual(edited.events, ['run.finished', 'step.exhausted']);
 	assert.equal(edited.disabled, true, 'an edit leaves it disabled');
 	assert.match(ui.root.querySelector('h1').textContent, /example\.com\/hooks\/moved/, 'the page redrawn');
+	// Said in words, as a policy's save is (console QA, in a browser).
+	assert.deepEqual(notices(ui), ['Saved.']);
 	// Refused as the service refuses it, with its field.
 	const again = formOf(button(ui.root, 'Save subscription'));
 	for (const box of again.querySelectorAll('input').filter((i) => i.name === 'events')) box.checked = false;

@@ -1353,6 +1353,14 @@ const pages = {
 					if (!Object.keys(changed).length) throw new ConsoleError('unchanged', 'Nothing changed.');
 					return call('PATCH', `/webhooks/${seg(id)}`, changed);
 				},
+				{
+					// Said, as a policy's save is (console QA, in a browser:
+					// the page redrew with no word of the save).
+					after: () => {
+						flash = 'Saved.';
+						rerender();
+					},
+				},
 			),
 			h('h2', null, 'Deliveries'),
 			await pager(`/webhooks/${seg(id)}/deliveries`, {}, columns, 'Nothing delivered yet.'),
@@ -1637,14 +1645,24 @@ function decide(a, effect) {
 			inline: true,
 			name: `Approve ${a.effect_type} ${a.effect_id}`,
 			confirm: `Approve ${a.effect_type} ${a.effect_id} for ${amount}${keyNote}? The next begin on its key executes.`,
+			after: decided,
 		}),
 		form([input('Note', 'note', { maxlength: maxLengths['POST /approvals/{id}/reject note'], 'aria-label': `Note rejecting ${a.effect_id}` })], 'Reject', (v) => call('POST', `/approvals/${seg(a.id)}/reject`, { note: v.note || undefined }), {
 			inline: true,
 			danger: true,
 			name: `Reject ${a.effect_type} ${a.effect_id}`,
 			confirm: `Reject ${a.effect_type} ${a.effect_id}? Every begin on its key is then denied.`,
+			after: decided,
 		}),
 	]);
+}
+
+// decided redraws the page an approval was decided on, saying which one and
+// how (console QA, in a browser: the approved row just left the list and
+// the focus went to the heading, so nothing said what had been done).
+function decided(a) {
+	flash = `${a.state === 'approved' ? 'Approved' : a.state === 'rejected' ? 'Rejected' : 'Now ' + a.state}: ${a.effect_type} ${a.effect_id}${a.note ? ' — ' + a.note : ''}.`;
+	rerender();
 }
 
 // retryPolicyText is step s's policy snapshot (durableJob.policy: its
@@ -1994,7 +2012,15 @@ async function replayForm(stepId) {
 							expectedHandlerVersion: p.handlerVersion,
 							...(v.target ? { targetContractVersion: Number(v.target), acknowledgeVersionChange: v.ackVersion } : {}),
 						}),
-					{ danger: true },
+					{
+						danger: true,
+						// Said, not only seen in the redrawn job (console QA, in
+						// a browser: the page redrew with no word of the replay).
+						after: (r) => {
+							flash = `Replayed: the job is ${r.status}, with ${r.maxAttempts - r.attempt} more execution${r.maxAttempts - r.attempt === 1 ? '' : 's'} allowed, on handler version ${r.handlerVersion}.`;
+							rerender();
+						},
+					},
 				),
 	]);
 }
@@ -2175,6 +2201,7 @@ const LIVE_MS = 15000;
 let liveHeld = false; // the page shown was edited or acted on
 let liveNote = null; // its "Shown at" line, when it is a live page
 let flash = null; // a line for the next full redraw to show ("Saved (version 3).")
+let shownFlash = null; // the line the page shown was drawn with: a live page's refresh keeps it
 
 // focusWithin says whether a control inside el has the keyboard focus: a
 // refresh then waits for the next period rather than redraw it away
@@ -2243,11 +2270,13 @@ async function draw(mine, quiet) {
 	// A quiet redraw (a live page's refresh) keeps the page on screen until
 	// its new content is there.
 	let main = quiet ? root.querySelector('main') : null;
-	let notice = null;
+	// A live page's refresh keeps the line its full draw said (console QA, in
+	// a browser: "Approved: …" went 15 s later, with nothing else to say it).
+	let notice = quiet ? shownFlash : null;
 	if (!main) {
 		liveHeld = false;
 		liveNote = null;
-		notice = flash;
+		notice = shownFlash = flash;
 		flash = null;
 		const section = nav.find(([p]) => p === route.section);
 		env.document.title = section ? section[1] + ' — Ratchet console' : 'Ratchet console';
