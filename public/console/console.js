@@ -1223,7 +1223,15 @@ const pages = {
 							after: (r, status) => (r.refused ? offerReplace(w, r.refused, status) : rotated(w, r, status)),
 						}),
 						' ',
-						action('Delete', () => call('DELETE', `/webhooks/${seg(w.id)}`), { danger: true, confirm: `End the subscription to ${JSON.stringify(w.url)}? Its pending deliveries are abandoned.` }),
+						action('Delete', () => call('DELETE', `/webhooks/${seg(w.id)}`), {
+							danger: true,
+							confirm: `End the subscription to ${JSON.stringify(w.url)}? Its pending deliveries are abandoned.`,
+							// Said, as the row just leaves the list (console QA, in a browser).
+							after: () => {
+								flash = `Deleted: the subscription to ${w.url}.`;
+								rerender();
+							},
+						}),
 					];
 				},
 			},

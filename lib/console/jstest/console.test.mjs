@@ -1644,6 +1644,7 @@ test('webhooks: a subscription made with its events, its deliveries page, then e
 	await go(ui, '#/webhooks');
 	await click(row(ui, 'example.com/hooks'), 'Delete');
 	assert.equal((await api('GET', '/webhooks', key)).body.data.length, 0);
+	assert.deepEqual(notices(ui), [`Deleted: the subscription to ${hook.url}.`]);
 });
 
 test('webhooks: disabled and enabled again, and edited, keeping its secret', async () => {
