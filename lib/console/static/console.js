@@ -2272,8 +2272,9 @@ async function draw(mine, quiet) {
 				}
 			},
 		}, title))),
-		goTo(),
-		h('button', { type: 'button', class: 'signout', onclick: () => signOut('Signed out.') }, 'Sign out'),
+		// The id box and Sign out wrap together, under the links when the
+		// row is short (console QA, in a browser: each wrapped on its own).
+		h('div', { class: 'session' }, goTo(), h('button', { type: 'button', class: 'signout', onclick: () => signOut('Signed out.') }, 'Sign out')),
 	);
 	// A quiet redraw (a live page's refresh) keeps the page on screen until
 	// its new content is there.
