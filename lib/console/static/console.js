@@ -664,10 +664,7 @@ const pages = {
 						},
 						confirm: (v) => `Record ${e.effect_type} ${e.id} as ${v.outcome.toUpperCase()} at the vendor? It cannot be changed afterwards.`,
 						// Said, not only seen in the redrawn state (console QA).
-						after: (r) => {
-							flash = `Resolved: recorded as ${r.state}.`;
-							rerender();
-						},
+						after: (r) => redrawSaying(`Resolved: recorded as ${r.state}.`),
 					},
 				),
 			);
@@ -1227,10 +1224,7 @@ const pages = {
 							danger: true,
 							confirm: `End the subscription to ${JSON.stringify(w.url)}? Its pending deliveries are abandoned.`,
 							// Said, as the row just leaves the list (console QA, in a browser).
-							after: () => {
-								flash = `Deleted: the subscription to ${w.url}.`;
-								rerender();
-							},
+							after: () => redrawSaying(`Deleted: the subscription to ${w.url}.`),
 						}),
 					];
 				},
@@ -1364,10 +1358,7 @@ const pages = {
 				{
 					// Said, as a policy's save is (console QA, in a browser:
 					// the page redrew with no word of the save).
-					after: () => {
-						flash = 'Saved.';
-						rerender();
-					},
+					after: () => redrawSaying('Saved.'),
 				},
 			),
 			h('h2', null, 'Deliveries'),
@@ -1529,7 +1520,13 @@ async function refreshList(list, created) {
 // saved redraws a policy's page after its save, saying which version it
 // made.
 function saved(p) {
-	flash = `Saved (version ${p.version}).`;
+	redrawSaying(`Saved (version ${p.version}).`);
+}
+
+// redrawSaying redraws the page after an action, with line under its heading
+// saying what was done.
+function redrawSaying(line) {
+	flash = line;
 	rerender();
 }
 
@@ -1669,8 +1666,7 @@ function decide(a, effect) {
 // how (console QA, in a browser: the approved row just left the list and
 // the focus went to the heading, so nothing said what had been done).
 function decided(a) {
-	flash = `${a.state === 'approved' ? 'Approved' : a.state === 'rejected' ? 'Rejected' : 'Now ' + a.state}: ${a.effect_type} ${a.effect_id}${a.note ? ' — ' + a.note : ''}.`;
-	rerender();
+	redrawSaying(`${a.state === 'approved' ? 'Approved' : a.state === 'rejected' ? 'Rejected' : 'Now ' + a.state}: ${a.effect_type} ${a.effect_id}${a.note ? ' — ' + a.note : ''}.`);
 }
 
 // retryPolicyText is step s's policy snapshot (durableJob.policy: its
@@ -2025,8 +2021,8 @@ async function replayForm(stepId) {
 						// Said, not only seen in the redrawn job (console QA, in
 						// a browser: the page redrew with no word of the replay).
 						after: (r) => {
-							flash = `Replayed: the job is ${r.status}, with ${r.maxAttempts - r.attempt} more execution${r.maxAttempts - r.attempt === 1 ? '' : 's'} allowed, on handler version ${r.handlerVersion}.`;
-							rerender();
+							const more = r.maxAttempts - r.attempt;
+							redrawSaying(`Replayed: the job is ${r.status}, with ${more} more execution${more === 1 ? '' : 's'} allowed, on handler version ${r.handlerVersion}.`);
 						},
 					},
 				),
