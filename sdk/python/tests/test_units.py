@@ -3618,9 +3618,10 @@ class FullReportQueueTest(unittest.TestCase):
                                       poll_interval=0.05, stop_grace=60)
         self.assert_given_up_at_once(worker, [f"job_{i}" for i in range(1, self.JOBS + 1)])
 
-    def test_a_second_interrupt_gives_up_a_running_handler_at_once(self) -> None:
-        # The handler ignores its cancellation: start() waited for it the
-        # stop's 30 s and a minute's grace; it is left running, unwaited.
+    def one_stubborn_handler(self):
+        """A client of a fake server that hands out job_1 once, whose tool's
+        handler ignores its cancellation (until the test ends); the server,
+        and set once the handler runs."""
         release = threading.Event()
         self.addCleanup(release.set)
         running = threading.Event()
@@ -3642,6 +3643,12 @@ class FullReportQueueTest(unittest.TestCase):
             release.wait(60)
 
         client.register_tool("t", "1", handler)
+        return client, server, running
+
+    def test_a_second_interrupt_gives_up_a_running_handler_at_once(self) -> None:
+        # The handler ignores its cancellation: start() waited for it the
+        # stop's 30 s and a minute's grace; it is left running, unwaited.
+        client, server, running = self.one_stubborn_handler()
         self.interrupt_while_draining(client.worker, lambda: wait_until(running.is_set), poll_interval=0.05,
                                       stop_grace=60)
         self.assert_given_up_at_once(client.worker, ["job_1"])
@@ -3658,27 +3665,7 @@ class FullReportQueueTest(unittest.TestCase):
         if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
             self.addCleanup(signal.signal, signal.SIGINT, signal.getsignal(signal.SIGINT))
             signal.signal(signal.SIGINT, signal.default_int_handler)
-        release = threading.Event()
-        self.addCleanup(release.set)
-        running = threading.Event()
-
-        def respond(method, path, body):
-            if path.endswith("/register"):
-                return 200, {"workerId": "wkr_1"}, {}
-            if path.endswith("/claim"):
-                return 200, {"jobs": [] if running.is_set() else [WorkerRulesTest.job(1)]}, {}
-            return 200, {}, {}
-
-        server = FakeServer(respond)
-        self.addCleanup(server.close)
-        client = getratchet.Ratchet(server.url, "rk_test")
-        self.addCleanup(client.close)
-
-        def handler(input, context):
-            running.set()
-            release.wait(60)
-
-        client.register_tool("t", "1", handler)
+        client, server, running = self.one_stubborn_handler()
         worker = client.worker
         worker.start(on_error=self.errors.append, poll_interval=0.05, stop_grace=60, block=False)
         wait_until(running.is_set)
