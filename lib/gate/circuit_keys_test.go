@@ -58,13 +58,13 @@ func TestEverySurgeTripAtTheSameInstantIsAnnounced(t *testing.T) {
 // sweeper, a new key's begin, an arrival or an operator's opening, even
 // when the breaker had opened at the instant an earlier cycle of it had,
 // each closed the same way. A trip's clock is moved after the allowance's
-// start in the type's surge turn, but a begin that met no surge policy
-// when it looked for one takes no turn (a PUT turning surge on, which takes
-// none, lands before it evaluates), and through an instance whose clock
-// lags past the cooldown it trips the breaker at the instant the last
-// cycle opened: here gate_begin is called as gate_begin_in_turn calls it
-// then. Keyed by when the breaker opened, the second close took the
-// first's key and was not recorded.
+// start in the type's surge turn, and every trip is made in it (a PUT
+// turning surge on cannot land between a begin's two reads of the policy:
+// TestABeginAndAPolicyTurningSurgeOnTakeTurns), but the keys must not rest
+// on the clock: here gate_begin is called outside the turn, through an
+// instance whose clock lags past the cooldown, and trips the breaker at
+// the instant the last cycle opened. Keyed by when the breaker opened, the
+// second close took the first's key and was not recorded.
 func TestEveryLapsedCloseAtTheSameOpeningIsAnnounced(t *testing.T) {
 	// Not parallel, in its own era (1943): SweepCircuits closes every
 	// workspace's lapsed breakers.

@@ -462,6 +462,12 @@ func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string,
 		surgeOn := p.SurgePerHour != nil || p.SurgeMultiplier != nil
 		turnedOff := !surgeOn && (was.SurgePerHour != nil || was.SurgeMultiplier != nil)
 		retuned := surgeOn && p.SurgeAction != was.SurgeAction
+		// Turning surge on, or changing its threshold, takes no surge
+		// turn: it changes no breaker, and the policy turn this write holds
+		// already orders it with every begin of the type, which holds that
+		// turn shared while it reads the policy (twice: sqlBeginFast), so
+		// each begin is decided wholly under the policy before or wholly
+		// under this one.
 		if turnedOff || retuned {
 			// Begins that count the surge take this lock for their whole
 			// transaction (gate_begin_in_turn): one evaluated under the

@@ -421,9 +421,10 @@ func closeSQL(cand, now, eventIDs string) string {
 // earlier close's key when it closed, and was not announced (concurrency
 // QA). Instances' clocks lag, and a trip's reading is moved only past the
 // start of the allowance it is counted in (afterAllowanceSQL), which a
-// policy's close read by a lagging clock puts before that instant, or not
-// at all by a begin that took no surge turn (it met no surge policy; a PUT
-// turning surge on landed before it evaluated). gate_begin_in_turn holds
+// policy's close read by a lagging clock puts before that instant. (Every
+// trip is moved so: a begin counts the surge only in the surge turn, as a
+// PUT turning surge on cannot land between its two reads of the policy,
+// sqlBeginFast; the keys do not rely on it.) gate_begin_in_turn holds
 // this text (migration 0069).
 func closeCTEs(cand, now, eventIDs string) string {
 	return `
