@@ -425,7 +425,7 @@ func closeSQL(cand, now, eventIDs string) string {
 // trip is moved so: a begin counts the surge only in the surge turn, as a
 // PUT turning surge on cannot land between its two reads of the policy,
 // sqlBeginFast; the keys do not rely on it.) gate_begin_in_turn holds
-// this text (migration 0069).
+// this text (migration 0070).
 func closeCTEs(cand, now, eventIDs string) string {
 	return `
 WITH cand AS (` + cand + `), up AS (
@@ -451,7 +451,7 @@ WITH cand AS (` + cand + `), up AS (
 // cooldown ended by now: a breaker reads closed from then (gate_evaluate),
 // but only the sweeper recorded it closed, so a trip or an operator's open
 // before the sweeper's next pass reopened the row without a circuit.closed.
-// gate_begin_in_turn (migration 0069) holds this text with now = v_now.
+// gate_begin_in_turn (migration 0070) holds this text with now = v_now.
 func lapsedCloseSQL(now, eventIDs string) string {
 	return closeSQL(lapsedSQL(now), now, eventIDs)
 }
@@ -483,8 +483,11 @@ func surgeTurn(ws, typ string) string {
 // the sweeper closing just ahead of the begins' clocks 5 of 5 against 2).
 // after is just after the allowance's start: allowanceAfterSQL, or, in a
 // statement that may close the breaker itself, the start that close set.
-// gate_begin_in_turn (migration 0056) holds this text with now = v_now and
-// after = allowanceAfterSQL.
+// gate_begin_in_turn (migration 0070) holds this text with now = v_now and
+// after = allowanceAfterSQL, for every begin, in the turn or not: one of a
+// type that counts no surge is stamped after the start too, so that a
+// policy turning surge on counts it (a lagging instance's key begun after
+// the close was counted by none).
 func afterAllowanceSQL(now, after string) string {
 	return `greatest(` + now + `, ` + after + `)`
 }

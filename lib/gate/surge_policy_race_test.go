@@ -168,3 +168,33 @@ func TestABeginAndAPolicyTurningSurgeOnTakeTurns(t *testing.T) {
 		})
 	}
 }
+
+// A key begun while the type counts no surge, after the breaker's last
+// close, counts in the allowance that close started once a policy turns
+// surge on, whatever the clock of the instance it came through: one whose
+// clock reads before the close stamps it just after the allowance's start,
+// as a begin in the surge turn is (it was stamped at its own reading, before
+// the start, and counted by no begin after the PUT: with a threshold of 1,
+// the next new key executed too).
+func TestAKeyBegunWithSurgeOffCountsInTheAllowanceWhateverTheClock(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/sms.send/open", b.ws.Key, map[string]any{"action": "monitor"})
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/sms.send/close", b.ws.Key, nil)
+	closed := b.clock.Now()
+	lagging := apitest.Start(t, apitest.WithNow(func() time.Time { return b.clock.Now().Add(-time.Second) }))
+	k := key("lagging")
+	d := lagging.Must(http.StatusOK, "POST", "/api/v1/effects/begin", b.ws.Key, sms(k)).JSON()
+	require.Equal(t, "execute", d["decision"])
+	var stamped time.Time
+	require.NoError(t, b.env.App.Pool.QueryRow(t.Context(), `SELECT created_at FROM effects
+		WHERE workspace_id = $1 AND idempotency_key = $2`, b.ws.ID, k).Scan(&stamped))
+	require.True(t, stamped.After(closed), "stamped after the allowance's start %v: %v", closed, stamped)
+
+	b.putPolicy("sms.send", map[string]any{"surge_per_hour": 1, "surge_action": "deny"})
+	b.denialOf("circuit_open", sms(key("next")))
+	var volume int
+	require.NoError(t, b.env.App.Pool.QueryRow(t.Context(), `SELECT (data ->> 'volume_last_hour')::int FROM events
+		WHERE workspace_id = $1 AND type = 'circuit.tripped' AND data ->> 'opened_by' = 'surge'`, b.ws.ID).Scan(&volume))
+	require.Equal(t, 2, volume)
+}
