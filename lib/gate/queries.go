@@ -216,18 +216,18 @@ func effectCols(alias string, nullSafe bool) string {
 // (sqlSharePolicy), an init plan that runs before the function does: the
 // function reads the policy after it, in statements of their own. It reads
 // it twice, each time in a fresh snapshot: gate_begin_in_turn, to learn
-// whether the type counts a surge (and so takes the surge turn and moves
-// its clock past the allowance's start), then gate_evaluate, to count and
-// trip. Both read one version of it: every policy write holds the turn
-// alone from before it reads the policy until it commits (sqlLockPolicy),
-// so none commits while the begin holds it shared, from before the first
-// read until the begin commits. A PUT turning surge on (or retuning it)
-// therefore needs no surge turn of its own: a begin that met no surge
-// policy is decided, and commits, before the PUT writes one, and takes no
-// count and trips nothing; one that met it reads the same policy when it
-// evaluates, in the turn (concurrency QA asked whether a PUT landing
-// between the two reads tripped a begin at its raw clock outside the turn:
-// it cannot land there; TestABeginAndAPolicyTurningSurgeOnTakeTurns).
+// whether the type counts a surge (and so takes the surge turn), then
+// gate_evaluate, to count and trip. Both read one version of it: every
+// policy write holds the turn alone from before it reads the policy until
+// it commits (sqlLockPolicy), so none commits while the begin holds it
+// shared, from before the first read until the begin commits. A PUT
+// turning surge on (or changing its threshold) therefore needs no surge
+// turn of its own: a begin that met no surge policy is decided, and
+// commits, before the PUT writes one, and counts and trips nothing; one
+// that met it reads the same policy when it evaluates, in the turn
+// (concurrency QA asked whether a PUT landing between the two reads
+// tripped a begin at its raw clock outside the turn: it cannot land there;
+// TestABeginAndAPolicyTurningSurgeOnTakeTurns).
 const sqlBeginFast = `SELECT * FROM gate_begin_in_turn((SELECT $1::text WHERE pg_advisory_xact_lock_shared(` +
 	policyTurn + `)::text = ''), $2::text, $3::text, $4::bigint, $5::text[], $6::int,
     $7::text, $8::timestamptz, $9::text, $10::jsonb, $11::bytea, $12::jsonb, $13::bytea, $14::text, $15::text,
