@@ -427,7 +427,16 @@ func requestSchemaOf(v any) any {
 	if b, ok := v.(batchOf); ok {
 		return b.schema(requestSchemaOf)
 	}
-	return schemaFor(reflect.TypeOf(v), relaxRequired)
+	s := schemaFor(reflect.TypeOf(v), relaxRequired)
+	if a, ok := v.(interface{ AnyOfRequired() []string }); ok {
+		// A body that must send one of some fields, each alone optional.
+		var one []any
+		for _, name := range a.AnyOfRequired() {
+			one = append(one, map[string]any{"required": []any{name}})
+		}
+		s.(map[string]any)["anyOf"] = one
+	}
+	return s
 }
 
 func schemaFor(t reflect.Type, adjust func(reflect.Type, *jsonschema.Schema)) any {

@@ -184,14 +184,24 @@ func crossOriginRefused() *apierr.Error {
 }
 
 // mcpMessage is a JSON-RPC 2.0 message as POST /api/v1/mcp takes it, for
-// the OpenAPI document (QA: it showed no body); the transport parses it.
+// the OpenAPI document (QA: it showed no body); the transport parses it. It
+// is a request or a notification (method), or the client's response to a
+// request of the server's (result or error under its id), which is taken
+// and answered 202 as a notification is (QA: the document required method,
+// so a response matched none of it).
 type mcpMessage struct {
 	JSONRPC string `json:"jsonrpc" openapi:"enum=2.0"`
 	// ID is a string or an integer; a notification has none.
 	ID     json.RawMessage `json:"id,omitempty"`
-	Method string          `json:"method"`
+	Method string          `json:"method,omitempty"`
 	Params json.RawMessage `json:"params,omitempty"`
+	Result json.RawMessage `json:"result,omitempty"`
+	Error  *mcpAnswerError `json:"error,omitempty"`
 }
+
+// AnyOfRequired says what mcpserver.CheckEnvelope asks of a message: a
+// method, a result or an error.
+func (mcpMessage) AnyOfRequired() []string { return []string{"method", "result", "error"} }
 
 // mcpAnswer is a JSON-RPC 2.0 response: its result, or its error (also the
 // body of a 400 for a message the transport cannot take).

@@ -507,3 +507,45 @@ func TestABatchNamingOneIDTwiceRunsNothing(t *testing.T) {
 	list := env.Must(http.StatusOK, "GET", "/api/v1/effects", ws.Key, nil).JSON()
 	require.Empty(t, list["data"], "no begin ran")
 }
+
+// The OpenAPI document takes what the endpoint takes: a client's JSON-RPC
+// response (a result or an error under an id, answered 202 with no body),
+// alone or in a batch with requests and notifications (QA: the message
+// schema required method, so a response matched none of it).
+func TestTheOpenAPIDocumentTakesAClientsResponse(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	key := env.Key(env.Signup(), map[string]any{"name": "agent", "preset": "AGENT"})
+	accept := http.Header{"Accept": {"application/json, text/event-stream"}}
+	for _, response := range []string{
+		`{"jsonrpc":"2.0","id":"s-1","result":{}}`,
+		`{"jsonrpc":"2.0","id":7,"error":{"code":-32601,"message":"Method not found"}}`,
+	} {
+		apitest.CheckRequestBody(t, "POST", "/api/v1/mcp", []byte(response))
+		res := env.DoWith("POST", "/api/v1/mcp", key, accept, response)
+		require.Equal(t, http.StatusAccepted, res.Status, "%s", res.Body)
+		require.Empty(t, res.Body)
+		batch := `[` + response + `,{"jsonrpc":"2.0","id":1,"method":"ping"},` +
+			`{"jsonrpc":"2.0","method":"notifications/initialized"}]`
+		apitest.CheckRequestBody(t, "POST", "/api/v1/mcp", []byte(batch))
+		res = env.DoWith("POST", "/api/v1/mcp", key, accept, batch)
+		require.Equal(t, http.StatusOK, res.Status, "%s", res.Body)
+		require.Len(t, rpcAnswers(t, res.Body), 1)
+	}
+	// A message of none of them is refused (-32600), and the document
+	// says so too.
+	bare := `{"jsonrpc":"2.0","id":1}`
+	refused := &failures{TB: t}
+	apitest.CheckRequestBody(refused, "POST", "/api/v1/mcp", []byte(bare))
+	require.True(t, refused.failed, "the document takes a message with no method, result or error")
+	res := env.DoWith("POST", "/api/v1/mcp", key, accept, bare)
+	require.Equal(t, http.StatusBadRequest, res.Status, "%s", res.Body)
+}
+
+// failures records a check's failure instead of failing the test.
+type failures struct {
+	testing.TB
+	failed bool
+}
+
+func (f *failures) Errorf(string, ...any) { f.failed = true }
