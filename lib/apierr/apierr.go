@@ -274,6 +274,17 @@ func RequestTimeout() *Error {
 		"The request's body did not arrive within the request's time; nothing was done. Send it again.")
 }
 
+// CodeClientClosedRequest is the code of a request whose client went away
+// before it was answered (nginx's 499): an answer no client reads, but a
+// log, a proxy, or an MCP tool call built on the request may.
+const CodeClientClosedRequest = "client_closed_request"
+
+// ClientClosed is the 499 of a request whose client went away: it stopped
+// where it was.
+func ClientClosed() *Error {
+	return New(499, CodeClientClosedRequest, "The client closed the request.")
+}
+
 // PayloadTooLarge is a 413.
 func PayloadTooLarge(limit int64) *Error {
 	return New(http.StatusRequestEntityTooLarge, CodePayloadTooLarge,

@@ -545,7 +545,7 @@ func (s *Server) fail(ctx context.Context, w http.ResponseWriter, reqID string, 
 		// The client went away. Decided by the request's context, not the
 		// error: a statement cancelled for it answers the server's
 		// "canceling statement" (57014), which reads as an outage.
-		writeError(w, apierr.New(499, "client_closed_request", "The client closed the request."))
+		writeError(w, apierr.ClientClosed())
 		return
 	}
 	if lostDatabase(err) {

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/gate"
 	"github.com/getratchet/ratchet/lib/jsonx"
 )
@@ -62,6 +63,44 @@ func boundToCarrier(ctx context.Context) (_ context.Context, stop context.Cancel
 	ctx, cancel := context.WithCancel(ctx)
 	stopWatching := context.AfterFunc(carrier, cancel)
 	return ctx, func() { stopWatching(); cancel() }
+}
+
+// saidStopped is resp, the REST answer of a tool call stopped as ctx, its
+// own, ended, with its message saying so to an MCP client: the REST call's
+// own was written for a REST client, to whom a request_timeout's "the
+// request's body did not arrive… Send it again" is true, and misled through
+// MCP, where the arguments had arrived and the call was cancelled (MCP
+// audit). The code, which README documents, is kept; any other answer is
+// resp as it is.
+func saidStopped(ctx context.Context, resp []byte) []byte {
+	var envelope map[string]map[string]json.RawMessage
+	if json.Unmarshal(resp, &envelope) != nil || envelope["error"] == nil {
+		return resp
+	}
+	var code string
+	_ = json.Unmarshal(envelope["error"]["code"], &code)
+	why := "its MCP request was cancelled (notifications/cancelled)"
+	if carrier, ok := ctx.Value(carrierKey{}).(context.Context); ok && carrier.Err() != nil {
+		why = "its HTTP request ended (the client hung up, or the request's time ran out)"
+	}
+	var msg string
+	switch code {
+	case apierr.CodeRequestTimeout:
+		msg = "This tool call was stopped before its REST call had read its arguments, because " + why +
+			": nothing was done."
+	case apierr.CodeClientClosedRequest:
+		msg = "This tool call was stopped where it was, because " + why + ": a ratchet_begin not yet granted " +
+			"grants nothing (one granted as it stopped is a lost answer: a retry under its request_id gets " +
+			"the lease back); ratchet_get_effect shows what another call did."
+	default:
+		return resp
+	}
+	envelope["error"]["message"], _ = json.Marshal(msg)
+	out, err := jsonx.Marshal(envelope)
+	if err != nil {
+		return resp
+	}
+	return out
 }
 
 // BeginWithoutRequestID says whether params, a tools/call's, call

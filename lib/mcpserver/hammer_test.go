@@ -383,8 +383,10 @@ func TestACancellationInABatchStopsItsBegin(t *testing.T) {
 		result := answer["result"].(map[string]any)
 		require.Equal(t, true, result["isError"], "%s", out)
 		// cancelled as its REST call read its body, or while it ran
-		require.Contains(t, []string{"request_timeout", "client_closed_request"},
-			result["structuredContent"].(map[string]any)["error"].(map[string]any)["code"], "%s", out)
+		refusal := result["structuredContent"].(map[string]any)["error"].(map[string]any)
+		require.Contains(t, []string{"request_timeout", "client_closed_request"}, refusal["code"], "%s", out)
+		// and says it was cancelled, not REST's "Send it again" (MCP audit)
+		require.Contains(t, refusal["message"], "because its MCP request was cancelled (notifications/cancelled)")
 	}
 	held.release()
 

@@ -202,6 +202,9 @@ func call(ctx context.Context, c Caller, req *mcp.CallToolRequest, defaultAuth, 
 	if !fromAPI(status, resp) {
 		return fit(ctx, tool, notTheAPI(status), nil)
 	}
+	if ctx.Err() != nil {
+		resp = saidStopped(ctx, resp)
+	}
 	// Only a 2xx is the tool's success; a redirect (which no route answers
 	// on purpose) is an error too.
 	res := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: string(resp)}},
