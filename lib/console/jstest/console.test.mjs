@@ -195,6 +195,11 @@ test('a new workspace: its key shown once, then the console signed in with it', 
 
 test('a refused key is forgotten and the sign-in says so; a narrow key signs in and is told what it lacks', async () => {
 	const ui = await mount(null);
+	// Masked, and marked a one-time code, which password managers neither
+	// save nor fill (they ignore autocomplete="off" on a password field):
+	// README's "kept in sessionStorage only".
+	const keyField = field(formOf(button(ui.root, 'Sign in')), 'key');
+	assert.deepEqual([keyField.type, keyField.getAttribute('autocomplete')], ['password', 'one-time-code']);
 	await submit(ui.root, 'Sign in', { key: 'rk_nope_0000' });
 	assert.equal(ui.storage.getItem(KEY_ITEM), null);
 	assert.match(ui.root.textContent, /refused this key/);
@@ -679,10 +684,14 @@ test('runs, steps and the queue: a step cancelled, then replayed naming what its
 
 	// The replay's count is of executions beyond those made.
 	assert.match(formOf(button(ui.root, 'Replay')).textContent, /Additional executions \(1–10, beyond the attempts so far\)/);
-	// Replay without the acknowledgement is refused by the service, and says why.
+	// The acknowledgement is required: the browser asks for it before the
+	// replay is sent (README: what cannot be undone asks first). The service
+	// is still the authority: a replay without it (sent here past the
+	// browser's check, which the stand-in DOM does not make) is refused.
+	const f = formOf(button(ui.root, 'Replay'));
+	assert.ok(field(f, 'ack').hasAttribute('required'), 'the acknowledgement is asked for before sending');
 	await submit(ui.root, 'Replay', { maxAttempts: '2', reason: 'vendor fixed' });
 	assert.match(alerts(ui).join(), /acknowledgeDuplicateRisk/);
-	const f = formOf(button(ui.root, 'Replay'));
 	field(f, 'ack').checked = true;
 	await f.dispatch('submit');
 	await app.rendered();
@@ -1323,8 +1332,22 @@ test('a replay onto another handler: the contracts that fit offered, the version
 	const f = formOf(button(ui.root, 'Replay'));
 	const target = field(f, 'target');
 	assert.deepEqual(target.querySelectorAll('option').map((o) => o.value), ['', '2'], 'only the contract the input fits');
+	// The handler's review is asked for only when another handler is
+	// chosen, and then required; the same handler asks for none.
+	const reviewed = () => {
+		const box = field(f, 'ackVersion');
+		return [!box.parentNode.hasAttribute('hidden'), box.hasAttribute('required')];
+	};
+	assert.deepEqual(reviewed(), [false, false], 'the same handler: no review asked for');
+	target.value = '2';
+	await target.dispatch('change');
+	assert.deepEqual(reviewed(), [true, true], 'another handler: its review asked for');
+	target.value = '';
+	await target.dispatch('change');
+	assert.deepEqual(reviewed(), [false, false], 'the same handler again: none asked for');
 
-	// The version change unacknowledged: refused by the service, nothing replayed.
+	// The version change unacknowledged (past the browser's check): refused
+	// by the service, nothing replayed.
 	await submit(ui.root, 'Replay', { target: '2' });
 	field(f, 'ack').checked = true;
 	await f.dispatch('submit');

@@ -247,6 +247,13 @@ function input(label, name, props = {}) {
 	return h('label', null, label, ' ', h('input', { name, ...props }));
 }
 
+// shown shows or hides el (the hidden attribute, which console.css keeps
+// over a display of its own).
+function shown(el, on) {
+	if (on) el.removeAttribute('hidden');
+	else el.setAttribute('hidden', '');
+}
+
 function select(label, name, options, selected) {
 	return h(
 		'label',
@@ -1980,6 +1987,22 @@ async function replayForm(stepId) {
 			cell: (u) => (u.forbidden ? 'forbidden' : u.compatible ? 'fits' : p.inputUnreadable ? unreadable : ['does not fit: ', (u.validation || []).map((v) => `${v.field}: ${v.message}`).join('; ')]),
 		},
 	];
+	// The box acknowledging a change of handler is asked for only when
+	// another contract is chosen (console QA: it showed, unneeded, for the
+	// same handler), and then required as the replay's own box is.
+	const ackVersionBox = h('input', { type: 'checkbox', name: 'ackVersion' });
+	const ackVersion = h('label', { class: 'check', hidden: true }, ackVersionBox, ' I reviewed the new handler’s schema and side effects');
+	const target = choosable.length
+		? select('Run with', 'target', [['', `the same handler (${p.handlerVersion})`], ...choosable.map((u) => [String(u.contractVersion), `contract ${u.contractVersion}: handler ${u.handlerVersion}`])], '')
+		: null;
+	if (target)
+		target.querySelector('select').addEventListener('change', (ev) => {
+			const other = ev.target.value !== '';
+			shown(ackVersion, other);
+			// A hidden box left required would stop the form unsent.
+			if (other) ackVersionBox.setAttribute('required', '');
+			else ackVersionBox.removeAttribute('required');
+		});
 	return h('div', null, [
 		fields([
 			['Handler version', p.handlerVersion],
@@ -1998,13 +2021,13 @@ async function replayForm(stepId) {
 						// (console QA: read as the job's whole ceiling).
 						input('Additional executions (1–10, beyond the attempts so far)', 'maxAttempts', { type: 'number', min: 1, max: 10, value: 1 }),
 						input('Reason', 'reason', { maxlength: maxLengths['POST /steps/{id}/replay reason'] }),
-						choosable.length
-							? select('Run with', 'target', [['', `the same handler (${p.handlerVersion})`], ...choosable.map((u) => [String(u.contractVersion), `contract ${u.contractVersion}: handler ${u.handlerVersion}`])], '')
-							: null,
-						choosable.length
-							? h('label', { class: 'check' }, h('input', { type: 'checkbox', name: 'ackVersion' }), ' I reviewed the new handler’s schema and side effects')
-							: null,
-						h('label', { class: 'check' }, h('input', { type: 'checkbox', name: 'ack' }), ' I understand the tool may act again (a duplicate at the destination unless it dedupes on the idempotency key)'),
+						target,
+						target ? ackVersion : null,
+						// Required: the browser asks for it before the replay is
+						// sent (README: what cannot be undone asks first), not the
+						// service's refusal naming its API field after; the
+						// service still refuses a replay without it.
+						h('label', { class: 'check' }, h('input', { type: 'checkbox', name: 'ack', required: true }), ' I understand the tool may act again (a duplicate at the destination unless it dedupes on the idempotency key)'),
 					],
 					'Replay',
 					(v) =>
@@ -2039,7 +2062,15 @@ function signInPage(message) {
 			h('h2', null, 'Sign in with a key'),
 			h('p', null, 'The key stays in this tab only and is forgotten when you sign out or close it.'),
 			form(
-				[input('API key', 'key', { type: 'password', required: true, autocomplete: 'off', spellcheck: 'false' })],
+				// Masked, but no password to save: browsers' password managers
+				// ignore autocomplete="off" on a password field and offer to
+				// keep what was typed, against "the key stays in this tab
+				// only". "one-time-code" (a standard autofill token) marks it
+				// a secret for this once, which they neither save nor fill; an
+				// attribute, so the CSP (no inline style or script) is kept,
+				// and the field stays type=password, masked in every browser
+				// (-webkit-text-security on a text field is not standard).
+				[input('API key', 'key', { type: 'password', required: true, autocomplete: 'one-time-code', spellcheck: 'false' })],
 				'Sign in',
 				async (v) => {
 					env.storage.setItem(KEY_ITEM, v.key.trim());
