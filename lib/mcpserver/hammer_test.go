@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/mcpserver"
 )
 
 // rpcCall is one tools/call message of tool with args under id.
@@ -377,8 +378,9 @@ func TestACancellationInABatchStopsItsBegin(t *testing.T) {
 	answer := rpcAnswers(t, out)["1"]
 	require.NotNil(t, answer, "%s", out)
 	if rpcErr, ok := answer["error"].(map[string]any); ok {
-		// cancelled before its tool ran
+		// cancelled before its tool ran, and said so (MCP audit: "context canceled")
 		require.Equal(t, -32600.0, rpcErr["code"], "%s", out)
+		require.Equal(t, mcpserver.CancelledUnrunMessage, rpcErr["message"], "%s", out)
 	} else {
 		result := answer["result"].(map[string]any)
 		require.Equal(t, true, result["isError"], "%s", out)
