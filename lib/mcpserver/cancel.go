@@ -48,8 +48,8 @@ func withCarrier(r *http.Request) *http.Request {
 
 // boundToCarrier is ctx, a tool call's, cancelled too when the HTTP request
 // that carried the call ends: its client hung up, or the route's time ran
-// out. The SDK gives a call of a protocol before 2026-07-28 a context that
-// its request's end never cancels, so a call whose client had gone ran on
+// out. The SDK gives a call a context that its request's end never cancels
+// (under every protocol version, by default), so a call whose client had gone ran on
 // to its end (MCP QA: a ratchet_begin waiting on its group's lock was
 // granted after its client hung up, a lease no one held, and the key
 // answered in_flight to the retry), where README has it stop where it is,
