@@ -34,14 +34,26 @@ func (r *effectRow) refusedBeforeGrant() bool {
 // an arrival before its row lock (in.arrival): the turn comes before the
 // row, the order of a new key's begin (gate_begin_in_turn takes it, then
 // inserts) and of the policy PUT that holds it while it charges grants. It
-// is taken whether or not the policy configures a surge now (a PUT may set
-// one before this begin evaluates it; only begins of arrivals take it when
-// none is). It records a breaker whose cooldown ended closed first, as
+// records a breaker whose cooldown ended closed first, as
 // gate_begin_in_turn does, so that a trip after it is announced after its
 // close, and moves the begin's clock reading to after the start of the
 // allowance it is counted in (afterAllowanceSQL), in the same statement
 // (sqlCloseLapsedForArrival): recorded at or before it, the arrival was
 // counted by no later begin. taken says whether the turn is held.
+//
+// It is taken whether or not the policy configures a surge, though with
+// none it is not needed. No PUT changes the policy before arrive evaluates
+// it: the begin holds the type's policy turn shared from before this until
+// it commits (sharePolicy, first in beginLocked and beginInTxOnce), as the
+// PUT holds it alone. Under a policy with no surge sqlEvaluateArrival
+// answers no count, so nothing is recorded or tripped; no breaker of the
+// type is lapsed (only a trip sets a cooldown, and a PUT turning surge off
+// closes the surge's breaker); and the moved clock reading stamps no
+// count. It is kept because the transaction reads the policy only with
+// the key's row (sqlBeginLocked), and the turn cannot be taken after the
+// row (arrive): taking it only for a surge would cost every arrival a
+// policy read of its own, to spare a lock that, with no surge, only closes
+// and other arrivals take.
 func (s *Service) takeArrivalTurn(ctx context.Context, tx pgx.Tx, in *beginInput) (taken bool, err error) {
 	if !in.arrival {
 		return false, nil
