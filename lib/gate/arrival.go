@@ -42,18 +42,20 @@ func (r *effectRow) refusedBeforeGrant() bool {
 // counted by no later begin. taken says whether the turn is held.
 //
 // It is taken whether or not the policy configures a surge, though with
-// none it is not needed. No PUT changes the policy before arrive evaluates
-// it: the begin holds the type's policy turn shared from before this until
-// it commits (sharePolicy, first in beginLocked and beginInTxOnce), as the
-// PUT holds it alone. Under a policy with no surge sqlEvaluateArrival
-// answers no count, so nothing is recorded or tripped; no breaker of the
-// type is lapsed (only a trip sets a cooldown, and a PUT turning surge off
-// closes the surge's breaker); and the moved clock reading stamps no
-// count. It is kept because the transaction reads the policy only with
-// the key's row (sqlBeginLocked), and the turn cannot be taken after the
-// row (arrive): taking it only for a surge would cost every arrival a
-// policy read of its own, to spare a lock that, with no surge, only closes
-// and other arrivals take.
+// none only the moved clock reading is needed: arrive records the arrival
+// at it all the same, for a policy turning surge on later to count. No PUT
+// changes the policy before arrive evaluates it: the begin holds the
+// type's policy turn shared from before this until it commits
+// (sharePolicy, first in beginLocked and beginInTxOnce), as the PUT holds
+// it alone. Under a policy with no surge sqlEvaluateArrival answers no
+// count, so nothing is tripped, and no breaker of the type is lapsed (only
+// a trip sets a cooldown, and a PUT turning surge off closes the surge's
+// breaker); a begin of a new key moves its reading outside the turn then
+// (migration 0070). The turn is kept because the transaction reads the
+// policy only with the key's row (sqlBeginLocked), and the turn cannot be
+// taken after the row (arrive): taking it only for a surge would cost
+// every arrival a policy read of its own, to spare a lock that, with no
+// surge, only closes and other arrivals take.
 func (s *Service) takeArrivalTurn(ctx context.Context, tx pgx.Tx, in *beginInput) (taken bool, err error) {
 	if !in.arrival {
 		return false, nil
@@ -95,20 +97,42 @@ func (s *Service) arrive(ctx context.Context, tx pgx.Tx, in *beginInput, turn bo
 		return fmt.Errorf("begin: evaluate arrival: %w", err)
 	}
 	if volume == nil {
-		return nil // no surge counted: none configured, or a breaker at least as strict holds the type
+		// No surge counted: none configured, or a breaker at least as
+		// strict holds the type. The arrival is recorded all the same, as
+		// a new key's begin is (by its creation) whatever the policy says:
+		// a policy turning surge on counts the keys begun since the last
+		// close, and a refused backlog begun again under none was counted
+		// by no begin after it (the next new key under surge_per_hour 5
+		// executed after five arrivals, and was refused after five new
+		// keys). A key that turned into an arrival after it was read is
+		// not: its clock was not moved after the allowance's start.
+		if !turn {
+			return nil
+		}
+		return recordArrival(ctx, tx, in, row)
 	}
 	if !turn {
 		return retryRequest()
 	}
 	*ev = next
-	if _, err := tx.Exec(ctx, sqlRecordArrival, row.ID, in.now); err != nil {
-		return fmt.Errorf("begin: record arrival: %w", err)
+	if err := recordArrival(ctx, tx, in, row); err != nil {
+		return err
 	}
 	if trips != nil && *trips {
 		if _, err := tx.Exec(ctx, sqlTripSurge, in.ws, in.effectType, action, in.now, cooldown, *volume, *threshold,
 			in.risk.tripEventID); err != nil {
 			return fmt.Errorf("begin: trip surge breaker: %w", err)
 		}
+	}
+	return nil
+}
+
+// recordArrival records the arrival of row's key at the begin's clock
+// reading, moved after its allowance's start in the surge turn: gate_surge
+// counts it from then.
+func recordArrival(ctx context.Context, tx pgx.Tx, in *beginInput, row *effectRow) error {
+	if _, err := tx.Exec(ctx, sqlRecordArrival, row.ID, in.now); err != nil {
+		return fmt.Errorf("begin: record arrival: %w", err)
 	}
 	return nil
 }

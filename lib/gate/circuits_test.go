@@ -1041,6 +1041,42 @@ func TestARefusedRetryOfAGrantedKeyIsNotAnArrival(t *testing.T) {
 	require.Equal(t, 2, b.events("circuit.tripped"))
 }
 
+// A refused key begun again under a policy with no surge is recorded as an
+// arrival all the same, as a new key's begin is counted whatever the
+// policy says (migration 0070): a policy turning surge on counts both
+// since the last close. It was counted by neither: five refused keys begun
+// again, then surge turned on at 5 an hour, and the next new key executed,
+// where after five new keys it was refused.
+func TestAnArrivalUnderNoSurgeIsCountedWhenSurgeIsTurnedOn(t *testing.T) {
+	t.Parallel()
+	for _, begunAgain := range []string{"new keys", "refused keys"} {
+		t.Run(begunAgain, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			b.putPolicy("sms.send", map[string]any{"mode": "allow"})
+			b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/sms.send/open", b.ws.Key, map[string]any{"action": "deny"})
+			var refused []map[string]any
+			for range 5 {
+				k := sms(key("held"))
+				b.denialOf("circuit_open", k)
+				refused = append(refused, k)
+			}
+			b.clock.Add(time.Second)
+			b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/sms.send/close", b.ws.Key, nil)
+			b.clock.Add(time.Second)
+			for _, k := range refused {
+				if begunAgain == "new keys" {
+					k = sms(key("new"))
+				}
+				b.mustBegin("execute", k)
+			}
+			b.putPolicy("sms.send", map[string]any{"surge_per_hour": 5, "surge_action": "deny"})
+			b.denialOf("circuit_open", sms(key("next")))
+			require.EqualValues(t, 6, b.lastEventData("circuit.tripped")["volume_last_hour"])
+		})
+	}
+}
+
 // A key that turned into an arrival between its read and its row lock (its
 // begin did not take the surge turn first) is begun again: retry_request,
 // rather than take the turn after the row (a deadlock with a begin holding
