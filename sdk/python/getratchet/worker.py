@@ -6,6 +6,7 @@ import inspect
 import math
 import queue
 import random
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -467,13 +468,15 @@ class Worker:
         jobs ended and on_error been told what the stop gave up (waited for
         up to a second, as stop() waits; a KeyboardInterrupt there asks for
         the stop, waits, and is raised again; a second one while it waits,
-        or one after stop_event was set, stops the waiting, as a second
+        or one after stop_event was set, stops the waiting (one as the
+        first's stop is asked for, too), as a second
         Ctrl-C quits a Celery or RQ worker: running handlers are cancelled
         and left running unwaited, report deliveries cut, each job whose
         report was not recorded told to on_error once as ReportNotRecorded
         (its lease lapses and it runs again), nothing more told after, and
         the KeyboardInterrupt raised again once on_error was told, waited
-        for up to a second); with block=False it returns at once. stop_grace
+        for up to a second; a further one cuts short only that wait, none
+        of the giving up); with block=False it returns at once. stop_grace
         (seconds, >= 0; 10 by default, as the Go and TypeScript workers')
         is how long, once a stop's deadline passed, cancelled handlers have
         to return and be reported, and then how much longer the reports are
@@ -538,7 +541,7 @@ class Worker:
             self._registering = None
         if self.worker_id is None:
             # Stopped while waiting for the server: nothing ran.
-            self._drain()
+            self._drain(sys.exc_info()[1])
             return
         args = (concurrency, float(poll_interval), wait_seconds, tools)
         if block:
@@ -585,7 +588,8 @@ class Worker:
         blocking start()'s drain does (handlers cancelled and left
         unwaited, report deliveries cut, each job whose report was not
         recorded told to on_error once), and is raised again once the
-        worker is done and on_error told (waited for up to a second)."""
+        worker is done and on_error told (waited for up to a second; a
+        further one cuts short only that wait, none of the giving up)."""
         with self._lock:
             if not self._started:
                 return True
@@ -743,6 +747,7 @@ class Worker:
         lost = 0  # claims running whose answers were lost
         failed = 0  # claims running that failed otherwise
         registered_again = False  # the last claim answered 404 and the worker registered again
+        before = sys.exc_info()[1]  # what start()'s caller was handling, if anything: no interrupt of this loop's
         try:
             while not self._stopping.is_set():
                 with self._lock:
@@ -804,10 +809,13 @@ class Worker:
                 self._pause(max(0.0, _jittered(poll_interval) - waited))
             self._ask_again_while_stopping()
         except BaseException:
-            self._request_stop(_IMPLICIT_STOP_TIMEOUT)  # a KeyboardInterrupt: stop as stop() would, then raise it again
+            # A KeyboardInterrupt: stop as stop() would, then raise it again.
+            # A second one that lands here, before the drain begins, is
+            # seen there by its context (the first).
+            self._request_stop(_IMPLICIT_STOP_TIMEOUT)
             raise
         finally:
-            self._drain()
+            self._drain(before)
 
     def _after_failed_claim(self, poll_interval: float, lost: int, failed: int, err: BaseException) -> float:
         """How long to wait after a failed claim: _failure_wait's backoff
@@ -899,28 +907,39 @@ class Worker:
                 active.stop()
         threading.Thread(target=self._supervise, args=(active, job), name="ratchet-job", daemon=True).start()
 
-    def _drain(self) -> None:
+    def _drain(self, before: Optional[BaseException]) -> None:
         """Waits for running jobs until the stop deadline, then tells the
         rest to stop and waits for their supervisors (which report what
         returned within the grace). A KeyboardInterrupt meanwhile (a second
         Ctrl-C) gives up what is left at once (_abandon) and is raised
-        again; either way the worker ends done, its on_error thread told
-        the rest and its claim cut's timer cancelled (review: a second
-        Ctrl-C skipped all three, and they ran on until the deadline)."""
+        again; so does one that came before the drain began, while the
+        first was handled (the exception the drain's caller propagates, its
+        context an interrupt raised since before: what the thread was
+        handling when the worker began, not the worker's). Either way the
+        worker ends done, its on_error thread told the rest and its claim
+        cut's timer cancelled (review: a second Ctrl-C skipped all three,
+        and they ran on until the deadline), each of those steps done even
+        when another interrupt cuts one short (_despite_interrupts)."""
         try:
-            self._wait_for_jobs()
+            if _interrupted_again(sys.exc_info()[1], before):
+                # Review: taken as the first, it drained to the deadline
+                # (with no deadline at all when it cut the stop's request).
+                self._abandon()
+            else:
+                self._wait_for_jobs()
         except BaseException:
             self._abandon()
             raise
         finally:
-            with self._lock:
-                if self._claim_cut is not None:
-                    self._claim_cut.cancel()  # nothing left to cut: its thread ends now, not at the deadline
-            self._done.set()
-            self._close_errors()
             # A stopped worker makes no more calls: its kept connections go
             # (the client's own calls open new ones as they need them).
-            self._transport.close_idle()
+            _despite_interrupts(self._cancel_claim_cut, self._done.set, self._close_errors,
+                                self._transport.close_idle)
+
+    def _cancel_claim_cut(self) -> None:
+        with self._lock:
+            if self._claim_cut is not None:
+                self._claim_cut.cancel()  # nothing left to cut: its thread ends now, not at the deadline
 
     def _wait_for_jobs(self) -> None:
         with self._lock:
@@ -953,10 +972,16 @@ class Worker:
         deliveries are cut, and each job whose report was not recorded
         (nor already told lost) is told to on_error once, as not recorded:
         its lease lapses and another worker runs it again. Nothing the
-        worker's threads meet afterwards is told."""
+        worker's threads meet afterwards is told. Another interrupt while it
+        runs (a third Ctrl-C) cuts none of this short: each step is
+        idempotent, done again when cut (_despite_interrupts), and called
+        again it does only what is left (review: a job was left untold,
+        another not cancelled, the deliveries not cut)."""
+        _despite_interrupts(self._give_up_jobs, self._claim_waits_cut.fire, self._claim_abort.fire,
+                            self._reporter.abort)
+
+    def _give_up_jobs(self) -> None:
         with self._lock:
-            if self._abandoned:
-                return
             self._abandoned = True
             now = time.monotonic()
             if self._stop_at is None or self._stop_at > now:
@@ -965,12 +990,11 @@ class Worker:
             for active in self._active.values():
                 active.give_up()
                 if not active.told:
-                    active.told = True
+                    # Marked once told: an interrupt between may tell it
+                    # twice, never leave it untold.
                     self._tell(_given_up(active))
+                    active.told = True
             self._lock.notify_all()
-        self._claim_waits_cut.fire()
-        self._claim_abort.fire()
-        self._reporter.abort()
 
     def _release_slot(self) -> None:
         with self._lock:
@@ -1406,6 +1430,42 @@ def _given_up(active: _Active) -> ReportNotRecorded:
             f"job {context.job_id} attempt {context.attempt} was left unreported, its handler still running")
     return ReportNotRecorded(f"ratchet: {what} when the worker, interrupted again while it stopped, gave it up; "
                              "the job runs again once its lease lapses", job_id=context.job_id, attempt=context.attempt)
+
+
+def _interrupted_again(error: Optional[BaseException], before: Optional[BaseException]) -> bool:
+    """Whether error is a KeyboardInterrupt raised while another, raised
+    since before (the exception being handled when the worker began, if
+    any), was handled: a second Ctrl-C, its context the first (or an
+    exception raised while the first was handled)."""
+    if not isinstance(error, KeyboardInterrupt) or error is before:
+        return False
+    context = error.__context__
+    while context is not None and context is not before:
+        if isinstance(context, KeyboardInterrupt):
+            return True
+        context = context.__context__
+    return False
+
+
+def _despite_interrupts(*steps: Callable[[], None]) -> None:
+    """Runs each of steps (idempotent) to its end in turn, even when a
+    KeyboardInterrupt (another Ctrl-C) cuts one short: that step is run
+    again, the rest after it, and the first interrupt is raised once the
+    last is done. Python runs a signal's handler between any two bytecodes,
+    so one that lands between two steps, outside the try, still escapes;
+    this narrows what it can cut short to those few bytecodes. Nor can it
+    mend what the standard library leaves half done (a queue.Queue.put cut
+    after the item was added and before it was counted)."""
+    interrupt: Optional[KeyboardInterrupt] = None
+    for step in steps:
+        while True:
+            try:
+                step()
+                break
+            except KeyboardInterrupt as err:
+                interrupt = interrupt or err
+    if interrupt is not None:
+        raise interrupt
 
 
 def _jittered(seconds: float) -> float:

@@ -3618,19 +3618,27 @@ class FullReportQueueTest(unittest.TestCase):
                                       poll_interval=0.05, stop_grace=60)
         self.assert_given_up_at_once(worker, [f"job_{i}" for i in range(1, self.JOBS + 1)])
 
-    def one_stubborn_handler(self):
-        """A client of a fake server that hands out job_1 once, whose tool's
-        handler ignores its cancellation (until the test ends); the server,
-        and set once the handler runs."""
+    def stubborn_handlers(self, jobs: int = 1):
+        """A client of a fake server that hands out job_1 to job_<jobs> in
+        its first claim (ten minutes' timeout), whose tool's handler ignores
+        its cancellation (until the test ends); the server, and set once
+        every handler runs."""
         release = threading.Event()
         self.addCleanup(release.set)
         running = threading.Event()
+        handed = threading.Event()
+        started: List[str] = []
+        lock = threading.Lock()
 
         def respond(method, path, body):
             if path.endswith("/register"):
                 return 200, {"workerId": "wkr_1"}, {}
             if path.endswith("/claim"):
-                return 200, {"jobs": [] if running.is_set() else [WorkerRulesTest.job(1)]}, {}
+                if handed.is_set():
+                    return 200, {"jobs": []}, {}
+                handed.set()
+                # Ten minutes each: no timeout ends a handler while the test runs.
+                return 200, {"jobs": [WorkerRulesTest.job(i, 600_000) for i in range(1, jobs + 1)]}, {}
             return 200, {}, {}
 
         server = FakeServer(respond)
@@ -3639,7 +3647,10 @@ class FullReportQueueTest(unittest.TestCase):
         self.addCleanup(client.close)
 
         def handler(input, context):
-            running.set()
+            with lock:
+                started.append(context.job_id)
+                if len(started) == jobs:
+                    running.set()
             release.wait(60)
 
         client.register_tool("t", "1", handler)
@@ -3648,7 +3659,7 @@ class FullReportQueueTest(unittest.TestCase):
     def test_a_second_interrupt_gives_up_a_running_handler_at_once(self) -> None:
         # The handler ignores its cancellation: start() waited for it the
         # stop's 30 s and a minute's grace; it is left running, unwaited.
-        client, server, running = self.one_stubborn_handler()
+        client, server, running = self.stubborn_handlers()
         self.interrupt_while_draining(client.worker, lambda: wait_until(running.is_set), poll_interval=0.05,
                                       stop_grace=60)
         self.assert_given_up_at_once(client.worker, ["job_1"])
@@ -3665,7 +3676,7 @@ class FullReportQueueTest(unittest.TestCase):
         if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
             self.addCleanup(signal.signal, signal.SIGINT, signal.getsignal(signal.SIGINT))
             signal.signal(signal.SIGINT, signal.default_int_handler)
-        client, server, running = self.one_stubborn_handler()
+        client, server, running = self.stubborn_handlers()
         worker = client.worker
         worker.start(on_error=self.errors.append, poll_interval=0.05, stop_grace=60, block=False)
         wait_until(running.is_set)
@@ -3685,6 +3696,118 @@ class FullReportQueueTest(unittest.TestCase):
             worker.stop(30)
         self.assert_given_up_at_once(worker, ["job_1"])
         self.assertIn("handler still running", str(self.errors[0]))
+
+    def interrupted_again_before_draining(self, asked: bool) -> None:
+        """A second KeyboardInterrupt in a blocking start() comes as the
+        first's stop is asked for, once it was (asked) or before: start()
+        must give up the handler that ignores its cancellation at once, as
+        a second one during the drain does, not drain as after one."""
+        client, server, running = self.stubborn_handlers()
+        worker = client.worker
+        interrupt = threading.Event()
+        holding, request_stop = worker._reports_holding, worker._request_stop
+
+        def first() -> bool:
+            # Ctrl-C, as the thread running start() waits to claim.
+            if interrupt.is_set():
+                interrupt.clear()
+                raise KeyboardInterrupt
+            return holding()
+
+        def second(timeout: float) -> None:
+            worker._request_stop = request_stop
+            if asked:
+                request_stop(timeout)
+            raise KeyboardInterrupt
+
+        worker._reports_holding = first
+        raised: List[BaseException] = []
+        returned = threading.Event()
+
+        def run() -> None:
+            try:
+                # A slot to spare: the loop looks at the reports, not at a slot.
+                worker.start(2, poll_interval=0.05, on_error=self.errors.append, stop_grace=60)
+            except BaseException as err:  # noqa: BLE001 - the test reads it
+                raised.append(err)
+            returned.set()
+
+        threading.Thread(target=run, daemon=True).start()
+        wait_until(running.is_set)
+        worker._request_stop = second
+        interrupt.set()
+        self.assertTrue(returned.wait(10), "start() drained as after one interrupt")
+        self.assertEqual([type(err) for err in raised], [KeyboardInterrupt])
+        self.assert_given_up_at_once(worker, ["job_1"])
+        self.assertIn("handler still running", str(self.errors[0]))
+
+    def test_a_second_interrupt_as_the_stop_is_asked_for_gives_up_at_once(self) -> None:
+        # It was taken as the first: the drain waited the stop's 30 s and a
+        # minute's grace for the handler.
+        self.interrupted_again_before_draining(asked=True)
+
+    def test_a_second_interrupt_before_the_stop_was_asked_for_gives_up_at_once(self) -> None:
+        # No stop deadline was set: the drain waited for the handler for ever.
+        self.interrupted_again_before_draining(asked=False)
+
+    def test_an_interrupt_is_second_only_after_one_of_the_workers_own(self) -> None:
+        # start() called while its caller handles a KeyboardInterrupt
+        # (before): the worker's first interrupt, its context that one, is
+        # not a second; one raised while the worker's first was handled is,
+        # directly or through what was raised meanwhile.
+        from getratchet.worker import _interrupted_again
+        before = KeyboardInterrupt()
+        before.__context__ = KeyboardInterrupt()  # the caller's own second Ctrl-C
+        first = KeyboardInterrupt()
+        first.__context__ = before
+        meanwhile = ValueError()
+        meanwhile.__context__ = first
+        second, third = KeyboardInterrupt(), KeyboardInterrupt()
+        second.__context__, third.__context__ = first, meanwhile
+        self.assertFalse(_interrupted_again(first, before))
+        self.assertFalse(_interrupted_again(before, before))
+        self.assertFalse(_interrupted_again(None, None))
+        self.assertFalse(_interrupted_again(meanwhile, before), "not an interrupt")
+        self.assertTrue(_interrupted_again(second, before))
+        self.assertTrue(_interrupted_again(third, before))
+        self.assertTrue(_interrupted_again(second, None))
+
+    def interrupted_a_third_time_in(self, name: str):
+        """Runs interrupt_while_draining with two handlers that ignore their
+        cancellation, the worker's method name raising a KeyboardInterrupt
+        (a third Ctrl-C) the first time it is called once the second gave the
+        stop up: the giving up must still be done, each job told once."""
+        client, server, running = self.stubborn_handlers(2)
+        worker = client.worker
+        step = getattr(worker, name)
+        once = threading.Event()
+
+        def interrupted(*args):
+            if not worker._abandoned or once.is_set():
+                return step(*args)
+            once.set()
+            setattr(worker, name, step)
+            raise KeyboardInterrupt
+
+        def ready() -> None:
+            wait_until(running.is_set)
+            setattr(worker, name, interrupted)
+
+        self.interrupt_while_draining(worker, ready, concurrency=2, poll_interval=0.05, stop_grace=60)
+        self.assertTrue(once.is_set(), f"{name} was never interrupted")
+        self.assert_given_up_at_once(worker, ["job_1", "job_2"])
+        self.assertTrue(worker._reporter._abort.fired, "the report deliveries were not cut")
+        self.assertTrue(worker._claim_abort.fired, "the claim was not cut")
+
+    def test_a_third_interrupt_as_a_job_is_given_up_leaves_none_untold(self) -> None:
+        # It cut the giving up short: job_1 marked told but never told,
+        # job_2 neither cancelled nor told, nothing cut.
+        self.interrupted_a_third_time_in("_tell")
+
+    def test_a_third_interrupt_as_the_stop_ends_leaves_no_thread_running(self) -> None:
+        # It cut the drain's end short: the on_error thread was never told
+        # to end, and ran on.
+        self.interrupted_a_third_time_in("_close_errors")
 
 
 def start_blocking(worker) -> Tuple[List[BaseException], threading.Event]:
