@@ -815,6 +815,9 @@ class Worker:
             self._request_stop(_IMPLICIT_STOP_TIMEOUT)
             raise
         finally:
+            # Not closed: one that lands in the few bytecodes between here
+            # and the drain's try skips the drain, as Python gives no way to
+            # hold a signal's handler off (short of replacing it).
             self._drain(before)
 
     def _after_failed_claim(self, poll_interval: float, lost: int, failed: int, err: BaseException) -> float:
