@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+import collections
 import inspect
 import math
-import queue
 import random
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple, cast
+from typing import Any, Callable, Deque, Dict, Hashable, List, Optional, Set, Tuple, Union, cast
 
 from . import _json
 from ._aio import await_alone
@@ -76,6 +76,12 @@ _MAX_FAILURE_WAIT = 60.0
 # recorded, given up or found failing on its own, the stop) wakes it at
 # once; this only bounds a change that could come unannounced.
 _CLAIM_CHECK = 1.0
+# How many times _despite_interrupts runs a step again after a
+# KeyboardInterrupt cut it short, before it leaves it as it is and goes on
+# with the next: a Ctrl-C or two cut a step once each (each step takes
+# microseconds), a step cut at every run is a signal storm or raises
+# KeyboardInterrupt itself, and was run again for ever.
+_INTERRUPT_RERUNS = 3
 
 
 @dataclass
@@ -402,7 +408,7 @@ class Worker:
         self._stop_grace = DEFAULT_STOP_GRACE  # start()'s stop_grace
         self._done = threading.Event()
         self._loop_thread: Optional[threading.Thread] = None
-        self._errors: "queue.Queue[Optional[BaseException | _LogLine]]" = queue.Queue()
+        self._errors = _Notices()
         self._on_error: Optional[Callable[[BaseException], Any]] = None
         # Without on_error: the default failure log, its lines queued in order
         # under its lock (a test seam: its now is the clock that paces it).
@@ -476,7 +482,12 @@ class Worker:
         (its lease lapses and it runs again), nothing more told after, and
         the KeyboardInterrupt raised again once on_error was told, waited
         for up to a second; a further one cuts short only that wait, none
-        of the giving up); with block=False it returns at once. stop_grace
+        of the giving up, unless it cuts one step of it at every try, as
+        only a storm of signals does: that step is left after a few and the
+        rest done). A start() called while its caller handles a
+        KeyboardInterrupt (in an ``except KeyboardInterrupt:`` block) counts
+        that one as no interrupt of the worker's: the worker's first stops it
+        as above. With block=False it returns at once. stop_grace
         (seconds, >= 0; 10 by default, as the Go and TypeScript workers')
         is how long, once a stop's deadline passed, cancelled handlers have
         to return and be reported, and then how much longer the reports are
@@ -977,9 +988,11 @@ class Worker:
         its lease lapses and another worker runs it again. Nothing the
         worker's threads meet afterwards is told. Another interrupt while it
         runs (a third Ctrl-C) cuts none of this short: each step is
-        idempotent, done again when cut (_despite_interrupts), and called
-        again it does only what is left (review: a job was left untold,
-        another not cancelled, the deliveries not cut)."""
+        idempotent, done again when cut (_despite_interrupts, a few times
+        at most), and called again it does only what is left (review: a job
+        was left untold, another not cancelled, the deliveries not cut); a
+        job told and cut before it was marked told is told once all the
+        same (_Notices)."""
         _despite_interrupts(self._give_up_jobs, self._claim_waits_cut.fire, self._claim_abort.fire,
                             self._reporter.abort)
 
@@ -993,9 +1006,14 @@ class Worker:
             for active in self._active.values():
                 active.give_up()
                 if not active.told:
-                    # Marked once told: an interrupt between may tell it
-                    # twice, never leave it untold.
-                    self._tell(_given_up(active))
+                    # Marked once told, not before: an interrupt (a third
+                    # Ctrl-C) between the two has the step run again, which
+                    # tells it again rather than never (a user who misses a
+                    # lost job never looks for it; one told twice of the same
+                    # job and attempt sees it is one). The on_error thread
+                    # delivers one notice of a key, so that it is told once
+                    # all the same (review: told twice).
+                    self._tell(_given_up(active), key=("given up", active.context.job_id, active.context.attempt))
                     active.told = True
             self._lock.notify_all()
 
@@ -1363,15 +1381,16 @@ class Worker:
             if not self._abandoned:
                 self._tell(error)
 
-    def _tell(self, error: BaseException) -> None:
-        """Queues error for on_error, or a line of the default failure log."""
+    def _tell(self, error: BaseException, key: Optional[Hashable] = None) -> None:
+        """Queues error for on_error, or a line of the default failure log;
+        of errors queued under one key, only the first is delivered."""
         if self._on_error is not None:
-            self._errors.put(error)
+            self._errors.put(error, key)
             return
         with self._failure_log_lock:
             line = self._failure_log.failure(error)
             if line is not None:
-                self._errors.put(_LogLine(line))
+                self._errors.put(_LogLine(line), key)
 
     def _recovered(self) -> None:
         """Tells the default failure log that a registration or claim
@@ -1386,19 +1405,20 @@ class Worker:
     def _close_errors(self) -> None:
         """Ends the on_error thread once it has delivered the rest; without
         on_error, the default log first counts the problems it left out
-        since its last line, if any."""
-        if self._on_error is None:
-            with self._failure_log_lock:
-                line = self._failure_log.stopped()
-            if line is not None:
-                self._errors.put(_LogLine(line))
-        self._errors.put(None)
+        since its last line, if any (logged by that thread as it ends).
+        Idempotent, whatever cuts it short: it only sets a flag (_Notices)."""
+        self._errors.close()
 
     def _deliver_errors(self) -> None:
         while True:
-            error = self._errors.get()
+            error = self._errors.take()
             try:
                 if error is None:
+                    if self._on_error is None:
+                        with self._failure_log_lock:
+                            line = self._failure_log.stopped()
+                        if line is not None:
+                            LOGGER.warning("%s", line)
                     return  # the worker is done
                 if isinstance(error, _LogLine):
                     LOGGER.warning("%s", error.text)
@@ -1407,13 +1427,12 @@ class Worker:
             except BaseException:  # noqa: BLE001 - on_error's own failure has nowhere to go
                 pass
             finally:
-                self._errors.task_done()
+                self._errors.done(error is None)
 
     def _flush_errors(self) -> None:
-        """Waits up to a second for on_error to be told what is queued."""
-        deadline = time.monotonic() + 1.0
-        while self._errors.unfinished_tasks and time.monotonic() < deadline:
-            time.sleep(0.01)
+        """Waits up to a second for on_error to be told what is queued (and,
+        once the worker is done, for its thread to end)."""
+        self._errors.flush(1.0)
 
 
 @dataclass
@@ -1421,6 +1440,85 @@ class _LogLine:
     """A default failure log line waiting in the on_error queue, logged by
     its thread: a slow handler of the logging module holds up no work."""
     text: str
+
+
+class _Notices:
+    """The on_error queue: what the worker tells on_error (or the default
+    log), in order, for the on_error thread to deliver (take, then done).
+
+    Built so that a KeyboardInterrupt that cuts a call short on the thread
+    running start() or stop() leaves it whole, and the call made again
+    (_despite_interrupts) does not do it twice, as a queue.Queue could not
+    (review): put is one append (a single call into C, which no signal
+    handler cuts), what is left to deliver is read from the items and the
+    thread's state, never counted apart (a queue.Queue.put cut between
+    adding an item and counting it left the count off), and close sets a
+    flag where an end marker was queued (one queued again after a cut was
+    never taken, and each flush after it waited its full second). Of items
+    put under one key, the thread delivers the first only: a step that
+    tells a job and is cut before it marks it told tells it again, and
+    on_error hears of it once. A wake-up that a cut left unsent (the item
+    is queued, the thread not yet woken) is made up by the next put or
+    close, at the latest at the worker's end."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._items: Deque[Tuple[Union[BaseException, _LogLine], Optional[Hashable]]] = collections.deque()
+        self._closed = False
+        self._busy = False  # the thread is delivering an item (under _cond)
+        self._ended = False  # the thread has ended (under _cond)
+        self._keys: Set[Hashable] = set()  # the keys of the items taken (the thread's own)
+
+    @property
+    def unfinished_tasks(self) -> int:
+        """Items queued or being delivered (queue.Queue's name)."""
+        with self._cond:
+            return len(self._items) + int(self._busy)
+
+    def put(self, item: Union[BaseException, _LogLine], key: Optional[Hashable] = None) -> None:
+        self._items.append((item, key))
+        self._wake()
+
+    def close(self) -> None:
+        """The thread ends once it has delivered what is queued."""
+        self._closed = True
+        self._wake()
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def take(self) -> Optional[Union[BaseException, _LogLine]]:
+        """The next item to deliver, once there is one; None once closed
+        with nothing left (the thread then ends)."""
+        with self._cond:
+            while True:
+                while self._items:
+                    item, key = self._items.popleft()
+                    if key is not None:
+                        if key in self._keys:
+                            continue
+                        self._keys.add(key)
+                    self._busy = True
+                    return item
+                if self._closed:
+                    self._busy = True  # until the thread has ended (done(True))
+                    return None
+                self._cond.wait()
+
+    def done(self, ended: bool) -> None:
+        """The item taken was delivered; ended: the thread ends."""
+        with self._cond:
+            self._busy = False
+            self._ended = self._ended or ended
+            self._cond.notify_all()
+
+    def flush(self, seconds: float) -> None:
+        """Waits up to seconds until everything queued was delivered, and
+        once closed until the thread has ended."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._ended or (not self._items and not self._busy and not self._closed),
+                                seconds)
 
 
 def _given_up(active: _Active) -> ReportNotRecorded:
@@ -1454,14 +1552,16 @@ def _despite_interrupts(*steps: Callable[[], None]) -> None:
     """Runs each of steps (idempotent) to its end in turn, even when a
     KeyboardInterrupt (another Ctrl-C) cuts one short: that step is run
     again, the rest after it, and the first interrupt is raised once the
-    last is done. Python runs a signal's handler between any two bytecodes,
-    so one that lands between two steps, outside the try, still escapes;
-    this narrows what it can cut short to those few bytecodes. Nor can it
-    mend what the standard library leaves half done (a queue.Queue.put cut
-    after the item was added and before it was counted)."""
+    last is done. A step cut short _INTERRUPT_RERUNS times more is left as
+    it is and the rest run all the same: only a storm of signals, or a step
+    that raises KeyboardInterrupt itself, cuts one at every run, and that
+    looped for ever with no Ctrl-C to end it (review). Python runs a
+    signal's handler between any two bytecodes, so one that lands between
+    two steps, outside the try, still escapes; this narrows what it can cut
+    short to those few bytecodes."""
     interrupt: Optional[KeyboardInterrupt] = None
     for step in steps:
-        while True:
+        for _ in range(1 + _INTERRUPT_RERUNS):
             try:
                 step()
                 break

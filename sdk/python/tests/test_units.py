@@ -3618,12 +3618,12 @@ class FullReportQueueTest(unittest.TestCase):
                                       poll_interval=0.05, stop_grace=60)
         self.assert_given_up_at_once(worker, [f"job_{i}" for i in range(1, self.JOBS + 1)])
 
-    def stubborn_handlers(self, jobs: int = 1):
+    def stubborn_handlers(self, jobs: int = 1, release: Optional[threading.Event] = None):
         """A client of a fake server that hands out job_1 to job_<jobs> in
         its first claim (ten minutes' timeout), whose tool's handler ignores
-        its cancellation (until the test ends); the server, and set once
-        every handler runs."""
-        release = threading.Event()
+        its cancellation (until release is set, or the test ends); the
+        server, and set once every handler runs."""
+        release = threading.Event() if release is None else release
         self.addCleanup(release.set)
         running = threading.Event()
         handed = threading.Event()
@@ -3772,43 +3772,119 @@ class FullReportQueueTest(unittest.TestCase):
         self.assertTrue(_interrupted_again(third, before))
         self.assertTrue(_interrupted_again(second, None))
 
-    def interrupted_a_third_time_in(self, name: str):
+    def interrupted_a_third_time_in(self, name: str, after: bool = False, times: int = 1) -> int:
         """Runs interrupt_while_draining with two handlers that ignore their
-        cancellation, the worker's method name raising a KeyboardInterrupt
-        (a third Ctrl-C) the first time it is called once the second gave the
-        stop up: the giving up must still be done, each job told once."""
+        cancellation, the worker's method name (its transport's, for
+        close_idle) raising a KeyboardInterrupt (a third Ctrl-C) at each of
+        its first times calls once the second gave the stop up, before the
+        method ran or, with after, once it had: the giving up must still be
+        done, each job told once. Answers how many calls were made since."""
         client, server, running = self.stubborn_handlers(2)
-        worker = client.worker
-        step = getattr(worker, name)
-        once = threading.Event()
+        worker = self.worker = client.worker
+        owner = worker._transport if name == "close_idle" else worker
+        step = getattr(owner, name)
+        calls = [0]
 
-        def interrupted(*args):
-            if not worker._abandoned or once.is_set():
-                return step(*args)
-            once.set()
-            setattr(worker, name, step)
+        def interrupted(*args, **kwargs):
+            if not worker._abandoned:
+                return step(*args, **kwargs)
+            calls[0] += 1
+            if calls[0] > times:
+                return step(*args, **kwargs)
+            if after:
+                step(*args, **kwargs)
             raise KeyboardInterrupt
 
         def ready() -> None:
             wait_until(running.is_set)
-            setattr(worker, name, interrupted)
+            setattr(owner, name, interrupted)
 
+        self.addCleanup(vars(owner).pop, name, None)  # before the client closes
         self.interrupt_while_draining(worker, ready, concurrency=2, poll_interval=0.05, stop_grace=60)
-        self.assertTrue(once.is_set(), f"{name} was never interrupted")
+        self.assertTrue(calls[0], f"{name} was never interrupted")
         self.assert_given_up_at_once(worker, ["job_1", "job_2"])
         self.assertTrue(worker._reporter._abort.fired, "the report deliveries were not cut")
         self.assertTrue(worker._claim_abort.fired, "the claim was not cut")
+        return calls[0]
 
     def test_a_third_interrupt_as_a_job_is_given_up_leaves_none_untold(self) -> None:
         # It cut the giving up short: job_1 marked told but never told,
         # job_2 neither cancelled nor told, nothing cut.
         self.interrupted_a_third_time_in("_tell")
 
+    def test_a_third_interrupt_once_a_job_was_told_tells_it_once(self) -> None:
+        # It landed after job_1 was queued for on_error and before it was
+        # marked told: the giving up, done again, told job_1 twice.
+        self.interrupted_a_third_time_in("_tell", after=True)
+
     def test_a_third_interrupt_as_the_stop_ends_leaves_no_thread_running(self) -> None:
         # It cut the drain's end short: the on_error thread was never told
         # to end, and ran on.
         self.interrupted_a_third_time_in("_close_errors")
 
+    def test_a_third_interrupt_once_on_error_was_told_to_end_ends_it_once(self) -> None:
+        # It landed once the on_error thread's end was queued: done again,
+        # the close queued a second end, which no thread took, and each
+        # flush after it (stop()'s, start()'s) waited its full second.
+        self.interrupted_a_third_time_in("_close_errors", after=True)
+        # Its thread ended (assert_given_up_at_once): nothing may be left for it.
+        self.assertEqual(self.worker._errors.unfinished_tasks, 0, "an end was queued twice")
+
+    def test_a_step_interrupted_again_and_again_is_given_up_and_the_rest_done(self) -> None:
+        # A step cut each time it is run (a signal storm, or a step that
+        # raises KeyboardInterrupt itself) was run again for ever; it is run
+        # a few times, and the worker still ends (the steps after it done).
+        calls = self.interrupted_a_third_time_in("close_idle", times=100)
+        self.assertEqual(calls, 1 + getratchet.worker._INTERRUPT_RERUNS, "run again without bound")
+
+    def test_a_start_called_while_its_caller_handles_an_interrupt_drains_on_its_first(self) -> None:
+        # start() called in its caller's own `except KeyboardInterrupt:`
+        # block: the worker's first interrupt has the caller's as its context
+        # and must not count as a second (_loop's before). Taken as one, the
+        # running handler was given up at once and left unreported.
+        release = threading.Event()
+        client, server, running = self.stubborn_handlers(release=release)
+        worker = client.worker
+        interrupt, draining = threading.Event(), threading.Event()
+        holding, wait_for_jobs = worker._reports_holding, worker._wait_for_jobs
+
+        def interrupted() -> bool:
+            # The worker's first Ctrl-C, as the thread running start() waits to claim.
+            if interrupt.is_set():
+                interrupt.clear()
+                raise KeyboardInterrupt
+            return holding()
+
+        def drain() -> None:
+            draining.set()
+            wait_for_jobs()
+
+        worker._reports_holding, worker._wait_for_jobs = interrupted, drain
+        raised: List[BaseException] = []
+        returned = threading.Event()
+
+        def run() -> None:
+            try:
+                raise KeyboardInterrupt  # the caller's own
+            except KeyboardInterrupt:
+                try:
+                    worker.start(2, poll_interval=0.05, on_error=self.errors.append, stop_grace=60)
+                except BaseException as err:  # noqa: BLE001 - the test reads it
+                    raised.append(err)
+            returned.set()
+
+        threading.Thread(target=run, daemon=True).start()
+        wait_until(running.is_set)
+        interrupt.set()
+        wait_until(lambda: draining.is_set() or returned.is_set())
+        release.set()  # the handler returns, once the drain waits for it
+        self.assertTrue(returned.wait(10), "start() never returned")
+        self.assertEqual([type(err) for err in raised], [KeyboardInterrupt])
+        self.assertFalse(worker._abandoned, "the worker's first interrupt was taken as a second")
+        self.assertEqual([e for e in self.errors if isinstance(e, getratchet.ReportNotRecorded)], [])
+        reports = [b for m, p, h, b in server.seen if p == "/api/v1/jobs/job_1/report"]
+        self.assertEqual([r["status"] for r in reports], ["SUCCEEDED"], server.seen)
+        self.assertTrue(worker.stop(0), "the drain lost the job")
 
 def start_blocking(worker) -> Tuple[List[BaseException], threading.Event]:
     """Starts worker blocking (an hour's poll interval, failures dropped)
