@@ -17,7 +17,7 @@ import typing
 import unittest
 from datetime import datetime, timedelta, timezone, tzinfo
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable, List, Tuple
+from typing import Callable, List, Optional, Tuple
 from unittest import mock
 
 import getratchet
@@ -3697,6 +3697,46 @@ class FullReportQueueTest(unittest.TestCase):
         self.assert_given_up_at_once(worker, ["job_1"])
         self.assertIn("handler still running", str(self.errors[0]))
 
+    def start_to_interrupt(self, worker, handling: bool = False
+                           ) -> Tuple[threading.Event, List[BaseException], threading.Event]:
+        """Starts worker blocking (two slots, a minute's grace) on a thread
+        of its own, inside an `except KeyboardInterrupt:` block when
+        handling; answers an event that, once set, has that thread raise a
+        KeyboardInterrupt (the worker's first Ctrl-C) as it waits to claim,
+        what start() raised, and an event set once it returned."""
+        interrupt = threading.Event()
+        holding = worker._reports_holding
+
+        def first() -> bool:
+            if interrupt.is_set():
+                interrupt.clear()
+                raise KeyboardInterrupt
+            return holding()
+
+        worker._reports_holding = first
+        raised: List[BaseException] = []
+        returned = threading.Event()
+
+        def start() -> None:
+            try:
+                # A slot to spare: the loop looks at the reports, not at a slot.
+                worker.start(2, poll_interval=0.05, on_error=self.errors.append, stop_grace=60)
+            except BaseException as err:  # noqa: BLE001 - the test reads it
+                raised.append(err)
+
+        def run() -> None:
+            if handling:
+                try:
+                    raise KeyboardInterrupt  # the caller's own
+                except KeyboardInterrupt:
+                    start()
+            else:
+                start()
+            returned.set()
+
+        threading.Thread(target=run, daemon=True).start()
+        return interrupt, raised, returned
+
     def interrupted_again_before_draining(self, asked: bool) -> None:
         """A second KeyboardInterrupt in a blocking start() comes as the
         first's stop is asked for, once it was (asked) or before: start()
@@ -3704,15 +3744,7 @@ class FullReportQueueTest(unittest.TestCase):
         a second one during the drain does, not drain as after one."""
         client, server, running = self.stubborn_handlers()
         worker = client.worker
-        interrupt = threading.Event()
-        holding, request_stop = worker._reports_holding, worker._request_stop
-
-        def first() -> bool:
-            # Ctrl-C, as the thread running start() waits to claim.
-            if interrupt.is_set():
-                interrupt.clear()
-                raise KeyboardInterrupt
-            return holding()
+        request_stop = worker._request_stop
 
         def second(timeout: float) -> None:
             worker._request_stop = request_stop
@@ -3720,19 +3752,7 @@ class FullReportQueueTest(unittest.TestCase):
                 request_stop(timeout)
             raise KeyboardInterrupt
 
-        worker._reports_holding = first
-        raised: List[BaseException] = []
-        returned = threading.Event()
-
-        def run() -> None:
-            try:
-                # A slot to spare: the loop looks at the reports, not at a slot.
-                worker.start(2, poll_interval=0.05, on_error=self.errors.append, stop_grace=60)
-            except BaseException as err:  # noqa: BLE001 - the test reads it
-                raised.append(err)
-            returned.set()
-
-        threading.Thread(target=run, daemon=True).start()
+        interrupt, raised, returned = self.start_to_interrupt(worker)
         wait_until(running.is_set)
         worker._request_stop = second
         interrupt.set()
@@ -3845,35 +3865,15 @@ class FullReportQueueTest(unittest.TestCase):
         release = threading.Event()
         client, server, running = self.stubborn_handlers(release=release)
         worker = client.worker
-        interrupt, draining = threading.Event(), threading.Event()
-        holding, wait_for_jobs = worker._reports_holding, worker._wait_for_jobs
-
-        def interrupted() -> bool:
-            # The worker's first Ctrl-C, as the thread running start() waits to claim.
-            if interrupt.is_set():
-                interrupt.clear()
-                raise KeyboardInterrupt
-            return holding()
+        draining = threading.Event()
+        wait_for_jobs = worker._wait_for_jobs
 
         def drain() -> None:
             draining.set()
             wait_for_jobs()
 
-        worker._reports_holding, worker._wait_for_jobs = interrupted, drain
-        raised: List[BaseException] = []
-        returned = threading.Event()
-
-        def run() -> None:
-            try:
-                raise KeyboardInterrupt  # the caller's own
-            except KeyboardInterrupt:
-                try:
-                    worker.start(2, poll_interval=0.05, on_error=self.errors.append, stop_grace=60)
-                except BaseException as err:  # noqa: BLE001 - the test reads it
-                    raised.append(err)
-            returned.set()
-
-        threading.Thread(target=run, daemon=True).start()
+        worker._wait_for_jobs = drain
+        interrupt, raised, returned = self.start_to_interrupt(worker, handling=True)
         wait_until(running.is_set)
         interrupt.set()
         wait_until(lambda: draining.is_set() or returned.is_set())
