@@ -533,7 +533,9 @@ class Worker:
         self._on_error = on_error
         tools = [{"name": t.name, "version": t.version} for t in self._tools.values()]
         # The failed registrations are told, and a stop_event heard, while
-        # start() waits for the server.
+        # start() waits for the server. A queue of its own: that of a
+        # start() that raised was closed, its thread ended.
+        self._errors = _Notices()
         threading.Thread(target=self._deliver_errors, name="ratchet-on-error", daemon=True).start()
         gave_up = threading.Event()  # this start() raised: its stop_event watcher ends
         if stop_event is not None:

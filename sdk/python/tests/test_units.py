@@ -1013,6 +1013,27 @@ class OutageTest(unittest.TestCase):
         self.assertTrue(client.worker.stop(5))
         self.assertEqual([getattr(e, "status", None) for e in errors], [400, 401, 404])
 
+    def test_a_start_after_a_refused_one_tells_on_error(self) -> None:
+        # start() raised the registration's refusal, its on_error thread
+        # ended; a start() after it has a thread of its own to tell its
+        # failures (the failed claim here), not one that ended with the first.
+        def respond(method, path, body):
+            if path.endswith("/register"):
+                registrations = sum(1 for s in server.seen if s[1].endswith("/register"))
+                return (403, error("forbidden"), {}) if registrations == 1 else (200, {"workerId": "wkr_1"}, {})
+            claims = sum(1 for s in server.seen if s[1].endswith("/claim"))
+            return (503, error("unavailable"), {}) if claims == 1 else (200, {"jobs": []}, {})
+
+        client, server = self.client(respond)
+        with self.assertRaises(RatchetError):
+            client.worker.start(1, on_error=lambda err: None)
+        errors: List[BaseException] = []
+        client.worker.start(1, poll_interval=3600, block=False, on_error=errors.append)
+        self.addCleanup(client.worker.stop, 5)
+        wait_until(lambda: errors)
+        self.assertTrue(client.worker.stop(5))
+        self.assertEqual([getattr(e, "status", None) for e in errors], [503])
+
     def test_a_stop_ends_starts_wait_for_the_server(self) -> None:
         client, server = self.client(lambda method, path, body: (502, error("bad_gateway"), {}))
         raised, returned = start_blocking(client.worker)
