@@ -34,7 +34,7 @@ type Key struct {
 	ID                      string     `json:"id"`
 	Name                    string     `json:"name"`
 	Scopes                  []string   `json:"scopes" openapi:"itemEnum=effects:begin|effects:report|effects:read|effects:resolve|policies:read|policies:write|approvals:write|keys:write|runs:write|runs:read|jobs:work|steps:replay|endpoints:write|contracts:write|webhooks:write|reconcile:write|billing:write,notNull"` // never empty
-	Tools                   []string   `json:"tools" jsonschema:"the exact name@version pairs this key is restricted to: with jobs:work it registers only these, and it mints and revokes only keys within them; null when it is not restricted to tools (any tool, as a root key)"`
+	Tools                   []string   `json:"tools" jsonschema:"the exact name@version pairs this key is restricted to: with jobs:work it registers only these, and it mints and revokes keys with jobs:work only within them (other keys as its scopes allow); null when it is not restricted to tools (any tool, as a root key)"`
 	DailySpendCeilingMicros *int64     `json:"daily_spend_ceiling_micros"`
 	RateLimitPerMinute      *int       `json:"rate_limit_per_minute"`
 	CreatedAt               time.Time  `json:"created_at"`

@@ -642,7 +642,7 @@ func TestTheLastRootKeyCannotBeRevoked(t *testing.T) {
 	require.Equal(t, 1, alive, "one key that can manage keys is left")
 }
 
-// A key restricted to some tools revokes only keys within them, as it mints
+// A key restricted to some tools revokes a jobs:work key only within them, as it mints
 // only such keys (QA: a key for a@1 revoked a WORKER key for b@1).
 func TestARestrictedKeyRevokesOnlyKeysWithinItsTools(t *testing.T) {
 	t.Parallel()
@@ -672,6 +672,14 @@ func TestARestrictedKeyRevokesOnlyKeysWithinItsTools(t *testing.T) {
 	require.Contains(t, string(r.Body), "tool:*")
 	env.Must(http.StatusOK, "DELETE", "/api/v1/keys/"+idOf("worker a"), restricted, nil)
 	env.Must(http.StatusOK, "DELETE", "/api/v1/keys/"+idOf("worker b"), ws.Key, nil)
+
+	// Its tools hold it only for keys with jobs:work (README, Keys; the tools
+	// field's schema): one without it, no tools list, it mints and revokes as
+	// its scopes allow, as it could not lend that key any tool.
+	admin := env.Must(http.StatusCreated, "POST", "/api/v1/keys", restricted,
+		map[string]any{"name": "key admin", "scopes": []string{"keys:write"}}).JSON()
+	require.Nil(t, admin["tools"])
+	env.Must(http.StatusOK, "DELETE", "/api/v1/keys/"+admin["id"].(string), restricted, nil)
 }
 
 // Reports and heartbeats settle what a counted call began, so they are
