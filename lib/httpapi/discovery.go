@@ -170,8 +170,9 @@ from a UUID, a clock or an attempt number. Reusing a key for different arguments
 is 409 idempotency_key_reuse. For sensitive results, blind the key:
 hex(hmac_sha256(your_secret, key))[:32].
 
-Creates without a key field (keys, webhooks, contract publish, tool test,
-worker registration, step replay; marked [Idempotency-Key] below) take an
+Creates without a key field (keys, webhooks, a webhook's secret rotation and
+delivery retry, contract publish, tool test, worker registration, step replay,
+reconciliation; marked [Idempotency-Key] below) take an
 Idempotency-Key header: send the same request again under it, the body byte
 for byte, and get the first answer, not a second key, webhook or replay. The
 key names one intended create for 24 hours (replay:<step>:<attempt>, not
