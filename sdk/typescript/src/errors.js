@@ -154,8 +154,9 @@ export class InvalidDecisionError extends Error {
 }
 
 /** Given to a worker's onError when a job's report was refused or could not
- * be delivered: its lease lapses and it runs again (or, on its last
- * attempt, ends EXHAUSTED). */
+ * be delivered, or was never sent because a stop left the job's handler
+ * running past the stop grace (no cause then): its lease lapses and it runs
+ * again (or, on its last attempt, ends EXHAUSTED). */
 export class ReportNotRecordedError extends Error {
   /** what is 'not_recorded', or 'output_refused' when the server refused a
    * success's output and a failure is reported instead; jobId and attempt

@@ -353,7 +353,10 @@ export declare class Worker {
   start(options?: StartOptions): Promise<void>;
   /** Resolves to whether every claimed job ended with its outcome recorded
    * or settled elsewhere (a report refused lease_lost, say) and no handler
-   * is still running; true before start(). */
+   * is still running; true before start(). A handler still running
+   * stopGraceMs after its signal aborted at the stop's deadline is left
+   * unreported (its lease lapses and the job runs again), and onError is
+   * told so once, as a ReportNotRecordedError naming the job. */
   stop(options?: { timeoutMs?: number | undefined }): Promise<boolean>;
 }
 

@@ -453,7 +453,8 @@ export class Worker {
    * Stops polling and lets running handlers finish within timeoutMs; then
    * their signals abort ('stopping') and those that do not return within
    * start()'s stopGraceMs (10 s by default) are left unreported (their
-   * leases lapse and another worker runs them); the reports are sent until
+   * leases lapse and another worker runs them), each told to onError once
+   * as a ReportNotRecordedError naming the job; the reports are sent until
    * the deadline and twice the grace at most, as the Go SDK's Stop. Resolves to whether every job this worker claimed ended with its
    * outcome recorded or settled elsewhere (a report refused because a newer
    * attempt holds the job, it ended or no longer exists loses nothing, as Go's
@@ -863,7 +864,13 @@ export class Worker {
       if (reason === 'timeout') {
         await this.#report(label, { status: 'FAILED', error: { message: `handler timed out after ${timeoutMs}ms`, retryable: true } });
       } else if (reason === 'stopping') {
+        // Its lease lapses and the job runs again elsewhere: onError is
+        // told, naming the job (QA: only stop()'s false said so, and not
+        // which job would run again).
         this.#leftUnreported++;
+        this.#notify(new ReportNotRecordedError(`ratchet: job ${label.jobId} attempt ${label.attempt} was left unreported, its handler `
+          + `still running when the stop grace (${this.#stopGraceMs} ms) ended; its lease lapses and it runs again`,
+        { jobId: label.jobId, attempt: label.attempt }));
       }
       return;
     }

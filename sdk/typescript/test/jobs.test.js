@@ -5,7 +5,7 @@ import { test } from 'node:test';
 import {
   AFTER_FAILED, InvalidDecisionError, NonRetryableError, Ratchet, RatchetError, ReportNotRecordedError, RetryableError,
 } from '../src/index.js';
-import { BASE_URL, Workspace, needsServer, startWorker, unique, waitFor, waitRunEnded } from './support.js';
+import { BASE_URL, Workspace, hangGuard, needsServer, startWorker, stopWorker, unique, waitFor, waitRunEnded } from './support.js';
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
@@ -230,7 +230,7 @@ test('cancelStep reaches the handler', needsServer, async (t) => {
     running();
     ctx.signal.addEventListener('abort', () => { reasons.push(ctx.cancelReason); reject(new Error('stopped')); });
   }), { timeoutMs: 3000 }, (error) => { classified.push(error.message); return { retryable: true }; });
-  await started;
+  await hangGuard(started, 'the handler never ran');
   assert.equal((await s.producer.cancelStep(step.stepId)).status, 'CANCELLED');
   const job = await waitFor('reported', async () => {
     const j = (await s.ws.operator.getStep(step.stepId)).durableJob;
@@ -262,13 +262,14 @@ test('a graceful stop lets running handlers report', needsServer, async () => {
   const started = worker.worker.start({ concurrency: 2, pollIntervalMs: 100 });
   await s.producer.startRun('graceful');
   const step = await s.producer.enqueue({}, { name: tool, version: '1' });
-  await isRunning;
-  assert.equal(await worker.worker.stop({ timeoutMs: 10_000 }), true);
-  await started;
+  await hangGuard(isRunning, 'the handler never ran');
+  assert.equal(await stopWorker(worker.worker, started, 10_000), true);
   const job = (await s.ws.operator.getStep(step.stepId)).durableJob;
   assert.deepEqual([job.status, job.attempts[0].outcome], ['SUCCEEDED', 'SUCCEEDED']);
 });
 
+// onError is told of the job left unreported, by its id: it runs again once
+// its lease lapses.
 test('stop leaves a handler that will not return unreported', needsServer, async () => {
   const s = await setup();
   const tool = unique('stuck');
@@ -280,16 +281,17 @@ test('stop leaves a handler that will not return unreported', needsServer, async
     name: tool, version: '1',
     handler: (input, ctx) => { running(); ctx.signal.addEventListener('abort', () => reasons.push(ctx.cancelReason)); return new Promise(() => {}); },
   });
-  const started = worker.worker.start({ concurrency: 1, pollIntervalMs: 100 });
+  const errors = [];
+  const started = worker.worker.start({ concurrency: 1, pollIntervalMs: 100, stopGraceMs: 100, onError: (err) => errors.push(err) });
   await s.producer.startRun('stuck');
   const step = await s.producer.enqueue({}, { name: tool, version: '1', timeoutMs: 60_000 });
-  await isRunning;
-  assert.equal(await worker.worker.stop({ timeoutMs: 200 }), false);
-  await started;
+  await hangGuard(isRunning, 'the handler never ran');
+  assert.equal(await stopWorker(worker.worker, started, 200), false);
   assert.deepEqual(reasons, ['stopping']);
   const job = (await s.ws.operator.getStep(step.stepId)).durableJob;
   // Nothing reported: the lease lapses and another worker runs it again.
   assert.deepEqual([job.status, job.attempts[0].outcome], ['RUNNING', null]);
+  assert.deepEqual(errors.map((e) => [e.name, e.jobId, e.attempt]), [['ReportNotRecordedError', job.id, 1]]);
 });
 
 test('an output refused by the contract ends the job once', needsServer, async (t) => {
@@ -396,5 +398,5 @@ test('a worker key must list the tool', needsServer, async () => {
   const { ws } = await setup();
   const worker = await ws.client('WORKER', ['other@1']);
   worker.registerTool({ name: 'mine', version: '1', handler: () => null });
-  await assert.rejects(worker.worker.start(), (err) => err instanceof RatchetError && err.status === 403 && err.code === 'forbidden');
+  await assert.rejects(hangGuard(worker.worker.start(), 'start() never ended'), (err) => err instanceof RatchetError && err.status === 403 && err.code === 'forbidden');
 });

@@ -55,16 +55,37 @@ export class Errors {
   of(kind) { return this.items.filter((e) => e instanceof kind); }
 }
 
+// hangGuard answers what promise settles to, or fails saying what did not
+// end once ms pass: a far bound on what must end (a stop, start()'s
+// promise), so that a regression fails the test instead of hanging the
+// suite, never a timing assertion; and the only clock of a test whose wait
+// is set to an hour, so that only the behaviour under test can end it.
+export async function hangGuard(promise, what, ms = 60_000) {
+  let timer;
+  try {
+    return await Promise.race([promise, new Promise((_, reject) => {
+      timer = setTimeout(() => reject(new Error(`hang guard: ${what}`)), ms);
+    })]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
 /** Starts client's worker with a short poll interval (tests must not wait
  * 30 s for a claim) and stops it when the test ends. */
 export function startWorker(t, client, concurrency = 1) {
   const errors = new Errors();
   const started = client.worker.start({ concurrency, pollIntervalMs: 100, onError: errors.add });
-  t.after(async () => {
-    await client.worker.stop({ timeoutMs: 10_000 });
-    await started;
-  });
+  t.after(() => stopWorker(client.worker, started, 10_000));
   return errors;
+}
+
+/** Stops worker (stop({ timeoutMs })) and waits for start()'s promise, each
+ * under the hang guard; answers what stop() resolved to. */
+export async function stopWorker(worker, started, timeoutMs) {
+  const clean = await hangGuard(worker.stop({ timeoutMs }), 'stop() never ended');
+  await hangGuard(started, 'start() never ended');
+  return clean;
 }
 
 /** Calls probe until it answers something truthy, failing after timeoutMs. */

@@ -6,14 +6,15 @@ import { createServer } from 'node:http';
 import { createServer as createNetServer } from 'node:net';
 import { test } from 'node:test';
 import {
-  ConnectionLostError, EffectInFlightError, LeaseLostError, OutcomeNotReportedError, Ratchet, RatchetError, ResultNotStoredError, RetryableError, blindKey,
-  redactMessage,
+  ConnectionLostError, EffectInFlightError, LeaseLostError, OutcomeNotReportedError, Ratchet, RatchetError, ReportNotRecordedError, ResultNotStoredError,
+  RetryableError, blindKey, redactMessage,
 } from '../src/index.js';
 import { gateTimes } from '../src/client.js';
 import { failureLogTimes, summary } from '../src/failurelog.js';
 import { stringify, stringifyIteratively } from '../src/json.js';
 import { Transport, backoffTimes } from '../src/transport.js';
 import { Reporter, Worker, beatCutoff, beatWait, claimTimes, graceTimes, heartbeatTimes, keyRefused, readDecision, reportTimes, stopTimes } from '../src/worker.js';
+import { hangGuard, stopWorker } from './support.js';
 import './quiet.js';
 
 // Each test's clean-ups, run last first whatever the Node version (Node 20
@@ -228,8 +229,7 @@ test('an idle worker claims once per poll interval', async (t) => {
   const { client, server } = await idle(t);
   const started = client.worker.start({ concurrency: 4, pollIntervalMs: 200 });
   await new Promise((r) => setTimeout(r, 1000));
-  assert.equal(await client.worker.stop({ timeoutMs: 5000 }), true);
-  await started;
+  assert.equal(await stopWorker(client.worker, started, 5000), true);
   const claims = server.seen.filter((s) => s.path.endsWith('/claim'));
   // Five intervals of 0.2 s (±10 %): about five claims, never a busy loop.
   // At least two, not four: a loaded machine (the suites run beside the
@@ -249,7 +249,7 @@ test('an aborted signal ends start', async (t) => {
   await new Promise((r) => setTimeout(r, 300));
   assert.equal(returned, false);
   shutdown.abort();
-  await started;
+  await hangGuard(started, 'start() never ended');
   assert.equal(returned, true);
   await assert.rejects(client.worker.start(), /already started/);
 });
@@ -261,7 +261,11 @@ function watchTimers(t, delays) {
   const [set, clear] = [globalThis.setTimeout, globalThis.clearTimeout];
   globalThis.setTimeout = (fn, ms, ...args) => {
     const handle = set(fn, ms, ...args);
-    if (delays.includes(ms)) timers.push({ ms, handle, cleared: false });
+    if (delays.includes(ms)) {
+      // fire() runs it at once, as if its time had come.
+      const timer = { ms, handle, cleared: false, fire: () => { clear(handle); fn(...args); } };
+      timers.push(timer);
+    }
     return handle;
   };
   globalThis.clearTimeout = (handle) => {
@@ -270,6 +274,15 @@ function watchTimers(t, delays) {
   };
   after(t, () => { [globalThis.setTimeout, globalThis.clearTimeout] = [set, clear]; });
   return timers;
+}
+
+// Freezes the worker's clock (performance.now) until t ends; returns what
+// moves it on by ms. Its timers still run on the real clock: a test fires
+// the one it waits for itself (watchTimers).
+function frozenClock(t) {
+  let at = Math.ceil(performance.now()); // whole: sums of it are exact
+  t.mock.method(performance, 'now', () => at);
+  return (ms) => { at += ms; };
 }
 
 // The stop's two timers (the claim cut at its deadline, the report cut at
@@ -282,8 +295,8 @@ test('a stop leaves none of its timers armed once it resolves', async (t) => {
   const { client } = await idle(t);
   const timers = watchTimers(t, STOP_TIMERS);
   const started = client.worker.start({ concurrency: 1, pollIntervalMs: 50, stopGraceMs: STOP_GRACE_MS });
-  assert.equal(await client.worker.stop({ timeoutMs: STOP_MS }), true);
-  await started;
+  assert.equal(await hangGuard(client.worker.stop({ timeoutMs: STOP_MS }), 'stop() never ended'), true);
+  await hangGuard(started, 'start() never ended');
   assert.deepEqual(timers.map(({ ms, cleared }) => ({ ms, cleared })), STOP_TIMERS.map((ms) => ({ ms, cleared: true })));
 });
 
@@ -297,7 +310,7 @@ test('a stop by start\'s signal leaves none of its timers armed once start resol
   const started = client.worker.start({ concurrency: 1, pollIntervalMs: 50, stopGraceMs: STOP_GRACE_MS, signal: shutdown.signal });
   await until(() => client.worker.workerId !== null);
   shutdown.abort();
-  await started;
+  await hangGuard(started, 'start() never ended');
   assert.deepEqual(timers.map(({ ms, cleared }) => ({ ms, cleared })), STOP_TIMERS.map((ms) => ({ ms, cleared: true })));
 });
 
@@ -311,7 +324,7 @@ async function serve(t, respond, handler, concurrency = 1, pollIntervalMs = 50, 
   const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
   client.registerTool({ name: 't', version: '1', handler });
   const started = client.worker.start({ concurrency, pollIntervalMs, stopGraceMs });
-  after(t, async () => { await client.worker.stop({ timeoutMs: 5000 }); await started; });
+  after(t, () => stopWorker(client.worker, started, 5000));
   return Object.assign(server, { client });
 }
 
@@ -330,20 +343,6 @@ function quickBeats(t) {
   const saved = heartbeatTimes.pause;
   heartbeatTimes.pause = (ms, signal) => saved(10, signal);
   after(t, () => { heartbeatTimes.pause = saved; });
-}
-
-// hangGuard answers what promise settles to, or fails saying what did not
-// end once ms pass: the only clock of a test whose wait is set to an hour,
-// so that only the behaviour under test can end it.
-async function hangGuard(promise, what, ms = 60_000) {
-  let timer;
-  try {
-    return await Promise.race([promise, new Promise((_, reject) => {
-      timer = setTimeout(() => reject(new Error(`hang guard: ${what}`)), ms);
-    })]);
-  } finally {
-    clearTimeout(timer);
-  }
 }
 
 // Waits until the server has failed job_1's report twice: the worker sends
@@ -443,14 +442,14 @@ test('a claim refused 401 stops the worker', async (t) => {
   let outcome = null;
   const started = client.worker.start({ concurrency: 2, pollIntervalMs: 50, onError: (err) => { errors.push(err); } })
     .then(() => { outcome = 'resolved'; }, (err) => { outcome = err; });
-  after(t, async () => { release(); await client.worker.stop({ timeoutMs: 1000 }); await started; });
+  after(t, async () => { release(); await stopWorker(client.worker, started, 1000); });
   await until(() => running && order.length >= 2);
   release();
   await until(() => outcome !== null);
   assert.ok(outcome instanceof RatchetError, String(outcome));
   assert.equal(outcome.status, 401);
   assert.deepEqual(order, ['claim', 'claim', 'report']);
-  assert.equal(await client.worker.stop({ timeoutMs: 1000 }), true); // and onError has been told
+  assert.equal(await hangGuard(client.worker.stop({ timeoutMs: 1000 }), 'stop() never ended'), true); // and onError has been told
   assert.deepEqual(errors.map((e) => e.status), [401]);
 });
 
@@ -489,7 +488,7 @@ test('a revoked key stops the worker whichever call meets it', async (t) => {
     let outcome = null;
     const started = client.worker.start({ concurrency: 2, pollIntervalMs: 50, onError: (err) => { errors.push(err); } })
       .then(() => { outcome = 'resolved'; }, (err) => { outcome = err; });
-    after(t, async () => { await client.worker.stop({ timeoutMs: 1000 }); await started; });
+    after(t, () => stopWorker(client.worker, started, 1000));
     await until(() => outcome !== null, 20_000).catch(() => assert.fail(`the worker went on after a ${call} refused 401`));
     assert.ok(outcome instanceof RatchetError && outcome.status === 401, String(outcome));
     assert.deepEqual(reasons, ['stopping']);
@@ -515,7 +514,7 @@ async function stoppedOnItsOwn(t, server, onError) {
   let outcome = null;
   const started = client.worker.start({ concurrency: 1, pollIntervalMs: 10, onError })
     .then(() => { outcome = 'resolved'; }, (err) => { outcome = err; });
-  after(t, async () => { await client.worker.stop({ timeoutMs: 1000 }); await started; });
+  after(t, () => stopWorker(client.worker, started, 1000));
   await until(() => outcome !== null);
   return outcome;
 }
@@ -530,8 +529,8 @@ test('start rejects with a refusal once onError has been told it', async (t) => 
   client.registerTool({ name: 't', version: '1', handler: () => null });
   const errors = [];
   const slow = async (err) => { await new Promise((r) => setTimeout(r, 200)); errors.push(err); };
-  after(t, () => client.worker.stop({ timeoutMs: 1000 }));
-  await assert.rejects(client.worker.start({ concurrency: 1, pollIntervalMs: 10, onError: slow }), (err) => err.status === 401);
+  after(t, () => hangGuard(client.worker.stop({ timeoutMs: 1000 }), 'stop() never ended'));
+  await assert.rejects(hangGuard(client.worker.start({ concurrency: 1, pollIntervalMs: 10, onError: slow }), 'start() never ended'), (err) => err.status === 401);
   assert.deepEqual(errors.map((e) => e.status), [401]);
 });
 
@@ -618,14 +617,13 @@ test('start waits out an outage under one key', async (t) => {
   });
   const errors = [];
   const started = worker.start({ concurrency: 1, pollIntervalMs: 2_000, onError: (err) => errors.push(err) });
-  after(t, async () => { await worker.stop({ timeoutMs: 1000 }); await started; });
+  after(t, () => stopWorker(worker, started, 1000));
   await until(() => worker.workerId !== null);
   assert.deepEqual(waits.slice(0, 3), [2_000, 4_000, 8_000]);
   const keys = server.seen.filter((s) => s.path.endsWith('/register')).map((s) => s.headers['idempotency-key']);
   assert.equal(keys.length, 4);
   assert.equal(new Set(keys).size, 1, keys.join());
-  assert.equal(await worker.stop({ timeoutMs: 1000 }), true);
-  await started;
+  assert.equal(await stopWorker(worker, started, 1000), true);
   assert.deepEqual(errors.map((e) => e.status), [503, 503, 503]);
 });
 
@@ -642,11 +640,10 @@ test('start waits out answers that are not Ratchet\'s', async (t) => {
   let outcome = null;
   const started = worker.start({ concurrency: 1, pollIntervalMs: 2_000, onError: (err) => errors.push(err) })
     .then(() => { outcome = 'resolved'; }, (err) => { outcome = err; });
-  after(t, async () => { await worker.stop({ timeoutMs: 1000 }); await started; });
+  after(t, () => stopWorker(worker, started, 1000));
   await until(() => worker.workerId !== null || outcome !== null);
   assert.equal(worker.workerId, 'wkr_1', String(outcome));
-  assert.equal(await worker.stop({ timeoutMs: 1000 }), true);
-  await started;
+  assert.equal(await stopWorker(worker, started, 1000), true);
   assert.equal(outcome, 'resolved');
   assert.deepEqual(errors.map((e) => e.status), [400, 401, 404]);
 });
@@ -683,10 +680,9 @@ test('claims that keep failing back off and heed Retry-After', async (t) => {
   });
   const errors = [];
   const started = worker.start({ concurrency: 1, pollIntervalMs: 1_000, onError: (err) => errors.push(err) });
-  after(t, async () => { await worker.stop({ timeoutMs: 1000 }); await started; });
+  after(t, () => stopWorker(worker, started, 1000));
   await until(() => waits.length >= 9);
-  assert.equal(await worker.stop({ timeoutMs: 1000 }), true);
-  await started;
+  assert.equal(await stopWorker(worker, started, 1000), true);
   assert.deepEqual(waits.slice(0, 9), [1_000, 2_000, 4_000, 40_000, 16_000, 32_000, 60_000, 60_000, 60_000]);
   assert.ok(errors.length >= 9, String(errors.length));
   assert.equal(new Set(claims).size, claims.length);
@@ -701,10 +697,9 @@ test('a lost claim is asked again no sooner than its Retry-After', async (t) => 
     return claims.length === 1 ? [500, error('internal_error')] : [429, error('rate_limited', { retry_after_seconds: 30 })];
   }, 1);
   const started = worker.start({ concurrency: 1, pollIntervalMs: 3_600_000, onError: () => {} });
-  after(t, async () => { await worker.stop({ timeoutMs: 1000 }); await started; });
+  after(t, () => stopWorker(worker, started, 1000));
   await until(() => claims.length >= 3);
-  assert.equal(await worker.stop({ timeoutMs: 1000 }), true);
-  await started;
+  assert.equal(await stopWorker(worker, started, 1000), true);
   // The transport's wait after the 500, then the worker's after the 429.
   assert.equal(waits[1], 30_000, waits.join());
   assert.equal(claims[2], claims[0]); // asked again under its id
@@ -726,11 +721,11 @@ test('a claim or a registration refused 403 stops the worker', async (t) => {
     let outcome = null;
     const started = client.worker.start({ concurrency: 1, pollIntervalMs: 10, onError: (err) => errors.push(err) })
       .then(() => { outcome = 'resolved'; }, (err) => { outcome = err; });
-    after(t, async () => { await client.worker.stop({ timeoutMs: 1000 }); await started; });
+    after(t, () => stopWorker(client.worker, started, 1000));
     await until(() => outcome !== null).catch(() => assert.fail(`reregister ${reregister}: the worker went on claiming after a 403`));
     assert.ok(outcome instanceof RatchetError && outcome.status === 403, String(outcome));
     assert.equal(paths.filter((p) => p.endsWith('/claim')).length, 1);
-    assert.equal(await client.worker.stop({ timeoutMs: 1000 }), true);
+    assert.equal(await hangGuard(client.worker.stop({ timeoutMs: 1000 }), 'stop() never ended'), true);
     assert.equal(errors.at(-1).status, 403);
   }
 });
@@ -782,10 +777,9 @@ test('without onError an unreachable server is logged safely, a line a minute', 
   const port = await refusedPort();
   const { worker, waits, lines } = await loggingWorker(t, { baseUrl: `http://127.0.0.1:${port}/prefix`, apiKey: 'rk_' + SECRET, most: 8 });
   const started = worker.start({ pollIntervalMs: 1_000 });
-  after(t, async () => { await worker.stop({ timeoutMs: 1000 }); await started; });
+  after(t, () => stopWorker(worker, started, 1000));
   await until(() => waits.length > 8);
-  assert.equal(await worker.stop({ timeoutMs: 1000 }), true);
-  await started;
+  assert.equal(await stopWorker(worker, started, 1000), true);
   const where = `ratchet worker: error=network kind="connection refused" method=POST host=127.0.0.1:${port} path=/prefix/api/v1/workers/register`;
   assert.deepEqual(lines, [where, `${where} more_since_last_line=5`, where, where]);
   assert.ok(!lines.join('\n').includes(SECRET));
@@ -805,10 +799,9 @@ test('without onError an API error is logged without its text, and its recovery 
     },
   });
   const started = worker.start({ pollIntervalMs: 1_000 });
-  after(t, async () => { await worker.stop({ timeoutMs: 1000 }); await started; });
+  after(t, () => stopWorker(worker, started, 1000));
   await until(() => claims.length >= 20); // idle claims: no more lines
-  assert.equal(await worker.stop({ timeoutMs: 1000 }), true);
-  await started;
+  assert.equal(await stopWorker(worker, started, 1000), true);
   const host = new URL(server.url).host;
   assert.deepEqual(lines, [
     `ratchet worker: error=api status=503 code=service_unavailable request_id=req_logged method=POST host=${host} path=/api/v1/workers/register`,
@@ -834,10 +827,9 @@ test('without onError a classifier\'s exception is logged by its name alone', as
     classifyError: (err) => { throw new RangeError(err.message); },
   });
   const started = worker.start({ pollIntervalMs: 1_000 });
-  after(t, async () => { await worker.stop({ timeoutMs: 1000 }); await started; });
+  after(t, () => stopWorker(worker, started, 1000));
   await until(() => reported);
-  assert.equal(await worker.stop({ timeoutMs: 5000 }), true);
-  await started;
+  assert.equal(await stopWorker(worker, started, 5000), true);
   assert.deepEqual(lines, ['ratchet worker: error=RangeError (set onError to see it)']);
 });
 
@@ -856,10 +848,9 @@ test('without onError a report not recorded is logged in the Go SDK\'s shape', a
     handler: () => ({ secret: SECRET }),
   });
   const started = worker.start({ pollIntervalMs: 1_000 });
-  after(t, async () => { await worker.stop({ timeoutMs: 1000 }); await started; });
+  after(t, () => stopWorker(worker, started, 1000));
   await until(() => reported && lines.length > 0);
-  assert.equal(await worker.stop({ timeoutMs: 5000 }), false); // the report was lost
-  await started;
+  assert.equal(await stopWorker(worker, started, 5000), false); // the report was lost
   const host = new URL(server.url).host;
   assert.deepEqual(lines, [`ratchet worker: report=not_recorded job_id=job_1 attempt=1 error=api status=409 code=invalid_state request_id=req_1 method=POST host=${host} path=/api/v1/jobs/job_1/report`]);
 });
@@ -885,10 +876,9 @@ test('without onError a lost lease is logged by its job and tool', async (t) => 
     },
   });
   const started = worker.start({ pollIntervalMs: 1_000 });
-  after(t, async () => { await worker.stop({ timeoutMs: 1000 }); await started; });
+  after(t, () => stopWorker(worker, started, 1000));
   await until(() => reported && lines.length > 0);
-  assert.equal(await worker.stop({ timeoutMs: 5000 }), true);
-  await started;
+  assert.equal(await stopWorker(worker, started, 5000), true);
   const host = new URL(server.url).host;
   assert.deepEqual(lines, [`ratchet worker: lease=lost job_id=job_1 attempt=1 tool=t@1 error=api status=409 code=lease_lost request_id=req_1 method=POST host=${host} path=/api/v1/jobs/job_1/heartbeat`]);
 });
@@ -908,8 +898,8 @@ test('without onError the refusal that stops the worker is logged at once', asyn
       return ++claims === 1 ? [503, error('service_unavailable')] : [401, error('unauthorized'), { 'X-Request-Id': 'req_2' }];
     },
   });
-  await assert.rejects(worker.start({ pollIntervalMs: 1_000 }), (err) => err instanceof RatchetError && err.status === 401);
-  assert.equal(await worker.stop({ timeoutMs: 1000 }), true);
+  await assert.rejects(hangGuard(worker.start({ pollIntervalMs: 1_000 }), 'start() never ended'), (err) => err instanceof RatchetError && err.status === 401);
+  assert.equal(await hangGuard(worker.stop({ timeoutMs: 1000 }), 'stop() never ended'), true);
   const host = new URL(server.url).host;
   assert.deepEqual(lines, [
     `ratchet worker: error=api status=503 code=service_unavailable method=POST host=${host} path=/api/v1/workers/wkr_1/claim`,
@@ -932,8 +922,8 @@ test('without onError a worker that stops on its own counts once after its repor
     },
     handler: (input, ctx) => new Promise((resolve, reject) => ctx.signal.addEventListener('abort', () => reject(new Error('aborted')), { once: true })),
   });
-  await assert.rejects(worker.start({ concurrency: 2, pollIntervalMs: 10 }), (err) => err instanceof RatchetError && err.status === 403);
-  assert.equal(await worker.stop({ timeoutMs: 1000 }), false); // the report was not recorded
+  await assert.rejects(hangGuard(worker.start({ concurrency: 2, pollIntervalMs: 10 }), 'start() never ended'), (err) => err instanceof RatchetError && err.status === 403);
+  assert.equal(await hangGuard(worker.stop({ timeoutMs: 1000 }), 'stop() never ended'), false); // the report was not recorded
   assert.deepEqual(lines.filter((line) => line.includes('ratchet worker stopped')), ['ratchet worker stopped: more_since_last_line=1'], lines.join('\n'));
 });
 
@@ -942,10 +932,9 @@ test('onError replaces the default failure log', async (t) => {
   const { worker, waits, lines } = await loggingWorker(t, { baseUrl: `http://127.0.0.1:${port}`, most: 70 });
   const errors = [];
   const started = worker.start({ pollIntervalMs: 1_000, onError: (err) => errors.push(err) });
-  after(t, async () => { await worker.stop({ timeoutMs: 1000 }); await started; });
+  after(t, () => stopWorker(worker, started, 1000));
   await until(() => waits.length > 70);
-  assert.equal(await worker.stop({ timeoutMs: 1000 }), true);
-  await started;
+  assert.equal(await stopWorker(worker, started, 1000), true);
   assert.equal(errors.length, 71);
   assert.deepEqual(lines, []);
 });
@@ -1073,7 +1062,7 @@ test('a report failing on its own holds no claim after its lease lapses', async 
   await new Promise((r) => setTimeout(r, 700)); // job_1's lease (500 ms) has lapsed
   const before = claims();
   await until(() => claims() > before + 2, 5_000);
-  await client.worker.stop({ timeoutMs: 0 }); // job_1's report is given up at once, not 5 s on
+  await hangGuard(client.worker.stop({ timeoutMs: 0 }), 'stop() never ended'); // job_1's report is given up at once, not 5 s on
 });
 
 // The rule the three workers share (READMEs): a heartbeat answered 409, 404
@@ -1134,10 +1123,9 @@ test('onError is told a lost lease by its job, attempt and tool', async (t) => {
     client.registerTool({ name: 't', version: '1', handler: (input, ctx) => new Promise((r) => ctx.signal.addEventListener('abort', () => r(null), { once: true })) });
     const told = [];
     const started = client.worker.start({ pollIntervalMs: 50, onError: (err) => told.push(err) });
-    after(t, async () => { await client.worker.stop({ timeoutMs: 5000 }); await started; });
+    after(t, () => stopWorker(client.worker, started, 5000));
     await until(() => told.some((e) => e instanceof LeaseLostError), 15_000);
-    assert.equal(await client.worker.stop({ timeoutMs: 5000 }), true);
-    await started;
+    assert.equal(await stopWorker(client.worker, started, 5000), true);
     const lost = told.filter((e) => e instanceof LeaseLostError);
     assert.deepEqual(lost.map((e) => [e.jobId, e.attempt, e.tool]), [['job_1', 1, 't@1']], code);
     if (status === 409) assert.ok(lost[0].cause instanceof RatchetError && lost[0].cause.code === 'lease_lost');
@@ -1238,38 +1226,77 @@ test('one heartbeat is cut off at a third of the lease left', () => {
   }
 });
 
-// A handler told to stop at the deadline that returns 2 s later (a call it
-// was in ended first) is reported as it returned: the grace is 10 s by
-// default, as in the Go and Python workers (it was 1 s here, and such a
-// handler was left running unreported beside the attempt another worker
-// began once its lease lapsed). stopGraceMs sets it.
+// A handler aborted at the stop's deadline has the stop grace to return and
+// be reported: 10 s by default, as in the Go and Python workers (it was 1 s
+// here, and such a handler was left running unreported beside the attempt
+// another worker began once its lease lapsed); stopGraceMs sets it. One
+// that outlasts it is left unreported, and onError is told so, naming the
+// job (never its input): it runs again elsewhere once its lease lapses (QA:
+// only stop()'s false said so). The worker's clock is frozen, and the test
+// moves it on and fires the grace's timer itself, so nothing waits the
+// grace out: the timer is set for exactly the grace, and the handler is
+// given up only once the clock reaches its end.
 test('a stop gives aborted handlers the stop grace, 10 s by default', async (t) => {
-  for (const [stopGraceMs, recorded] of [[undefined, true], [500, false]]) {
-    const reports = [];
-    let claimed = false;
-    const server = await fakeServer(t, (method, path, body) => {
-      if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
-      if (path.endsWith('/claim')) {
-        const first = !claimed;
-        claimed = true;
-        return [200, { jobs: first ? [job(1, 60_000)] : [] }];
-      }
-      reports.push(body);
-      return [200, { jobId: 'job_1', status: body.status, attempt: 1 }];
-    });
-    const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
-    let running = false;
-    client.registerTool({ name: 't', version: '1', handler: async (input, ctx) => {
-      running = true;
-      await new Promise((r) => ctx.signal.addEventListener('abort', r, { once: true }));
-      await new Promise((r) => setTimeout(r, 2_000));
-      return { finished: ctx.cancelReason };
-    } });
-    const started = client.worker.start({ concurrency: 1, pollIntervalMs: 50, ...(stopGraceMs === undefined ? {} : { stopGraceMs }) });
-    await until(() => running); // the handler runs
-    assert.equal(await client.worker.stop({ timeoutMs: 100 }), recorded, String(stopGraceMs));
-    await started;
-    assert.deepEqual(reports, recorded ? [{ leaseToken: 'tok_1', status: 'SUCCEEDED', output: { finished: 'stopping' } }] : []);
+  for (const [stopGraceMs, graceMs] of [[undefined, 10_000], [500, 500]]) {
+    for (const returns of [true, false]) {
+      await t.test(`${graceMs} ms; the handler ${returns ? 'returns within it' : 'outlasts it'}`, async (t) => {
+        const reports = [];
+        let claimed = false;
+        const server = await fakeServer(t, (method, path, body) => {
+          if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
+          if (path.endsWith('/claim')) {
+            const first = !claimed;
+            claimed = true;
+            return [200, { jobs: first ? [{ ...job(1, 60_000), input: { secret: 'input-not-for-logs' } }] : [] }];
+          }
+          reports.push(body);
+          return [200, { jobId: 'job_1', status: body.status, attempt: 1 }];
+        });
+        const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
+        let running = false;
+        let release;
+        const released = new Promise((r) => { release = r; });
+        client.registerTool({ name: 't', version: '1', handler: async (input, ctx) => {
+          running = true;
+          await new Promise((r) => ctx.signal.addEventListener('abort', r, { once: true }));
+          await released;
+          return { finished: ctx.cancelReason };
+        } });
+        const moveClock = frozenClock(t);
+        const timers = watchTimers(t, [graceMs, 1]);
+        const errors = [];
+        const started = client.worker.start({ concurrency: 1, pollIntervalMs: 50, onError: (err) => errors.push(err),
+          ...(stopGraceMs === undefined ? {} : { stopGraceMs }) });
+        after(t, () => stopWorker(client.worker, started, 0));
+        after(t, () => release()); // first: a handler still running would hold the stop
+        await until(() => running); // the handler runs
+        const stopped = client.worker.stop({ timeoutMs: 0 });
+        await until(() => timers.some((timer) => timer.ms === graceMs), 60_000); // the handler is aborted, its grace begun
+        const grace = timers.filter((timer) => timer.ms === graceMs);
+        assert.equal(grace.length, 1, 'one timer for the grace');
+        if (returns) {
+          moveClock(graceMs - 1);
+          const fired = timers.length;
+          grace[0].fire();
+          await until(() => timers.slice(fired).some((timer) => timer.ms === 1), 60_000); // still waited for: its last millisecond
+          release();
+        } else {
+          moveClock(graceMs);
+          grace[0].fire();
+        }
+        assert.equal(await hangGuard(stopped, 'the stop never ended'), returns);
+        assert.deepEqual(reports, returns ? [{ leaseToken: 'tok_1', status: 'SUCCEEDED', output: { finished: 'stopping' } }] : []);
+        if (returns) {
+          assert.deepEqual(errors, []);
+        } else {
+          assert.equal(errors.length, 1, 'onError is told once of the job left unreported');
+          assert.ok(errors[0] instanceof ReportNotRecordedError, String(errors[0]));
+          assert.deepEqual([errors[0].jobId, errors[0].attempt, errors[0].what], ['job_1', 1, 'not_recorded']);
+          assert.match(errors[0].message, /job job_1 attempt 1 was left unreported/);
+          assert.doesNotMatch(errors[0].message, /input-not-for-logs/);
+        }
+      });
+    }
   }
   const idle = new Ratchet({ baseUrl: 'http://127.0.0.1:9', apiKey: 'rk_test' });
   idle.registerTool({ name: 't', version: '1', handler: () => ({}) });
@@ -1305,7 +1332,7 @@ test('a report still unanswered when the stop gives reports up is cut, and count
   await until(() => server.seen.some((s) => s.path.endsWith('/report')));
   assert.equal(await hangGuard(client.worker.stop({ timeoutMs: 100 }), 'the report in flight was not cut'), false,
     'a report was not recorded');
-  await started;
+  await hangGuard(started, 'start() never ended');
   assert.ok(errors.some((e) => /job_1 attempt 1 was not recorded/.test(e.message)), errors.map(String).join());
 });
 
@@ -1346,7 +1373,7 @@ test('reports queued behind one in flight are not sent after the stop gives repo
   const started = client.worker.start({ concurrency: 3, pollIntervalMs: 50, onError: () => {}, stopGraceMs: 150 });
   await until(() => finished === 2); // job_2 and job_3 have finished
   assert.equal(await hangGuard(client.worker.stop({ timeoutMs: 200 }), 'a report queued behind the cut one was sent'), false);
-  await started;
+  await hangGuard(started, 'start() never ended');
   assert.equal(reports.length, 1, reports.join());
 });
 
@@ -1385,7 +1412,7 @@ async function fullReportQueue(t, { signal, onError, hold = false }) {
   const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test', ...(hold && { timeoutMs: 3_600_000 }) });
   client.registerTool({ name: 't', version: '1', handler: () => ({ ok: true }) });
   const started = client.worker.start({ concurrency: FULL_QUEUE_JOBS, pollIntervalMs: 50, onError, signal, stopGraceMs: 100 });
-  after(t, async () => { await client.worker.stop({ timeoutMs: 5000 }); await started.catch(() => {}); });
+  after(t, async () => { await hangGuard(client.worker.stop({ timeoutMs: 5000 }), 'stop() never ended'); await hangGuard(started.catch(() => {}), 'start() never ended'); });
   after(t, () => answer()); // first: a held report is answered before the worker's stop and the server's close
   // Every report is queued and the one in flight has failed and is sent
   // again (or hangs): the others wait behind it.
@@ -1405,10 +1432,10 @@ test('a stop gives up a full queue of refused reports, each told once', async (t
   const errors = [];
   const { client, started, reports } = await fullReportQueue(t, { onError: (err) => { errors.push(err); } });
   assert.equal(await hangGuard(client.worker.stop({ timeoutMs: 0 }), 'the reports were never given up'), false, 'reports were lost');
-  await started;
+  await hangGuard(started, 'start() never ended');
   assertEveryReportGivenUpOnce(errors);
   const sent = reports.length;
-  await client.worker.stop({ timeoutMs: 0 }); // a second stop waits on nothing left running
+  await hangGuard(client.worker.stop({ timeoutMs: 0 }), 'stop() never ended'); // a second stop waits on nothing left running
   assert.equal(reports.length, sent, 'a report was sent after stop resolved');
 });
 
@@ -1416,7 +1443,7 @@ test('a stop gives up a full queue behind a delivery that hangs, each told once'
   const errors = [];
   const { client, started, reports } = await fullReportQueue(t, { hold: true, onError: (err) => { errors.push(err); } });
   assert.equal(await hangGuard(client.worker.stop({ timeoutMs: 0 }), 'the delivery in flight was not cut'), false, 'reports were lost');
-  await started;
+  await hangGuard(started, 'start() never ended');
   assertEveryReportGivenUpOnce(errors);
   assert.equal(reports.length, 1, 'a report queued behind the cut one was sent');
 });
@@ -1435,7 +1462,7 @@ test('start\'s signal gives up a full queue of refused reports, each told before
   await hangGuard(started, 'the reports were never given up');
   assertEveryReportGivenUpOnce(errors);
   const sent = reports.length;
-  assert.equal(await client.worker.stop({ timeoutMs: 0 }), false, 'reports were lost');
+  assert.equal(await hangGuard(client.worker.stop({ timeoutMs: 0 }), 'stop() never ended'), false, 'reports were lost');
   assert.equal(reports.length, sent, 'a report was sent after start resolved');
 });
 
@@ -1528,12 +1555,12 @@ test('stop resolves at its deadline though a cancelled handler never returns', a
   after(t, () => hangGuard(client.worker.stop({ timeoutMs: 0 }), 'stop', 10_000));
   await until(() => reason === 'cancelled'); // the first heartbeat, before the 3 s timeout
   assert.equal(await hangGuard(client.worker.stop({ timeoutMs: 200 }), 'stop', 10_000), false);
-  await started;
+  await hangGuard(started, 'start() never ended');
 });
 
 test('stop before start does nothing', async () => {
   const client = new Ratchet({ baseUrl: 'http://127.0.0.1:9', apiKey: 'rk_test' });
-  assert.equal(await client.worker.stop(), true);
+  assert.equal(await hangGuard(client.worker.stop(), 'stop() never ended'), true);
   await assert.rejects(client.getRun(), /no run/); // a refusal, not a synchronous throw
 });
 
@@ -1571,7 +1598,7 @@ test('a lost claim is asked again after a backoff, not a poll interval', async (
   const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
   client.registerTool({ name: 't', version: '1', handler: () => ({ ok: true }) });
   const started = client.worker.start({ concurrency: 1, pollIntervalMs: 3_600_000, onError: () => {} });
-  after(t, async () => { await client.worker.stop({ timeoutMs: 1000 }); await started; });
+  after(t, () => stopWorker(client.worker, started, 1000));
   await until(() => reported, 20_000);
   assert.equal(new Set(ids.slice(0, 5)).size, 1, ids.join());
 });
@@ -1600,8 +1627,8 @@ test('a stop asks again under a lost claim\'s id', async (t) => {
   await new Promise((r) => setTimeout(r, 100)); // the worker waits a backoff to ask again, or asks and waits again
   const stopped = client.worker.stop({ timeoutMs: 15_000 });
   answering = true;
-  assert.equal(await stopped, true, errors.map(String).join());
-  await started;
+  assert.equal(await hangGuard(stopped, 'stop() never ended'), true, errors.map(String).join());
+  await hangGuard(started, 'start() never ended');
   assert.ok(reported);
   assert.equal(new Set(ids).size, 1, ids.join());
 });
@@ -1623,7 +1650,7 @@ test('a stop ends a claim\'s rate-limit wait, and cuts a claim still unanswered 
   // stop() end.
   assert.equal(await hangGuard(client.worker.stop({ timeoutMs: 3_600_000 }), 'the stop held for the 429\'s wait'), true,
     errors.map(String).join());
-  await started;
+  await hangGuard(started, 'start() never ended');
   assert.ok(!errors.some((e) => /answer was lost/.test(e.message)), errors.map(String).join());
   assert.deepEqual(errors, []); // nor is the 429 the stop cut told as a failed claim, as in Go and Python
 
@@ -1644,7 +1671,7 @@ test('a stop ends a claim\'s rate-limit wait, and cuts a claim still unanswered 
   started = client.worker.start({ concurrency: 1, pollIntervalMs: 3_600_000, onError: (err) => errors.push(err) });
   await until(() => hung.seen.some((s) => s.path.endsWith('/claim')));
   assert.equal(await hangGuard(client.worker.stop({ timeoutMs: 300 }), 'the unanswered claim was not cut'), false);
-  await started;
+  await hangGuard(started, 'start() never ended');
   assert.ok(errors.some((e) => /answer was lost/.test(e.message)), errors.map(String).join());
 });
 
@@ -2014,8 +2041,7 @@ async function runJobs(t, n, answerItem, { batchRoute = true, pollIntervalMs = 5
   const started = client.worker.start({ concurrency: n, pollIntervalMs, onError: (err) => errors.push(err) });
   // Claims go on while the reports are sent (unless one is failing).
   await until(() => answered.size === n);
-  const clean = await client.worker.stop({ timeoutMs: 5000 });
-  await started;
+  const clean = await stopWorker(client.worker, started, 5000);
   return { server, recorded, order, errors, clean };
 }
 
