@@ -110,7 +110,7 @@ func startDeepWorker(t *testing.T, d *deepServer, register func(*Worker)) {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		_ = w.Stop(ctx)
+		_ = stopWithin(t, w, ctx)
 	})
 }
 

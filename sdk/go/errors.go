@@ -279,7 +279,9 @@ func (e *PanicError) Error() string { return fmt.Sprintf("ratchet: %s panicked: 
 
 // ReportNotRecordedError is what a worker's OnError is told of a job's
 // report the server did not record: refused (a lease_lost, an
-// invalid_state, a 403...) or given up at Stop's deadline, its job then run
+// invalid_state, a 403...) or given up at Stop's deadline, or never sent
+// because the worker stopped with the job's handler still running past
+// StartOptions.StopGrace (Err then matches ErrWorkerStopped), its job then run
 // again once its lease lapses unless the refusal settled it; or of a
 // success whose output the server refused, reported as a non-retryable
 // failure instead. Read it with errors.As; Err is the call's error (an

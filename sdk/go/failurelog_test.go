@@ -116,8 +116,8 @@ func TestWorkerWithoutOnErrorLogsAnUnreachableServer(t *testing.T) {
 	case err := <-started:
 		t.Fatalf("Start = %v, want it to wait for the server", err)
 	}
-	must(t, w.Stop(context.Background()))
-	if err := <-started; !errors.Is(err, ErrWorkerStopped) {
+	must(t, stopWithin(t, w, context.Background()))
+	if err := awaitWithin(t, started, "Start"); !errors.Is(err, ErrWorkerStopped) {
 		t.Fatalf("Start = %v", err)
 	}
 	lines := buf.lines()
@@ -162,7 +162,7 @@ func TestWorkerWithoutOnErrorLogsNoErrorTextAndItsRecovery(t *testing.T) {
 	w, buf := loggingWorker(t, c, clk, noWork)
 	must(t, w.Start(context.Background(), StartOptions{PollInterval: time.Second}))
 	<-clk.done // an hour of idle claims
-	must(t, w.Stop(context.Background()))
+	must(t, stopWithin(t, w, context.Background()))
 	lines := buf.lines()
 	if len(lines) != 3 ||
 		!strings.Contains(lines[0], `msg="ratchet worker" error=api status=503 code=service_unavailable request_id=req_logged method=POST host=`) ||
@@ -190,7 +190,7 @@ func TestWorkerWithoutOnErrorLogsAPanicByItsType(t *testing.T) {
 	f.waitReport(t, id)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	must(t, w.Stop(ctx))
+	must(t, stopWithin(t, w, ctx))
 	lines := buf.lines()
 	if len(lines) != 1 || !strings.HasSuffix(lines[0],
 		`level=WARN msg="ratchet worker" error=*ratchet.PanicError hint="set StartOptions.OnError to see it"`) {
@@ -217,7 +217,7 @@ func TestWorkerWithoutOnErrorLogsAReportNotRecorded(t *testing.T) {
 	buf.await("report=")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := w.Stop(ctx); !errors.Is(err, ErrReportsNotRecorded) {
+	if err := stopWithin(t, w, ctx); !errors.Is(err, ErrReportsNotRecorded) {
 		t.Fatalf("Stop = %v; log:\n%s", err, buf)
 	}
 	lines := buf.lines()
@@ -250,7 +250,7 @@ func TestWorkerWithoutOnErrorLogsALostLease(t *testing.T) {
 	buf.await("lease=")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	must(t, w.Stop(ctx))
+	must(t, stopWithin(t, w, ctx))
 	lines := buf.lines()
 	want := `level=WARN msg="ratchet worker" lease=lost job_id=` + id + ` attempt=1 tool=t@1 error=api status=409 ` +
 		`code=lease_lost request_id=req_1 method=POST host=`
@@ -295,7 +295,7 @@ func TestWorkerWithoutOnErrorLogsItsRefusalAtOnce(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the worker went on after a 401")
 	}
-	if err := w.Stop(context.Background()); !IsCode(err, CodeUnauthorized) {
+	if err := stopWithin(t, w, context.Background()); !IsCode(err, CodeUnauthorized) {
 		t.Fatalf("Stop = %v", err)
 	}
 	lines := buf.lines()
@@ -322,8 +322,8 @@ func TestWorkerWithOnErrorLogsNothing(t *testing.T) {
 		started <- w.Start(context.Background(), StartOptions{PollInterval: time.Second, OnError: sink.add})
 	}()
 	<-clk.done // an hour of failed registrations
-	must(t, w.Stop(context.Background()))
-	<-started
+	must(t, stopWithin(t, w, context.Background()))
+	awaitWithin(t, started, "Start")
 	if n := len(sink.delivered(w)); n < 60 {
 		t.Fatalf("OnError heard of %d failed registrations", n)
 	}
@@ -414,7 +414,7 @@ func TestWorkerWithoutOnErrorCountsWhatItLeftOutWhenItStopsOnItsOwn(t *testing.T
 			err := w.Start(ctx, StartOptions{PollInterval: time.Millisecond})
 			if running {
 				must(t, err)
-				<-w.Done()
+				awaitWithin(t, w.Done(), "the worker")
 			} else if !errors.Is(err, context.Canceled) {
 				t.Fatalf("Start = %v, want its context's end", err)
 			}
@@ -468,7 +468,7 @@ func TestWorkerWithoutOnErrorCountsOnceWhenItStopsOnItsOwn(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the worker went on claiming")
 	}
-	if err := w.Stop(context.Background()); !IsCode(err, CodeForbidden) {
+	if err := stopWithin(t, w, context.Background()); !IsCode(err, CodeForbidden) {
 		t.Fatalf("Stop = %v, want the refusal", err)
 	}
 	var stopped []string

@@ -43,7 +43,7 @@ func TestReportSentBeforeLeaseWithoutFilling(t *testing.T) {
 			t.Fatalf("report %v", rep)
 		}
 	}
-	r.close(context.Background())
+	closeWithin(t, r, context.Background())
 	if errs := sink.list(); len(errs) != 0 {
 		t.Fatalf("OnError %v", errs)
 	}
@@ -55,7 +55,7 @@ func TestReportSentAfterLinger(t *testing.T) {
 	f := newFakeJobs()
 	c, _ := testClient(t, f)
 	r := newReporter(context.Background(), c, func(err error) { t.Error(err) }, 0)
-	defer r.close(context.Background())
+	defer closeWithin(t, r, context.Background())
 	for _, id := range queueReports(r, 5, time.Now().Add(10*time.Minute)) {
 		f.waitReport(t, id)
 	}
@@ -70,7 +70,7 @@ func TestReporterCloseFlushesEverything(t *testing.T) {
 	c, _ := testClient(t, f)
 	r := newReporter(context.Background(), c, func(err error) { t.Error(err) }, time.Hour)
 	ids := queueReports(r, 150, time.Now().Add(10*time.Minute))
-	r.close(context.Background())
+	closeWithin(t, r, context.Background())
 	f.mu.Lock()
 	got, batches := len(f.reports), append([]int(nil), f.batches...)
 	f.mu.Unlock()
@@ -105,7 +105,7 @@ func TestBatchLeaseLostAffectsOnlyThatJob(t *testing.T) {
 	sink := &errSink{}
 	r := newReporter(context.Background(), c, sink.add, time.Hour)
 	queueReports(r, 3, time.Now().Add(10*time.Minute))
-	r.close(context.Background())
+	closeWithin(t, r, context.Background())
 	f.mu.Lock()
 	_, lost := f.reports["job_r1"]
 	_, a := f.reports["job_r0"]
@@ -129,7 +129,7 @@ func TestBatchRefusedFallsBackToSingleReports(t *testing.T) {
 	c, _ := testClient(t, f)
 	r := newReporter(context.Background(), c, func(err error) { t.Error(err) }, time.Hour)
 	ids := queueReports(r, 4, time.Now().Add(10*time.Minute))
-	r.close(context.Background())
+	closeWithin(t, r, context.Background())
 	for _, id := range ids {
 		if rep := f.report(t, id); rep["status"] != "SUCCEEDED" {
 			t.Fatalf("report %v", rep)
@@ -164,7 +164,7 @@ func TestBatchFallbackRetriesEachSingleReport(t *testing.T) {
 	sink := &errSink{}
 	r := newReporter(context.Background(), c, sink.add, time.Hour)
 	ids := queueReports(r, 4, time.Now().Add(10*time.Minute))
-	r.close(context.Background())
+	closeWithin(t, r, context.Background())
 	for _, id := range ids {
 		if rep := f.report(t, id); rep["status"] != "SUCCEEDED" {
 			t.Fatalf("report %v", rep)
@@ -199,7 +199,7 @@ func TestWorkerStopFlushesReports(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	must(t, w.Stop(ctx))
+	must(t, stopWithin(t, w, ctx))
 	for _, id := range ids {
 		if rep := f.report(t, id); rep["status"] != "SUCCEEDED" {
 			t.Fatalf("report %v", rep)
@@ -259,7 +259,7 @@ func TestReporterCountsLostReportsButNotSettledRefusals(t *testing.T) {
 	sink := &errSink{}
 	r := newReporter(context.Background(), c, sink.add, time.Hour)
 	queueReports(r, 6, time.Now().Add(10*time.Minute))
-	if !r.close(context.Background()) {
+	if !closeWithin(t, r, context.Background()) {
 		t.Fatal("close gave up")
 	}
 	if n := r.lostReports(); n != 2 {
@@ -284,7 +284,7 @@ func TestReporterTakesALandedReportRefusedLeaseLostAsRecorded(t *testing.T) {
 		sink := &errSink{}
 		r := newReporter(context.Background(), c, sink.add, time.Hour)
 		queueReports(r, n, time.Now().Add(10*time.Minute))
-		if !r.close(context.Background()) {
+		if !closeWithin(t, r, context.Background()) {
 			t.Fatal("close gave up")
 		}
 		errs := sink.list()
@@ -307,7 +307,7 @@ func TestReporterHoldsAFailingReportUntilItIsRecorded(t *testing.T) {
 	c, _ := testClient(t, f)
 	sink := &errSink{}
 	r := newReporter(context.Background(), c, sink.add, 0)
-	defer r.close(context.Background())
+	defer closeWithin(t, r, context.Background())
 	if r.holding(time.Now()) {
 		t.Fatal("holding with nothing queued")
 	}
@@ -351,7 +351,7 @@ func TestReporterHoldsThroughTheEndOfAnOutage(t *testing.T) {
 	t.Parallel()
 	c, _ := testClient(t, newFakeJobs())
 	r := newReporter(context.Background(), c, (&errSink{}).add, 0)
-	defer r.close(context.Background())
+	defer closeWithin(t, r, context.Background())
 	far := time.Now().Add(10 * time.Minute)
 	a, b := queuedReport{id: 1001, expires: far}, queuedReport{id: 1002, expires: far}
 	r.pmu.Lock()
@@ -415,7 +415,7 @@ func TestBatchNeverNamesAJobTwice(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if !r.close(ctx) || r.lostReports() != 0 {
+	if !closeWithin(t, r, ctx) || r.lostReports() != 0 {
 		t.Fatalf("lost %d", r.lostReports())
 	}
 	mu.Lock()
@@ -467,7 +467,7 @@ func TestReporterRetriesADeliveryThatHung(t *testing.T) {
 	queueReports(r, 1, time.Now().Add(10*time.Minute))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if !r.close(ctx) {
+	if !closeWithin(t, r, ctx) {
 		t.Fatal("close gave up")
 	}
 	if r.lostReports() != 0 || calls.Load() < 2 {
@@ -514,7 +514,7 @@ func TestBatchThatKeepsFailingIsSplit(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
-	if r.close(ctx) || r.lostReports() != 1 || batches.Load() != 2 {
+	if closeWithin(t, r, ctx) || r.lostReports() != 1 || batches.Load() != 2 {
 		t.Fatalf("lost %d, batch deliveries %d", r.lostReports(), batches.Load())
 	}
 }
@@ -546,7 +546,7 @@ func TestSplitBatchesDoNotHoldTheirSlots(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
-	if r.close(ctx) || r.lostReports() != reportInFlight+2 {
+	if closeWithin(t, r, ctx) || r.lostReports() != reportInFlight+2 {
 		t.Fatalf("lost %d reports; want the %d bad ones", r.lostReports(), reportInFlight+2)
 	}
 }
@@ -574,7 +574,7 @@ func TestBatchMeetingAnOutageIsNotSplit(t *testing.T) {
 	queueReports(r, 5, time.Now().Add(10*time.Minute))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if !r.close(ctx) || r.lostReports() != 0 || batches.Load() != 4 || singles.Load() != 0 {
+	if !closeWithin(t, r, ctx) || r.lostReports() != 0 || batches.Load() != 4 || singles.Load() != 0 {
 		t.Fatalf("lost %d, batch deliveries %d, single deliveries %d", r.lostReports(), batches.Load(), singles.Load())
 	}
 }
@@ -617,7 +617,7 @@ func TestReporterRetriesABatchWhoseAnswerNamesOtherJobs(t *testing.T) {
 	sink := &errSink{}
 	r := newReporter(context.Background(), c, sink.add, time.Hour)
 	queueReports(r, 3, time.Now().Add(10*time.Minute))
-	if !r.close(context.Background()) {
+	if !closeWithin(t, r, context.Background()) {
 		t.Fatal("close gave up")
 	}
 	if n := r.lostReports(); n != 0 || len(sink.list()) != 0 || calls.Load() != 2 {
@@ -670,7 +670,7 @@ func TestReporterGivesUpAReportWaitingForRoom(t *testing.T) {
 	for range reportInFlight {
 		<-r.slots // the sends end: the rest are given up too
 	}
-	r.close(context.Background())
+	closeWithin(t, r, context.Background())
 	if r.lostReports() != 2*reportBatchMax+1 || r.holding(time.Now()) {
 		t.Fatalf("lost %d, holding %v", r.lostReports(), r.holding(time.Now()))
 	}

@@ -488,7 +488,9 @@ func closed(ch chan struct{}) bool {
 // a result as a success: the work was done), and Stop returns an error
 // saying how many were cancelled. Reports still being sent when ctx ends get
 // that grace too. A handler that ignores its context is left running
-// unreported: its lease lapses and another worker reclaims the job. A
+// unreported: its lease lapses and another worker reclaims the job, and
+// OnError is told so once, as a *ReportNotRecordedError naming the job
+// (its Err matching ErrWorkerStopped), before Stop returns. A
 // handler whose timeout was already reported (it ignored its timeout) is
 // not waited for past ctx's end; the error counts it apart.
 //
@@ -1229,6 +1231,13 @@ func (w *Worker) execute(ctx, jobsCtx context.Context, rt *registeredTool, j Cla
 				}
 			}
 			w.mu.Unlock()
+		} else {
+			// Its lease lapses and the job runs again elsewhere: OnError
+			// is told, naming the job (QA: only Stop's count said so, and
+			// not which job would run again).
+			w.opts.OnError(&ReportNotRecordedError{What: "not_recorded", JobID: j.JobID, Attempt: j.Attempt,
+				Err: fmt.Errorf("left unreported, its handler still running when the stop grace (%v) ended; "+
+					"its lease lapses and the job runs again: %w", w.stopGraceOr(), ErrWorkerStopped)})
 		}
 		return handlerReturned
 	}

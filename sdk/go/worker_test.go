@@ -260,9 +260,46 @@ func startWorker(t *testing.T, f *fakeJobs, register func(w *Worker), opts Start
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		_ = w.Stop(ctx)
+		_ = stopWithin(t, w, ctx)
 	})
 	return w, sink
+}
+
+// hangGuard is how long a test waits for what must end (a Stop, a
+// reporter's close) before it fails: a far bound, so that a regression fails
+// the test instead of hanging the suite, never a timing assertion.
+const hangGuard = time.Minute
+
+// awaitWithin receives from ch, failing t if nothing comes within
+// hangGuard; what names what ch waits for.
+func awaitWithin[T any](t testing.TB, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(hangGuard):
+		t.Fatalf("hang guard: %s did not end within %v", what, hangGuard)
+		var zero T
+		return zero
+	}
+}
+
+// stopWithin is w.Stop(ctx), failing t if Stop has not returned within
+// hangGuard.
+func stopWithin(t testing.TB, w *Worker, ctx context.Context) error {
+	t.Helper()
+	stopped := make(chan error, 1)
+	go func() { stopped <- w.Stop(ctx) }()
+	return awaitWithin(t, stopped, "Stop")
+}
+
+// closeWithin is r.close(ctx), failing t if close has not returned within
+// hangGuard.
+func closeWithin(t testing.TB, r *reporter, ctx context.Context) bool {
+	t.Helper()
+	closed := make(chan bool, 1)
+	go func() { closed <- r.close(ctx) }()
+	return awaitWithin(t, closed, "the reporter's close")
 }
 
 // The worker measures a lease by its length from when it sent the claim,
@@ -427,7 +464,7 @@ func TestWorkerRecordsTimeoutOfHandlerThatIgnoresIt(t *testing.T) {
 	// Stop waits for the handler and flushes every queued report.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := w.Stop(ctx); err != nil {
+	if err := stopWithin(t, w, ctx); err != nil {
 		t.Fatal(err)
 	}
 	<-returned
@@ -505,7 +542,7 @@ func TestWorkerLeaseLostReportsOnlyASuccess(t *testing.T) {
 			t.Fatalf("%s: the handler was not cancelled", c.refusal)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		if err := w.Stop(ctx); err != nil {
+		if err := stopWithin(t, w, ctx); err != nil {
 			t.Fatal(err)
 		}
 		cancel()
@@ -557,7 +594,7 @@ func TestWorkerCancelsAHandlerWhoseLeaseLapsesWhileHeartbeatsFail(t *testing.T) 
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		_ = w.Stop(ctx)
+		_ = stopWithin(t, w, ctx)
 	})
 	select {
 	case cause := <-canary:
@@ -602,13 +639,13 @@ func TestWorkerGracefulStop(t *testing.T) {
 		defer cancel()
 		stopped <- w.Stop(ctx)
 	}()
-	<-w.loopDone // polling has ended while the handler still runs
+	awaitWithin(t, w.loopDone, "the poll loop") // polling has ended while the handler still runs
 	f.mu.Lock()
 	claims := f.claims
 	f.mu.Unlock()
 	late := f.add("gated", "1", welcomeIn{}, 60000)
 	close(release)
-	if err := <-stopped; err != nil {
+	if err := awaitWithin(t, stopped, "Stop"); err != nil {
 		t.Fatal(err)
 	}
 	if rep := f.report(t, id); rep["status"] != "SUCCEEDED" {
@@ -637,7 +674,7 @@ func TestWorkerStopDeadlineCancelsHandlers(t *testing.T) {
 	<-started
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel() // no patience at all
-	if err := w.Stop(ctx); !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "1 handler(s) cancelled") ||
+	if err := stopWithin(t, w, ctx); !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "1 handler(s) cancelled") ||
 		strings.Contains(err.Error(), "abandoned") { // its one slot was busy: no claim was in flight
 		t.Fatalf("Stop = %v", err)
 	}
@@ -668,7 +705,7 @@ func TestWorkerStopLetsAnIgnoringHandlersLeaseLapse(t *testing.T) {
 	<-started
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if err := w.Stop(ctx); err == nil || !strings.Contains(err.Error(), "left unreported") {
+	if err := stopWithin(t, w, ctx); err == nil || !strings.Contains(err.Error(), "left unreported") {
 		t.Fatalf("Stop = %v", err)
 	}
 	time.Sleep(300 * time.Millisecond) // the handler's own grace has passed too
@@ -682,6 +719,89 @@ func TestWorkerStopLetsAnIgnoringHandlersLeaseLapse(t *testing.T) {
 	f.mu.Unlock()
 	if after != before || reported {
 		t.Fatalf("heartbeats %d → %d after the grace, reported %v: the lease is still held", before, after, reported)
+	}
+}
+
+// A handler that outlasts the stop grace is left unreported, its job run
+// again elsewhere once its lease lapses: OnError is told so once per job,
+// naming the job and never its input, whether Stop's deadline or the end of
+// Start's context (an immediate stop) cut the handlers off (QA: only Stop's
+// count said so, and nothing when Start's context ended; the Python SDK
+// told only a second interrupt's jobs).
+func TestWorkerTellsOnErrorOfEachJobLeftUnreported(t *testing.T) {
+	t.Parallel()
+	for _, by := range []string{"Stop", "Start's context"} {
+		t.Run(by, func(t *testing.T) {
+			t.Parallel()
+			f := newFakeJobs()
+			ids := map[string]bool{}
+			for range 2 {
+				ids[f.add("stuck", "1", welcomeIn{CustomerID: "cus_input_not_for_logs"}, 60000)] = true
+			}
+			started, release := make(chan struct{}, 2), make(chan struct{})
+			defer close(release)
+			c, _ := testClient(t, f)
+			w := NewWorker(c)
+			must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "stuck", Version: "1",
+				Handler: func(ctx context.Context, _ welcomeIn, _ JobContext) (welcomeOut, error) {
+					started <- struct{}{}
+					<-release // ignores ctx
+					return welcomeOut{Sent: true}, nil
+				}}))
+			sink := &errSink{}
+			startCtx, cancelStart := context.WithCancel(context.Background())
+			defer cancelStart()
+			must(t, w.Start(startCtx, StartOptions{Concurrency: 2, PollInterval: 20 * time.Millisecond, OnError: sink.add,
+				StopGrace: 100 * time.Millisecond}))
+			for range 2 {
+				select {
+				case <-started:
+				case <-time.After(hangGuard):
+					t.Fatal("hang guard: the handlers never started")
+				}
+			}
+			var notices []*ReportNotRecordedError
+			told := func() []*ReportNotRecordedError {
+				notices = nil
+				for _, err := range sink.delivered(w) {
+					var n *ReportNotRecordedError
+					if errors.As(err, &n) {
+						notices = append(notices, n)
+					}
+				}
+				return notices
+			}
+			if by == "Stop" {
+				ctx, cancel := context.WithCancel(context.Background())
+				cancel() // the deadline has passed: the handlers are cut off at once
+				if err := stopWithin(t, w, ctx); err == nil || !strings.Contains(err.Error(), "2 handler(s) ignored cancellation") {
+					t.Fatalf("Stop = %v", err)
+				}
+				told()
+			} else {
+				cancelStart()
+				// Nobody calls Stop: the notices come on their own, once the
+				// handlers' grace has passed.
+				guard := time.After(hangGuard)
+				for len(told()) < 2 {
+					select {
+					case <-guard:
+						t.Fatalf("hang guard: OnError was told %v", sink.list())
+					case <-time.After(10 * time.Millisecond):
+					}
+				}
+			}
+			if len(notices) != 2 {
+				t.Fatalf("OnError was told %v, want one notice per job left unreported", sink.list())
+			}
+			for _, n := range notices {
+				if !ids[n.JobID] || n.Attempt != 1 || n.What != "not_recorded" || !errors.Is(n, ErrWorkerStopped) ||
+					!strings.Contains(n.Error(), "left unreported") || strings.Contains(n.Error(), "cus_input_not_for_logs") {
+					t.Fatalf("notice %+v: %v", n, n)
+				}
+				delete(ids, n.JobID) // once per job
+			}
+		})
 	}
 }
 
@@ -710,7 +830,7 @@ func TestWorkerStopGraceIsTenSecondsUnlessSet(t *testing.T) {
 		}, StartOptions{StopGrace: c.grace})
 		<-started
 		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-		err := w.Stop(ctx)
+		err := stopWithin(t, w, ctx)
 		cancel()
 		f.mu.Lock()
 		_, reported := f.reports[id]
@@ -981,7 +1101,7 @@ func TestIdleWorkerPollPacing(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-clk.done
-	must(t, w.Stop(context.Background()))
+	must(t, stopWithin(t, w, context.Background()))
 	f.mu.Lock()
 	claims := f.claims
 	f.mu.Unlock()
@@ -1041,7 +1161,7 @@ func TestFullBatchClaimsAgainAtOnce(t *testing.T) {
 		}
 	}
 	<-clk.done
-	must(t, w.Stop(context.Background()))
+	must(t, stopWithin(t, w, context.Background()))
 	f.mu.Lock()
 	for i, l := range f.limits {
 		if l < 1 || l > 4 {
@@ -1094,7 +1214,7 @@ func TestBusyWorkerGathersAFullClaim(t *testing.T) {
 			t.Fatal("a finished job was not reported")
 		}
 	}
-	must(t, w.Stop(context.Background()))
+	must(t, stopWithin(t, w, context.Background()))
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if len(f.limits) < jobs/4 {
@@ -1147,7 +1267,7 @@ func TestWorkerStartContextCancelStopsAtOnce(t *testing.T) {
 		t.Fatalf("report %v", e)
 	}
 	// Stop says that the handler was cut off, not that all went well (QA).
-	if err := w.Stop(context.Background()); !errors.Is(err, ErrWorkerStopped) ||
+	if err := stopWithin(t, w, context.Background()); !errors.Is(err, ErrWorkerStopped) ||
 		!strings.Contains(err.Error(), "1 handler(s) were cancelled when Start's context ended") {
 		t.Fatalf("Stop: %v", err)
 	}
@@ -1167,7 +1287,7 @@ func TestWorkerStartErrors(t *testing.T) {
 	if err := w.Start(context.Background(), StartOptions{}); !IsCode(err, CodeForbidden) {
 		t.Fatalf("err %v", err)
 	}
-	must(t, w.Stop(context.Background())) // never started: nothing to do
+	must(t, stopWithin(t, w, context.Background())) // never started: nothing to do
 }
 
 func TestHeartbeatEvery(t *testing.T) {
@@ -1240,7 +1360,7 @@ func TestLongPollKeepsIdleClaimBudget(t *testing.T) {
 	}
 	must(t, w.Start(context.Background(), StartOptions{WaitSeconds: 20}))
 	<-clk.done
-	must(t, w.Stop(context.Background()))
+	must(t, stopWithin(t, w, context.Background()))
 	f.mu.Lock()
 	claims := f.claims
 	f.mu.Unlock()
@@ -1395,7 +1515,7 @@ func TestWorkerStopAsksAgainUnderALostClaimsID(t *testing.T) {
 		t.Fatal("not stopping")
 	}
 	answering.Store(true)
-	if err := <-stopped; err != nil {
+	if err := awaitWithin(t, stopped, "Stop"); err != nil {
 		t.Fatal(err)
 	}
 	if rep := f.waitReport(t, id); rep["status"] != "SUCCEEDED" {
@@ -1769,10 +1889,10 @@ func TestWorkerStopDuringStartIsNotLost(t *testing.T) {
 		}
 	}
 	releaseRegistration()
-	if err := <-started; !errors.Is(err, ErrWorkerStopped) {
+	if err := awaitWithin(t, started, "Start"); !errors.Is(err, ErrWorkerStopped) {
 		t.Fatalf("Start = %v", err)
 	}
-	if err := <-stopped; err != nil {
+	if err := awaitWithin(t, stopped, "Stop"); err != nil {
 		t.Fatalf("Stop = %v", err)
 	}
 	f.mu.Lock()
@@ -1864,11 +1984,11 @@ func TestWorkerStopGivesFinishedReportsTheGrace(t *testing.T) {
 	defer cancel()
 	stopped := make(chan error, 1)
 	go func() { stopped <- w.Stop(ctx) }()
-	<-w.loopDone
+	awaitWithin(t, w.loopDone, "the poll loop")
 	close(finish) // the handler finishes before the deadline
 	<-arrived
-	for !reporterClosed(w) { // Stop is sending the last reports
-		time.Sleep(time.Millisecond)
+	if !eventually(func() bool { return reporterClosed(w) }) { // Stop is sending the last reports
+		t.Fatal("hang guard: Stop never began sending the last reports")
 	}
 	cancel() // the deadline passes with the report in flight
 	select {
@@ -1877,7 +1997,7 @@ func TestWorkerStopGivesFinishedReportsTheGrace(t *testing.T) {
 	case <-time.After(500 * time.Millisecond):
 	}
 	answerReport()
-	if err := <-stopped; err != nil {
+	if err := awaitWithin(t, stopped, "Stop"); err != nil {
 		t.Fatalf("Stop = %v", err)
 	}
 	if rep := f.report(t, id); rep["status"] != "SUCCEEDED" {
@@ -1922,7 +2042,7 @@ func TestStopAfterStartContextCancelKeepsItsOwnDeadline(t *testing.T) {
 	time.AfterFunc(time.Second, func() { down.Store(false) })
 	stopCtx, stopCancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer stopCancel()
-	if err := w.Stop(stopCtx); !errors.Is(err, ErrWorkerStopped) || strings.Contains(err.Error(), "not recorded") {
+	if err := stopWithin(t, w, stopCtx); !errors.Is(err, ErrWorkerStopped) || strings.Contains(err.Error(), "not recorded") {
 		t.Fatalf("Stop: %v; OnError %v", err, sink.list())
 	}
 	if e := f.report(t, id)["error"].(map[string]any); e["retryable"] != true {
@@ -2056,7 +2176,7 @@ func TestRevokedKeyStopsClaiming(t *testing.T) {
 	close(release)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	err := w.Stop(ctx)
+	err := stopWithin(t, w, ctx)
 	if !IsCode(err, CodeUnauthorized) || !strings.Contains(err.Error(), "the server refused its key") ||
 		errors.Is(err, ErrReportsNotRecorded) {
 		t.Fatalf("Stop = %v", err)
@@ -2104,7 +2224,7 @@ func TestClaimWaitFitsTheHTTPClientTimeout(t *testing.T) {
 			}
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		must(t, w.Stop(ctx))
+		must(t, stopWithin(t, w, ctx))
 		cancel()
 		if got != c.want {
 			t.Errorf("client timeout %v: WaitSeconds %d, want %d", c.timeout, got, c.want)
@@ -2141,7 +2261,7 @@ func TestWorkerAsksAgainForAnUnreadableReportAnswer(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := w.Stop(ctx); err != nil {
+	if err := stopWithin(t, w, ctx); err != nil {
 		t.Fatalf("Stop: %v", err)
 	}
 	for _, err := range sink.list() {
@@ -2196,7 +2316,7 @@ func TestWorkerStartWaitsOutAnOutage(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("Start never returned")
 	}
-	t.Cleanup(func() { _ = w.Stop(context.Background()) })
+	t.Cleanup(func() { _ = stopWithin(t, w, context.Background()) })
 	if w.ID() != "wkr_1" {
 		t.Fatalf("ID = %q", w.ID())
 	}
@@ -2241,10 +2361,10 @@ func TestWorkerStopEndsStartsWaitToRegisterAgain(t *testing.T) {
 	case err := <-started:
 		t.Fatalf("Start = %v, want it to wait for the server", err)
 	}
-	if err := w.Stop(context.Background()); err != nil {
+	if err := stopWithin(t, w, context.Background()); err != nil {
 		t.Fatalf("Stop = %v", err)
 	}
-	if err := <-started; !errors.Is(err, ErrWorkerStopped) {
+	if err := awaitWithin(t, started, "Start"); !errors.Is(err, ErrWorkerStopped) {
 		t.Fatalf("Start = %v", err)
 	}
 	f.mu.Lock()
@@ -2285,7 +2405,7 @@ func TestWorkerBacksOffClaimsThatKeepFailing(t *testing.T) {
 	sink := &errSink{}
 	must(t, w.Start(context.Background(), StartOptions{PollInterval: time.Second, OnError: sink.add}))
 	<-clk.done
-	err := w.Stop(context.Background())
+	err := stopWithin(t, w, context.Background())
 	if err != nil {
 		t.Fatalf("Stop = %v", err)
 	}
@@ -2337,7 +2457,7 @@ func TestWorkerAsksAgainForALostClaimAfterItsRetryAfter(t *testing.T) {
 	w.clock = clk
 	must(t, w.Start(context.Background(), StartOptions{PollInterval: time.Minute, OnError: func(error) {}}))
 	<-clk.done
-	_ = w.Stop(context.Background())
+	_ = stopWithin(t, w, context.Background())
 	clk.mu.Lock()
 	defer clk.mu.Unlock()
 	if len(clk.waits) != 1 || clk.waits[0] != 30*time.Second {
@@ -2380,7 +2500,7 @@ func TestForbiddenWorkerStopsClaiming(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatalf("reregister %v: the worker went on claiming after a 403", reregister)
 		}
-		err := w.Stop(context.Background())
+		err := stopWithin(t, w, context.Background())
 		if !IsCode(err, CodeForbidden) || !strings.Contains(err.Error(), "the worker stopped claiming") {
 			t.Fatalf("reregister %v: Stop = %v", reregister, err)
 		}
@@ -2472,7 +2592,7 @@ func heartbeatWaits(t *testing.T, f *fakeJobs, id string, enough func(beats, wai
 	f.waitReport(t, id)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	must(t, w.Stop(ctx))
+	must(t, stopWithin(t, w, ctx))
 	mu.Lock()
 	defer mu.Unlock()
 	return slices.Clone(waits)
@@ -2625,7 +2745,7 @@ func TestRevokedKeyStopsTheWorkerWhicheverCallMeetsIt(t *testing.T) {
 			claims := sent.n.Load()
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
-			err := w.Stop(ctx)
+			err := stopWithin(t, w, ctx)
 			if !IsCode(err, CodeUnauthorized) || !strings.Contains(err.Error(), "the server refused its key") {
 				t.Fatalf("Stop = %v", err)
 			}
@@ -2673,7 +2793,7 @@ func stoppedOnItsOwn(t *testing.T, f *fakeJobs, sink *errSink) (*Worker, error) 
 	case <-time.After(10 * time.Second):
 		t.Fatal("the worker went on claiming")
 	}
-	return w, w.Stop(context.Background())
+	return w, stopWithin(t, w, context.Background())
 }
 
 func TestWorkerStopsOnAClaimNoRetryMends(t *testing.T) {
@@ -2801,7 +2921,7 @@ func TestWorkerStartWaitsOutAnswersThatAreNotRatchets(t *testing.T) {
 	must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "t", Version: "1", Handler: noWork}))
 	sink := &errSink{}
 	must(t, w.Start(context.Background(), StartOptions{PollInterval: time.Millisecond, OnError: sink.add}))
-	t.Cleanup(func() { _ = w.Stop(context.Background()) })
+	t.Cleanup(func() { _ = stopWithin(t, w, context.Background()) })
 	var told []int
 	for _, e := range sink.delivered(w) {
 		var apiErr *Error
