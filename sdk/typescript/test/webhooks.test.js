@@ -7,7 +7,7 @@ import { readFileSync } from 'node:fs';
 import { createServer } from 'node:http';
 import { test } from 'node:test';
 import { NoWebhookSecretError, Ratchet, WebhookSignatureError, verifyWebhook } from '../src/index.js';
-import { BASE_URL, Workspace, needsServer, unique, waitFor } from './support.js';
+import { BASE_URL, Workspace, hangGuard, needsServer, unique, waitFor } from './support.js';
 
 const SECRET = 'whsec_0123456789abcdef';
 const PREVIOUS = 'whsec_previous';
@@ -240,7 +240,7 @@ test('a delivery from the server verifies with each secret of a rotation', needs
     });
   });
   await new Promise((ok) => receiver.listen(0, '127.0.0.1', ok));
-  t.after(() => new Promise((ok) => receiver.close(ok)));
+  t.after(() => hangGuard(new Promise((ok) => { receiver.closeAllConnections(); receiver.close(ok); }), 'the receiver never closed'));
   const url = `http://127.0.0.1:${receiver.address().port}/ratchet`;
   const hook = await ws.operator.request('POST', '/webhooks', { url, events: ['circuit.tripped'] }, { idempotencyKey: unique('hook') });
   t.after(() => ws.operator.request('DELETE', `/webhooks/${hook.id}`));

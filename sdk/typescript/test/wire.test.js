@@ -8,7 +8,7 @@ import { test } from 'node:test';
 import { readFileSync } from 'node:fs';
 import { createServer } from 'node:http';
 import { RatchetError } from '../src/index.js';
-import { BASE_URL, Workspace, needsServer, unique, waitFor } from './support.js';
+import { BASE_URL, Workspace, hangGuard, needsServer, unique, waitFor } from './support.js';
 
 const dts = readFileSync(new URL('../src/index.d.ts', import.meta.url), 'utf8');
 
@@ -237,7 +237,7 @@ test('webhook and key calls answer the declared fields', needsServer, async (t) 
     req.on('end', () => { received++; res.statusCode = 204; res.end(); });
   });
   await new Promise((ok) => receiver.listen(0, '127.0.0.1', ok));
-  t.after(() => new Promise((ok) => receiver.close(ok)));
+  t.after(() => hangGuard(new Promise((ok) => { receiver.closeAllConnections(); receiver.close(ok); }), 'the receiver never closed'));
   const hook = await op.createWebhook(`http://127.0.0.1:${receiver.address().port}/h`, ['circuit.tripped']);
   matches(hook, 'NewWebhook', 'createWebhook');
   assert.match(hook.secret, /^whsec_/);
