@@ -193,12 +193,14 @@ class InvalidDecisionError(Exception):
 
 class ReportNotRecorded(Exception):
     """Passed to a worker's ``on_error`` when a job's report was refused or
-    could not be delivered: the job's lease lapses and it runs again (or,
-    on its last attempt, ends EXHAUSTED). ``what`` is "not_recorded", or
+    could not be delivered, or was never sent because a stop gave the job
+    up (its handler still running when the stop grace ended, or a second
+    interrupt): the job's lease lapses and it runs again (or, on its last
+    attempt, ends EXHAUSTED). ``what`` is "not_recorded", or
     "output_refused" when the server refused a success's output and a
     failure is reported instead; ``job_id`` and ``attempt`` name the
     attempt, and ``__cause__`` is the call's error (a RatchetError, a
-    ConnectionLost), when there is one."""
+    ConnectionLost), when there is one (none for a job a stop gave up)."""
 
     def __init__(self, message: str, *, job_id: str = "", attempt: int = 0, what: str = "not_recorded",
                  cause: Optional[BaseException] = None) -> None:

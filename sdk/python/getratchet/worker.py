@@ -460,8 +460,10 @@ class Worker:
         function invocation); with wait_seconds (0-20) each claim long-polls
         on the server, and the idle wait is what is left of the interval.
         on_error(error) receives what the worker cannot hand to anyone else
-        (claims and heartbeats that failed, leases lost, reports not recorded, classifier
-        failures), on a thread of the worker's own, in order. Without it the
+        (claims and heartbeats that failed, leases lost, reports not recorded
+        (refused, given up, or never sent because a stop left the job's
+        handler running past stop_grace), classifier failures), on a thread
+        of the worker's own, in order. Without it the
         worker logs each to logging.getLogger("getratchet.worker") at
         WARNING as one line holding none of the error's text (an API error's
         status, code and request id; a network failure's kind; the call's
@@ -490,8 +492,9 @@ class Worker:
         as above. With block=False it returns at once. stop_grace
         (seconds, >= 0; 10 by default, as the Go and TypeScript workers')
         is how long, once a stop's deadline passed, cancelled handlers have
-        to return and be reported, and then how much longer the reports are
-        sent (see stop()).
+        to return and be reported (those that do not are left unreported,
+        each told to on_error once: see stop()), and then how much longer
+        the reports are sent.
 
         A registration or claim that fails for a reason that may pass (the
         server unreachable, a 5xx, a 429, once the client's max_retries ran
@@ -584,8 +587,11 @@ class Worker:
         seconds; then their ``context.cancelled`` is set ("stopping") and
         those that still do not return within start()'s stop_grace (10 s
         by default) are left unreported (their leases lapse and another
-        worker runs them again); the reports are sent until the deadline
-        and twice the grace at most, as the Go SDK's Stop. Returns
+        worker runs them again), each told to on_error once, before stop()
+        returns, as a ReportNotRecorded naming its job_id and attempt
+        (never its input), as the Go and TypeScript workers' are; the
+        reports are sent until the deadline and twice the grace at most, as
+        the Go SDK's Stop. Returns
         whether every job this worker claimed ended with its outcome
         recorded or settled elsewhere (no report lost: one refused because
         a newer attempt holds the job, it ended, or it no longer exists is
@@ -1007,17 +1013,23 @@ class Worker:
             self._stopping.set()
             for active in self._active.values():
                 active.give_up()
-                if not active.told:
-                    # Marked once told, not before: an interrupt (a third
-                    # Ctrl-C) between the two has the step run again, which
-                    # tells it again rather than never (a user who misses a
-                    # lost job never looks for it; one told twice of the same
-                    # job and attempt sees it is one). The on_error thread
-                    # delivers one notice of a key, so that it is told once
-                    # all the same (review: told twice).
-                    self._tell(_given_up(active), key=("given up", active.context.job_id, active.context.attempt))
-                    active.told = True
+                self._tell_given_up(active, _given_up(active))
             self._lock.notify_all()
+
+    def _tell_given_up(self, active: _Active, notice: ReportNotRecorded) -> None:
+        """Tells on_error (under the lock) of a job a stop gave up, unless
+        it was told already: by a second interrupt (_give_up_jobs), or by
+        its supervisor once the stop grace ended with its handler still
+        running, or its report's loss (_lost). Marked once told, not
+        before: an interrupt (a third Ctrl-C) between the two has the step
+        run again, which tells it again rather than never (a user who
+        misses a lost job never looks for it; one told twice of the same
+        job and attempt sees it is one). The on_error thread delivers one
+        notice of a key, so that it is told once all the same (review: told
+        twice), whichever path told it first."""
+        if not active.told:
+            self._tell(notice, key=("given up", active.context.job_id, active.context.attempt))
+            active.told = True
 
     def _release_slot(self) -> None:
         with self._lock:
@@ -1089,6 +1101,16 @@ class Worker:
                 elif context.cancel_reason == "stopping":
                     with self._lock:
                         self._left_unreported += 1
+                        if not self._abandoned:  # else a second interrupt gave it up, and told it
+                            # Its lease lapses and the job runs again
+                            # elsewhere: on_error is told, naming the job, as
+                            # Go's OnError and TypeScript's onError are (QA:
+                            # only stop()'s False said so, and not which job
+                            # would run again). Under the lock, and before
+                            # the job leaves _active: queued before the
+                            # on_error thread's end, so told before stop()
+                            # or start() returns.
+                            self._tell_given_up(active, _given_up(active, self._stop_grace))
                 return
             self._report_outcome(tool, active, outcome)
         except BaseException as failure:  # noqa: BLE001 - a supervisor must not die silently
@@ -1523,16 +1545,20 @@ class _Notices:
                                 seconds)
 
 
-def _given_up(active: _Active) -> ReportNotRecorded:
-    """What on_error is told of a job a second interrupt gave up (under the
-    worker's lock): its report not known to be recorded, or its handler not
-    yet returned."""
+def _given_up(active: _Active, grace: Optional[float] = None) -> ReportNotRecorded:
+    """What on_error is told of a job a stop gave up (under the worker's
+    lock), naming it (never its input): a second interrupt's (grace None),
+    its report not known to be recorded or its handler not yet returned; or
+    one whose handler was still running when the stop grace (seconds)
+    ended."""
     context = active.context
     what = (f"the report of job {context.job_id} attempt {context.attempt} was not known to be recorded"
-            if active.reporting else
+            if active.reporting and grace is None else
             f"job {context.job_id} attempt {context.attempt} was left unreported, its handler still running")
-    return ReportNotRecorded(f"ratchet: {what} when the worker, interrupted again while it stopped, gave it up; "
-                             "the job runs again once its lease lapses", job_id=context.job_id, attempt=context.attempt)
+    why = ("the worker, interrupted again while it stopped, gave it up" if grace is None
+           else f"the stop grace ({grace:g} s) ended")
+    return ReportNotRecorded(f"ratchet: {what} when {why}; the job runs again once its lease lapses",
+                             job_id=context.job_id, attempt=context.attempt)
 
 
 def _interrupted_again(error: Optional[BaseException], before: Optional[BaseException]) -> bool:

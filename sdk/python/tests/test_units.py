@@ -3416,6 +3416,116 @@ class _NoOffset(tzinfo):
         return None
 
 
+def stubborn_handlers(test: unittest.TestCase, jobs: int = 1, release: Optional[threading.Event] = None,
+                      input: object = None, then: Tuple[int, object, dict] = (200, {"jobs": []}, {})):
+    """A client of a fake server that hands out job_1 to job_<jobs> in its
+    first claim (ten minutes' timeout; input, if given, as each job's
+    input) and answers each later claim then, whose tool's handler ignores
+    its cancellation (until release is set, or the test ends); the server,
+    and an event set once every handler runs."""
+    release = threading.Event() if release is None else release
+    test.addCleanup(release.set)
+    running = threading.Event()
+    handed = threading.Event()
+    started: List[str] = []
+    lock = threading.Lock()
+
+    def respond(method, path, body):
+        if path.endswith("/register"):
+            return 200, {"workerId": "wkr_1"}, {}
+        if path.endswith("/claim"):
+            if handed.is_set():
+                return then
+            handed.set()
+            # Ten minutes each: no timeout ends a handler while the test runs.
+            return 200, {"jobs": [dict(WorkerRulesTest.job(i, 600_000), input={} if input is None else input)
+                                  for i in range(1, jobs + 1)]}, {}
+        return 200, {}, {}
+
+    server = FakeServer(respond)
+    test.addCleanup(server.close)
+    client = getratchet.Ratchet(server.url, "rk_test")
+    test.addCleanup(client.close)
+
+    def handler(input, context):
+        with lock:
+            started.append(context.job_id)
+            if len(started) == jobs:
+                running.set()
+        release.wait(60)  # hang guard: the test ends it sooner
+
+    client.register_tool("t", "1", handler)
+    return client, server, running
+
+
+class LeftUnreportedTest(unittest.TestCase):
+    """A stop (stop(), a refused key) whose grace ends with a handler still
+    running leaves its job unreported (its lease lapses and the job runs
+    again elsewhere) and tells on_error so, once per job, naming its job id
+    and attempt (never its input), before stop() returns or a blocking
+    start() raises, as the Go and TypeScript workers do (QA: only stop()'s
+    False said so, and not which job would run again); without on_error,
+    the default log writes a line of it."""
+
+    def assert_told_once(self, errors: List[BaseException], job_ids: List[str]) -> None:
+        lost = [e for e in errors if isinstance(e, getratchet.ReportNotRecorded)]
+        self.assertEqual(sorted(e.job_id for e in lost), sorted(job_ids), errors)
+        for notice in lost:
+            self.assertEqual((notice.attempt, notice.what, notice.__cause__), (1, "not_recorded", None))
+            self.assertIn(f"job {notice.job_id} attempt 1 was left unreported, its handler still running when the "
+                          "stop grace (0.05 s) ended", str(notice))
+            self.assertNotIn(SECRET, str(notice))
+
+    def test_a_stop_tells_on_error_of_each_job_its_grace_left_unreported(self) -> None:
+        client, server, running = stubborn_handlers(self, 2, input={"card": SECRET})
+        errors: List[BaseException] = []
+        client.worker.start(2, poll_interval=0.05, on_error=errors.append, block=False, stop_grace=0.05)
+        self.assertTrue(running.wait(10))  # hang guard
+        # The handlers never return (until the test ends): the grace ends,
+        # whatever its length. stop() waits at most its deadline, twice the
+        # grace and two seconds.
+        self.assertFalse(client.worker.stop(0), "two jobs were left unreported")
+        # Told before stop() returned: read at once, not waited for.
+        self.assert_told_once(errors, ["job_1", "job_2"])
+        self.assertEqual(len(errors), 2, errors)
+        self.assertFalse([p for m, p, h, b in server.seen if "report" in p], "a job left running was reported")
+        self.assertFalse(client.worker.stop(0), "asked again")
+        self.assertEqual(len(errors), 2, "told again by a second stop()")
+
+    def test_without_on_error_the_default_log_names_each_job_left_unreported(self) -> None:
+        client, server, running = stubborn_handlers(self, input={"card": SECRET})
+        with self.assertLogs("getratchet.worker", "WARNING") as logged:
+            client.worker.start(1, poll_interval=0.05, block=False, stop_grace=0.05)
+            self.assertTrue(running.wait(10))  # hang guard
+            self.assertFalse(client.worker.stop(0))
+        self.assertEqual(logged.output, ["WARNING:getratchet.worker:ratchet worker: report=not_recorded job_id=job_1 "
+                                         "attempt=1 error=ReportNotRecorded (set on_error to see it)"])
+
+    def test_a_refused_key_tells_on_error_before_start_raises(self) -> None:
+        # The second claim is refused 401: the worker stops as a stop() whose
+        # deadline passed, the handler ignores its cancellation, and start()
+        # raises the refusal once on_error was told both.
+        client, server, running = stubborn_handlers(self, input={"card": SECRET}, then=(401, error("unauthorized"), {}))
+        errors: List[BaseException] = []
+        raised: List[BaseException] = []
+        returned = threading.Event()
+
+        def run() -> None:
+            try:
+                client.worker.start(2, poll_interval=0.05, on_error=errors.append, stop_grace=0.05)
+            except BaseException as err:  # noqa: BLE001 - the test reads it
+                raised.append(err)
+            returned.set()
+
+        threading.Thread(target=run, daemon=True).start()
+        self.assertTrue(returned.wait(30), "start() did not return after its key was refused")  # hang guard
+        self.assertEqual([getattr(err, "status", None) for err in raised], [401])
+        # Read at once: told before start() raised.
+        self.assertEqual([type(e) for e in errors], [getratchet.RatchetError, getratchet.ReportNotRecorded], errors)
+        self.assert_told_once(errors, ["job_1"])
+        self.assertFalse(client.worker.stop(0))
+
+
 class FullReportQueueTest(unittest.TestCase):
     """A worker stopped (stop(), its stop_event, a KeyboardInterrupt) while
     the server refuses or holds every report and more reports wait in the
@@ -3575,11 +3685,12 @@ class FullReportQueueTest(unittest.TestCase):
         self.assertEqual([type(err) for err in raised], [KeyboardInterrupt])
         self.assert_every_report_given_up_once(worker)
 
-    def interrupt_while_draining(self, worker, ready: Callable[[], None], **start) -> None:
+    def interrupt_while_draining(self, worker, ready: Callable[[], None],
+                                 then: Callable[[], bool] = lambda: True, **start) -> None:
         """Runs worker.start(**start) on the main thread, sets its
         stop_event (30 s for the jobs) once ready() returned, and then, once
-        start() drains, sends the process a real SIGINT: start() must raise
-        it again, the worker done."""
+        start() drains and then() is true, sends the process a real SIGINT:
+        start() must raise it again, the worker done."""
         if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
             self.addCleanup(signal.signal, signal.SIGINT, signal.getsignal(signal.SIGINT))
             signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -3596,6 +3707,7 @@ class FullReportQueueTest(unittest.TestCase):
             ready()
             stop.set()
             wait_until(draining)
+            wait_until(then)
             os.kill(os.getpid(), signal.SIGINT)
 
         threading.Thread(target=interrupt, daemon=True).start()
@@ -3639,54 +3751,49 @@ class FullReportQueueTest(unittest.TestCase):
                                       poll_interval=0.05, stop_grace=60)
         self.assert_given_up_at_once(worker, [f"job_{i}" for i in range(1, self.JOBS + 1)])
 
-    def stubborn_handlers(self, jobs: int = 1, release: Optional[threading.Event] = None):
-        """A client of a fake server that hands out job_1 to job_<jobs> in
-        its first claim (ten minutes' timeout), whose tool's handler ignores
-        its cancellation (until release is set, or the test ends); the
-        server, and set once every handler runs."""
-        release = threading.Event() if release is None else release
-        self.addCleanup(release.set)
-        running = threading.Event()
-        handed = threading.Event()
-        started: List[str] = []
-        lock = threading.Lock()
-
-        def respond(method, path, body):
-            if path.endswith("/register"):
-                return 200, {"workerId": "wkr_1"}, {}
-            if path.endswith("/claim"):
-                if handed.is_set():
-                    return 200, {"jobs": []}, {}
-                handed.set()
-                # Ten minutes each: no timeout ends a handler while the test runs.
-                return 200, {"jobs": [WorkerRulesTest.job(i, 600_000) for i in range(1, jobs + 1)]}, {}
-            return 200, {}, {}
-
-        server = FakeServer(respond)
-        self.addCleanup(server.close)
-        client = getratchet.Ratchet(server.url, "rk_test")
-        self.addCleanup(client.close)
-
-        def handler(input, context):
-            with lock:
-                started.append(context.job_id)
-                if len(started) == jobs:
-                    running.set()
-            release.wait(60)
-
-        client.register_tool("t", "1", handler)
-        return client, server, running
-
     def test_a_second_interrupt_gives_up_a_running_handler_at_once(self) -> None:
         # The handler ignores its cancellation: start() waited for it the
         # stop's 30 s and a minute's grace; it is left running, unwaited.
-        client, server, running = self.stubborn_handlers()
+        client, server, running = stubborn_handlers(self)
         self.interrupt_while_draining(client.worker, lambda: wait_until(running.is_set), poll_interval=0.05,
                                       stop_grace=60)
         self.assert_given_up_at_once(client.worker, ["job_1"])
         self.assertIn("handler still running", str(self.errors[0]))
         self.assertFalse([p for m, p, h, b in server.seen if p.endswith("/complete") or "report" in p],
                          "the job left running was reported")
+        # Its supervisor, waiting for nothing more, then left the job
+        # unreported (it ended: assert_given_up_at_once): told already, the
+        # job is not queued again for on_error, whose thread has ended.
+        wait_until(lambda: client.worker._left_unreported == 1)
+        self.assertFalse(client.worker._errors._items, "the job given up was told again")
+
+    def test_a_job_the_grace_left_and_a_second_interrupt_gave_up_is_told_once(self) -> None:
+        # The stop grace ends with the handler running, and its supervisor
+        # tells the job; a second interrupt then gives the stop up while the
+        # job is still among the active ones: it is not told again.
+        client, server, running = stubborn_handlers(self)
+        worker = client.worker
+        told = threading.Event()
+
+        class Active(dict):
+            def pop(self, key, *default):
+                # The supervisor's last step, under the worker's lock, once
+                # it told the job: it waits (the lock released) until the
+                # second interrupt gave the stop up.
+                if not worker._abandoned:
+                    told.set()
+                    worker._lock.wait_for(lambda: worker._abandoned, 30)  # hang guard
+                return dict.pop(self, key, *default)
+
+        worker._active = Active()
+        patched = mock.patch.object(getratchet.worker, "_IMPLICIT_STOP_TIMEOUT", 0.0)  # the stop_event's deadline
+        patched.start()
+        self.addCleanup(patched.stop)
+        self.interrupt_while_draining(worker, lambda: wait_until(running.is_set), told.is_set, poll_interval=0.05,
+                                      stop_grace=0.05)
+        self.assert_given_up_at_once(worker, ["job_1"])
+        self.assertIn("stop grace (0.05 s) ended", str(self.errors[0]))
+        self.assertEqual(worker._left_unreported, 1)
 
     def test_an_interrupt_while_stop_waits_gives_up_at_once(self) -> None:
         # start(block=False) drains on the worker's own thread; the program's
@@ -3697,7 +3804,7 @@ class FullReportQueueTest(unittest.TestCase):
         if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
             self.addCleanup(signal.signal, signal.SIGINT, signal.getsignal(signal.SIGINT))
             signal.signal(signal.SIGINT, signal.default_int_handler)
-        client, server, running = self.stubborn_handlers()
+        client, server, running = stubborn_handlers(self)
         worker = client.worker
         worker.start(on_error=self.errors.append, poll_interval=0.05, stop_grace=60, block=False)
         wait_until(running.is_set)
@@ -3763,7 +3870,7 @@ class FullReportQueueTest(unittest.TestCase):
         first's stop is asked for, once it was (asked) or before: start()
         must give up the handler that ignores its cancellation at once, as
         a second one during the drain does, not drain as after one."""
-        client, server, running = self.stubborn_handlers()
+        client, server, running = stubborn_handlers(self)
         worker = client.worker
         request_stop = worker._request_stop
 
@@ -3820,7 +3927,7 @@ class FullReportQueueTest(unittest.TestCase):
         its first times calls once the second gave the stop up, before the
         method ran or, with after, once it had: the giving up must still be
         done, each job told once. Answers how many calls were made since."""
-        client, server, running = self.stubborn_handlers(2)
+        client, server, running = stubborn_handlers(self, 2)
         worker = self.worker = client.worker
         owner = worker._transport if name == "close_idle" else worker
         step = getattr(owner, name)
@@ -3884,7 +3991,7 @@ class FullReportQueueTest(unittest.TestCase):
         # and must not count as a second (_loop's before). Taken as one, the
         # running handler was given up at once and left unreported.
         release = threading.Event()
-        client, server, running = self.stubborn_handlers(release=release)
+        client, server, running = stubborn_handlers(self, release=release)
         worker = client.worker
         draining = threading.Event()
         wait_for_jobs = worker._wait_for_jobs
