@@ -8,7 +8,7 @@ import unittest
 
 import getratchet
 from getratchet import InvalidDecisionError, NonRetryableError, RetryableError
-from support import Workspace, require_server, start_worker, step_of, unique, wait_for, wait_run_ended
+from support import Errors, Workspace, require_server, start_worker, step_of, unique, wait_for, wait_run_ended
 
 
 class JobsTest(unittest.TestCase):
@@ -292,7 +292,9 @@ class JobsTest(unittest.TestCase):
             release.wait(30)
 
         worker.register_tool(tool, "1", stuck)
-        worker.worker.start(1, poll_interval=0.1, block=False)
+        errors = Errors()
+        # A short grace: the handler never returns, so the stop waits it out.
+        worker.worker.start(1, poll_interval=0.1, block=False, on_error=errors, stop_grace=0.1)
         self.producer.start_run("stuck")
         step = self.producer.enqueue({}, name=tool, version="1", timeout_ms=60_000)
         self.assertTrue(running.wait(30))
@@ -301,6 +303,9 @@ class JobsTest(unittest.TestCase):
         job = self.ws.operator.get_step(step["stepId"])["durableJob"]
         # Nothing reported: the lease lapses and another worker runs it again.
         self.assertEqual((job["status"], job["attempts"][0]["outcome"]), ("RUNNING", None))
+        # on_error was told so, by the job's id, before stop() returned.
+        self.assertEqual([(type(e).__name__, getattr(e, "job_id", None), getattr(e, "attempt", None))
+                          for e in errors.items], [("ReportNotRecorded", job["id"], 1)])
 
     def test_output_refused_by_the_contract_ends_the_job_once(self) -> None:
         tool = unique("contracted")
