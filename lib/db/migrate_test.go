@@ -2,6 +2,7 @@ package db_test
 
 import (
 	"context"
+	"fmt"
 	"io/fs"
 	"net/url"
 	"strconv"
@@ -79,6 +80,34 @@ func TestConcurrentMigrationsApplyEachFileOnce(t *testing.T) {
 	again, err = db.MigrateURL(context.Background(), target+sep+"pool_max_conns=2", migrations.FS)
 	require.NoError(t, err)
 	require.Empty(t, again)
+}
+
+// An instance of the previous release started on a database its successor
+// migrated (a rolling deploy, a rollback) applies nothing and serves:
+// Migrate neither refuses the versions it does not know nor applies again
+// the ones it does (README, Upgrading). Rolling-deploy QA started the
+// releases before 0069 and 0070 on 0070's schema.
+func TestAnEarlierReleaseMigratesNothingOnALaterSchema(t *testing.T) {
+	t.Parallel()
+	target := freshDatabase(t)
+	ctx := context.Background()
+	_, err := db.MigrateURL(ctx, target, migrations.FS)
+	require.NoError(t, err)
+	all, err := db.LoadMigrations(migrations.FS)
+	require.NoError(t, err)
+	earlier := fstest.MapFS{}
+	for _, m := range all[:len(all)-1] {
+		earlier[fmt.Sprintf("%04d_%s.sql", m.Version, m.Name)] = &fstest.MapFile{Data: []byte(m.SQL)}
+	}
+	applied, err := db.MigrateURL(ctx, target, earlier)
+	require.NoError(t, err)
+	require.Empty(t, applied)
+	conn, err := pgx.Connect(ctx, target)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	var latest int
+	require.NoError(t, conn.QueryRow(ctx, `SELECT max(version) FROM schema_migrations`).Scan(&latest))
+	require.Equal(t, all[len(all)-1].Version, latest)
 }
 
 func TestFailedMigrationLeavesNothingHalfApplied(t *testing.T) {
