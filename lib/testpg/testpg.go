@@ -104,6 +104,15 @@ type Options struct {
 	// Logf, if set, receives short progress messages (which source was
 	// used, where the server listens).
 	Logf func(format string, args ...any)
+	// Crashable asks for a throwaway cluster of this process's own that a
+	// test may crash and start again (Cluster.Crash, Cluster.Restart):
+	// started from local binaries even when DATABASE_URL is set (a shared
+	// server must never be taken down), never from Docker (Provision
+	// answers an error wrapping ErrNoBinaries where there are none), and
+	// with synchronous_commit left on, so that a commit is in the kernel's
+	// hands before it is acknowledged and a crash of the server loses none
+	// (fsync stays off: the machine does not crash, only postgres).
+	Crashable bool
 }
 
 func (o Options) logf(format string, args ...any) {
@@ -122,6 +131,12 @@ type Cluster struct {
 	source  string // "env", "local" or "docker"
 	dataDir string // data directory of a local cluster
 	tmpDir  string // temporary directory removed by Close ("" if none)
+
+	// A Crashable cluster's server, replaced by Restart.
+	mu   sync.Mutex
+	plan *localPlan
+	srv  *localServer
+	port int
 
 	closeFn   func() error
 	closeOnce sync.Once
@@ -148,6 +163,16 @@ func (c *Cluster) Close() error {
 // package documentation. The caller must Close the returned cluster. If ctx is
 // cancelled while a server is being started, that server is killed again.
 func Provision(ctx context.Context, opts Options) (*Cluster, error) {
+	if opts.Crashable {
+		if opts.DataDir != "" {
+			return nil, errors.New("testpg: a Crashable cluster is a throwaway one; it takes no DataDir")
+		}
+		c, err := provisionLocal(ctx, opts)
+		if err != nil {
+			return nil, fmt.Errorf("testpg: a cluster to crash: %w", err)
+		}
+		return c, nil
+	}
 	if u := os.Getenv("DATABASE_URL"); u != "" {
 		if opts.DataDir != "" {
 			opts.logf("testpg: DATABASE_URL is set; ignoring data dir %s", opts.DataDir)
@@ -166,7 +191,7 @@ func Provision(ctx context.Context, opts Options) (*Cluster, error) {
 		return c, nil
 	case ctx.Err() != nil:
 		return nil, err
-	case errors.Is(err, errNoBinaries):
+	case errors.Is(err, ErrNoBinaries):
 		localErr = err
 	case opts.DataDir != "":
 		// A persistent cluster that exists but cannot be started must
@@ -338,8 +363,11 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 // ---------------------------------------------------------------------------
 // Local binaries
 
+// ErrNoBinaries says no local PostgreSQL server binaries were found: a
+// Crashable cluster cannot be started on this machine.
+var ErrNoBinaries = errors.New("no PostgreSQL server binaries (initdb, postgres) found in $PATH or /usr/lib/postgresql/*/bin")
+
 var (
-	errNoBinaries   = errors.New("no PostgreSQL server binaries (initdb, postgres) found in $PATH or /usr/lib/postgresql/*/bin")
 	errServerExited = errors.New("postgres exited")
 	errPortInUse    = errors.New("port already in use")
 )
@@ -399,7 +427,7 @@ func findBinaries(wantMajor int) (pgBinaries, error) {
 		found = append(found, pgBinaries{dir: d, major: major})
 	}
 	if len(found) == 0 {
-		return pgBinaries{}, errNoBinaries
+		return pgBinaries{}, ErrNoBinaries
 	}
 	// Stable: for equal versions $PATH order wins.
 	sort.SliceStable(found, func(i, j int) bool { return found[i].major > found[j].major })
@@ -550,6 +578,8 @@ type localPlan struct {
 	tmpDir     string   // removed on failure/Close; "" for persistent
 	tmpLock    *os.File // flock'ed while tmpDir is in use; see sweepStale
 	persistent bool
+	crashable  bool // Options.Crashable: commits acknowledged only once written
+	started    bool // the server was started once: a restart keeps its log
 }
 
 // removeTmp deletes the throwaway directory, then releases its lock.
@@ -597,6 +627,7 @@ func provisionLocal(ctx context.Context, opts Options) (c *Cluster, err error) {
 	if err != nil {
 		return nil, err
 	}
+	plan.crashable = opts.Crashable
 	defer func() {
 		if err != nil {
 			_ = plan.removeTmp()
@@ -627,28 +658,80 @@ func provisionLocal(ctx context.Context, opts Options) (c *Cluster, err error) {
 			kind = "data dir"
 		}
 		opts.logf("testpg: started PostgreSQL %d (%s) on 127.0.0.1:%d, %s %s", bin.major, bin.dir, port, kind, plan.dataDir)
-		return &Cluster{
-			URL:     srv.url,
-			source:  "local",
-			dataDir: plan.dataDir,
-			tmpDir:  plan.tmpDir,
-			closeFn: func() error {
-				var stopErr error
-				if plan.persistent {
-					// Fast shutdown: checkpoint, so the next
-					// start needs no crash recovery.
-					stopErr = srv.stop(syscall.SIGINT, time.Minute)
-				} else {
-					// Immediate shutdown: the data is thrown away.
-					stopErr = srv.stop(syscall.SIGQUIT, 15*time.Second)
-				}
-				if err := plan.removeTmp(); err != nil && stopErr == nil {
-					stopErr = err
-				}
-				return stopErr
-			},
-		}, nil
+		c := &Cluster{URL: srv.url, source: "local", dataDir: plan.dataDir, tmpDir: plan.tmpDir, srv: srv, port: port}
+		if plan.crashable {
+			c.plan = plan
+		}
+		c.closeFn = func() error {
+			c.mu.Lock()
+			srv := c.srv
+			c.mu.Unlock()
+			var stopErr error
+			if plan.persistent {
+				// Fast shutdown: checkpoint, so the next
+				// start needs no crash recovery.
+				stopErr = srv.stop(syscall.SIGINT, time.Minute)
+			} else {
+				// Immediate shutdown: the data is thrown away.
+				stopErr = srv.stop(syscall.SIGQUIT, 15*time.Second)
+			}
+			if err := plan.removeTmp(); err != nil && stopErr == nil {
+				stopErr = err
+			}
+			return stopErr
+		}
+		return c, nil
 	}
+}
+
+// Crash stops a Crashable cluster's server as `pg_ctl stop -m immediate`
+// does, with that command: every backend quits at once, nothing is
+// checkpointed, and the next start runs crash recovery from the WAL. It
+// returns once the server has exited; its URL then refuses connections.
+func (c *Cluster) Crash(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.plan == nil {
+		return errors.New("testpg: only a Crashable cluster can be crashed")
+	}
+	cmd := exec.CommandContext(ctx, filepath.Join(c.plan.bin.dir, "pg_ctl"), "stop", "-m", "immediate", "-w",
+		"-D", c.plan.dataDir)
+	cmd.Dir = c.plan.workDir
+	cmd.Env = serverEnv()
+	// pg_ctl refuses to run as root, as postgres does.
+	cmd.SysProcAttr = c.plan.user.sysProcAttr()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("testpg: pg_ctl stop -m immediate: %w\n%s", err, out)
+	}
+	select {
+	case <-c.srv.exited:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("testpg: the crashed server did not exit: %w", ctx.Err())
+	}
+}
+
+// Restart starts a Crashable cluster's server again, after Crash, on the
+// same port and data directory (its URL unchanged), and returns once crash
+// recovery is done and it accepts connections. Its log is kept across
+// restarts.
+func (c *Cluster) Restart(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.plan == nil {
+		return errors.New("testpg: only a Crashable cluster can be restarted")
+	}
+	select {
+	case <-c.srv.exited:
+	default:
+		return errors.New("testpg: the server is still running; Crash it first")
+	}
+	srv, err := startServer(ctx, c.plan, c.port)
+	if err != nil {
+		return fmt.Errorf("testpg: restart: %w", err)
+	}
+	c.srv = srv
+	return nil
 }
 
 const (
@@ -845,7 +928,11 @@ type localServer struct {
 // startServer starts postgres on port and waits until it accepts
 // connections. On any failure the process is killed before returning.
 func startServer(ctx context.Context, plan *localPlan, port int) (*localServer, error) {
-	logFile, err := os.OpenFile(plan.logPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+	flags := os.O_CREATE | os.O_WRONLY | os.O_TRUNC
+	if plan.started {
+		flags = os.O_CREATE | os.O_WRONLY | os.O_APPEND
+	}
+	logFile, err := os.OpenFile(plan.logPath, flags, 0o644)
 	if err != nil {
 		return nil, err
 	}
@@ -859,6 +946,9 @@ func startServer(ctx context.Context, plan *localPlan, port int) (*localServer, 
 	}
 	if !plan.persistent {
 		for _, s := range throwawaySettings {
+			if plan.crashable && strings.HasPrefix(s, "synchronous_commit=") {
+				s = "synchronous_commit=on" // an acknowledged commit survives a crash
+			}
 			args = append(args, "-c", s)
 		}
 	}
@@ -904,6 +994,7 @@ func startServer(ctx context.Context, plan *localPlan, port int) (*localServer, 
 		}
 		return nil, fmt.Errorf("postgres did not become ready: %w; log %s ends with:\n%s", err, plan.logPath, logTail)
 	}
+	plan.started = true
 	return srv, nil
 }
 

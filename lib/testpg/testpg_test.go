@@ -116,7 +116,7 @@ func TestWithDatabase(t *testing.T) {
 func TestProvisionLocal(t *testing.T) {
 	t.Parallel()
 	bin, err := findBinaries(0)
-	if errors.Is(err, errNoBinaries) {
+	if errors.Is(err, ErrNoBinaries) {
 		t.Skipf("local-binaries path not testable: %v", err)
 	}
 	require.NoError(t, err)
@@ -254,6 +254,47 @@ func TestProvisionLocal(t *testing.T) {
 		require.NoError(t, c2.Close())
 	})
 
+	// A Crashable cluster is our own even when DATABASE_URL names a shared
+	// server, acknowledges a commit only once written, and survives a crash
+	// (pg_ctl stop -m immediate) and a restart on the same URL with every
+	// commit it acknowledged.
+	t.Run("crashable", func(t *testing.T) {
+		t.Parallel()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+
+		c, err := Provision(ctx, Options{Crashable: true, Logf: t.Logf})
+		require.NoError(t, err)
+		defer c.Close()
+		require.Equal(t, "local", c.source, "never DATABASE_URL's server")
+		require.Equal(t, "on", queryOne[string](t, ctx, c.URL, "show synchronous_commit"))
+		conn, err := pgx.Connect(ctx, c.URL)
+		require.NoError(t, err)
+		_, err = conn.Exec(ctx, "create table kept (v int); insert into kept select generate_series(1, 1000)")
+		require.NoError(t, err)
+
+		require.NoError(t, c.Crash(ctx))
+		require.Error(t, conn.Ping(ctx), "the crash ended the session")
+		_, err = pgx.Connect(ctx, c.URL)
+		require.Error(t, err, "the server is down")
+		require.ErrorContains(t, c.Crash(ctx), "pg_ctl", "a crashed server is not crashed again")
+
+		require.NoError(t, c.Restart(ctx))
+		require.ErrorContains(t, c.Restart(ctx), "still running")
+		require.Equal(t, 1000, queryOne[int](t, ctx, c.URL, "select count(*) from kept"))
+		log, err := os.ReadFile(filepath.Join(c.tmpDir, "postgres.log"))
+		require.NoError(t, err)
+		require.Contains(t, string(log), "database system was interrupted", "the restart ran crash recovery")
+		require.Contains(t, string(log), "received immediate shutdown request", "the log is kept across restarts")
+		require.NoError(t, c.Close())
+
+		plain, err := provisionLocal(ctx, Options{})
+		require.NoError(t, err)
+		defer plain.Close()
+		require.ErrorContains(t, plain.Crash(ctx), "only a Crashable cluster")
+		require.ErrorContains(t, plain.Restart(ctx), "only a Crashable cluster")
+	})
+
 	t.Run("cancelled", func(t *testing.T) {
 		t.Parallel()
 		ctx, cancel := context.WithCancel(context.Background())
@@ -266,7 +307,7 @@ func TestProvisionLocal(t *testing.T) {
 
 func TestNoPostgresError(t *testing.T) {
 	t.Parallel()
-	err := noPostgresError(errNoBinaries, errors.New("docker daemon not reachable"))
+	err := noPostgresError(ErrNoBinaries, errors.New("docker daemon not reachable"))
 	for _, want := range []string{"apt-get install postgresql", "Docker", "DATABASE_URL", "initdb", "docker daemon not reachable"} {
 		require.Contains(t, err.Error(), want)
 	}
