@@ -253,32 +253,9 @@ func TestCrashesLoseNothingAcknowledged(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	seen := newCrashLog(&http.Transport{MaxIdleConnsPerHost: 32})
-	sdk := func(key string) *ratchet.Client {
-		c, err := ratchet.NewClient(ratchet.Config{BaseURL: base, APIKey: key,
-			HTTPClient: &http.Client{Transport: seen, Timeout: 15 * time.Second}})
-		require.NoError(t, err)
-		return c
-	}
-	operatorKey, wsID := crashSignup(t, base)
-	operator := sdk(operatorKey)
-	newKey := func(body map[string]any) string {
-		var k struct {
-			Secret string `json:"secret"`
-		}
-		require.NoError(t, operator.Request(ctx, "POST", "/keys", body, &k, ratchet.RequestOptions{}))
-		return k.Secret
-	}
-	// The documented default, said outright: an attempt whose outcome is
-	// unknown blocks its key until an operator resolves it.
-	require.NoError(t, operator.Request(ctx, "PUT", "/policies/"+crashEffectType, map[string]any{
-		"on_indeterminate": "block", "lease_seconds": 5, "max_attempts": 5}, nil, ratchet.RequestOptions{}))
-	c := &crashClients{ctx: ctx, agent: sdk(newKey(map[string]any{"name": "agent", "preset": "AGENT"})),
-		producer: sdk(newKey(map[string]any{"name": "producer", "preset": "INGEST"}))}
-	run, err := c.producer.StartRun(ctx, "crash", ratchet.WithIdempotencyKey("crash-run"))
-	require.NoError(t, err)
-	c.runID = run.ID
-	stopWorkers := startCrashWorkers(t, ctx,
-		sdk(newKey(map[string]any{"name": "worker", "preset": "WORKER", "tools": []string{"crash_job@1"}})), &c.handled)
+	set := setUpCrashTraffic(t, ctx, base, seen, "crash")
+	c, run, operatorKey, wsID := set.clients, set.run, set.operatorKey, set.wsID
+	stopWorkers := set.stopWorkers
 	defer stopWorkers()
 
 	stopNew := make(chan struct{})
@@ -292,7 +269,7 @@ func TestCrashesLoseNothingAcknowledged(t *testing.T) {
 	// Settle: the run ends once every job has (a lease a crash took lapses
 	// and is claimed again); then the workers stop, and every gate lease
 	// has lapsed or been reported and the sweeper has made it durable.
-	_, err = c.producer.FinishRun(ctx, run.ID)
+	_, err := c.producer.FinishRun(ctx, run.ID)
 	require.NoError(t, err)
 	waitRunEnded(t, ctx, c.producer, run.ID)
 	stopWorkers()
@@ -317,6 +294,54 @@ func TestCrashesLoseNothingAcknowledged(t *testing.T) {
 			require.NotContains(t, line, bad, "a server logged what a crash of another must not cause")
 		}
 	}
+}
+
+// crashSetup is what a crash test's traffic starts with.
+type crashSetup struct {
+	operatorKey, wsID string
+	operator          *ratchet.Client
+	clients           *crashClients
+	run               *ratchet.Run
+	// stopWorkers and workersRunning are startCrashWorkers'.
+	stopWorkers    func()
+	workersRunning func() bool
+}
+
+// setUpCrashTraffic makes a workspace on the server at base, its policy
+// for crashEffectType, an agent and a producer (crashClients), a run
+// started under an idempotency key named for the test, and two workers
+// (startCrashWorkers); every SDK client's calls go through transport.
+func setUpCrashTraffic(t *testing.T, ctx context.Context, base string, transport http.RoundTripper,
+	name string) *crashSetup {
+	sdk := func(key string) *ratchet.Client {
+		c, err := ratchet.NewClient(ratchet.Config{BaseURL: base, APIKey: key,
+			HTTPClient: &http.Client{Transport: transport, Timeout: 15 * time.Second}})
+		require.NoError(t, err)
+		return c
+	}
+	set := &crashSetup{}
+	set.operatorKey, set.wsID = crashSignup(t, base)
+	set.operator = sdk(set.operatorKey)
+	newKey := func(body map[string]any) string {
+		var k struct {
+			Secret string `json:"secret"`
+		}
+		require.NoError(t, set.operator.Request(ctx, "POST", "/keys", body, &k, ratchet.RequestOptions{}))
+		return k.Secret
+	}
+	// The documented default, said outright: an attempt whose outcome is
+	// unknown blocks its key until an operator resolves it.
+	require.NoError(t, set.operator.Request(ctx, "PUT", "/policies/"+crashEffectType, map[string]any{
+		"on_indeterminate": "block", "lease_seconds": 5, "max_attempts": 5}, nil, ratchet.RequestOptions{}))
+	c := &crashClients{ctx: ctx, agent: sdk(newKey(map[string]any{"name": "agent", "preset": "AGENT"})),
+		producer: sdk(newKey(map[string]any{"name": "producer", "preset": "INGEST"}))}
+	run, err := c.producer.StartRun(ctx, name, ratchet.WithIdempotencyKey(name+"-run"))
+	require.NoError(t, err)
+	c.runID = run.ID
+	set.clients, set.run = c, run
+	set.stopWorkers, set.workersRunning = startCrashWorkers(t, ctx,
+		sdk(newKey(map[string]any{"name": "worker", "preset": "WORKER", "tools": []string{"crash_job@1"}})), &c.handled)
+	return set
 }
 
 // crashRNG is the kill schedule's generator: seeded from the clock, or from
@@ -380,8 +405,10 @@ func killDuring(t *testing.T, srv *crashServer, rng *rand.Rand) int {
 // startCrashWorkers starts two workers of crash_job@1 recording each
 // handler run in handled: one whose reports an outage holds up past their
 // leases may see the other claim those jobs again (at-least-once). stop
-// stops them, requiring every report recorded.
-func startCrashWorkers(t *testing.T, ctx context.Context, client *ratchet.Client, handled *crashRuns) (stop func()) {
+// stops them, requiring every report recorded; running says whether each
+// is still working (none gave up).
+func startCrashWorkers(t *testing.T, ctx context.Context, client *ratchet.Client, handled *crashRuns) (stop func(),
+	running func() bool) {
 	var workers []*ratchet.Worker
 	for range 2 {
 		w := ratchet.NewWorker(client)
@@ -395,6 +422,16 @@ func startCrashWorkers(t *testing.T, ctx context.Context, client *ratchet.Client
 			WaitSeconds: 1, OnError: func(error) {}}))
 		workers = append(workers, w)
 	}
+	running = func() bool {
+		for _, w := range workers {
+			select {
+			case <-w.Done():
+				return false
+			default:
+			}
+		}
+		return true
+	}
 	stopped := false
 	return func() {
 		if stopped {
@@ -406,7 +443,7 @@ func startCrashWorkers(t *testing.T, ctx context.Context, client *ratchet.Client
 		for _, w := range workers {
 			require.NoError(t, w.Stop(sctx), "every report recorded")
 		}
-	}
+	}, running
 }
 
 // waitRunEnded reads the run until it ends, requiring it succeeded.
