@@ -3,11 +3,9 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -40,7 +38,7 @@ import (
 func TestDatabaseCrashesLoseNothingAcknowledged(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	pg := crashableCluster(t, ctx)
+	pg := testpg.Crashable(t, ctx)
 	rng, seed := crashRNG(t)
 	logs := &apitest.LockedBuffer{}
 	base := startOverDatabase(t, pg.URL, logs)
@@ -139,28 +137,6 @@ func TestDatabaseCrashesLoseNothingAcknowledged(t *testing.T) {
 		require.NotContains(t, out, `"`+key+`"`, "a caller's key or payload in the log")
 	}
 	apitest.RequireNoLeak(t, out, secrets, "sweep task interrupted: database unavailable")
-}
-
-// crashableCluster is a PostgreSQL cluster of the test's own that it may
-// crash (testpg's Crashable). Without local PostgreSQL server binaries the
-// test cannot crash a database (a shared server must not be taken down,
-// and testpg does not crash containers), and it fails saying so: a skip
-// would pass unseen in a plain `go test`. RATCHET_SKIP_DB_CRASH=1 asks for
-// the skip instead, on a machine that has Docker only, say.
-func crashableCluster(t *testing.T, ctx context.Context) *testpg.Cluster {
-	pg, err := testpg.Provision(ctx, testpg.Options{Crashable: true, Logf: t.Logf})
-	if errors.Is(err, testpg.ErrNoBinaries) {
-		why := fmt.Sprintf("%s crashes a PostgreSQL cluster of its own and needs local server binaries "+
-			"(initdb, postgres, pg_ctl; Debian: apt-get install postgresql; macOS: brew install postgresql): %v",
-			t.Name(), err)
-		if os.Getenv("RATCHET_SKIP_DB_CRASH") != "1" {
-			t.Fatal(why + "; set RATCHET_SKIP_DB_CRASH=1 to skip it")
-		}
-		t.Skip("NOT RUN (RATCHET_SKIP_DB_CRASH=1): " + why)
-	}
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = pg.Close() })
-	return pg
 }
 
 // startOverDatabase runs the local server in this process over the
