@@ -57,7 +57,9 @@ func writeEncoded(w http.ResponseWriter, a encoded) {
 // cannot find out keeps the key until the claim lapses, when the retry
 // finds the answer or, if nothing committed, acts (review: recorded after
 // the route's own commit, an answer lost with its instance let a retry act
-// twice).
+// twice). One that could not reach the database to give its claim up or
+// to find out frees the key once the database answers again, if nothing
+// it did committed (Claim.GiveUp, Claim.Settle).
 func (s *Server) runOnce(ctx context.Context, c *Call, values []string) (any, error) {
 	if len(values) != 1 {
 		return nil, apierr.InvalidField(idempotency.Header, "must be given once")
@@ -126,7 +128,8 @@ func (s *Server) runOnce(ctx context.Context, c *Call, values []string) (any, er
 // giveUp frees the key of a request that changed nothing.
 func (s *Server) giveUp(ctx context.Context, c *Call, claim *idempotency.Claim) {
 	if err := claim.GiveUp(ctx); err != nil {
-		// The claim lapses on its own (idempotency.ClaimTTL).
+		// Given up in the background once the database answers again,
+		// or it lapses on its own (idempotency.ClaimTTL).
 		s.Logger.Warn("idempotency claim kept", "request_id", c.RequestID, "route", c.Route.Name,
 			"err", err)
 	}
@@ -195,7 +198,7 @@ func (s *Server) actOnce(ctx context.Context, c *Call, claim *idempotency.Claim)
 		landed, serr := claim.Settle(ctx)
 		switch {
 		case serr != nil:
-			s.Logger.Warn("idempotent request's commit outcome unknown; its key is held until the claim lapses",
+			s.Logger.Warn("idempotent request's commit outcome unknown; its key is held until the database answers or the claim lapses",
 				"request_id", c.RequestID, "route", c.Route.Name, "err", serr)
 			return encoded{}, false, err
 		case !landed:

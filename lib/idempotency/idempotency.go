@@ -13,8 +13,10 @@
 // that the corrected request may use the key; another request under a
 // stored key is refused, and any sent while the first is still acting is
 // told to wait. A request whose COMMIT went unanswered finds out whether it
-// landed (Settle), and gives the key up if it did not. A request that died
-// while acting, or could not find that out, holds the key until its claim
+// landed (Settle), and gives the key up if it did not. A request that could
+// not give its claim up or find that out for want of the database goes on
+// trying once its answer is sent, until the database answers or the claim
+// lapses. A request that died while acting holds the key until its claim
 // lapses (ClaimTTL); the retry after that finds the answer if the commit
 // landed, and acts if it did not.
 package idempotency
@@ -212,7 +214,9 @@ type Claim struct {
 	s      *Store
 	apiKey string
 	key    string
-	id     string // the request's
+	id     string    // the request's
+	until  time.Time // when it lapses, by the store's clock
+	taken  time.Time // when it was claimed, by this instance's (monotonic)
 }
 
 // Begin claims req's key for it, or returns the answer stored for the same
@@ -239,7 +243,8 @@ func (s *Store) Begin(ctx context.Context, req Request) (*Claim, *Answer, error)
 		if s.claimed != nil {
 			err = s.claimed(err)
 		}
-		claim := &Claim{s: s, apiKey: req.APIKeyID, key: req.Key, id: req.ID}
+		claim := &Claim{s: s, apiKey: req.APIKeyID, key: req.Key, id: req.ID, until: now.Add(ClaimTTL),
+			taken: time.Now()}
 		switch {
 		case err == nil:
 			return claim, nil, nil
@@ -247,11 +252,10 @@ func (s *Store) Begin(ctx context.Context, req Request) (*Claim, *Answer, error)
 			// The claim's answer was lost (the connection dropped, its
 			// time ran out): it may have landed, and nothing will act
 			// under it, so it is given up at once rather than holding the
-			// key until it lapses. At worst the give-up fails, or runs
+			// key until it lapses (once the database is back, when it is
+			// what failed: giveUpOrLater). At worst the give-up runs
 			// before the claim lands, and the claim lapses as before.
-			gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lostClaimGiveUpTimeout)
-			defer cancel()
-			_ = claim.giveUp(gctx)
+			_ = claim.giveUpOrLater(ctx, lostClaimGiveUpTimeout)
 			return nil, nil, fmt.Errorf("idempotency: claim: %w", err)
 		}
 		var stored, answer []byte
@@ -312,10 +316,56 @@ func (c *Claim) Record(ctx context.Context, q db.Querier, a Answer) (taken bool,
 // GiveUp frees the key of a request that did nothing (refused, or its
 // transaction rolled back), so that the corrected request may use it. A
 // request that may have committed keeps its claim instead, until it lapses.
+// When the database cannot be reached, GiveUp answers that error and goes
+// on trying in the background until the claim lapses (giveUpOrLater).
 func (c *Claim) GiveUp(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StoreTimeout)
-	defer cancel()
-	return c.giveUp(ctx)
+	return c.giveUpOrLater(ctx, StoreTimeout)
+}
+
+// Pauses between a background give-up's tries (giveUpLater): from the
+// first, doubling to the last.
+const (
+	laterGiveUpPause    = 100 * time.Millisecond
+	laterGiveUpMaxPause = 2 * time.Second
+)
+
+// giveUpOrLater gives the claim up within timeout, and when that fails
+// for want of the database (a crash, a restart, a cut network path) goes
+// on trying in the background, pausing between tries, until it succeeds,
+// fails otherwise, or the claim lapses by the store's clock or by ClaimTTL
+// gone on this instance's (DB crash QA: a request that changed nothing
+// but met the database down held its key until the claim lapsed, and a
+// key's create sent again once the database was back two seconds later
+// was told to wait for up to 30 s). Trying later is as safe as trying
+// now: the give-up deletes the claim only while it is this request's and
+// unanswered, after waiting for a transaction still holding its row to
+// end, so it never frees the key of a request that committed. On a
+// serverless instance frozen after its answer the tries wait for its next
+// invocation, or the claim lapses first. It answers the first try's error.
+func (c *Claim) giveUpOrLater(ctx context.Context, timeout time.Duration) error {
+	tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	err := c.giveUp(tctx)
+	cancel()
+	if err != nil && db.IsUnavailable(err) {
+		go c.giveUpLater()
+	}
+	return err
+}
+
+// giveUpLater is giveUpOrLater's background tries.
+func (c *Claim) giveUpLater() {
+	for pause := laterGiveUpPause; ; pause = min(2*pause, laterGiveUpMaxPause) {
+		time.Sleep(pause)
+		if !c.s.now().Before(c.until) || time.Since(c.taken) >= ClaimTTL {
+			return // lapsed: the key is free to the next request anyway
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), StoreTimeout)
+		err := c.giveUp(ctx)
+		cancel()
+		if err == nil || !db.IsUnavailable(err) {
+			return
+		}
+	}
 }
 
 // SettleTimeout bounds Settle's wait for the transaction whose COMMIT went
@@ -344,12 +394,17 @@ var ErrUnsettled = errors.New("idempotency: the outcome of the request's commit 
 // claim is kept until it lapses, or until its give-up, still waiting for
 // the row when Settle stopped waiting (its cancel request is sent apart),
 // finds the transaction rolled back: it never frees the key of one that
-// committed.
+// committed. When the database could not be reached, the give-up is tried
+// again in the background until the claim lapses (giveUpOrLater), with the
+// same guarantee.
 func (c *Claim) Settle(ctx context.Context) (landed bool, err error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), SettleTimeout)
 	defer cancel()
 	tag, err := c.s.pool.Exec(ctx, sqlGiveUp, c.apiKey, c.key, c.id)
 	if err != nil {
+		if db.IsUnavailable(err) {
+			go c.giveUpLater()
+		}
 		return false, fmt.Errorf("idempotency: settle claim: %w", err)
 	}
 	if tag.RowsAffected() == 1 {
