@@ -897,6 +897,8 @@ func sendFailure(err error) string {
 		return "TLS handshake failed"
 	case errors.Is(err, syscall.ECONNREFUSED):
 		return "connection refused"
+	case headersTooLarge(err):
+		return answerHeadersTooLarge
 	case errors.As(err, &op) && op.Op == "dial" && errors.As(err, &timeout) && timeout.Timeout():
 		// The dialer's own limit, not the send's (review: a receiver
 		// that never took the connection read "no answer within 10s").
@@ -934,6 +936,25 @@ func tlsRefusal(err error) bool {
 	}
 }
 
+// maxAnswerHeaderBytes bounds a receiver's answer's headers (newClient).
+const maxAnswerHeaderBytes = 64 << 10
+
+// answerHeadersTooLarge is the last_error of a send whose answer's headers
+// passed maxAnswerHeaderBytes.
+const answerHeadersTooLarge = "answer's headers over 64 KiB"
+
+// headersTooLarge says whether err is net/http's refusal of an answer whose
+// headers passed maxAnswerHeaderBytes: a plain error, told by its text's
+// start (only read, never shown).
+func headersTooLarge(err error) bool {
+	for ; err != nil; err = errors.Unwrap(err) {
+		if strings.HasPrefix(err.Error(), "net/http: server response headers exceeded") {
+			return true
+		}
+	}
+	return false
+}
+
 // errNotPublic is the dialer's refusal of a receiver on a non-public
 // address: recorded as such, so an operator sees why (sendFailure).
 var errNotPublic = errors.New("webhooks: refusing to deliver to a non-public address")
@@ -956,8 +977,14 @@ func newClient(allowPrivate bool) *http.Client {
 		}
 	}
 	return &http.Client{
-		Timeout:   sendTimeout,
-		Transport: &http.Transport{DialContext: dialer.DialContext, MaxIdleConnsPerHost: 2, IdleConnTimeout: 30 * time.Second},
+		Timeout: sendTimeout,
+		// A receiver's answer is read for its status alone, so its headers
+		// are bounded as its body is (64 KiB): net/http's own bound is
+		// 10 MiB, which a receiver sending that much to each of a pass's
+		// 100 sends in flight held a gigabyte of the sweeper's memory for
+		// (security review).
+		Transport: &http.Transport{DialContext: dialer.DialContext, MaxIdleConnsPerHost: 2, IdleConnTimeout: 30 * time.Second,
+			MaxResponseHeaderBytes: maxAnswerHeaderBytes},
 		// Redirects are not followed: a receiver must answer at the URL it registered.
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}

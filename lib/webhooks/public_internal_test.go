@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -144,6 +145,43 @@ func TestSendFailureSaysTLSHandshakeFailedOnAlerts(t *testing.T) {
 		}
 		if got := sendFailure(err); got != "TLS handshake failed" {
 			t.Errorf("%s: %v recorded %q, want %q", name, err, got, "TLS handshake failed")
+		}
+	}
+}
+
+// A receiver's answer is read for its status alone, so its headers are
+// bounded as its body is: net/http's own bound is 10 MiB, which a receiver
+// answering that much to each send in flight held a gigabyte of the
+// sweeper's memory for (security review). An answer past 64 KiB of headers
+// fails the attempt, said so in last_error; one within it is taken.
+func TestAReceiversAnswerHeadersAreBounded(t *testing.T) {
+	for _, c := range []struct {
+		headers int // of 1 KiB each
+		fails   bool
+	}{{headers: 32}, {headers: 2048, fails: true}} {
+		value := strings.Repeat("x", 1000)
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			for i := range c.headers {
+				w.Header().Set("X-Pad-"+strconv.Itoa(i), value)
+			}
+			w.WriteHeader(http.StatusOK)
+		}))
+		srv.Config.ErrorLog = log.New(io.Discard, "", 0)
+		res, err := newClient(true).Post(srv.URL, "application/json", strings.NewReader("{}"))
+		srv.Close()
+		if !c.fails {
+			if err != nil {
+				t.Fatalf("%d headers: %v", c.headers, err)
+			}
+			res.Body.Close()
+			continue
+		}
+		if err == nil {
+			res.Body.Close()
+			t.Fatalf("%d KiB of headers were taken (status %d)", c.headers, res.StatusCode)
+		}
+		if got := sendFailure(err); got != "answer's headers over 64 KiB" {
+			t.Errorf("%v recorded %q", err, got)
 		}
 	}
 }
