@@ -13,6 +13,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 )
@@ -182,6 +183,44 @@ func TestAReceiversAnswerHeadersAreBounded(t *testing.T) {
 		}
 		if got := sendFailure(err); got != "answer's headers over 64 KiB" {
 			t.Errorf("%v recorded %q", err, got)
+		}
+	}
+}
+
+// A delivery goes to the URL its subscription names and nowhere else
+// (security review, a receiver that sends it on): a redirect is answered
+// as the receiver's status, never followed (the signed body would reach
+// a host the subscription does not name), and no proxy from the
+// environment is used (one would dial the receiver itself, past the
+// dialer's check of the address it connects to, and the check would
+// judge the proxy's address instead). HTTP_PROXY cannot be set here to
+// show it: net/http reads the environment once a process, and never for
+// a loopback receiver, so the transport itself is checked.
+func TestADeliveryFollowsNoRedirectAndTakesNoProxy(t *testing.T) {
+	var elsewhere atomic.Int32
+	other := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { elsewhere.Add(1) }))
+	defer other.Close()
+	for _, status := range []int{http.StatusMovedPermanently, http.StatusFound, http.StatusTemporaryRedirect,
+		http.StatusPermanentRedirect} {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			http.Redirect(w, r, other.URL+"/taken", status)
+		}))
+		res, err := newClient(true).Post(srv.URL, "application/json", strings.NewReader("{}"))
+		srv.Close()
+		if err != nil {
+			t.Fatalf("%d: %v", status, err)
+		}
+		res.Body.Close()
+		if res.StatusCode != status {
+			t.Errorf("a %d redirect read %d", status, res.StatusCode)
+		}
+	}
+	if n := elsewhere.Load(); n != 0 {
+		t.Fatalf("the redirects were followed: %d requests reached the other host", n)
+	}
+	for _, allowPrivate := range []bool{false, true} {
+		if tr := newClient(allowPrivate).Transport.(*http.Transport); tr.Proxy != nil {
+			t.Errorf("allowPrivate %v: the delivery client takes a proxy", allowPrivate)
 		}
 	}
 }
