@@ -159,6 +159,7 @@ type Worker struct {
 	startEnded bool                    // Start's context ended: an immediate stop (mu)
 	cutByStart int                     // handlers Start's end cut off that returned an error (mu)
 	stragglers int                     // handler calls still in progress after their timeout was reported (mu)
+	settled    int                     // of running, handlers cancelled for a lost lease or a cancelled job (mu)
 	returned   chan struct{}           // signalled (buffered, 1) when running drops
 	cancelJobs context.CancelCauseFunc // ends every handler's context
 	reporter   *reporter               // batches the handlers' reports
@@ -492,7 +493,12 @@ func closed(ch chan struct{}) bool {
 // OnError is told so once, as a *ReportNotRecordedError naming the job
 // (its Err matching ErrWorkerStopped), before Stop returns. A
 // handler whose timeout was already reported (it ignored its timeout) is
-// not waited for past ctx's end; the error counts it apart.
+// not waited for past ctx's end; the error counts it apart. A handler that
+// ignores the cancellation of a lost lease (OnError was told a
+// *LeaseLostError) or of a job the server cancelled, before ctx's end or
+// during the grace, gets the same StopGrace and is then left running,
+// nothing reported or told (a newer attempt holds its job, or the job runs
+// no more); the error counts it apart too.
 //
 // Reports are retried until the server answers them, bounded only by ctx
 // (and the grace). If any report of the worker's life was not recorded (given
@@ -600,7 +606,8 @@ func (w *Worker) stop(ctx context.Context) error {
 	// are not waited for: they ignored one cancellation already.
 	grace, stop := w.clock.Timer(w.stopGraceOr())
 	defer stop()
-	st.left = w.awaitReturns(grace)
+	st.left, st.settled = w.awaitReturns(grace)
+	st.left -= st.settled
 	w.mu.Lock()
 	st.stragglers = w.stragglers
 	w.mu.Unlock()
@@ -622,21 +629,22 @@ func (w *Worker) stop(ctx context.Context) error {
 }
 
 // awaitReturns waits until no handler with an unreported attempt runs, or
-// grace fires; it returns how many still run.
-func (w *Worker) awaitReturns(grace <-chan time.Time) int {
+// grace fires; it returns how many still run, and how many of those were
+// cancelled for a lost lease or a cancelled job (settled).
+func (w *Worker) awaitReturns(grace <-chan time.Time) (running, settled int) {
 	for {
 		w.mu.Lock()
 		n := w.running
 		w.mu.Unlock()
 		if n == 0 {
-			return 0
+			return 0, 0
 		}
 		select {
 		case <-w.returned:
 		case <-grace:
 			w.mu.Lock()
 			defer w.mu.Unlock()
-			return w.running
+			return w.running, w.settled
 		}
 	}
 }
@@ -667,7 +675,8 @@ func (w *Worker) awaitPolling(ctx context.Context, loopDone chan struct{}, cance
 // stopState is what Stop found at and after its deadline.
 type stopState struct {
 	running    int  // handlers with unreported attempts at the deadline, cancelled then
-	left       int  // of them, those that ignored the cancellation past the grace
+	left       int  // of them, those that ignored the stop's cancellation past the grace
+	settled    int  // of them, those still running past the grace after a lost lease or the job's cancellation
 	stragglers int  // handlers still running after their timeout was reported
 	sent       bool // every queued report was answered before the reporter gave up
 	lost       int  // reports not recorded (settled refusals aside)
@@ -679,18 +688,26 @@ type stopState struct {
 func stopDeadlineError(st stopState, err error) error {
 	var b strings.Builder
 	b.WriteString("ratchet: stop deadline passed; ")
+	returned := st.running - st.left - st.settled
 	switch {
 	case st.left > 0:
 		fmt.Fprintf(&b, "%d handler(s) ignored cancellation and were left unreported", st.left)
-		if done := st.running - st.left; done > 0 {
-			fmt.Fprintf(&b, ", %d cancelled and reported as they returned", done)
+		if returned > 0 {
+			fmt.Fprintf(&b, ", %d cancelled and reported as they returned", returned)
 		}
-	case st.running > 0 && st.sent && st.lost == 0:
-		fmt.Fprintf(&b, "%d handler(s) cancelled and reported as they returned", st.running)
-	case st.running > 0:
-		fmt.Fprintf(&b, "%d handler(s) cancelled", st.running)
-	default:
+	case returned > 0 && st.sent && st.lost == 0:
+		fmt.Fprintf(&b, "%d handler(s) cancelled and reported as they returned", returned)
+	case returned > 0:
+		fmt.Fprintf(&b, "%d handler(s) cancelled", returned)
+	case st.settled == 0:
 		b.WriteString("no handler was running")
+	}
+	if st.settled > 0 {
+		if st.left > 0 || returned > 0 {
+			b.WriteString("; ")
+		}
+		fmt.Fprintf(&b, "%d handler(s) still running after their lease was lost or their job was cancelled "+
+			"(nothing to report: a newer attempt holds the job, or it runs no more)", st.settled)
 	}
 	if st.stragglers > 0 {
 		fmt.Fprintf(&b, "; %d handler(s) still running after their timeout was reported", st.stragglers)
@@ -1176,22 +1193,36 @@ func (w *Worker) execute(ctx, jobsCtx context.Context, rt *registeredTool, j Cla
 		hctx, cancelTimeout = context.WithTimeoutCause(hctx, job.Timeout, ErrTimeout)
 		defer cancelTimeout()
 	}
+	// Under mu: the handler returned; its timeout was reported while it
+	// ran; its lease was lost or its job cancelled by the server while it
+	// ran (counted in settled while it runs on).
+	var returned, straggler, settled bool
+	settle := func(cause error) {
+		w.mu.Lock()
+		if !returned && !settled {
+			settled = true
+			w.settled++
+		}
+		w.mu.Unlock()
+		cancel(cause)
+	}
 	hbCtx, stopHeartbeat := context.WithCancel(context.WithoutCancel(ctx))
 	hbDone := make(chan struct{})
 	expires := j.leaseEnd // as extended by the heartbeats; read after hbDone
 	go func() {
 		defer close(hbDone)
-		expires = w.heartbeat(hbCtx, j, cancel)
+		expires = w.heartbeat(hbCtx, j, settle)
 	}()
 
 	done := make(chan handlerResult, 1)
 	handlerReturned := make(chan struct{})
-	// Under mu: the handler returned; its timeout was reported while it ran.
-	var returned, straggler bool
 	go func() { // counted in running and handlers by dispatch
 		defer func() {
 			w.mu.Lock()
 			returned = true
+			if settled {
+				w.settled--
+			}
 			if straggler {
 				w.stragglers--
 			} else {
@@ -1208,7 +1239,7 @@ func (w *Worker) execute(ctx, jobsCtx context.Context, rt *registeredTool, j Cla
 		out, err := rt.invoke(hctx, j.Input, job)
 		done <- handlerResult{out, err}
 	}()
-	res, finished := w.await(hctx, done)
+	res, finished := w.await(hctx, jobsCtx, done)
 	stopHeartbeat()
 	<-hbDone
 	if !finished {
@@ -1216,12 +1247,24 @@ func (w *Worker) execute(ctx, jobsCtx context.Context, rt *registeredTool, j Cla
 		// later is dropped. A timeout is recorded now (the job retries per
 		// its policy) and the handler counts as a straggler from then on; a
 		// stopping worker leaves the job unreported and its lease, no
-		// longer extended, lapses for another worker to reclaim.
-		if errors.Is(context.Cause(hctx), ErrTimeout) {
+		// longer extended, lapses for another worker to reclaim; a handler
+		// whose lease was lost (OnError was told) or whose job the server
+		// cancelled (it runs no more), before the stop or during its grace,
+		// is left running with nothing to report or tell: Stop counts it
+		// apart (sdk QA: OnError was told its job ran again).
+		w.mu.Lock()
+		gone := settled
+		w.mu.Unlock()
+		switch {
+		case errors.Is(context.Cause(hctx), ErrTimeout):
 			e := rt.decide(ErrTimeout, ErrTimeout, job, w.opts.OnError)
 			w.report(j, expires, JobReport{Status: ReportFailed, Error: &e})
 			w.mu.Lock()
 			if !returned { // else it returned meanwhile and was counted as such
+				if settled { // lost during the timeout's grace: a straggler all the same
+					settled = false
+					w.settled--
+				}
 				straggler = true
 				w.running--
 				w.stragglers++
@@ -1231,7 +1274,8 @@ func (w *Worker) execute(ctx, jobsCtx context.Context, rt *registeredTool, j Cla
 				}
 			}
 			w.mu.Unlock()
-		} else {
+		case gone:
+		default:
 			// Its lease lapses and the job runs again elsewhere: OnError
 			// is told, naming the job (QA: only Stop's count said so, and
 			// not which job would run again).
@@ -1294,11 +1338,14 @@ const timeoutGrace = time.Second
 
 // await waits for the handler. Once its timeout has passed it waits at
 // most timeoutGrace more, and once the worker is stopping (Stop's deadline,
-// or the end of Start's context) at most the stop grace; finished is false when
-// the handler did not return by then. A cancel request or a lost lease
-// waits for the handler as before: the heartbeats have already stopped, so
-// its lease lapses on its own.
-func (w *Worker) await(hctx context.Context, done <-chan handlerResult) (res handlerResult, finished bool) {
+// or the end of Start's context: jobsCtx ends) at most the stop grace;
+// finished is false when the handler did not return by then. A cancel
+// request or a lost lease waits for the handler as before (the heartbeats
+// have already stopped, so its lease lapses on its own) until the worker
+// stops, and then the stop grace at most, as the TypeScript and Python
+// workers wait (sdk QA: Go waited with no bound, so that after Start's
+// context ended the reports were never closed).
+func (w *Worker) await(hctx, jobsCtx context.Context, done <-chan handlerResult) (res handlerResult, finished bool) {
 	select {
 	case res = <-done:
 		return res, true
@@ -1310,7 +1357,12 @@ func (w *Worker) await(hctx context.Context, done <-chan handlerResult) (res han
 	case errors.Is(cause, ErrWorkerStopped):
 		grace = w.stopGraceOr()
 	default:
-		return <-done, true
+		select {
+		case res = <-done:
+			return res, true
+		case <-jobsCtx.Done():
+		}
+		grace = w.stopGraceOr()
 	}
 	fire, stop := w.clock.Timer(grace)
 	defer stop()

@@ -2933,3 +2933,128 @@ func TestWorkerStartWaitsOutAnswersThatAreNotRatchets(t *testing.T) {
 		t.Fatalf("OnError told %v, want the registrations answered %v", told, bare)
 	}
 }
+
+// gatedClock runs every timer on the real clock except those of duration
+// gated, which fire only once open is closed: a test decides when the stop
+// grace ends.
+type gatedClock struct {
+	gated time.Duration
+	open  chan struct{}
+}
+
+func (c *gatedClock) Now() time.Time { return time.Now() }
+
+func (c *gatedClock) Timer(d time.Duration) (<-chan time.Time, func()) {
+	if d != c.gated {
+		return realClock{}.Timer(d)
+	}
+	ch := make(chan time.Time, 1)
+	go func() { <-c.open; ch <- time.Now() }()
+	return ch, func() {}
+}
+
+// A handler that ignores a cancellation other than the stop's, a lost lease
+// (told to OnError as a *LeaseLostError) or the server's cancel request (the
+// job is cancelled: it runs no more), whether it came before Stop's deadline
+// or during the stop grace, is waited for the stop grace at most, like one
+// the stop cancelled, and counted apart in Stop's error as still running;
+// OnError is not told its job was left unreported to run again (a newer
+// attempt holds it, or the job is cancelled). sdk QA: Go waited for such a
+// handler with no bound in its own goroutine (Stop then waited out a second
+// grace for its report and closed the reporter with nothing left of it),
+// counted it as left unreported by the stop, and told a lease lost during
+// the grace "the job runs again".
+func TestWorkerStopLeavesAHandlerIgnoringALostLeaseOrACancelRunning(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct{ name, cancelledBy string }{
+		{"lease lost before the stop", "lease_lost"}, {"cancel requested before the stop", "cancelRequested"},
+		{"lease lost during the grace", "lease_lost"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			duringGrace := strings.HasSuffix(c.name, "during the grace")
+			f := newFakeJobs()
+			f.leaseFor = 3 * time.Second // a heartbeat a second
+			id := f.add("stuck", "1", welcomeIn{}, 0)
+			refuse := make(chan struct{})
+			f.heartbeat = func(string) (int, string) {
+				select {
+				case <-refuse:
+					return 409, CodeLeaseLost
+				default:
+					return 0, ""
+				}
+			}
+			if c.cancelledBy == "cancelRequested" {
+				f.cancel[id] = true
+			} else if !duringGrace {
+				close(refuse)
+			}
+			started, causes, release := make(chan struct{}), make(chan error, 1), make(chan struct{})
+			defer close(release)
+			cw, _ := testClient(t, f)
+			w := NewWorker(cw)
+			clk := &gatedClock{gated: time.Hour, open: make(chan struct{})}
+			w.clock = clk
+			must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "stuck", Version: "1",
+				Handler: func(ctx context.Context, _ welcomeIn, _ JobContext) (welcomeOut, error) {
+					close(started)
+					<-ctx.Done()
+					causes <- context.Cause(ctx)
+					<-release // ignores its cancellation
+					return welcomeOut{Sent: true}, nil
+				}}))
+			sink := &errSink{}
+			must(t, w.Start(context.Background(), StartOptions{PollInterval: 20 * time.Millisecond, OnError: sink.add,
+				StopGrace: time.Hour}))
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel() // the deadline has passed
+			stopped := make(chan error, 1)
+			awaitWithin(t, started, "the handler's start")
+			if duringGrace {
+				go func() { stopped <- w.Stop(ctx) }()
+				if cause := awaitWithin(t, causes, "the handler's cancellation"); !errors.Is(cause, ErrWorkerStopped) {
+					t.Fatalf("cause %v", cause)
+				}
+				close(refuse)
+			} else {
+				want := ErrLeaseLost
+				if c.cancelledBy == "cancelRequested" {
+					want = ErrCancelRequested
+				}
+				if cause := awaitWithin(t, causes, "the handler's cancellation"); !errors.Is(cause, want) {
+					t.Fatalf("cause %v", cause)
+				}
+			}
+			if c.cancelledBy == "lease_lost" {
+				guard := time.After(hangGuard)
+				for lost := false; !lost; {
+					for _, err := range sink.list() {
+						var l *LeaseLostError
+						lost = lost || errors.As(err, &l) && l.JobID == id
+					}
+					select {
+					case <-guard:
+						t.Fatalf("hang guard: OnError was told %v", sink.list())
+					case <-time.After(10 * time.Millisecond):
+					}
+				}
+			}
+			if !duringGrace {
+				go func() { stopped <- w.Stop(ctx) }()
+			}
+			close(clk.open) // the stop grace ends
+			err := awaitWithin(t, stopped, "Stop")
+			if err == nil || !strings.Contains(err.Error(), "1 handler(s) still running after their lease was lost or their job was cancelled") ||
+				strings.Contains(err.Error(), "left unreported") || errors.Is(err, ErrReportsNotRecorded) {
+				t.Fatalf("Stop = %v", err)
+			}
+			for _, err := range sink.delivered(w) {
+				var n *ReportNotRecordedError
+				if errors.As(err, &n) {
+					t.Fatalf("OnError was told %v", err)
+				}
+			}
+		})
+	}
+}
