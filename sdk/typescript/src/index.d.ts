@@ -356,7 +356,10 @@ export declare class Worker {
    * is still running; true before start(). A handler still running
    * stopGraceMs after its signal aborted at the stop's deadline is left
    * unreported (its lease lapses and the job runs again), and onError is
-   * told so once, as a ReportNotRecordedError naming the job. */
+   * told so once, as a ReportNotRecordedError naming the job; one whose
+   * lease was lost or whose job the server cancelled (before the stop or
+   * during its grace) is left running after the same grace, nothing told
+   * (a newer attempt holds the job, or it runs no more). */
   stop(options?: { timeoutMs?: number | undefined }): Promise<boolean>;
 }
 

@@ -454,7 +454,10 @@ export class Worker {
    * their signals abort ('stopping') and those that do not return within
    * start()'s stopGraceMs (10 s by default) are left unreported (their
    * leases lapse and another worker runs them), each told to onError once
-   * as a ReportNotRecordedError naming the job; the reports are sent until
+   * as a ReportNotRecordedError naming the job (one whose lease was lost or
+   * whose job the server cancelled, before or during the grace, is left
+   * running after the same grace, nothing told: its job does not run again
+   * for this worker's leaving it); the reports are sent until
    * the deadline and twice the grace at most, as the Go SDK's Stop. Resolves to whether every job this worker claimed ended with its
    * outcome recorded or settled elsewhere (a report refused because a newer
    * attempt holds the job, it ended or no longer exists loses nothing, as Go's
@@ -790,7 +793,12 @@ export class Worker {
       leaseEnd: sent + leaseMs, // by this process's clock, as last extended
       lostCode: null, // why the lease was lost: the server's code, or '' for a local lapse
       stopRequested: false,
+      // The lease was lost or the server cancelled the job, even after the
+      // stop aborted the handler: its job does not run again for this
+      // worker's leaving it.
+      settledElsewhere: false,
       cancel(why) {
+        if (why === 'lease_lost' || why === 'cancelled') record.settledElsewhere = true;
         if (reason === null) {
           reason = why;
           aborter.abort(new CancelledError(why));
@@ -858,12 +866,17 @@ export class Worker {
     if (settled === null) {
       // The handler ignored its signal; whatever it returns later is
       // dropped, and its slot stays taken until it does. A timeout is
-      // recorded now; a stopping worker leaves the job unreported.
+      // recorded now; a stopping worker leaves the job unreported. A
+      // handler whose lease was lost (onError was told) or whose job the
+      // server cancelled (it runs no more), before the stop or during its
+      // grace, is left running with nothing to report or tell: stop()
+      // resolves false (QA: a lease lost during the grace was told "it
+      // runs again").
       markStraggler();
       this.#stragglers++;
       if (reason === 'timeout') {
         await this.#report(label, { status: 'FAILED', error: { message: `handler timed out after ${timeoutMs}ms`, retryable: true } });
-      } else if (reason === 'stopping') {
+      } else if (reason === 'stopping' && !record.settledElsewhere) {
         // Its lease lapses and the job runs again elsewhere: onError is
         // told, naming the job (QA: only stop()'s false said so, and not
         // which job would run again).

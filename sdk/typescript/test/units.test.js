@@ -1226,6 +1226,27 @@ test('one heartbeat is cut off at a third of the lease left', () => {
   }
 });
 
+// A client of a fake server that registers the worker, hands out first at
+// its first claim and nothing after, answers heartbeats with heartbeat()
+// (when given) and records each report; the reports, and whether the job
+// was claimed yet.
+async function oneJob(t, first, heartbeat = null) {
+  const reports = [];
+  let claimed = false;
+  const server = await fakeServer(t, (method, path, body) => {
+    if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
+    if (path.endsWith('/claim')) {
+      const jobs = claimed ? [] : [first];
+      claimed = true;
+      return [200, { jobs }];
+    }
+    if (heartbeat && path.endsWith('/heartbeat')) return heartbeat();
+    reports.push(body);
+    return [200, { jobId: first.jobId, status: body.status, attempt: 1 }];
+  });
+  return { client: new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' }), reports, claimed: () => claimed };
+}
+
 // A handler aborted at the stop's deadline has the stop grace to return and
 // be reported: 10 s by default, as in the Go and Python workers (it was 1 s
 // here, and such a handler was left running unreported beside the attempt
@@ -1240,19 +1261,7 @@ test('a stop gives aborted handlers the stop grace, 10 s by default', async (t) 
   for (const [stopGraceMs, graceMs] of [[undefined, 10_000], [500, 500]]) {
     for (const returns of [true, false]) {
       await t.test(`${graceMs} ms; the handler ${returns ? 'returns within it' : 'outlasts it'}`, async (t) => {
-        const reports = [];
-        let claimed = false;
-        const server = await fakeServer(t, (method, path, body) => {
-          if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
-          if (path.endsWith('/claim')) {
-            const first = !claimed;
-            claimed = true;
-            return [200, { jobs: first ? [{ ...job(1, 60_000), input: { secret: 'input-not-for-logs' } }] : [] }];
-          }
-          reports.push(body);
-          return [200, { jobId: 'job_1', status: body.status, attempt: 1 }];
-        });
-        const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
+        const { client, reports } = await oneJob(t, { ...job(1, 60_000), input: { secret: 'input-not-for-logs' } });
         let running = false;
         let release;
         const released = new Promise((r) => { release = r; });
@@ -2592,4 +2601,61 @@ test("a method's timeoutMs bounds the whole call, its retries' waits included", 
   quickBackoff(t); // the retry's wait, 25 to 50 ms, well inside the bound
   await assert.rejects(d.getStep('s', { timeoutMs: 2_000 }), (err) => err instanceof ConnectionLostError && /timed out/.test(err.message));
   assert.equal(hangs.seen.length, 2);
+});
+
+// A handler that ignores a cancellation other than the stop's, a lost lease
+// (told to onError as a LeaseLostError) or the server's cancel request (the
+// job is cancelled: it runs no more), whether it came before the stop's
+// deadline or during its grace, is waited for the grace at most, as one the
+// stop aborted, and stop() resolves false (a handler was left running); but
+// onError is not told its job was left unreported to run again (a newer
+// attempt holds it, or it runs no more). sdk QA: a lease lost during the
+// grace was told "it runs again", as the Go and Python workers told it. The
+// worker's clock is frozen and the test fires the grace's timer itself.
+test('a stop leaves a handler ignoring a lost lease or a cancel running, and tells onError nothing of it', async (t) => {
+  const graceMs = 4_567;
+  for (const [answer, when] of [['lease_lost', 'before'], ['cancelRequested', 'before'], ['lease_lost', 'during the grace']]) {
+    await t.test(`${answer} ${when} the stop`, async (t) => {
+      let refusing = when === 'before';
+      const { client, reports, claimed } = await oneJob(t, job(1, 0), () => {
+        if (refusing && answer === 'lease_lost') return [409, error('lease_lost')];
+        return [200, { leaseExpiresAt: '2030-01-01T00:00:00Z', cancelRequested: refusing }];
+      });
+      let reason = null;
+      let release;
+      const released = new Promise((r) => { release = r; });
+      client.registerTool({ name: 't', version: '1', handler: async (input, ctx) => {
+        await new Promise((r) => ctx.signal.addEventListener('abort', r, { once: true }));
+        reason = ctx.cancelReason;
+        await released; // ignores its cancellation
+        return {};
+      } });
+      quickBeats(t);
+      const moveClock = frozenClock(t);
+      const timers = watchTimers(t, [graceMs]);
+      const errors = [];
+      const started = client.worker.start({ concurrency: 1, pollIntervalMs: 50, onError: (err) => errors.push(err), stopGraceMs: graceMs });
+      after(t, () => stopWorker(client.worker, started, 0));
+      after(t, () => release());
+      let stopped;
+      if (when === 'before') {
+        await until(() => reason !== null);
+        assert.equal(reason, answer === 'lease_lost' ? 'lease_lost' : 'cancelled');
+        stopped = client.worker.stop({ timeoutMs: 0 });
+      } else {
+        await until(claimed);
+        stopped = client.worker.stop({ timeoutMs: 0 });
+        await until(() => reason !== null);
+        assert.equal(reason, 'stopping');
+        refusing = true;
+      }
+      if (answer === 'lease_lost') await until(() => errors.some((err) => err instanceof LeaseLostError));
+      await until(() => timers.length > 0, 60_000); // the grace begun
+      moveClock(graceMs);
+      timers[0].fire();
+      assert.equal(await hangGuard(stopped, 'the stop never ended'), false, 'a handler was left running');
+      assert.deepEqual(reports, []);
+      assert.deepEqual(errors.filter((err) => err instanceof ReportNotRecordedError), []);
+    });
+  }
 });
