@@ -144,6 +144,10 @@ class _Active:
         self.lease_ms = lease_ms
         self.lease_end = lease_end  # by this process's clock, as last extended
         self.lost_code: Optional[str] = None  # why the lease was lost: the server's code, or "" for a local lapse
+        # The lease was lost or the server cancelled the job, even after the
+        # stop cancelled the handler: its job does not run again for this
+        # worker's leaving it.
+        self.settled_elsewhere = False
         self.beats_done = threading.Event()
         self.reporting = False  # the handler is done; lease_end no longer moves (under the worker's lock)
         self.own_failure = False  # its report fails on its own (under the worker's lock): see Worker._report
@@ -589,7 +593,10 @@ class Worker:
         by default) are left unreported (their leases lapse and another
         worker runs them again), each told to on_error once, before stop()
         returns, as a ReportNotRecorded naming its job_id and attempt
-        (never its input), as the Go and TypeScript workers' are; the
+        (never its input), as the Go and TypeScript workers' are (one whose
+        lease was lost or whose job the server cancelled, before or during
+        the grace, is left running after the same grace, nothing told: its
+        job does not run again for this worker's leaving it); the
         reports are sent until the deadline and twice the grace at most, as
         the Go SDK's Stop. Returns
         whether every job this worker claimed ended with its outcome
@@ -1013,7 +1020,11 @@ class Worker:
             self._stopping.set()
             for active in self._active.values():
                 active.give_up()
-                self._tell_given_up(active, _given_up(active))
+                if not active.settled_elsewhere:
+                    # Not a job whose lease was lost (on_error was told)
+                    # or that the server cancelled: neither runs again for
+                    # this worker's giving it up (QA: told it did).
+                    self._tell_given_up(active, _given_up(active))
             self._lock.notify_all()
 
     def _tell_given_up(self, active: _Active, notice: ReportNotRecorded) -> None:
@@ -1094,11 +1105,16 @@ class Worker:
             if active.straggler:
                 # A timeout is recorded now (the job retries per its
                 # policy); a stopping worker leaves the job unreported,
-                # its lease lapses.
+                # its lease lapses. A handler whose lease was lost
+                # (on_error was told) or whose job the server cancelled (it
+                # runs no more), before the stop or during its grace, is
+                # left running with nothing to report or tell: stop()
+                # answers False (QA: a lease lost during the grace was told
+                # "the job runs again").
                 if context.cancel_reason == "timeout":
                     self._report(context, {"status": "FAILED", "error": {
                         "message": f"handler timed out after {context.timeout_ms}ms", "retryable": True}})
-                elif context.cancel_reason == "stopping":
+                elif context.cancel_reason == "stopping" and not active.settled_elsewhere:
                     with self._lock:
                         self._left_unreported += 1
                         if not self._abandoned:  # else a second interrupt gave it up, and told it
@@ -1187,7 +1203,7 @@ class Worker:
         while not self._beat_pause(active, _beat_wait(_beat_every(active.lease_end, context), failed, failures)):
             failed = None
             if time.monotonic() >= active.lease_end:
-                active.lost_code = ""
+                active.lost_code, active.settled_elsewhere = "", True
                 context._cancel("lease_lost")
                 active.wake.set()
                 self._notify(LeaseLost(job_id=context.job_id, attempt=context.attempt,
@@ -1209,7 +1225,7 @@ class Worker:
                 if err.status in (403, 404, 409):
                     # The lease is lost (a newer claim) or the job ended:
                     # nothing this attempt does will count.
-                    active.lost_code = err.code
+                    active.lost_code, active.settled_elsewhere = err.code, True
                     context._cancel("lease_lost")
                     active.wake.set()
                     self._notify(LeaseLost(job_id=context.job_id, attempt=context.attempt,
@@ -1232,6 +1248,7 @@ class Worker:
             failures = 0
             if beat.get("cancelRequested"):
                 # The lease is not extended for a cancelled job.
+                active.settled_elsewhere = True
                 context._cancel("cancelled")
                 active.wake.set()
                 return

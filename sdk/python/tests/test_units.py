@@ -3458,6 +3458,57 @@ def stubborn_handlers(test: unittest.TestCase, jobs: int = 1, release: Optional[
     return client, server, running
 
 
+def quick_beats(test: unittest.TestCase) -> None:
+    """Has each heartbeat wait 10 ms instead of what it asks for until test
+    ends."""
+    real_pause = getratchet.worker.Worker._beat_pause
+    quick = mock.patch.object(getratchet.worker.Worker, "_beat_pause", autospec=True,
+                              side_effect=lambda worker, active, seconds: real_pause(worker, active, 0.01))
+    quick.start()
+    test.addCleanup(quick.stop)
+
+
+def ignoring_a_settled_job(test: unittest.TestCase, answer: str, refusing: threading.Event):
+    """A client of a fake server that hands out job_1 (ten minutes'
+    timeout) in its first claim and nothing after, and answers its
+    heartbeats, once refusing is set, 409 lease_lost (answer "lease_lost")
+    or cancelRequested; whose tool's handler ignores its cancellation until
+    the test ends. Answers the client, an event set once the handler runs,
+    one set once it was cancelled, the cancel_reason it saw, and the
+    reports the server was sent."""
+    running, cancelled, release = threading.Event(), threading.Event(), threading.Event()
+    test.addCleanup(release.set)
+    reasons: List[Optional[str]] = []
+    reports: List[dict] = []
+    claims = {"n": 0}
+
+    def respond(method, path, body):
+        if path.endswith("/register"):
+            return 200, {"workerId": "wkr_1"}, {}
+        if path.endswith("/claim"):
+            claims["n"] += 1
+            return 200, {"jobs": [WorkerRulesTest.job(1, 600_000)] if claims["n"] == 1 else []}, {}
+        if path.endswith("/heartbeat"):
+            if refusing.is_set() and answer == "lease_lost":
+                return 409, error("lease_lost"), {}
+            return 200, {"leaseExpiresAt": "2030-01-01T00:00:00Z", "cancelRequested": refusing.is_set()}, {}
+        reports.append(body)
+        return 200, {"jobId": "job_1", "status": body["status"], "attempt": 1}, {}
+
+    def handler(input, context):
+        running.set()
+        context.cancelled.wait(60)  # hang guard
+        reasons.append(context.cancel_reason)
+        cancelled.set()
+        release.wait(60)  # ignores its cancellation (hang guard: the test ends it sooner)
+
+    server = FakeServer(respond)
+    test.addCleanup(server.close)
+    client = getratchet.Ratchet(server.url, "rk_test")
+    test.addCleanup(client.close)
+    client.register_tool("t", "1", handler)
+    return client, running, cancelled, reasons, reports
+
 class LeftUnreportedTest(unittest.TestCase):
     """A stop (stop(), a refused key) whose grace ends with a handler still
     running leaves its job unreported (its lease lapses and the job runs
@@ -3525,6 +3576,72 @@ class LeftUnreportedTest(unittest.TestCase):
         self.assert_told_once(errors, ["job_1"])
         self.assertFalse(client.worker.stop(0))
 
+    def test_a_handler_ignoring_a_lost_lease_or_a_cancel_is_left_running_and_not_told_as_left_unreported(self) -> None:
+        # A handler that ignores a cancellation other than the stop's, a
+        # lost lease (told to on_error as LeaseLost) or the server's cancel
+        # request (the job is cancelled: it runs no more), whether it came
+        # before the stop's deadline or during its grace, is waited for the
+        # grace at most, as one the stop cancelled, and stop() answers False
+        # (a handler was left running); but on_error is not told its job was
+        # left unreported to run again (sdk QA: a lease lost during the grace
+        # was told "the job runs again once its lease lapses", as in the Go
+        # and TypeScript workers).
+        quick_beats(self)
+        # The worker's clock, moved on by the test to end the grace: a grace
+        # of a minute (a hang guard) never ends on its own.
+        clock = _MovedClock()
+        moved = mock.patch("getratchet.worker.time", clock)
+        moved.start()
+        self.addCleanup(moved.stop)
+        for answer, before in (("lease_lost", True), ("cancelRequested", True), ("lease_lost", False)):
+            with self.subTest(answer=answer, before=before):
+                self.left_running_untold(clock, answer, before)
+
+    def left_running_untold(self, clock: "_MovedClock", answer: str, before: bool) -> None:
+        refusing = threading.Event()
+        if before:
+            refusing.set()
+        client, running, cancelled, reasons, reports = ignoring_a_settled_job(self, answer, refusing)
+        errors: List[BaseException] = []
+        client.worker.start(1, poll_interval=0.05, on_error=errors.append, block=False, stop_grace=60)
+        self.assertTrue(running.wait(10))  # hang guard
+        answers: List[bool] = []
+        stopper = threading.Thread(target=lambda: answers.append(client.worker.stop(0)), daemon=True)
+        if before:
+            self.assertTrue(cancelled.wait(10))  # hang guard
+            self.assertEqual(reasons, ["lease_lost" if answer == "lease_lost" else "cancelled"])
+            stopper.start()
+        else:
+            stopper.start()
+            self.assertTrue(cancelled.wait(10))  # hang guard
+            self.assertEqual(reasons, ["stopping"])
+            refusing.set()
+        if answer == "lease_lost":
+            wait_until(lambda: any(isinstance(e, getratchet.LeaseLost) for e in errors))
+        # The grace ends: the clock moves on past it, and the supervisor
+        # wakes to see it (again, until stop() returns: once it has begun).
+        guard = time.monotonic() + 60  # hang guard
+        while stopper.is_alive() and time.monotonic() < guard:
+            clock.offset += 61
+            for active in list(client.worker._active.values()):
+                active.wake.set()
+            stopper.join(0.02)
+        self.assertEqual(answers, [False], "a handler was left running")
+        self.assertEqual(reports, [])
+        self.assertEqual([e for e in errors if isinstance(e, getratchet.ReportNotRecorded)], [])
+
+
+class _MovedClock:
+    """The time module, its monotonic clock moved on by offset seconds."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def monotonic(self) -> float:
+        return time.monotonic() + self.offset
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
 
 class FullReportQueueTest(unittest.TestCase):
     """A worker stopped (stop(), its stop_event, a KeyboardInterrupt) while
@@ -3801,13 +3918,41 @@ class FullReportQueueTest(unittest.TestCase):
         # ignores its cancellation. Without the handling, the
         # KeyboardInterrupt left stop() at once and the drain ran on, the
         # worker not done, for the stop's 30 s and a minute's grace.
-        if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-            self.addCleanup(signal.signal, signal.SIGINT, signal.getsignal(signal.SIGINT))
-            signal.signal(signal.SIGINT, signal.default_int_handler)
         client, server, running = stubborn_handlers(self)
         worker = client.worker
         worker.start(on_error=self.errors.append, poll_interval=0.05, stop_grace=60, block=False)
         wait_until(running.is_set)
+        self.interrupt_stop(worker)
+        self.assert_given_up_at_once(worker, ["job_1"])
+        self.assertIn("handler still running", str(self.errors[0]))
+
+    def test_an_interrupt_while_stop_waits_does_not_tell_a_lost_lease_as_run_again(self) -> None:
+        # A handler ignoring its lost lease (told to on_error as LeaseLost:
+        # a newer attempt holds the job) is given up by a Ctrl-C during
+        # stop() as any other, but on_error is not told its job was left to
+        # run again (sdk QA: it was, "the job runs again once its lease
+        # lapses").
+        quick_beats(self)
+        refusing = threading.Event()
+        refusing.set()
+        client, running, cancelled, reasons, reports = ignoring_a_settled_job(self, "lease_lost", refusing)
+        worker = client.worker
+        worker.start(on_error=self.errors.append, poll_interval=0.05, stop_grace=60, block=False)
+        self.assertTrue(cancelled.wait(10))  # hang guard
+        wait_until(lambda: self.errors)
+        self.assertEqual(reasons, ["lease_lost"])
+        self.interrupt_stop(worker)
+        self.assertTrue(worker._done.is_set(), "the worker never ended")
+        self.assertEqual([type(e) for e in self.errors], [getratchet.LeaseLost], self.errors)
+        self.assertEqual(reports, [])
+
+    def interrupt_stop(self, worker) -> None:
+        """Calls worker.stop(30) on this (the main) thread and interrupts
+        it with a real SIGINT once it waits, checking it raises the
+        KeyboardInterrupt."""
+        if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+            self.addCleanup(signal.signal, signal.SIGINT, signal.getsignal(signal.SIGINT))
+            signal.signal(signal.SIGINT, signal.default_int_handler)
 
         def stopping() -> bool:
             frame = sys._current_frames().get(threading.main_thread().ident)
@@ -3822,8 +3967,6 @@ class FullReportQueueTest(unittest.TestCase):
         threading.Thread(target=interrupt, daemon=True).start()
         with self.assertRaises(KeyboardInterrupt):
             worker.stop(30)
-        self.assert_given_up_at_once(worker, ["job_1"])
-        self.assertIn("handler still running", str(self.errors[0]))
 
     def start_to_interrupt(self, worker, handling: bool = False
                            ) -> Tuple[threading.Event, List[BaseException], threading.Event]:
