@@ -805,42 +805,66 @@ func TestWorkerTellsOnErrorOfEachJobLeftUnreported(t *testing.T) {
 	}
 }
 
-// A handler cancelled at Stop's deadline that returns 2 s later (a call it
-// was in ended first) is reported as it returned: the grace is
-// DefaultStopGrace, 10 s, unless StartOptions.StopGrace says otherwise, as
-// the Python and TypeScript workers' start options (sdk QA: theirs was a
-// fixed second, Go's a fixed 10 s).
+// A handler cancelled at Stop's deadline has the stop grace to return and
+// be reported: DefaultStopGrace, 10 s, unless StartOptions.StopGrace says
+// otherwise, as the Python and TypeScript workers' start options (sdk QA:
+// theirs was a fixed second, Go's a fixed 10 s); one that outlasts it is
+// left unreported. Nothing waits the grace out: the worker's clock fires
+// timers of exactly the grace's length only when the test says, so a grace
+// of any other length never begins (the test fails at its hang guard), and
+// the handler is given up only once the grace fires.
 func TestWorkerStopGraceIsTenSecondsUnlessSet(t *testing.T) {
 	t.Parallel()
+	if DefaultStopGrace != 10*time.Second {
+		t.Fatalf("DefaultStopGrace = %v", DefaultStopGrace)
+	}
 	for _, c := range []struct {
-		grace    time.Duration
-		reported bool
-	}{{0, true}, {500 * time.Millisecond, false}} {
-		f := newFakeJobs()
-		id := f.add("slow", "1", welcomeIn{}, 60000)
-		started := make(chan struct{})
-		w, _ := startWorker(t, f, func(w *Worker) {
-			must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "slow", Version: "1",
-				Handler: func(ctx context.Context, _ welcomeIn, _ JobContext) (welcomeOut, error) {
-					close(started)
-					<-ctx.Done()
-					time.Sleep(2 * time.Second)
-					return welcomeOut{Sent: true}, nil
-				}}))
-		}, StartOptions{StopGrace: c.grace})
-		<-started
-		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-		err := stopWithin(t, w, ctx)
-		cancel()
-		f.mu.Lock()
-		_, reported := f.reports[id]
-		f.mu.Unlock()
-		want := "ignored cancellation and were left unreported"
-		if c.reported {
-			want = "1 handler(s) cancelled and reported as they returned"
-		}
-		if reported != c.reported || err == nil || !strings.Contains(err.Error(), want) {
-			t.Fatalf("grace %v: reported %v, Stop = %v", c.grace, reported, err)
+		set, grace time.Duration
+	}{{0, 10 * time.Second}, {500 * time.Millisecond, 500 * time.Millisecond}} {
+		for _, returns := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%v returns %v", c.grace, returns), func(t *testing.T) {
+				t.Parallel()
+				f := newFakeJobs()
+				id := f.add("slow", "1", welcomeIn{}, 60000)
+				started, release := make(chan struct{}), make(chan struct{})
+				defer close(release)
+				cw, _ := testClient(t, f)
+				w := NewWorker(cw)
+				clk := &gatedClock{gated: c.grace, open: make(chan struct{}), asked: make(chan struct{}, 8)}
+				w.clock = clk
+				must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "slow", Version: "1",
+					Handler: func(ctx context.Context, _ welcomeIn, _ JobContext) (welcomeOut, error) {
+						close(started)
+						<-ctx.Done()
+						<-release // a call it was in ends first
+						return welcomeOut{Sent: true}, nil
+					}}))
+				must(t, w.Start(context.Background(), StartOptions{PollInterval: 20 * time.Millisecond, OnError: (&errSink{}).add,
+					StopGrace: c.set}))
+				awaitWithin(t, started, "the handler's start")
+				ctx, cancel := context.WithCancel(context.Background())
+				cancel() // the deadline has passed: the handler is cancelled at once
+				stopped := make(chan error, 1)
+				go func() { stopped <- w.Stop(ctx) }()
+				// The grace begins: Stop's wait for the handlers and the
+				// handler's own, each a timer of exactly the grace.
+				awaitWithin(t, clk.asked, "Stop's grace")
+				awaitWithin(t, clk.asked, "the handler's grace")
+				want := "ignored cancellation and were left unreported"
+				if returns {
+					release <- struct{}{}
+					want = "1 handler(s) cancelled and reported as they returned"
+				} else {
+					close(clk.open)
+				}
+				err := awaitWithin(t, stopped, "Stop")
+				f.mu.Lock()
+				_, reported := f.reports[id]
+				f.mu.Unlock()
+				if reported != returns || err == nil || !strings.Contains(err.Error(), want) {
+					t.Fatalf("reported %v, Stop = %v", reported, err)
+				}
+			})
 		}
 	}
 }
@@ -2940,6 +2964,7 @@ func TestWorkerStartWaitsOutAnswersThatAreNotRatchets(t *testing.T) {
 type gatedClock struct {
 	gated time.Duration
 	open  chan struct{}
+	asked chan struct{} // when set, sent to as each gated timer is made
 }
 
 func (c *gatedClock) Now() time.Time { return time.Now() }
@@ -2950,6 +2975,9 @@ func (c *gatedClock) Timer(d time.Duration) (<-chan time.Time, func()) {
 	}
 	ch := make(chan time.Time, 1)
 	go func() { <-c.open; ch <- time.Now() }()
+	if c.asked != nil {
+		c.asked <- struct{}{}
+	}
 	return ch, func() {}
 }
 
