@@ -1987,52 +1987,81 @@ class WorkerRulesTest(unittest.TestCase):
             self.assertEqual(_beat_cutoff(left), want, left)
 
     def test_a_stop_gives_cancelled_handlers_the_stop_grace_ten_seconds_by_default(self) -> None:
-        # A handler told to stop at the deadline that returns 2 s later (a
-        # call it was in ended first) is reported as it returned: the grace
-        # is 10 s by default, as in the Go and TypeScript workers (it was
-        # 1 s here, and such a handler was left running unreported beside
-        # the attempt another worker began once its lease lapsed).
-        # stop_grace sets it. The default is read, not waited out: the
-        # cases below run the grace start() was given, whatever it is.
+        # A handler told to stop at the deadline that returns within the
+        # grace (a call it was in ended first) is reported as it returned:
+        # the grace is 10 s by default, as in the Go and TypeScript workers
+        # (it was 1 s here, and such a handler was left running unreported
+        # beside the attempt another worker began once its lease lapsed);
+        # stop_grace sets it. One that outlasts it is left unreported. The
+        # worker's clock is frozen and moved on by the test, so nothing waits
+        # the grace out: the supervisor waits for exactly the grace, still
+        # waits once the clock is a millisecond short of its end, and gives
+        # the handler up only once the clock reaches it.
         self.assertEqual(getratchet.worker.DEFAULT_STOP_GRACE, 10.0)
-        self.assertEqual(inspect.signature(getratchet.worker.Worker.start).parameters["stop_grace"].default,
-                         getratchet.worker.DEFAULT_STOP_GRACE)
+        clock = _MovedClock(frozen=True)
+        moved = mock.patch("getratchet.worker.time", clock)
+        moved.start()
+        self.addCleanup(moved.stop)
+        waits: List[Optional[float]] = []
 
-        def respond_for(reports):
-            def respond(method, path, body):
-                if path.endswith("/register"):
-                    return 200, {"workerId": "wkr_1"}, {}
-                if path.endswith("/claim"):
-                    first = not reports and "claimed" not in reports
-                    reports.append("claimed")
-                    return 200, {"jobs": [self.job(1, timeout_ms=60_000)] if first else []}, {}
-                reports.append(body)
-                return 200, {"jobId": "job_1", "status": body["status"], "attempt": 1}, {}
-            return respond
+        class Wake(threading.Event):
+            def wait(self, timeout: Optional[float] = None) -> bool:
+                waits.append(timeout)  # the supervisor's waits for its handler
+                return super().wait(timeout)
 
-        running = threading.Event()
+        init = getratchet.worker._Active.__init__
+
+        def active_init(active, *args) -> None:
+            init(active, *args)
+            active.wake = Wake()
+
+        patched = mock.patch.object(getratchet.worker._Active, "__init__", active_init)
+        patched.start()
+        self.addCleanup(patched.stop)
+        for stop_grace, grace in ((None, 10.0), (0.5, 0.5)):
+            for returns in (True, False):
+                with self.subTest(grace=grace, returns=returns):
+                    del waits[:]
+                    self.grace_case(clock, waits, stop_grace, grace, returns)
+        with self.assertRaises(ValueError):
+            getratchet.Ratchet("http://127.0.0.1:1", "rk_test").worker.start(1, stop_grace=-1)
+
+    def grace_case(self, clock: "_MovedClock", waits: List[Optional[float]], stop_grace: Optional[float],
+                   grace: float, returns: bool) -> None:
+        client, reports = one_job(self, self.job(1, timeout_ms=60_000))
+        running, release = threading.Event(), threading.Event()
+        self.addCleanup(release.set)
 
         def handler(input, context):
             running.set()
-            context.cancelled.wait(30)
-            time.sleep(0.4)
+            context.cancelled.wait(60)  # hang guard
+            release.wait(60)  # a call it was in (hang guard: the test ends it sooner)
             return {"finished": context.cancel_reason}
 
-        for grace, recorded in ((1.0, True), (0.1, False)):
-            reports: list = []
-            server = FakeServer(respond_for(reports))
-            self.addCleanup(server.close)
-            client = getratchet.Ratchet(server.url, "rk_test")
-            client.register_tool("t", "1", handler)
-            running.clear()
-            client.worker.start(1, poll_interval=0.05, block=False, stop_grace=grace)
-            self.assertTrue(running.wait(5))  # the handler runs
-            self.assertEqual(client.worker.stop(0.1), recorded, grace)
-            sent = [r for r in reports if isinstance(r, dict)]
-            self.assertEqual(sent, [{"leaseToken": "tok_1", "status": "SUCCEEDED", "output": {"finished": "stopping"}}]
-                             if recorded else [], grace)
-        with self.assertRaises(ValueError):
-            getratchet.Ratchet("http://127.0.0.1:1", "rk_test").worker.start(1, stop_grace=-1)
+        client.register_tool("t", "1", handler)
+        errors: List[BaseException] = []
+        options = {} if stop_grace is None else {"stop_grace": stop_grace}
+        client.worker.start(1, poll_interval=0.05, on_error=errors.append, block=False, **options)
+        self.assertTrue(running.wait(10))  # hang guard
+        answers: List[bool] = []
+        stopper = threading.Thread(target=lambda: answers.append(client.worker.stop(0)), daemon=True)
+        stopper.start()
+        wait_until(lambda: any(w is not None and abs(w - grace) < 1e-9 for w in waits))  # the grace begun, exactly
+        wake = next(iter(client.worker._active.values())).wake
+        if returns:
+            clock.offset += grace - 0.001
+            seen = len(waits)
+            wake.set()
+            wait_until(lambda: any(w is not None and w < 0.002 for w in waits[seen:]))  # its last millisecond
+            release.set()
+        else:
+            clock.offset += grace
+            wake.set()
+        stopper.join(30)  # hang guard
+        self.assertEqual(answers, [returns])
+        self.assertEqual(reports, [{"leaseToken": "tok_1", "status": "SUCCEEDED", "output": {"finished": "stopping"}}]
+                         if returns else [])
+        self.assertEqual([type(e) for e in errors], [] if returns else [getratchet.ReportNotRecorded])
 
     def test_a_stop_cuts_a_delivery_still_in_flight_at_its_give_up_time(self) -> None:
         # QA: a report delivery in flight when the stop gave up was not cut;
@@ -3479,21 +3508,13 @@ def ignoring_a_settled_job(test: unittest.TestCase, answer: str, refusing: threa
     running, cancelled, release = threading.Event(), threading.Event(), threading.Event()
     test.addCleanup(release.set)
     reasons: List[Optional[str]] = []
-    reports: List[dict] = []
-    claims = {"n": 0}
 
-    def respond(method, path, body):
-        if path.endswith("/register"):
-            return 200, {"workerId": "wkr_1"}, {}
-        if path.endswith("/claim"):
-            claims["n"] += 1
-            return 200, {"jobs": [WorkerRulesTest.job(1, 600_000)] if claims["n"] == 1 else []}, {}
-        if path.endswith("/heartbeat"):
-            if refusing.is_set() and answer == "lease_lost":
-                return 409, error("lease_lost"), {}
-            return 200, {"leaseExpiresAt": "2030-01-01T00:00:00Z", "cancelRequested": refusing.is_set()}, {}
-        reports.append(body)
-        return 200, {"jobId": "job_1", "status": body["status"], "attempt": 1}, {}
+    def beat() -> Tuple[int, dict, dict]:
+        if refusing.is_set() and answer == "lease_lost":
+            return 409, error("lease_lost"), {}
+        return 200, {"leaseExpiresAt": "2030-01-01T00:00:00Z", "cancelRequested": refusing.is_set()}, {}
+
+    client, reports = one_job(test, WorkerRulesTest.job(1, 600_000), beat)
 
     def handler(input, context):
         running.set()
@@ -3502,12 +3523,33 @@ def ignoring_a_settled_job(test: unittest.TestCase, answer: str, refusing: threa
         cancelled.set()
         release.wait(60)  # ignores its cancellation (hang guard: the test ends it sooner)
 
+    client.register_tool("t", "1", handler)
+    return client, running, cancelled, reasons, reports
+
+
+def one_job(test: unittest.TestCase, job: dict, beat: Optional[Callable[[], Tuple[int, dict, dict]]] = None):
+    """A client of a fake server that hands out job in its first claim and
+    nothing after, answers each heartbeat beat() (by default: the lease
+    extended), and records the reports it is sent (the list answered)."""
+    reports: List[dict] = []
+    claims = {"n": 0}
+
+    def respond(method, path, body):
+        if path.endswith("/register"):
+            return 200, {"workerId": "wkr_1"}, {}
+        if path.endswith("/claim"):
+            claims["n"] += 1
+            return 200, {"jobs": [job] if claims["n"] == 1 else []}, {}
+        if path.endswith("/heartbeat"):
+            return beat() if beat else (200, {"leaseExpiresAt": "2030-01-01T00:00:00Z", "cancelRequested": False}, {})
+        reports.append(body)
+        return 200, {"jobId": job["jobId"], "status": body["status"], "attempt": 1}, {}
+
     server = FakeServer(respond)
     test.addCleanup(server.close)
     client = getratchet.Ratchet(server.url, "rk_test")
     test.addCleanup(client.close)
-    client.register_tool("t", "1", handler)
-    return client, running, cancelled, reasons, reports
+    return client, reports
 
 class LeftUnreportedTest(unittest.TestCase):
     """A stop (stop(), a refused key) whose grace ends with a handler still
@@ -3632,13 +3674,15 @@ class LeftUnreportedTest(unittest.TestCase):
 
 
 class _MovedClock:
-    """The time module, its monotonic clock moved on by offset seconds."""
+    """The time module, its monotonic clock moved on by offset seconds
+    (frozen: standing still but for that)."""
 
-    def __init__(self) -> None:
+    def __init__(self, frozen: bool = False) -> None:
         self.offset = 0.0
+        self.frozen = time.monotonic() if frozen else None
 
     def monotonic(self) -> float:
-        return time.monotonic() + self.offset
+        return (time.monotonic() if self.frozen is None else self.frozen) + self.offset
 
     def __getattr__(self, name: str):
         return getattr(time, name)
