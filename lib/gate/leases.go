@@ -389,20 +389,23 @@ func (s *Service) Resolve(ctx context.Context, p *auth.Principal, id string, req
 			if err != nil {
 				return err
 			}
-			attempt := resolvedBy(e, p.KeyID, req.Outcome)
+			attempt, resolvedAt := resolvedBy(e, p.KeyID, req.Outcome)
 			switch {
 			case attempt == 0:
 				return refused
-			case st == req.Outcome:
+			case st == req.Outcome && !begunSince(e, attempt, resolvedAt):
 				// A repeat of this key's own resolve (its first answer lost)
 				// answers the effect as it is, as a repeated report does (QA).
 				out = e
 				return nil
 			default:
 				// The key was begun again since (a resolve to failed frees
-				// it): the repeat is refused, but says that it landed, as a
+				// it), whether or not that attempt ended as this resolve
+				// did: the repeat is refused, but says that it landed, as a
 				// superseded report's lease_lost does (race QA: it said
-				// only the state).
+				// only the state; model QA: a new attempt reported failed
+				// since made it answer 200 with an effect it had not
+				// settled).
 				return refused.WithDetail("attempt", attempt).WithDetail("resolved_outcome", req.Outcome)
 			}
 		}
@@ -426,17 +429,34 @@ func (s *Service) Resolve(ctx context.Context, p *auth.Principal, id string, req
 }
 
 // resolvedBy answers the latest of e's attempts that key settled with
-// outcome, 0 for none: by a resolve, or by a reconciliation or a probe it
-// ran, which answer the resolve it is repeating as well (the first
-// settlement and its note stand).
-func resolvedBy(e Effect, key, outcome string) int {
-	latest := 0
+// outcome, 0 for none, and when it settled it: by a resolve, or by a
+// reconciliation or a probe it ran, which answer the resolve it is
+// repeating as well (the first settlement and its note stand).
+func resolvedBy(e Effect, key, outcome string) (latest int, at time.Time) {
 	for _, a := range e.Attempts {
-		if a.ResolvedByKeyID != nil && *a.ResolvedByKeyID == key && a.Outcome != nil && *a.Outcome == outcome {
-			latest = max(latest, a.Attempt)
+		if a.ResolvedByKeyID != nil && *a.ResolvedByKeyID == key && a.Outcome != nil && *a.Outcome == outcome &&
+			a.Attempt > latest && a.ResolvedAt != nil {
+			latest, at = a.Attempt, *a.ResolvedAt
 		}
 	}
-	return latest
+	return latest, at
+}
+
+// begunSince reports whether e's key was begun again after its attempt
+// attempt was settled at resolvedAt: a later attempt not reported by then.
+// The later attempts a resolve finds are all reported (a retry reported
+// failed while an earlier outcome was unknown: a later unknown one would
+// be the one settled); one begun after the resolve is reported after it,
+// or not yet. (Under a clock that did not move between the resolve and
+// that attempt's report, as a test's may, it reads as before: answered as
+// a repeat, as it was before this check.)
+func begunSince(e Effect, attempt int, resolvedAt time.Time) bool {
+	for _, a := range e.Attempts {
+		if a.Attempt > attempt && (a.ReportedAt == nil || a.ReportedAt.After(resolvedAt)) {
+			return true
+		}
+	}
+	return false
 }
 
 // lapse makes lapsed leases durable (those of effectIDs when set, in one

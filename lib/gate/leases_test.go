@@ -120,6 +120,50 @@ func TestResolveFailedAllowsNewAttempt(t *testing.T) {
 	landed("succeeded")
 }
 
+// A resolve repeated after its key was begun again is refused with the
+// attempt it resolved, also when the new attempt ended as the resolve did
+// (README: only a repeat while the key was not begun again answers the
+// effect; model QA: a second attempt reported failed made the repeat of a
+// resolve to failed answer 200 with an effect it had not settled). A retry
+// reported failed before the resolve is no new begin: the repeat still
+// answers the effect.
+func TestResolveRepeatedAfterTheKeyFailedAgainSaysItLanded(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	resolve := func(id string) *apitest.Response {
+		t.Helper()
+		return b.env.Do("POST", "/api/v1/effects/"+id+"/resolve", b.ws.Key, map[string]any{"outcome": "failed"})
+	}
+	k := key("resolve-again")
+	id := str(b.mustBegin("execute", email(k))["effect_id"])
+	b.clock.Add(61 * time.Second)
+	require.Equal(t, http.StatusOK, resolve(id).Status)
+	b.clock.Add(time.Second)
+	d := b.mustBegin("execute", email(k))
+	b.clock.Add(time.Second)
+	require.Equal(t, http.StatusOK, b.report(id, str(d["lease_token"]), "failed", nil).Status)
+	before := b.get(id)
+	require.Equal(t, "failed", before["state"])
+	require.Equal(t, map[string]any{"state": "failed", "attempt": 1.0, "resolved_outcome": "failed"},
+		errCode(t, resolve(id), http.StatusConflict, "invalid_state")["detail"])
+	require.Equal(t, before, b.get(id), "a refused resolve changes nothing")
+
+	b.putPolicy("api.call", map[string]any{"on_indeterminate": "retry"})
+	body := charge(key("resolve-retry"), 0)
+	id = str(b.mustBegin("execute", body)["effect_id"])
+	b.clock.Add(61 * time.Second)
+	retry := b.mustBegin("execute", body)
+	b.clock.Add(time.Second)
+	require.Equal(t, "indeterminate",
+		b.report(id, str(retry["lease_token"]), "failed", nil).JSON()["state"], "attempt 1 is still unknown")
+	b.clock.Add(time.Second)
+	first := b.env.Must(http.StatusOK, "POST", "/api/v1/effects/"+id+"/resolve", b.ws.Key,
+		map[string]any{"outcome": "failed"}).JSON()
+	b.clock.Add(time.Second)
+	require.Equal(t, first, b.env.Must(http.StatusOK, "POST", "/api/v1/effects/"+id+"/resolve", b.ws.Key,
+		map[string]any{"outcome": "failed"}).JSON(), "a repeat: attempt 2 was reported before the resolve")
+}
+
 func TestOnIndeterminateRetry(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
