@@ -411,17 +411,23 @@ func (m *modelRun) beginWith(k *mKey, o mBegin) {
 		return // a refusal: nothing changed
 	}
 	var body struct {
-		Decision     string                 `json:"decision"`
-		EffectID     string                 `json:"effect_id"`
-		State        string                 `json:"state"`
-		Attempt      int                    `json:"attempt"`
-		LeaseToken   string                 `json:"lease_token"`
-		LeaseExpires *time.Time             `json:"lease_expires_at"`
-		Probe        *bool                  `json:"probe"`
-		Prior        *struct{ Attempt int } `json:"prior_attempt"`
-		Result       json.RawMessage        `json:"result"`
-		Retry        *int                   `json:"retry_after_seconds"`
-		ApprovalID   string                 `json:"approval_id"`
+		Decision     string     `json:"decision"`
+		EffectID     string     `json:"effect_id"`
+		State        string     `json:"state"`
+		Attempt      int        `json:"attempt"`
+		LeaseToken   string     `json:"lease_token"`
+		LeaseExpires *time.Time `json:"lease_expires_at"`
+		Probe        *bool      `json:"probe"`
+		Prior        *struct {
+			Attempt        int
+			LeaseExpiredAt time.Time `json:"lease_expired_at"`
+		} `json:"prior_attempt"`
+		Error *struct {
+			Detail map[string]any
+		}
+		Result     json.RawMessage `json:"result"`
+		Retry      *int            `json:"retry_after_seconds"`
+		ApprovalID string          `json:"approval_id"`
 	}
 	if err := json.Unmarshal(r.Body, &body); err != nil {
 		m.fail("begin %s: %v: %s", k.name, err, r.Body)
@@ -446,6 +452,17 @@ func (m *modelRun) beginWith(k *mKey, o mBegin) {
 		m.fail("begin %s: %s state=%s attempt=%d prior=%d probe=%v, model %s state=%s attempt=%d prior=%d probe=%v: %s",
 			k.name, body.Decision, body.State, body.Attempt, prior, probe,
 			want.decision, want.state, want.attempt, want.prior, want.probe, r.Body)
+		return
+	}
+	// prior_attempt names the unknown attempt and when its lease ended;
+	// max_attempts_exceeded, the attempts used.
+	if body.Prior != nil && prior >= 1 && prior <= len(k.atts) && !body.Prior.LeaseExpiredAt.Equal(k.atts[prior-1].exp) {
+		m.fail("begin %s: prior_attempt's lease_expired_at %v, model %v", k.name, body.Prior.LeaseExpiredAt,
+			k.atts[prior-1].exp)
+		return
+	}
+	if want.code == "max_attempts_exceeded" && (body.Error == nil || body.Error.Detail["attempts"] != float64(k.attempt)) {
+		m.fail("begin %s: max_attempts_exceeded without detail.attempts %d: %s", k.name, k.attempt, r.Body)
 		return
 	}
 	// A result comes with a duplicate only, and it is the recorded one.
@@ -638,6 +655,9 @@ func (m *modelRun) reportOp(k *mKey) {
 			status, code, r.Body)
 		return
 	}
+	if code == "lease_lost" {
+		m.checkLeaseLost(k, i, r, "report")
+	}
 	if status != http.StatusOK || k.atts[i].reported {
 		if status == http.StatusOK {
 			m.checkEffect(k, r.JSON(), "report's answer")
@@ -646,6 +666,26 @@ func (m *modelRun) reportOp(k *mKey) {
 	}
 	m.applyReport(k, i, outcome, canonicalOf(result))
 	m.checkEffect(k, r.JSON(), "report's answer")
+}
+
+// checkLeaseLost checks lease_lost's detail (README "Honest outcomes"): a
+// superseded token's attempt and, when that attempt was reported, its
+// outcome; nothing for a token of no attempt.
+func (m *modelRun) checkLeaseLost(k *mKey, i int, r *apitest.Response, what string) {
+	want := map[string]any{}
+	if i >= 0 {
+		want["attempt"] = float64(i + 1)
+		if a := k.atts[i]; a.reported {
+			want["reported_outcome"] = a.outcome
+		}
+	}
+	got, _ := r.JSON()["error"].(map[string]any)["detail"].(map[string]any)
+	if got == nil {
+		got = map[string]any{}
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		m.fail("%s %s: lease_lost detail %v, model %v", what, k.name, got, want)
+	}
 }
 
 // predictReport is API.md §2.2 and §5's answer to a report with the token of
@@ -745,6 +785,9 @@ func (m *modelRun) heartbeatOp(k *mKey) {
 		m.fail("heartbeat %s attempt %d: %d %q, model %d %q: %s", k.name, i+1, r.Status, r.ErrorCode(), status, code, r.Body)
 		return
 	}
+	if code == "lease_lost" {
+		m.checkLeaseLost(k, i, r, "heartbeat")
+	}
 	if status != http.StatusOK {
 		return
 	}
@@ -769,11 +812,11 @@ func (m *modelRun) resolve(k *mKey, outcome string) {
 	now := m.now()
 	es := k.effState(now)
 	status, code := http.StatusOK, ""
+	resolved := 0 // the latest attempt the operator resolved so, when refused
 	if es != "indeterminate" {
 		// Only a repeat of the operator's own resolve answers 200, and only
 		// while the key was not begun again after it (README: then it is
 		// 409 invalid_state naming the attempt it resolved).
-		resolved := 0
 		for i, a := range k.atts {
 			if a.resolved && a.outcome == outcome {
 				resolved = i + 1
@@ -801,10 +844,20 @@ func (m *modelRun) resolve(k *mKey, outcome string) {
 		m.fail("resolve %s %s: %d %q, model %d %q: %s", k.name, outcome, r.Status, r.ErrorCode(), status, code, r.Body)
 		return
 	}
-	if status != http.StatusOK || es != "indeterminate" {
-		if status == http.StatusOK {
-			m.checkEffect(k, r.JSON(), "resolve's answer")
+	if status != http.StatusOK {
+		// The refusal names the state and, when this key had resolved the
+		// effect so, the attempt it resolved (README).
+		want := map[string]any{"state": es}
+		if resolved > 0 {
+			want["attempt"], want["resolved_outcome"] = float64(resolved), outcome
 		}
+		if got := r.JSON()["error"].(map[string]any)["detail"]; fmt.Sprint(got) != fmt.Sprint(want) {
+			m.fail("resolve %s %s: detail %v, model %v", k.name, outcome, got, want)
+		}
+		return
+	}
+	if es != "indeterminate" {
+		m.checkEffect(k, r.JSON(), "resolve's answer")
 		return
 	}
 	for _, a := range k.atts {
