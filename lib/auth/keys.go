@@ -31,14 +31,18 @@ const secretPrefix = "rk_"
 
 // Key is an API key as the API shows it (never with its hash).
 type Key struct {
-	ID                      string     `json:"id"`
-	Name                    string     `json:"name"`
-	Scopes                  []string   `json:"scopes" openapi:"itemEnum=effects:begin|effects:report|effects:read|effects:resolve|policies:read|policies:write|approvals:write|keys:write|runs:write|runs:read|jobs:work|steps:replay|endpoints:write|contracts:write|webhooks:write|reconcile:write|billing:write,notNull"` // never empty
-	Tools                   []string   `json:"tools" jsonschema:"the exact name@version pairs this key is restricted to: with jobs:work it registers only these, and it mints and revokes keys with jobs:work only within them (other keys as its scopes allow); null when it is not restricted to tools (any tool, as a root key)"`
-	DailySpendCeilingMicros *int64     `json:"daily_spend_ceiling_micros"`
-	RateLimitPerMinute      *int       `json:"rate_limit_per_minute"`
-	CreatedAt               time.Time  `json:"created_at"`
-	RevokedAt               *time.Time `json:"revoked_at"`
+	ID                      string   `json:"id"`
+	Name                    string   `json:"name"`
+	Scopes                  []string `json:"scopes" openapi:"itemEnum=effects:begin|effects:report|effects:read|effects:resolve|policies:read|policies:write|approvals:write|keys:write|runs:write|runs:read|jobs:work|steps:replay|endpoints:write|contracts:write|webhooks:write|reconcile:write|billing:write,notNull"` // never empty
+	Tools                   []string `json:"tools" jsonschema:"the exact name@version pairs this key is restricted to: with jobs:work it registers only these, and it mints and revokes keys with jobs:work only within them (other keys as its scopes allow); null when it is not restricted to tools (any tool, as a root key)"`
+	DailySpendCeilingMicros *int64   `json:"daily_spend_ceiling_micros"`
+	RateLimitPerMinute      *int     `json:"rate_limit_per_minute"`
+	// CreatedByKeyID is read-only: set when the key is minted, never
+	// changed. Revoking a key leaves the keys it minted live; this is how
+	// they are found (GET /api/v1/keys?created_by=, security review).
+	CreatedByKeyID *string    `json:"created_by_key_id" jsonschema:"the key that minted this one (POST /api/v1/keys); null for a workspace's signup key. Revoking a key does not revoke the keys it minted: list them with GET /api/v1/keys?created_by= and revoke each"`
+	CreatedAt      time.Time  `json:"created_at"`
+	RevokedAt      *time.Time `json:"revoked_at"`
 }
 
 // NewKey is what creating a key returns: the key with its secret, shown once.
@@ -470,12 +474,14 @@ func refuseCappedCreator(creator *Principal) error {
 const rootKey = `(revoked_at IS NULL AND daily_spend_ceiling_micros IS NULL AND rate_limit_per_minute IS NULL
     AND tools IS NULL AND scopes @> $3::text[])`
 
-const keyColumns = `id, name, scopes, tools, daily_spend_ceiling_micros, rate_limit_per_minute, created_at, revoked_at`
+const keyColumns = `id, name, scopes, tools, daily_spend_ceiling_micros, rate_limit_per_minute, created_by_key_id,
+    created_at, revoked_at`
 
 func scanKey(row pgx.Row) (Key, error) {
 	var k Key
 	var rate *int32
-	err := row.Scan(&k.ID, &k.Name, &k.Scopes, &k.Tools, &k.DailySpendCeilingMicros, &rate, &k.CreatedAt, &k.RevokedAt)
+	err := row.Scan(&k.ID, &k.Name, &k.Scopes, &k.Tools, &k.DailySpendCeilingMicros, &rate, &k.CreatedByKeyID, &k.CreatedAt,
+		&k.RevokedAt)
 	// Scopes read in one order whichever way the key was made: a minted
 	// key's are sorted, and signup's root key, stored in AllScopes' order
 	// before, now is too (QA: a client comparing lists saw a difference).
@@ -529,10 +535,27 @@ func (s *Service) CreateKey(ctx context.Context, creator *Principal, req CreateK
 	return out, err
 }
 
-// ListKeys pages through the workspace's keys by id.
-func (s *Service) ListKeys(ctx context.Context, workspaceID, cursor string, limit int) ([]Key, error) {
-	rows, err := s.pool.Query(ctx, `SELECT `+keyColumns+` FROM api_keys
-		WHERE workspace_id = $1 AND id > $2 ORDER BY id LIMIT $3`, workspaceID, cursor, limit)
+// sqlListKeys pages workspace $1's keys after id $2 ("" for the first
+// page), $3 at most.
+var sqlListKeys = `SELECT ` + keyColumns + ` FROM api_keys
+WHERE workspace_id = $1::text AND id > $2::text ORDER BY id LIMIT $3::int`
+
+// sqlListKeysMintedBy is sqlListKeys of the keys key $4 minted. It is a
+// statement of its own, not a condition of sqlListKeys that an empty $4
+// turns off: a plan made for any value (a prepared statement's generic
+// plan) keeps such a condition as a filter (gate.listEffectsIn).
+var sqlListKeysMintedBy = `SELECT ` + keyColumns + ` FROM api_keys
+WHERE workspace_id = $1::text AND id > $2::text AND created_by_key_id = $4::text ORDER BY id LIMIT $3::int`
+
+// ListKeys pages through the workspace's keys by id: every one, or, when
+// createdBy is not "", those the key createdBy minted (none when it is
+// another workspace's, or no key).
+func (s *Service) ListKeys(ctx context.Context, workspaceID, createdBy, cursor string, limit int) ([]Key, error) {
+	sql, args := sqlListKeys, []any{workspaceID, cursor, limit}
+	if createdBy != "" {
+		sql, args = sqlListKeysMintedBy, append(args, createdBy)
+	}
+	rows, err := s.pool.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, fmt.Errorf("list keys: %w", err)
 	}

@@ -135,6 +135,8 @@ POST /api/v1/workspaces {"name": "acme"} returns {"workspace_id", "name", "key":
 The secret is shown once. Send it as Authorization: Bearer <secret>.
 Give an agent a narrower key: POST /api/v1/keys {"name": "agent", "preset": "AGENT"}.
 GET /api/v1/keys/current tells any key what it is: its scopes, tools, spend ceiling and rate limit.
+Each key names the key that minted it (created_by_key_id). Revoking a key leaves the keys it minted
+live: GET /api/v1/keys?created_by=<key id> lists them, to revoke each.
 
 ## Ask before you act
 

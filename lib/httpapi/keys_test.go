@@ -840,3 +840,116 @@ func TestPoliciesReadReadsCircuitsAndChangesNone(t *testing.T) {
 		require.Equal(t, []string{"policies:write"}, requiredOf(res), path)
 	}
 }
+
+// Every answer that shows a key names the key that minted it
+// (created_by_key_id; null for signup's), and ?created_by= lists the keys
+// one key minted, in its workspace only, paged as the whole list is: a key
+// found compromised is revoked, and the keys it minted, which its revoke
+// leaves live (security review), are found and revoked each.
+func TestAKeyNamesItsMinterAndTheKeysItMintedAreListed(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	signup := env.Must(http.StatusCreated, "POST", "/api/v1/workspaces", "", map[string]any{"name": "lineage"}).JSON()
+	signupKey := signup["key"].(map[string]any)
+	require.Contains(t, signupKey, "created_by_key_id")
+	require.Nil(t, signupKey["created_by_key_id"], "signup's key was minted by no key")
+	ws := apitest.Workspace{ID: signup["workspace_id"].(string), Key: signupKey["secret"].(string)}
+	operatorID := signupKey["id"].(string)
+	current := env.Must(http.StatusOK, "GET", "/api/v1/keys/current", ws.Key, nil).JSON()
+	require.Contains(t, current, "created_by_key_id")
+	require.Nil(t, current["created_by_key_id"])
+
+	mint := func(by, name string) map[string]any {
+		t.Helper()
+		return env.Must(http.StatusCreated, "POST", "/api/v1/keys", by,
+			map[string]any{"name": name, "scopes": []string{"effects:begin"}}).JSON()
+	}
+	minterKey := env.Must(http.StatusCreated, "POST", "/api/v1/keys", ws.Key,
+		map[string]any{"name": "minter", "scopes": []string{"keys:write", "effects:begin"}}).JSON()
+	require.Equal(t, operatorID, minterKey["created_by_key_id"], "POST /keys")
+	minterID, minter := minterKey["id"].(string), minterKey["secret"].(string)
+	var (
+		children []string
+		c1       string // c1's secret
+	)
+	for _, name := range []string{"c1", "c2", "c3"} {
+		c := mint(minter, name)
+		require.Equal(t, minterID, c["created_by_key_id"], "POST /keys")
+		children = append(children, c["id"].(string))
+		if name == "c1" {
+			c1 = c["secret"].(string)
+			own := env.Must(http.StatusOK, "GET", "/api/v1/keys/current", c1, nil).JSON()
+			require.Equal(t, minterID, own["created_by_key_id"], "GET /keys/current")
+		}
+	}
+	mint(ws.Key, "sibling") // the operator's, not the minter's
+
+	listed := func(key, query string) ([]string, any) {
+		t.Helper()
+		page := env.Must(http.StatusOK, "GET", "/api/v1/keys?"+query, key, nil).JSON()
+		var out []string
+		for _, k := range page["data"].([]any) {
+			k := k.(map[string]any)
+			out = append(out, k["id"].(string))
+			if strings.Contains(query, "created_by="+minterID) {
+				require.Equal(t, minterID, k["created_by_key_id"], query)
+			}
+		}
+		return out, page["next_cursor"]
+	}
+	got, next := listed(ws.Key, "created_by="+minterID)
+	require.Equal(t, children, got, "the minter's own, oldest first")
+	require.Nil(t, next)
+	got, next = listed(ws.Key, "created_by="+minterID+"&limit=2")
+	require.Equal(t, children[:2], got)
+	require.Equal(t, children[1], next)
+	got, next = listed(ws.Key, "created_by="+minterID+"&limit=2&cursor="+children[1])
+	require.Equal(t, children[2:], got)
+	require.Nil(t, next)
+	got, _ = listed(ws.Key, "created_by="+operatorID)
+	require.Len(t, got, 2, "minter and sibling: %v", got)
+	require.Equal(t, minterID, got[0])
+	got, _ = listed(ws.Key, "created_by="+children[0])
+	require.Empty(t, got, "a key that minted none")
+
+	// The whole list shows each key's minter too.
+	page := env.Must(http.StatusOK, "GET", "/api/v1/keys", ws.Key, nil).JSON()["data"].([]any)
+	minters := map[string]any{}
+	for _, k := range page {
+		k := k.(map[string]any)
+		require.Contains(t, k, "created_by_key_id")
+		minters[k["id"].(string)] = k["created_by_key_id"]
+	}
+	require.Nil(t, minters[operatorID])
+	require.Equal(t, operatorID, minters[minterID])
+	require.Equal(t, minterID, minters[children[2]])
+
+	// Another workspace lists nothing of this one's, nor this one of its.
+	other := env.Signup()
+	got, _ = listed(other.Key, "created_by="+minterID)
+	require.Empty(t, got, "another workspace's key")
+	otherID := env.Must(http.StatusOK, "GET", "/api/v1/keys/current", other.Key, nil).JSON()["id"].(string)
+	mint(other.Key, "theirs")
+	got, _ = listed(ws.Key, "created_by="+otherID)
+	require.Empty(t, got, "another workspace's key")
+	got, _ = listed(ws.Key, "created_by=key_"+strings.Repeat("0", 26))
+	require.Empty(t, got, "no key")
+
+	for _, bad := range []string{"", "nope", "eff_" + strings.Repeat("0", 26), strings.ToUpper(minterID), minterID + "0"} {
+		r := env.Do("GET", "/api/v1/keys?created_by="+bad, ws.Key, nil)
+		require.Equal(t, []string{"created_by"}, validationFields(t, r), "created_by=%q", bad)
+	}
+
+	// Revoking the minter leaves its keys live (as it always did), and
+	// they are still listed by it, to be revoked each.
+	revoked := env.Must(http.StatusOK, "DELETE", "/api/v1/keys/"+minterID, ws.Key, nil).JSON()
+	require.NotNil(t, revoked["revoked_at"])
+	require.Equal(t, operatorID, revoked["created_by_key_id"], "DELETE /keys/{id}")
+	env.Must(http.StatusOK, "GET", "/api/v1/keys/current", c1, nil)
+	got, _ = listed(ws.Key, "created_by="+minterID)
+	require.Equal(t, children, got)
+	for _, id := range children {
+		k := env.Must(http.StatusOK, "DELETE", "/api/v1/keys/"+id, ws.Key, nil).JSON()
+		require.Equal(t, minterID, k["created_by_key_id"], "DELETE /keys/{id}")
+	}
+}

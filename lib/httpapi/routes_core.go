@@ -58,7 +58,11 @@ func (s *Server) coreRoutes() []Route {
 		},
 		{
 			Method: "GET", Pattern: "/api/v1/keys", Name: "keys.list", Tag: "keys", Scopes: []string{auth.ScopeKeysWrite},
-			Summary: "List the workspace's keys oldest first (never their secrets).", Query: listParams,
+			Summary: "List the workspace's keys oldest first (never their secrets); ?created_by= a key id lists the " +
+				"keys that key minted (revoking a key leaves them live: revoke each).",
+			Query: append([]Param{{Name: "created_by", Type: "string", Description: "only the keys this key " +
+				"minted (their created_by_key_id); another workspace's key, or none, lists nothing",
+				Pattern: ids.Pattern(ids.Key), MaxLength: ids.Len(ids.Key)}}, listParams...),
 			Response: Page[auth.Key]{}, Status: 200, Errors: []string{apierr.CodeInvalidRequest},
 			Handle: s.listKeys,
 		},
@@ -205,7 +209,14 @@ func (s *Server) listKeys(ctx context.Context, c *Call) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	keys, err := s.Auth.ListKeys(ctx, c.Principal.WorkspaceID, cursor, limit+1)
+	q := c.R.URL.Query()
+	createdBy := q.Get("created_by")
+	if q.Has("created_by") && !ids.Valid(ids.Key, createdBy) {
+		// Given empty too: read as no filter, it would list every key
+		// as the ones a compromised key minted, to be revoked.
+		return nil, apierr.InvalidField("created_by", "must be a key id (key_ and 26 characters)")
+	}
+	keys, err := s.Auth.ListKeys(ctx, c.Principal.WorkspaceID, createdBy, cursor, limit+1)
 	if err != nil {
 		return nil, err
 	}

@@ -93,7 +93,7 @@ func Lookup(prefix, s string) string {
 // Valid reports whether s looks like an id with the given prefix. Handlers use
 // it to answer 404 for malformed ids without a database round trip.
 func Valid(prefix, s string) bool {
-	if len(s) != len(prefix)+27 || !strings.HasPrefix(s, prefix) || s[len(prefix)] != '_' {
+	if len(s) != Len(prefix) || !strings.HasPrefix(s, prefix) || s[len(prefix)] != '_' {
 		return false
 	}
 	for i := len(prefix) + 1; i < len(s); i++ {
@@ -112,6 +112,13 @@ var inAlphabet = func() (t [256]bool) {
 	}
 	return t
 }()
+
+// Len is the length of every id of prefix's kind.
+func Len(prefix string) int { return len(prefix) + 27 }
+
+// Pattern is a regular expression matching exactly the ids of prefix's
+// kind Valid accepts, for an API document.
+func Pattern(prefix string) string { return "^" + prefix + "_[0-9a-hjkmnp-tv-z]{26}$" }
 
 // Random returns n random bytes encoded as lowercase hex, for secrets and
 // lease tokens.

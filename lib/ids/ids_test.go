@@ -1,6 +1,7 @@
 package ids
 
 import (
+	"regexp"
 	"sort"
 	"strings"
 	"testing"
@@ -114,5 +115,26 @@ func BenchmarkValid(b *testing.B) {
 		if !Valid(Run, id) {
 			b.Fatal(id)
 		}
+	}
+}
+
+// Pattern, which the API document states for an id given in a query
+// (GET /api/v1/keys?created_by=), and Len accept what Valid accepts: each
+// byte in each place, a made id, and no other length.
+func TestPatternAndLenAgreeWithValid(t *testing.T) {
+	t.Parallel()
+	re := regexp.MustCompile(Pattern(Key))
+	id := NewAt(Key, time.Now())
+	require.Len(t, id, Len(Key))
+	require.True(t, re.MatchString(id))
+	for b := range 256 {
+		for _, at := range []int{len(Key) + 1, Len(Key) - 1} {
+			s := id[:at] + string([]byte{byte(b)}) + id[at+1:]
+			require.Equal(t, Valid(Key, s), re.MatchString(s), "byte %#x at %d", b, at)
+		}
+	}
+	for _, s := range []string{id + "0", id[:len(id)-1], "", "key_", "eff" + id[3:], "xkey" + id[3:]} {
+		require.Equal(t, Valid(Key, s), re.MatchString(s), s)
+		require.False(t, re.MatchString(s), s)
 	}
 }

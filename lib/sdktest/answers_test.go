@@ -93,6 +93,7 @@ var goAnswerRoutes = map[string][2]string{
 	"CreateKey":                     {"POST /keys"},
 	"CreateKeyWithKey":              {"POST /keys"},
 	"ListKeys":                      {"GET /keys"},
+	"ListKeysMintedBy":              {"GET /keys"},
 	"CurrentKey":                    {"GET /keys/current"},
 	"RevokeKey":                     {"DELETE /keys/{id}"},
 	"ListEndpoints":                 {"GET /endpoints"},

@@ -360,6 +360,25 @@ func TestKeysThroughTheSDK(t *testing.T) {
 	}
 	require.Equal(t, 1, mailers, "minted once")
 	sameJSON(t, b, "/api/v1/keys", keys)
+	// It names the key that minted it, whose mints list it (security
+	// review: revoking a key leaves them live, to be found and revoked).
+	op, err := b.operator.CurrentKey(ctx)
+	require.NoError(t, err)
+	require.Nil(t, op.CreatedByKeyID, "signup's key, minted by none")
+	require.NotNil(t, k.CreatedByKeyID)
+	require.Equal(t, op.ID, *k.CreatedByKeyID)
+	minted, err := b.operator.ListKeysMintedBy(ctx, op.ID, ratchet.ListQuery{Limit: 200})
+	require.NoError(t, err)
+	require.Contains(t, minted.Data, k.APIKey)
+	for _, m := range minted.Data {
+		require.Equal(t, &op.ID, m.CreatedByKeyID, m.Name)
+	}
+	sameJSON(t, b, "/api/v1/keys?created_by="+op.ID+"&limit=200", minted)
+	unminted, err := b.operator.ListKeysMintedBy(ctx, k.ID, ratchet.ListQuery{})
+	require.NoError(t, err)
+	require.Empty(t, unminted.Data, "a key that minted none")
+	_, err = b.operator.ListKeysMintedBy(ctx, "", ratchet.ListQuery{})
+	require.True(t, ratchet.IsCode(err, ratchet.CodeInvalidRequest), "no key id lists nothing, never every key: %v", err)
 	// The minted key reads itself, though WORKER holds no keys scope.
 	me, err := b.client(t, k.Secret, nil).CurrentKey(ctx)
 	require.NoError(t, err)

@@ -1122,6 +1122,43 @@ func TestPrintedConfigAndClientHideTheKey(t *testing.T) {
 // A group and a step say when their lists were cut to fit one answer
 // (steps_truncated; attemptsTruncated, replaysTruncated), and the routes that
 // page those lists whole are read through the SDK, repeated after a lost
+// ListKeysMintedBy sends the key id as created_by beside the page, and an
+// empty one too (the server refuses it) rather than leaving it out, which
+// would list every key as the ones a compromised key minted; the answer's
+// keys name their minter.
+func TestListKeysMintedBySendsTheKeyID(t *testing.T) {
+	t.Parallel()
+	var (
+		mu   sync.Mutex
+		seen []string
+	)
+	c, _ := testClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen = append(seen, r.URL.RequestURI())
+		mu.Unlock()
+		writeJSON(w, 200, map[string]any{"data": []any{map[string]any{"id": "key_2", "created_by_key_id": "key_1"},
+			map[string]any{"id": "key_3", "created_by_key_id": nil}}, "next_cursor": nil})
+	}))
+	ctx := context.Background()
+	page, err := c.ListKeysMintedBy(ctx, "key_1", ListQuery{Limit: 2, Cursor: "key_0"})
+	if err != nil || len(page.Data) != 2 || page.Data[0].CreatedByKeyID == nil || *page.Data[0].CreatedByKeyID != "key_1" ||
+		page.Data[1].CreatedByKeyID != nil {
+		t.Fatalf("page %+v, %v", page, err)
+	}
+	for _, call := range []func() error{
+		func() error { _, err := c.ListKeysMintedBy(ctx, "", ListQuery{}); return err },
+		func() error { _, err := c.ListKeys(ctx, ListQuery{}); return err },
+	} {
+		if err := call(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := []string{"/api/v1/keys?created_by=key_1&cursor=key_0&limit=2", "/api/v1/keys?created_by=", "/api/v1/keys"}
+	if !slices.Equal(seen, want) {
+		t.Fatalf("requests %q, want %q", seen, want)
+	}
+}
+
 // answer as any read (size QA: the flags were dropped unread, so a cut list
 // read as the whole, and nothing paged the rest).
 func TestCutListsAreSaidAndPagedWhole(t *testing.T) {

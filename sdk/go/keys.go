@@ -29,14 +29,18 @@ const (
 // APIKey is a key of the workspace (scope keys:write to manage them). Its
 // secret is shown once, when it is created (NewAPIKey).
 type APIKey struct {
-	ID                      string     `json:"id"`
-	Name                    string     `json:"name"`
-	Scopes                  []string   `json:"scopes"` // Scope* constants
-	Tools                   []string   `json:"tools"`  // name@version pairs a worker key may serve; nil for any
-	DailySpendCeilingMicros *int64     `json:"daily_spend_ceiling_micros"`
-	RateLimitPerMinute      *int       `json:"rate_limit_per_minute"`
-	CreatedAt               time.Time  `json:"created_at"`
-	RevokedAt               *time.Time `json:"revoked_at"`
+	ID                      string   `json:"id"`
+	Name                    string   `json:"name"`
+	Scopes                  []string `json:"scopes"` // Scope* constants
+	Tools                   []string `json:"tools"`  // name@version pairs a worker key may serve; nil for any
+	DailySpendCeilingMicros *int64   `json:"daily_spend_ceiling_micros"`
+	RateLimitPerMinute      *int     `json:"rate_limit_per_minute"`
+	// CreatedByKeyID is the key that minted this one; nil for a
+	// workspace's signup key. Revoking a key leaves the keys it minted
+	// live: ListKeysMintedBy lists them, to revoke each.
+	CreatedByKeyID *string    `json:"created_by_key_id"`
+	CreatedAt      time.Time  `json:"created_at"`
+	RevokedAt      *time.Time `json:"revoked_at"`
 }
 
 // NewAPIKey is a created key with its secret: keep it in a secret store.
@@ -77,6 +81,16 @@ func (c *Client) CreateKeyWithKey(ctx context.Context, spec KeySpec, idempotency
 // ListKeys pages the workspace's keys (never their secrets).
 func (c *Client) ListKeys(ctx context.Context, q ListQuery) (*GatePage[APIKey], error) {
 	return call[GatePage[APIKey]](ctx, c, "GET", withQuery("/keys", q.values()), nil, idempotent)
+}
+
+// ListKeysMintedBy pages the keys that the key keyID minted (their
+// CreatedByKeyID; GET /api/v1/keys?created_by=): revoking a key leaves
+// them live, so a key found compromised is revoked and then each of
+// these. Another workspace's key, or none, lists nothing.
+func (c *Client) ListKeysMintedBy(ctx context.Context, keyID string, q ListQuery) (*GatePage[APIKey], error) {
+	v := q.values()
+	v.Set("created_by", keyID)
+	return call[GatePage[APIKey]](ctx, c, "GET", withQuery("/keys", v), nil, idempotent)
 }
 
 // CurrentKey reads the client's own key (never its secret): its scopes,

@@ -633,6 +633,44 @@ test('keys: one minted with its secret shown once, then revoked', async () => {
 	assert.match(mine.root.textContent, /Sign in with a key/);
 });
 
+test('keys: each names the key that minted it, and what a compromised key minted is listed and revoked', async () => {
+	// Security review: revoking a key leaves the keys it minted live, and
+	// nothing showed which key minted which.
+	const key = await signup();
+	const operatorId = (await api('GET', '/keys/current', key)).body.id;
+	const leaky = (await api('POST', '/keys', key, { name: 'leaky', scopes: ['keys:write', 'effects:begin'] })).body;
+	const kids = [];
+	for (const name of ['kid1', 'kid2']) kids.push((await api('POST', '/keys', leaky.secret, { name, scopes: ['effects:begin'] })).body);
+	await api('POST', '/keys', key, { name: 'bystander', preset: 'AGENT' });
+
+	const ui = await mount(key, '#/keys');
+	assert.match(row(ui, 'kid1').textContent, new RegExp(`minted by ${leaky.id}`));
+	assert.match(row(ui, 'leaky').textContent, new RegExp(`minted by ${operatorId}`));
+	assert.match(row(ui, 'this console’s key').textContent, /signup/);
+	assert.doesNotMatch(row(ui, 'this console’s key').textContent, /minted by/);
+
+	await click(row(ui, 'leaky'), 'Revoke');
+	const mints = row(ui, 'leaky').querySelectorAll('a').find((a) => a.textContent === 'keys it minted');
+	assert.equal(mints.getAttribute('href'), '#/keys?created_by=' + leaky.id);
+	await go(ui, mints.getAttribute('href'));
+	assert.deepEqual(alerts(ui), []);
+	assert.ok(ui.root.querySelectorAll('h2').some((e) => e.textContent === `Keys minted by ${leaky.id}`));
+	const names = ui.root.querySelectorAll('td[data-label="Name"]').map((td) => td.textContent);
+	assert.deepEqual(names, ['kid1', 'kid2'], 'its own, live though it is revoked');
+	for (const name of ['kid1', 'kid2']) await click(row(ui, name), 'Revoke');
+	const listed = (await api('GET', '/keys?created_by=' + leaky.id, key)).body.data;
+	assert.deepEqual(listed.map((k) => k.id), kids.map((k) => k.id));
+	assert.ok(listed.every((k) => k.revoked_at), 'each revoked');
+	assert.equal((await api('GET', '/keys/current', kids[0].secret)).status, 401);
+	assert.equal((await api('GET', '/keys', key)).body.data.find((k) => k.name === 'bystander').revoked_at, null);
+
+	// The filter takes a key id typed in.
+	await go(ui, '#/keys');
+	await submit(ui.root, 'Filter', { created_by: operatorId });
+	const mine = ui.root.querySelectorAll('td[data-label="Name"]').map((td) => td.textContent);
+	assert.deepEqual(mine, ['leaky', 'bystander']);
+});
+
 test('a key or subscription made while its list has more pages is listed beside its secret; Load more then adds the rest once', async () => {
 	// Console QA: keys and subscriptions are listed oldest first, so with
 	// more than a page the new one was not listed; and "Load more" on the

@@ -1128,10 +1128,20 @@ const pages = {
 		];
 	},
 
-	async keys() {
+	// ?created_by= lists the keys one key minted: revoking a key leaves
+	// them live (security review), so each row links to its own.
+	async keys(params) {
 		const columns = [
 			{ title: 'Name', cell: (k) => [k.name, k.id === ownKeyId() ? h('strong', null, ' (this console’s key)') : null] },
 			{ title: 'Key', cell: (k) => h('code', null, k.id) },
+			{
+				title: 'Minted by',
+				cell: (k) => [
+					k.created_by_key_id ? ['minted by ', h('code', null, k.created_by_key_id)] : 'signup',
+					' · ',
+					h('a', { href: '#/keys' + query({ created_by: k.id }) }, 'keys it minted'),
+				],
+			},
 			{ title: 'Scopes', cell: (k) => text(k.scopes) },
 			{ title: 'Tools', cell: (k) => text(k.tools) },
 			{ title: 'Daily ceiling', cell: (k) => micros(k.daily_spend_ceiling_micros) },
@@ -1158,10 +1168,12 @@ const pages = {
 							}),
 			},
 		];
-		const list = await pager('/keys', {}, columns, 'No keys.');
+		const createdBy = (params.created_by || '').trim();
+		const list = await pager('/keys', { created_by: createdBy }, columns, createdBy ? `Key ${createdBy} minted no key.` : 'No keys.');
 		return [
 			h('h1', null, 'Keys'),
-			h('p', { class: 'lead' }, 'Give an agent an AGENT key (begin and report only) and a worker a WORKER key for its exact tools, never this console’s key.'),
+			h('p', { class: 'lead' }, 'Give an agent an AGENT key (begin and report only) and a worker a WORKER key for its exact tools, never this console’s key. Revoking a key leaves the keys it minted live: list them (“keys it minted”) and revoke each.'),
+			filters('keys', params, [input('Minted by (key id)', 'created_by', { value: createdBy, placeholder: 'key_…' })]),
 			h('h2', null, 'New key'),
 			form(
 				[
@@ -1182,12 +1194,13 @@ const pages = {
 					});
 					// The list shows the new key beside its secret (console QA:
 					// only once "Done" redrew the page).
-					await refreshList(list, k);
+					// A list of another key's mints does not hold it.
+					if (!createdBy || k.created_by_key_id === createdBy) await refreshList(list, k);
 					return k;
 				},
 				{ once: true, after: (k, status) => showSecret(status, secretOnce(`Key ${k.name} (${k.id})`, k.secret), action('Done', async () => {}, {})) },
 			),
-			h('h2', null, 'Keys'),
+			h('h2', null, createdBy ? ['Keys minted by ', h('code', null, createdBy)] : 'Keys'),
 			list,
 		];
 	},

@@ -1128,11 +1128,13 @@ class Ratchet:
         answer = self._keyed("/keys", body, idempotency_key, timeout)
         return cast(NewApiKey, answer)
 
-    def list_keys(self, *, limit: Optional[int] = None, cursor: Optional[str] = None,
-                  timeout: Optional[float] = None) -> ApiKeyPage:
-        """Pages the workspace's keys, never their secrets: {"data", "next_cursor"}."""
-        answer = self._transport.call("GET", "/keys" + _query(limit=limit, cursor=cursor), safe=True,
-                                      call_timeout=timeout)
+    def list_keys(self, *, created_by: Optional[str] = None, limit: Optional[int] = None,
+                  cursor: Optional[str] = None, timeout: Optional[float] = None) -> ApiKeyPage:
+        """Pages the workspace's keys, never their secrets: {"data", "next_cursor"}.
+        created_by, a key id, lists only the keys that key minted (their
+        created_by_key_id): revoking a key leaves them live, so revoke each."""
+        answer = self._transport.call("GET", "/keys" + _query(created_by=created_by, limit=limit, cursor=cursor),
+                                      safe=True, call_timeout=timeout)
         return cast(ApiKeyPage, answer)
 
     def current_key(self, *, timeout: Optional[float] = None) -> ApiKey:

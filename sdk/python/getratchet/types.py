@@ -401,6 +401,10 @@ class ApiKey(TypedDict):
     tools: Optional[List[str]]
     daily_spend_ceiling_micros: Optional[int]
     rate_limit_per_minute: Optional[int]
+    #: The key that minted this one; None for a workspace's signup key.
+    #: Revoking a key leaves the keys it minted live: list them with
+    #: ``list_keys(created_by=...)`` and revoke each.
+    created_by_key_id: Optional[str]
     created_at: str
     revoked_at: Optional[str]
 

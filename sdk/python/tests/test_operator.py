@@ -167,6 +167,16 @@ class OperatorTest(unittest.TestCase):
         page = self.op.list_keys(limit=200)
         self.assertTrue({created["id"], worker["id"]} <= {k["id"] for k in page["data"]})
         self.assertNotIn("secret", page["data"][0])
+        # Each names the key that minted it, whose mints list it.
+        me = self.op.current_key()
+        self.assertEqual((me["created_by_key_id"], created["created_by_key_id"]), (None, me["id"]))
+        minted = self.op.list_keys(created_by=me["id"], limit=200)["data"]
+        self.assertTrue({created["id"], worker["id"]} <= {k["id"] for k in minted})
+        self.assertEqual({k["created_by_key_id"] for k in minted}, {me["id"]})
+        self.assertEqual(self.op.list_keys(created_by=worker["id"])["data"], [])
+        with self.assertRaises(RatchetError) as malformed:
+            self.op.list_keys(created_by="")
+        self.assertEqual((malformed.exception.status, malformed.exception.code), (400, "invalid_request"))
         import getratchet
         from support import BASE_URL
         agent = getratchet.Ratchet(BASE_URL, created["secret"])

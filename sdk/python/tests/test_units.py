@@ -3333,6 +3333,9 @@ class OperatorCallsTest(unittest.TestCase):
     def test_reads_and_repeatable_changes_are_repeated(self) -> None:
         calls = {
             "GET /api/v1/approvals?state=pending&limit=5": lambda c: c.list_approvals(state="pending", limit=5),
+            "GET /api/v1/keys?created_by=key_1&limit=2": lambda c: c.list_keys(created_by="key_1", limit=2),
+            # Empty is sent (and refused), never read as every key.
+            "GET /api/v1/keys?created_by=": lambda c: c.list_keys(created_by=""),
             "POST /api/v1/approvals/ap_1/approve": lambda c: c.approve("ap_1"),
             "POST /api/v1/circuits/a%20b/open": lambda c: c.open_circuit("a b", action="deny"),
             "POST /api/v1/circuits/stop": lambda c: c.emergency_stop(),

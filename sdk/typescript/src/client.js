@@ -455,9 +455,10 @@ export class Ratchet {
     return this.#keyed('POST', '/keys', body, idempotencyKey, options);
   }
 
-  /** Pages the workspace's keys (no secrets). */
-  listKeys({ limit, cursor } = {}, options) {
-    return this.#get('/keys' + query({ limit, cursor }), options);
+  /** Pages the workspace's keys (no secrets); createdBy, a key id, lists
+   * only the keys that key minted (revoking a key leaves them live). */
+  listKeys({ createdBy, limit, cursor } = {}, options) {
+    return this.#get('/keys' + query({ created_by: createdBy, limit, cursor }), options);
   }
 
   /** Reads the calling key (any scope). */

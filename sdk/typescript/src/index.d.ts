@@ -742,6 +742,10 @@ export interface ApiKey {
   tools: string[] | null;
   daily_spend_ceiling_micros: number | null;
   rate_limit_per_minute: number | null;
+  /** The key that minted this one; null for a workspace's signup key.
+   * Revoking a key leaves the keys it minted live: list them with
+   * listKeys({ createdBy }) and revoke each. */
+  created_by_key_id: string | null;
   created_at: string;
   revoked_at: string | null;
 }
@@ -1014,7 +1018,7 @@ export declare class Ratchet {
   retryWebhookDeliveries(webhookId: string, deliveryIds: string[], options?: { idempotencyKey?: string | undefined }, requestOptions?: RequestOptions): Promise<{ deliveries: WebhookDelivery[] }>;
   rotateWebhookSecret(webhookId: string, options?: { previousExpiresInSeconds?: number | undefined; replacePrevious?: boolean | undefined; idempotencyKey?: string | undefined }, requestOptions?: RequestOptions): Promise<NewWebhook>;
   createKey(spec: KeySpec, requestOptions?: RequestOptions): Promise<NewApiKey>;
-  listKeys(query?: ListQuery, requestOptions?: RequestOptions): Promise<GatePage<ApiKey>>;
+  listKeys(query?: ListQuery & { createdBy?: string | undefined }, requestOptions?: RequestOptions): Promise<GatePage<ApiKey>>;
   currentKey(requestOptions?: RequestOptions): Promise<ApiKey>;
   revokeKey(keyId: string, requestOptions?: RequestOptions): Promise<ApiKey>;
   listEndpoints(query?: ListQuery, requestOptions?: RequestOptions): Promise<Page<Endpoint>>;

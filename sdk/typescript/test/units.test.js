@@ -2258,6 +2258,8 @@ test('operator calls escape their path segments and send list queries', async (t
   await c.openCircuit('x?y#z', { action: 'deny' });
   await c.listContracts('t/../keys', { limit: 2, cursor: 'c 1' });
   await c.listApprovals({ state: 'pending', limit: 5 });
+  await c.listKeys({ createdBy: 'key_1', limit: 2 });
+  await c.listKeys({ createdBy: '' }); // sent (and refused), never read as every key
   await c.listEndpointAttempts('end_1', { outcome: 'FAILED' });
   // The pages of what a group's and a step's reads cut (steps_truncated;
   // attemptsTruncated, replaysTruncated).
@@ -2269,6 +2271,7 @@ test('operator calls escape their path segments and send list queries', async (t
   assert.deepEqual(server.seen.map((s) => `${s.method} ${s.path}`), [
     'GET /api/v1/policies/a%2Fb%20c', 'POST /api/v1/circuits/x%3Fy%23z/open',
     'GET /api/v1/tools/t%2F..%2Fkeys/contracts?limit=2&cursor=c+1', 'GET /api/v1/approvals?state=pending&limit=5',
+    'GET /api/v1/keys?created_by=key_1&limit=2', 'GET /api/v1/keys?created_by=',
     'GET /api/v1/endpoints/end_1/attempts?outcome=FAILED',
     'GET /api/v1/groups/grp%2F1/steps?limit=200&cursor=eff_1', 'GET /api/v1/steps/stp_1/attempts?cursor=50',
     'GET /api/v1/steps/stp_1/replays', 'GET /api/v1/policies/a%2Fb%20c/structuring',

@@ -274,6 +274,15 @@ test('webhook and key calls answer the declared fields', needsServer, async (t) 
   matches(key, 'NewApiKey', 'createKey');
   assert.deepEqual([key.scopes, key.rate_limit_per_minute], [['effects:begin', 'effects:report'], 100]);
   pageOf(await op.listKeys({ limit: 1 }), 'GatePage', 'ApiKey', 'listKeys');
+  // Each names the key that minted it, whose mints list it.
+  const opKey = await op.currentKey();
+  assert.deepEqual([opKey.created_by_key_id, key.created_by_key_id], [null, opKey.id]);
+  const minted = await op.listKeys({ createdBy: opKey.id, limit: 200 });
+  pageOf(minted, 'GatePage', 'ApiKey', 'listKeys');
+  assert.ok(minted.data.some((k) => k.id === key.id));
+  assert.ok(minted.data.every((k) => k.created_by_key_id === opKey.id));
+  assert.deepEqual((await op.listKeys({ createdBy: key.id })).data, []);
+  assert.equal((await op.listKeys({ createdBy: '' }).catch((e) => e)).code, 'invalid_request');
   const agent = new (op.constructor)({ baseUrl: BASE_URL, apiKey: key.secret });
   const me = await agent.currentKey();
   matches(me, 'ApiKey', 'currentKey');
