@@ -205,6 +205,55 @@ func TestEnqueueRacingFinish(t *testing.T) {
 	}
 }
 
+// TestEnqueueRacingFinish's failure staged by hand (CI): a producer's retry
+// whose statement took its snapshot before the first enqueue of its step
+// committed, then waited for the run's row behind FinishRun. Woken, it
+// re-read only the locked run row (completion requested), not the step,
+// and refused the retry of an accepted step as if it were new (409
+// invalid_state). A new statement now looks the key up again (migration
+// 0074). The first enqueue's commit is played by giving its step back the
+// key hidden before the retry began, FinishRun by a transaction holding
+// the run's row. Not parallel: it watches pg_stat_activity.
+func TestEnqueueRetryRacingFinishAnswersTheStep(t *testing.T) {
+	b := setup(t)
+	runID := b.run(t)
+	req := jobs.EnqueueRequest{Name: "send_email", Version: "1", Input: json.RawMessage(`"retried"`)}
+	a := b.enqueue(t, runID, req)
+	pool := b.env.App.Pool
+	_, err := pool.Exec(ctx, `UPDATE jobs SET idempotency_key = 'hidden ' || id WHERE id = $1`, a.JobID)
+	require.NoError(t, err)
+
+	finish, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = finish.Rollback(ctx) }()
+	_, err = finish.Exec(ctx, `SELECT 1 FROM job_runs WHERE id = $1 FOR UPDATE`, runID)
+	require.NoError(t, err)
+	type answer struct {
+		res jobs.EnqueueResult
+		err error
+	}
+	retried := make(chan answer, 1)
+	go func() {
+		res, err := b.svc.Enqueue(ctx, b.ws, runID, req)
+		retried <- answer{res, err}
+	}()
+	waitForLock(t, pool, `%jobs_enqueue(%`, "the retry, its snapshot taken, waits for the run's row")
+	_, err = pool.Exec(ctx, `UPDATE jobs SET idempotency_key = $2 WHERE id = $1`, a.JobID, a.IdempotencyKey)
+	require.NoError(t, err, "the first enqueue commits")
+	_, err = finish.Exec(ctx, `UPDATE job_runs SET completion_requested = true WHERE id = $1`, runID)
+	require.NoError(t, err)
+	require.NoError(t, finish.Commit(ctx))
+
+	got := <-retried
+	require.NoError(t, got.err, "a retry of an accepted step is answered, not refused")
+	require.Equal(t, a.StepID, got.res.StepID)
+	require.True(t, got.res.Deduplicated)
+	_, err = b.svc.Enqueue(ctx, b.ws, runID, jobs.EnqueueRequest{Name: "send_email", Version: "1",
+		Input: json.RawMessage(`"new"`)})
+	require.Equal(t, apierr.CodeInvalidState, code(t, err), "a new step is refused")
+	require.Len(t, b.getRun(t, runID).Steps, 1)
+}
+
 // A dependent enqueued while its dependency ends is never stranded WAITING:
 // either the enqueue sees the ending and decides at once, or the ending
 // waits for the enqueue and releases the new step.
