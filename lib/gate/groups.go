@@ -1129,6 +1129,20 @@ func (s *Service) admit(ctx context.Context, tx pgx.Tx, in *beginInput) error {
 	if err != nil {
 		return fmt.Errorf("begin: group: %w", err)
 	}
+	if !replay && state != GroupOpen {
+		// sqlAdmitGroup may have waited for the group's row behind a
+		// commit or an unwind, itself behind the begin that took the key:
+		// woken, it re-read that row alone, and the effects it joined are
+		// as of its start. A statement of its own sees the effect that
+		// begin committed, and the retry is answered, not refused as a new
+		// step (QA: 409 invalid_state to a retry of a committed group's
+		// step). An open group refuses no begin here.
+		err := tx.QueryRow(ctx, sqlKeysGroup, in.ws, in.key).Scan(&keysGroup)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("begin: group key: %w", err)
+		}
+		replay = err == nil
+	}
 	if replay {
 		if keysGroup == nil || *keysGroup != *in.groupID {
 			return keyUsedOutsideGroup()

@@ -609,11 +609,17 @@ const sqlLockGroup = sqlGetGroup + ` FOR UPDATE`
 // the idempotency key already names an effect (a replay, which the group's
 // state does not refuse) and that effect's group. $1 group id, $2
 // workspace, $3 idempotency key, $4 the key that must have created the
-// group (NULL: any; see groupOwner).
+// group (NULL: any; see groupOwner). The effect is as of the statement's
+// start, not as of the lock (see admit, which looks again by sqlKeysGroup).
 const sqlAdmitGroup = `SELECT g.state, e.id IS NOT NULL, e.group_id
 FROM effect_groups g LEFT JOIN effects e ON e.workspace_id = $2 AND e.idempotency_key = $3
 WHERE g.id = $1 AND g.workspace_id = $2 AND ($4::text IS NULL OR g.created_by_key_id = $4::text)
 FOR SHARE OF g`
+
+// sqlKeysGroup is the group of the effect key $2 names in workspace $1 (no
+// row: the key is new), read again after sqlAdmitGroup in a statement of
+// its own (see admit).
+const sqlKeysGroup = `SELECT group_id FROM effects WHERE workspace_id = $1 AND idempotency_key = $2`
 
 // sqlLockGroupSteps takes group $1's turn to add a forward step
 // (groupHasRoom), until the transaction ends.

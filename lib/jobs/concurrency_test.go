@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/ids"
 	"github.com/getratchet/ratchet/lib/jobs"
 )
@@ -767,13 +768,7 @@ func waitForAdvisoryLock(t *testing.T, pool *pgxpool.Pool, like, why string) {
 
 func waitForLockEvent(t *testing.T, pool *pgxpool.Pool, like, event, why string) {
 	t.Helper()
-	require.Eventually(t, func() bool {
-		var waiting bool
-		require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock' AND wait_event LIKE $2
-			  AND query LIKE $1)`, like, event).Scan(&waiting))
-		return waiting
-	}, 10*time.Second, 5*time.Millisecond, why)
+	apitest.WaitForLock(t, pool, like, event, why)
 }
 
 // limitedRun creates the endpoint send_email with a concurrency limit and
