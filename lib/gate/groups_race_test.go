@@ -4,7 +4,6 @@ import (
 	"context"
 	"net/http"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -43,13 +42,8 @@ func TestABeginRetryRacingItsGroupsCommitAnswersTheStep(t *testing.T) {
 	require.NoError(t, err)
 	retried := make(chan *apitest.Response, 1)
 	go func() { retried <- b.env.Do("POST", "/api/v1/effects/begin", b.ws.Key, body) }()
-	require.Eventually(t, func() bool {
-		var waiting bool
-		require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock'
-			  AND query LIKE '%FROM effect_groups g LEFT JOIN effects e%')`).Scan(&waiting))
-		return waiting
-	}, 10*time.Second, 5*time.Millisecond, "the retry, its snapshot taken, waits for the group's row")
+	apitest.WaitForLock(t, pool, `%FROM effect_groups g LEFT JOIN effects e%`, "%",
+		"the retry, its snapshot taken, waits for the group's row")
 	_, err = pool.Exec(ctx, `UPDATE effects SET idempotency_key = $2 WHERE id = $1`, id, stored)
 	require.NoError(t, err, "the first begin commits")
 	_, err = commit.Exec(ctx, `UPDATE effect_groups SET state = 'committed', committed_at = now(), updated_at = now()
