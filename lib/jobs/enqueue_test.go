@@ -211,7 +211,7 @@ func TestEnqueueRacingFinish(t *testing.T) {
 // re-read only the locked run row (completion requested), not the step,
 // and refused the retry of an accepted step as if it were new (409
 // invalid_state). A new statement now looks the key up again (migration
-// 0074). The first enqueue's commit is played by giving its step back the
+// 0071). The first enqueue's commit is played by giving its step back the
 // key hidden before the retry began, FinishRun by a transaction holding
 // the run's row. Not parallel: it watches pg_stat_activity.
 func TestEnqueueRetryRacingFinishAnswersTheStep(t *testing.T) {
