@@ -43,6 +43,12 @@ type ResolveRequest struct {
 	Outcome string          `json:"outcome" openapi:"enum=succeeded|failed"`
 	Result  json.RawMessage `json:"result"`
 	Note    string          `json:"note,omitempty" openapi:"maxLength=2000"`
+	// Attempt, when sent, is the attempt the operator verified (the
+	// effect's latest unknown one, as read): the resolve applies only to
+	// it, so a resolve retried after its answer was lost can never settle
+	// an attempt begun since. Absent, the resolve settles whatever is
+	// unknown now.
+	Attempt *int `json:"attempt,omitempty" openapi:"min=1" jsonschema:"the attempt you verified at the vendor (the effect's latest unknown attempt, as you read it); the resolve applies only to it, so a retried resolve can never settle a later attempt"`
 }
 
 const maxNoteRunes = 2000 // ResolveRequest's openapi tag says it too
@@ -364,8 +370,15 @@ func (s *Service) Resolve(ctx context.Context, p *auth.Principal, id string, req
 	if utf8.RuneCountInString(req.Note) > maxNoteRunes {
 		pr.Add("note", "must be at most %d characters", maxNoteRunes)
 	}
+	if req.Attempt != nil && *req.Attempt < 1 {
+		pr.Add("attempt", "must be an integer of at least 1")
+	}
 	if err := pr.Err(); err != nil {
 		return Effect{}, err
+	}
+	named := 0 // the attempt the resolve names, 0 for none
+	if req.Attempt != nil {
+		named = *req.Attempt
 	}
 	sealed, preview, err := s.sealedResult(id, req.Result)
 	if err != nil {
@@ -389,7 +402,7 @@ func (s *Service) Resolve(ctx context.Context, p *auth.Principal, id string, req
 			if err != nil {
 				return err
 			}
-			attempt, resolvedAt := resolvedBy(e, p.KeyID, req.Outcome)
+			attempt, resolvedAt := resolvedBy(e, p.KeyID, req.Outcome, named)
 			switch {
 			case attempt == 0:
 				return refused
@@ -407,6 +420,11 @@ func (s *Service) Resolve(ctx context.Context, p *auth.Principal, id string, req
 				// since made it answer 200 with an effect it had not
 				// settled).
 				return refused.WithDetail("attempt", attempt).WithDetail("resolved_outcome", req.Outcome)
+			}
+		}
+		if named != 0 {
+			if err := s.namesUnknownAttempt(ctx, tx, p, &row, req.Outcome, named, now); err != nil {
+				return err
 			}
 		}
 		if err := s.recordLapse(ctx, tx, &row, now); err != nil {
@@ -428,14 +446,45 @@ func (s *Service) Resolve(ctx context.Context, p *auth.Principal, id string, req
 	return out, s.afterStep(ctx, p.WorkspaceID, out.GroupID)
 }
 
-// resolvedBy answers the latest of e's attempts that key settled with
-// outcome, 0 for none, and when it settled it: by a resolve, or by a
-// reconciliation or a probe it ran, which answer the resolve it is
-// repeating as well (the first settlement and its note stand).
-func resolvedBy(e Effect, key, outcome string) (latest int, at time.Time) {
+// namesUnknownAttempt refuses a resolve of an indeterminate effect that
+// names an attempt (named) other than the one it would settle: the latest
+// unknown one, as blocked and probe answers' prior_attempt name it. The
+// refusal names that attempt (unresolved_attempt) and the state and, when
+// this key had already resolved the named attempt so (its answer lost, the
+// key begun again since), the attempt and resolved_outcome, as a repeated
+// resolve of a settled effect does (README).
+func (s *Service) namesUnknownAttempt(ctx context.Context, tx pgx.Tx, p *auth.Principal, row *effectRow,
+	outcome string, named int, now time.Time) error {
+	unknown, err := s.prior(ctx, tx, row)
+	if err != nil {
+		return err
+	}
+	if named == unknown.Attempt {
+		return nil
+	}
+	refused := apierr.InvalidState("This resolve names attempt %d, but the attempt whose outcome is unknown now "+
+		"is attempt %d (the effect is %s), so it changed nothing: verify that attempt at the vendor before "+
+		"resolving it.", named, unknown.Attempt, StateIndeterminate).
+		WithDetail("state", StateIndeterminate).WithDetail("unresolved_attempt", unknown.Attempt)
+	e, err := s.getEffect(ctx, tx, p.WorkspaceID, row.ID, now)
+	if err != nil {
+		return err
+	}
+	if attempt, _ := resolvedBy(e, p.KeyID, outcome, named); attempt != 0 {
+		return refused.WithDetail("attempt", attempt).WithDetail("resolved_outcome", outcome)
+	}
+	return refused
+}
+
+// resolvedBy answers the latest of e's attempts (only attempt only, when
+// not 0) that key settled with outcome, 0 for none, and when it settled
+// it: by a resolve, or by a reconciliation or a probe it ran, which answer
+// the resolve it is repeating as well (the first settlement and its note
+// stand).
+func resolvedBy(e Effect, key, outcome string, only int) (latest int, at time.Time) {
 	for _, a := range e.Attempts {
 		if a.ResolvedByKeyID != nil && *a.ResolvedByKeyID == key && a.Outcome != nil && *a.Outcome == outcome &&
-			a.Attempt > latest && a.ResolvedAt != nil {
+			a.Attempt > latest && a.ResolvedAt != nil && (only == 0 || a.Attempt == only) {
 			latest, at = a.Attempt, *a.ResolvedAt
 		}
 	}

@@ -24,8 +24,9 @@ import (
 // answer was lost; with a shorter or a longer lease_seconds), reports
 // (succeeded, failed, or an outcome the API does not take) and heartbeats
 // with the current token, a superseded one or none of the key's, clock
-// moves to and past a lease's end, sweeps, resolves, approval decisions,
-// policy changes (on_indeterminate, max_attempts) and reads, over a handful
+// moves to and past a lease's end, sweeps, resolves (naming an attempt or
+// not), approval decisions, policy changes (on_indeterminate, max_attempts)
+// and reads, over a handful
 // of keys of three effect types (on_indeterminate block with a cost
 // ceiling, an approval threshold and a daily budget; retry and probe, each
 // with a budget), every answer compared with what a plain Go model of
@@ -811,14 +812,37 @@ func (m *modelRun) resolve(k *mKey, outcome string) {
 	}
 	now := m.now()
 	es := k.effState(now)
+	// Half the resolves name an attempt (README: it then applies only to
+	// the latest unknown one): that one, or any of the key's, or the next.
+	named := 0
+	switch m.rng.IntN(4) {
+	case 0:
+		named = k.latestUnknown()
+	case 1:
+		named = 1 + m.rng.IntN(len(k.atts)+1)
+	}
 	status, code := http.StatusOK, ""
-	resolved := 0 // the latest attempt the operator resolved so, when refused
+	resolved := 0   // the latest attempt the operator resolved so, when refused
+	unresolved := 0 // the unknown attempt a refused resolve naming another names
+	// resolvedSo: the operator resolved attempt i so (only the named one,
+	// when one is named).
+	resolvedSo := func(i int, a *mAttempt) bool {
+		return a.resolved && a.outcome == outcome && (named == 0 || named == i+1)
+	}
+	if es == "indeterminate" && named != 0 && named != k.latestUnknown() {
+		status, code, unresolved = http.StatusConflict, "invalid_state", k.latestUnknown()
+		for i, a := range k.atts {
+			if resolvedSo(i, a) {
+				resolved = i + 1
+			}
+		}
+	}
 	if es != "indeterminate" {
 		// Only a repeat of the operator's own resolve answers 200, and only
 		// while the key was not begun again after it (README: then it is
 		// 409 invalid_state naming the attempt it resolved).
 		for i, a := range k.atts {
-			if a.resolved && a.outcome == outcome {
+			if resolvedSo(i, a) {
 				resolved = i + 1
 			}
 		}
@@ -838,18 +862,26 @@ func (m *modelRun) resolve(k *mKey, outcome string) {
 	if outcome == "succeeded" {
 		body["result"] = result
 	}
+	if named != 0 {
+		body["attempt"] = named
+	}
 	r := m.env.Do("POST", "/api/v1/effects/"+k.id+"/resolve", m.ws.Key, body)
-	m.log("resolve %s %s -> %d %s", k.name, outcome, r.Status, r.ErrorCode())
+	m.log("resolve %s %s attempt %d -> %d %s", k.name, outcome, named, r.Status, r.ErrorCode())
 	if r.Status != status || r.ErrorCode() != code {
-		m.fail("resolve %s %s: %d %q, model %d %q: %s", k.name, outcome, r.Status, r.ErrorCode(), status, code, r.Body)
+		m.fail("resolve %s %s attempt %d: %d %q, model %d %q: %s", k.name, outcome, named, r.Status, r.ErrorCode(),
+			status, code, r.Body)
 		return
 	}
 	if status != http.StatusOK {
 		// The refusal names the state and, when this key had resolved the
-		// effect so, the attempt it resolved (README).
+		// effect (the named attempt) so, the attempt it resolved; naming
+		// another attempt than the unknown one, that one (README).
 		want := map[string]any{"state": es}
 		if resolved > 0 {
 			want["attempt"], want["resolved_outcome"] = float64(resolved), outcome
+		}
+		if unresolved > 0 {
+			want["unresolved_attempt"] = float64(unresolved)
 		}
 		if got := r.JSON()["error"].(map[string]any)["detail"]; fmt.Sprint(got) != fmt.Sprint(want) {
 			m.fail("resolve %s %s: detail %v, model %v", k.name, outcome, got, want)

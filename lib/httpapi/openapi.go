@@ -149,10 +149,13 @@ func errorDetailSchema() map[string]any {
 			"state":                 str("invalid_state and others: the state that refused the request."),
 			"attempt": integer("lease_lost (an effect's or a job's report): the attempt this token held; " +
 				"a replay's invalid_state: the job's last attempt; a resolve's invalid_state: the attempt this key " +
-				"resolved with this outcome, when it did (see resolved_outcome)."),
+				"resolved with this outcome, when it did (see resolved_outcome; with the resolve's attempt sent, " +
+				"only that attempt)."),
 			"reported_outcome": str("lease_lost (an effect): what the token's attempt was reported as, when it was."),
 			"resolved_outcome": str("invalid_state (a resolve): this key resolved the effect's attempt with this " +
 				"outcome already, and the key was begun again since; the repeat landed the first time."),
+			"unresolved_attempt": integer("invalid_state (a resolve that sent attempt): the attempt whose outcome " +
+				"is unknown now, the one a resolve settles; the resolve named another and changed nothing."),
 			"reportedOutcome": str("lease_lost (a job): what the token's attempt was reported as, when it was."),
 			"status":          str("invalid_state (a job's report): the status the job ended in."),
 			"leaseLapsed": map[string]any{"type": "boolean", "description": "invalid_state (a job's report): " +

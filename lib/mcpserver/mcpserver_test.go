@@ -210,6 +210,8 @@ func TestToolSchemasSayWhatTheRoutesTake(t *testing.T) {
 		{"ratchet_begin", map[string]any{"effect_type": "m.x", "idempotency_key": "k",
 			"compensation": map[string]any{}}, "compensation.effect_type"},
 		{"ratchet_resolve", map[string]any{"effect_id": eff, "outcome": "failed", "note": strings.Repeat("n", 2001)}, "note"},
+		{"ratchet_resolve", map[string]any{"effect_id": eff, "outcome": "failed", "attempt": 0}, "attempt"},
+		{"ratchet_resolve", map[string]any{"effect_id": eff, "outcome": "failed", "attempt": 1.5}, "attempt"},
 		{"ratchet_begin", map[string]any{"effect_type": "m.x", "idempotency_key": "k",
 			"dimensions": map[string]any{"to": strings.Repeat("v", 256)}}, "dimensions.to"},
 		{"ratchet_begin", map[string]any{"effect_type": "m.x", "idempotency_key": "k",
@@ -245,6 +247,7 @@ func TestToolSchemasSayWhatTheRoutesTake(t *testing.T) {
 		{"ratchet_begin", "lease_seconds", reflect.TypeFor[gate.BeginRequest](), "LeaseSeconds"},
 		{"ratchet_begin", "request_id", reflect.TypeFor[gate.BeginRequest](), "RequestID"},
 		{"ratchet_resolve", "note", reflect.TypeFor[gate.ResolveRequest](), "Note"},
+		{"ratchet_resolve", "attempt", reflect.TypeFor[gate.ResolveRequest](), "Attempt"},
 		{"ratchet_decide_approval", "note", reflect.TypeFor[gate.DecideRequest](), "Note"}, // MCP QA: unbounded
 		// An effect type in the URL is begin's (agent QA: any string, and
 		// "a b" was refused).

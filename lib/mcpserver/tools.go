@@ -385,6 +385,7 @@ type ResolveInput struct {
 	Outcome  string `json:"outcome" jsonschema:"what the vendor's own record shows: succeeded or failed"`
 	Result   any    `json:"result,omitempty" jsonschema:"what the vendor's record shows the action returned (any JSON)"`
 	Note     string `json:"note,omitempty"`
+	Attempt  *int   `json:"attempt,omitempty" jsonschema:"the attempt you verified (the effect's latest unknown attempt, as ratchet_get_effect shows it); send it: the resolve then applies only to that attempt, so a retried resolve can never settle a later one (409 invalid_state names the attempt unresolved now)"`
 }
 
 // EffectInput names one effect.
@@ -465,8 +466,11 @@ var tools = []tool{
 		})),
 	idempotent(define("ratchet_resolve", "Record what the vendor shows for an indeterminate effect; unblocks its key.", "effects:resolve",
 		func(in ResolveInput) (string, string, any) {
-			return "POST", "/api/v1/effects/" + pathEscape(in.EffectID) + "/resolve",
-				map[string]any{"outcome": in.Outcome, "result": in.Result, "note": in.Note}
+			body := map[string]any{"outcome": in.Outcome, "result": in.Result, "note": in.Note}
+			if in.Attempt != nil {
+				body["attempt"] = *in.Attempt
+			}
+			return "POST", "/api/v1/effects/" + pathEscape(in.EffectID) + "/resolve", body
 		}, like[gate.ResolveRequest])),
 	readOnly(define("ratchet_get_effect", "Read one effect with its attempts.", "effects:read",
 		func(in EffectInput) (string, string, any) {

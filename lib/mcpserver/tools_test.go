@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
@@ -319,4 +320,27 @@ func TestBodyArgumentsAreRefusedAsRESTRefusesThem(t *testing.T) {
 			require.Contains(t, fields, c.arg, "%s %v", c.tool, c.args)
 		}
 	}
+}
+
+// ratchet_resolve passes attempt through: a resolve naming another attempt
+// than the unknown one is refused, naming that one, and changes nothing;
+// naming it, it is recorded (resolve QA: a retried resolve settled a later
+// attempt).
+func TestResolveToolSendsTheAttempt(t *testing.T) {
+	t.Parallel()
+	clock := apitest.NewClock(time.Now().UTC().Truncate(24 * time.Hour).Add(12 * time.Hour))
+	env := apitest.Start(t, apitest.WithNow(clock.Now))
+	ws := env.Signup()
+	cs := connect(t, mcpserver.New(mcpserver.HandlerCaller{Handler: env.App.Server}, "Bearer "+ws.Key))
+	eff := env.Must(http.StatusOK, "POST", "/api/v1/effects/begin", ws.Key,
+		map[string]any{"effect_type": "m.x", "idempotency_key": "resolve-attempt"}).JSON()["effect_id"]
+	clock.Add(2 * time.Minute)
+	body, isErr := callJSON(t, cs, "ratchet_resolve", map[string]any{"effect_id": eff, "outcome": "failed", "attempt": 2})
+	require.True(t, isErr, "%v", body)
+	e := body["error"].(map[string]any)
+	require.Equal(t, "invalid_state", e["code"])
+	require.Equal(t, map[string]any{"state": "indeterminate", "unresolved_attempt": 1.0}, e["detail"])
+	body, isErr = callJSON(t, cs, "ratchet_resolve", map[string]any{"effect_id": eff, "outcome": "failed", "attempt": 1})
+	require.False(t, isErr, "%v", body)
+	require.Equal(t, "failed", body["state"])
 }

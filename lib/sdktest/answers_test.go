@@ -955,7 +955,8 @@ func TestGoSDKRequestBodiesMatchTheOpenAPIDocument(t *testing.T) {
 		func() error { _, err := c.ReportEffect(ctx, "e", "lt", ratchet.OutcomeSucceeded, 1); return err },
 		func() error { _, err := c.HeartbeatEffect(ctx, "e", "lt"); return err },
 		func() error {
-			_, err := c.ResolveEffect(ctx, "e", ratchet.ResolveRequest{Outcome: ratchet.OutcomeSucceeded, Result: 1, Note: "n"})
+			_, err := c.ResolveEffect(ctx, "e", ratchet.ResolveRequest{Outcome: ratchet.OutcomeSucceeded, Result: 1, Note: "n",
+				Attempt: 1})
 			return err
 		},
 		func() error { _, err := c.UpdateEffectPolicy(ctx, "e", &version, effectPolicy); return err },

@@ -128,8 +128,17 @@ func TestGateUnsureErrorLeavesIndeterminateThenBlocked(t *testing.T) {
 	require.Len(t, page.Data, 1)
 	require.Equal(t, blocked.EffectID, page.Data[0].ID)
 	require.Nil(t, page.NextCursor)
+	// A resolve naming another attempt than the unknown one is refused,
+	// naming it; naming the one blocked names, it is recorded.
+	_, err = g.operator.ResolveEffect(ctx, blocked.EffectID, ratchet.ResolveRequest{
+		Outcome: ratchet.OutcomeSucceeded, Attempt: 2})
+	var refused *ratchet.Error
+	require.ErrorAs(t, err, &refused)
+	require.Equal(t, "invalid_state", refused.Code)
+	require.EqualValues(t, 1, refused.Detail["unresolved_attempt"])
 	resolved, err := g.operator.ResolveEffect(ctx, blocked.EffectID, ratchet.ResolveRequest{
-		Outcome: ratchet.OutcomeSucceeded, Result: sent{MessageID: "vendor_1"}, Note: "found at the vendor"})
+		Outcome: ratchet.OutcomeSucceeded, Result: sent{MessageID: "vendor_1"}, Note: "found at the vendor",
+		Attempt: blocked.PriorAttempt.Attempt})
 	require.NoError(t, err)
 	require.Equal(t, ratchet.EffectSucceeded, resolved.State)
 	// The record says who did what (QA: the SDK's Effect left these out).

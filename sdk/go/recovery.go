@@ -16,13 +16,23 @@ type ResolveRequest struct {
 	Outcome string `json:"outcome"`
 	Result  any    `json:"result,omitempty"`
 	Note    string `json:"note,omitempty"`
+	// Attempt, when not 0, is the attempt the operator verified: the
+	// effect's latest attempt whose outcome reads indeterminate in the
+	// Effect read before verifying. The resolve then applies
+	// only to that attempt: naming another is 409 invalid_state, changing
+	// nothing, its detail naming unresolved_attempt. Send it, so a resolve
+	// retried after its answer was lost can never settle a later attempt
+	// (one begun after a resolve to failed freed the key) nobody checked.
+	// 0 sends none: the resolve settles whatever is unknown when it lands.
+	Attempt int `json:"attempt,omitempty"`
 }
 
 // ResolveEffect records the outcome of an indeterminate effect (POST
 // /api/v1/effects/{id}/resolve, scope effects:resolve) and unblocks its key.
 // It is retried through transient failures: a repeat by the same key with
 // the same outcome answers the effect as resolved; another outcome, or an
-// effect another key resolved, answers 409 invalid_state.
+// effect another key resolved, answers 409 invalid_state, and so does a
+// resolve whose Attempt is not the one unknown now.
 func (c *Client) ResolveEffect(ctx context.Context, effectID string, req ResolveRequest) (*Effect, error) {
 	var out Effect
 	if err := c.do(ctx, "POST", "/effects/"+pathID(effectID)+"/resolve", req, &out, idempotent); err != nil {

@@ -372,7 +372,7 @@ test('an unknown outcome: found by its filter, resolved from its page; bad JSON 
 	assert.equal((await api('GET', `/effects/${begun.body.effect_id}`, key)).body.state, 'indeterminate');
 
 	await submit(ui.root, 'Resolve', { outcome: 'succeeded', result: '{"message_id": "m_1"}', note: 'found at the vendor' });
-	assert.match(ui.confirms[0], new RegExp(`Record email\\.send ${begun.body.effect_id} as SUCCEEDED at the vendor`));
+	assert.match(ui.confirms[0], new RegExp(`Record email\\.send ${begun.body.effect_id} \\(attempt 1\\) as SUCCEEDED at the vendor`));
 	const e = (await api('GET', `/effects/${begun.body.effect_id}`, key)).body;
 	assert.equal(e.state, 'succeeded');
 	assert.equal(e.attempts[0].resolve_note, 'found at the vendor');
@@ -388,6 +388,54 @@ test('an unknown outcome: found by its filter, resolved from its page; bad JSON 
 	const dup = await api('POST', '/effects/begin', key, { effect_type: 'email.send', idempotency_key: 'welcome:<b>user</b>', payload: { to: 'user@example.com' } });
 	assert.equal(dup.body.decision, 'duplicate');
 	assert.deepEqual(dup.body.result, { message_id: 'm_1' });
+});
+
+// The resolve form names the attempt it shows (resolve QA: a resolve sent
+// from a page left open, after that attempt was resolved elsewhere and the
+// key ran again and lapsed, recorded the new attempt failed, though nobody
+// had checked whether it acted): the service refuses it, naming the attempt
+// unknown now, and nothing changes.
+test('a resolve from a stale page names its attempt and cannot settle a later one', async () => {
+	const key = await signup();
+	const body = { effect_type: 'email.send', idempotency_key: 'stale-resolve', payload: {}, lease_seconds: 1 };
+	const begun = (await api('POST', '/effects/begin', key, body)).body;
+	assert.equal(begun.decision, 'execute');
+	const id = begun.effect_id;
+	const lapsed = async () => {
+		for (let i = 0; i < 300 && (await api('GET', `/effects/${id}`, key)).body.state !== 'indeterminate'; i++) {
+			await new Promise((r) => setTimeout(r, 50));
+		}
+		assert.equal((await api('GET', `/effects/${id}`, key)).body.state, 'indeterminate', 'the lease never lapsed');
+	};
+	await lapsed();
+	const ui = await mount(key, '#/effects/' + id);
+	assert.match(ui.root.textContent, /This records attempt 1, the one whose outcome is unknown/);
+
+	// Meanwhile attempt 1 is resolved failed elsewhere, the key runs again
+	// and attempt 2 lapses.
+	assert.equal((await api('POST', `/effects/${id}/resolve`, key, { outcome: 'failed', attempt: 1 })).status, 200);
+	assert.equal((await api('POST', '/effects/begin', key, body)).body.attempt, 2);
+	await lapsed();
+	// What a resolve would change (a sweep may record the lapse meanwhile).
+	const settled = async () => {
+		const e = (await api('GET', `/effects/${id}`, key)).body;
+		return [e.state, e.attempts.map((a) => [a.attempt, a.outcome, a.resolved_at, a.resolve_note])];
+	};
+	const before = await settled();
+
+	await submit(ui.root, 'Resolve', { outcome: 'failed', note: 'stale page' });
+	assert.match(ui.confirms.at(-1), new RegExp(`Record email\\.send ${id} \\(attempt 1\\) as FAILED at the vendor`));
+	assert.match(alerts(ui).join(), /names attempt 1, but the attempt whose outcome is unknown now is attempt 2/);
+	assert.deepEqual(await settled(), before, 'nothing changed');
+	assert.equal(before[0], 'indeterminate');
+
+	// The page read again shows attempt 2, and resolves it.
+	const again = await mount(key, '#/effects/' + id);
+	assert.match(again.root.textContent, /This records attempt 2, the one whose outcome is unknown/);
+	await submit(again.root, 'Resolve', { outcome: 'succeeded' });
+	const e = (await api('GET', `/effects/${id}`, key)).body;
+	assert.equal(e.state, 'succeeded');
+	assert.equal(e.attempts[1].outcome, 'succeeded');
 });
 
 test('circuits: open and close a breaker by hand, then the emergency stop and its release', async () => {

@@ -648,9 +648,16 @@ const pages = {
 			// of a key the service then refused.
 			out.push(h('h2', null, 'Resolve'), lacking('Resolving', 'effects:resolve', ' to record what the vendor shows'));
 		} else if (e.state === 'indeterminate') {
+			// The resolve names the attempt shown, so one sent again after
+			// its answer was lost, or from a page left open while the key
+			// ran again, never settles a later attempt nobody checked
+			// (resolve QA): the service refuses it, naming the attempt
+			// unknown now.
+			const unknown = unknownAttempt(e);
 			out.push(
 				h('h2', null, 'Resolve'),
 				h('p', null, 'Check the vendor for this action first, then record what you found. Succeeded makes the next begin on its key a duplicate; failed lets it run again.'),
+				unknown ? h('p', null, `This records attempt ${unknown.attempt}, the one whose outcome is unknown (started ${time(unknown.started_at)}).`) : null,
 				form(
 					[
 						select('Outcome at the vendor', 'outcome', [['', 'choose what the vendor shows…'], ['succeeded', 'succeeded: it happened'], ['failed', 'failed: it did not happen']], ''),
@@ -663,13 +670,14 @@ const pages = {
 							outcome: v.outcome,
 							result: parseJSONField('Result', v.result),
 							note: v.note || undefined,
+							attempt: unknown ? unknown.attempt : undefined,
 						}),
 					{
 						validate: (v) => {
 							if (!v.outcome) throw new ConsoleError('invalid_request', 'Choose the outcome you found at the vendor.');
 							parseJSONField('Result', v.result);
 						},
-						confirm: (v) => `Record ${e.effect_type} ${e.id} as ${v.outcome.toUpperCase()} at the vendor? It cannot be changed afterwards.`,
+						confirm: (v) => `Record ${e.effect_type} ${e.id}${unknown ? ` (attempt ${unknown.attempt})` : ''} as ${v.outcome.toUpperCase()} at the vendor? It cannot be changed afterwards.`,
 						// Said, not only seen in the redrawn state (console QA).
 						after: (r) => redrawSaying(`Resolved: recorded as ${r.state}.`),
 					},
@@ -1649,6 +1657,14 @@ async function withEffects(approvals) {
 // answers circuit_open"; '' when it answers only its reason, or nothing.
 // Console QA: an operator could not tell that a yes had let a key through
 // a breaker.
+// unknownAttempt is the attempt a resolve of indeterminate effect e settles
+// and names: its latest attempt whose outcome reads unknown (a retry after
+// it may have been reported failed; what blocked answers' prior_attempt
+// names). Undefined when none reads so.
+function unknownAttempt(e) {
+	return (e.attempts || []).filter((a) => a.outcome === 'indeterminate').reduce((last, a) => (!last || a.attempt > last.attempt ? a : last), undefined);
+}
+
 function answered(a) {
 	const more = (a.answers || []).filter((r) => r !== a.reason);
 	return more.length ? `; also answers ${more.join(', ')}` : '';

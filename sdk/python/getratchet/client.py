@@ -394,12 +394,16 @@ class Ratchet:
         return cast(Effect, answer)
 
     def resolve_effect(self, effect_id: str, outcome: str, result: Any = None, *, note: Optional[str] = None,
-                       timeout: Optional[float] = None) -> Effect:
+                       attempt: Optional[int] = None, timeout: Optional[float] = None) -> Effect:
         """Records what an operator found at the vendor for an indeterminate
         effect (scope effects:resolve) and unblocks its key: "succeeded"
         with the vendor's result, which a duplicate begin then answers, or
         "failed" (it did not happen). Repeating the same resolve answers the
-        effect, so it is retried."""
+        effect, so it is retried. attempt is the attempt verified (the
+        effect's latest attempt whose outcome reads "indeterminate", as
+        read): sent, the resolve applies only to it, and naming another is
+        409 invalid_state (detail["unresolved_attempt"] names the one
+        unknown now), so a retried resolve never settles a later attempt."""
         if outcome not in ("succeeded", "failed"):
             raise ValueError("ratchet: resolve_effect needs outcome 'succeeded' or 'failed'")
         body: Dict[str, Any] = {"outcome": outcome}
@@ -407,6 +411,8 @@ class Ratchet:
             body["result"] = result
         if note is not None:
             body["note"] = note
+        if attempt is not None:
+            body["attempt"] = attempt
         answer = self._transport.call("POST", "/effects/" + path_id(effect_id) + "/resolve", body, safe=True,
                                       call_timeout=timeout)
         return cast(Effect, answer)

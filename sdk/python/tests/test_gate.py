@@ -124,7 +124,12 @@ class GateTest(unittest.TestCase):
         self.assertIsNone(page["next_cursor"])
         with self.assertRaises(ValueError):
             self.ws.operator.resolve_effect(begun["effect_id"], "maybe")
-        resolved = self.ws.operator.resolve_effect(begun["effect_id"], "succeeded", {"charge": "ch_1"}, note="found")
+        # Naming another attempt than the unknown one is refused, naming it.
+        with self.assertRaises(getratchet.RatchetError) as other:
+            self.ws.operator.resolve_effect(begun["effect_id"], "succeeded", attempt=2)
+        self.assertEqual((other.exception.code, other.exception.detail.get("unresolved_attempt")), ("invalid_state", 1))
+        resolved = self.ws.operator.resolve_effect(begun["effect_id"], "succeeded", {"charge": "ch_1"}, note="found",
+                                                   attempt=1)
         self.assertEqual(resolved["state"], "succeeded")
         self.assertEqual(resolved["attempts"][0]["resolve_note"], "found")
         again = self.ws.operator.begin(effect_type, key, {"amount": 1})

@@ -3376,6 +3376,15 @@ class OperatorCallsTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             client.reconcile("t", datetime(2026, 1, 1), "2026-01-02T00:00:00Z")
 
+    def test_a_resolve_sends_its_attempt_only_when_given(self) -> None:
+        # Resolve QA: a resolve names the attempt verified, so a retry can
+        # never settle a later one; left out, the body is as before.
+        client, server = self.client([(200, {}, {})] * 2)
+        client.resolve_effect("eff_1", "failed", note="n", attempt=2)
+        client.resolve_effect("eff_1", "succeeded")
+        self.assertEqual([body for _, _, _, body in server.seen],
+                         [{"outcome": "failed", "note": "n", "attempt": 2}, {"outcome": "succeeded"}])
+
     def test_a_batch_answer_naming_other_jobs_is_asked_again(self) -> None:
         # Parity QA: Go failed report_jobs on a result in a slot naming
         # another job; the worker gave up only that report. An answer that

@@ -240,10 +240,13 @@ export class Ratchet {
   /** Records what an operator found at the vendor for an indeterminate
    * effect (scope effects:resolve): 'succeeded' with the vendor's result,
    * which a duplicate begin then answers, or 'failed' (it did not happen).
-   * Repeating the same resolve answers the effect, so it is retried. */
-  async resolveEffect(effectId, { outcome, result, note } = {}, options) {
+   * Repeating the same resolve answers the effect, so it is retried.
+   * attempt, the attempt verified (the effect's latest whose outcome reads
+   * 'indeterminate'), makes it apply only to that attempt: naming another
+   * is 409 invalid_state, so a retried resolve never settles a later one. */
+  async resolveEffect(effectId, { outcome, result, note, attempt } = {}, options) {
     if (outcome !== 'succeeded' && outcome !== 'failed') throw new TypeError("ratchet: resolveEffect needs outcome 'succeeded' or 'failed'");
-    return this.#transport.call('POST', `/effects/${pathId(effectId)}/resolve`, { outcome, ...defined({ result, note }) }, { ...perCall(options), safe: true });
+    return this.#transport.call('POST', `/effects/${pathId(effectId)}/resolve`, { outcome, ...defined({ result, note, attempt }) }, { ...perCall(options), safe: true });
   }
 
   /** Pages effects newest first (scope effects:read), results as redacted

@@ -444,6 +444,11 @@ export interface ResolveRequest {
   /** What the vendor recorded: a later duplicate begin answers it. */
   result?: Json | undefined;
   note?: string | undefined;
+  /** The attempt verified: the effect's latest attempt whose outcome reads
+   * 'indeterminate', as read. Sent, the resolve applies only to it; naming
+   * another is 409 invalid_state (detail.unresolved_attempt names the one
+   * unknown now), so a retried resolve never settles a later attempt. */
+  attempt?: number | undefined;
 }
 
 /** The gate's answer (snake_case, as on the wire). */

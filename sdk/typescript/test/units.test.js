@@ -2662,3 +2662,13 @@ test('a stop leaves a handler ignoring a lost lease or a cancel running, and tel
     });
   }
 });
+
+// Resolve QA: a resolve names the attempt verified, so a retry can never
+// settle a later one; left out, the body is as before.
+test('a resolve sends its attempt only when given', async (t) => {
+  const server = await fakeServer(t, [[200, {}], [200, {}]]);
+  const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
+  await client.resolveEffect('eff_1', { outcome: 'failed', note: 'n', attempt: 2 });
+  await client.resolveEffect('eff_1', { outcome: 'succeeded' });
+  assert.deepEqual(server.seen.map((s) => s.body), [{ outcome: 'failed', note: 'n', attempt: 2 }, { outcome: 'succeeded' }]);
+});

@@ -109,7 +109,10 @@ test('effect answers have the declared fields, and an indeterminate one is liste
   assert.equal(blocked.decision, 'blocked');
   matches(blocked, 'BeginResponse', 'begin blocked');
   matches(blocked.prior_attempt, 'PriorAttempt');
-  const resolved = await ws.operator.resolveEffect(lost.effect_id, { outcome: 'succeeded', result: { id: 'v1' }, note: 'found' });
+  // Naming another attempt than the unknown one is refused, naming it.
+  await assert.rejects(ws.operator.resolveEffect(lost.effect_id, { outcome: 'succeeded', attempt: 2 }),
+    (err) => err instanceof RatchetError && err.code === 'invalid_state' && err.detail.unresolved_attempt === 1);
+  const resolved = await ws.operator.resolveEffect(lost.effect_id, { outcome: 'succeeded', result: { id: 'v1' }, note: 'found', attempt: blocked.prior_attempt.attempt });
   assert.equal(resolved.state, 'succeeded');
   assert.equal(resolved.attempts[0].resolve_note, 'found');
   const dup = await ws.operator.begin({ effectType: type, idempotencyKey: 'k2', payload: { to: 'u' } });
