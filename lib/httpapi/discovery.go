@@ -151,7 +151,9 @@ Branch on "decision":
   Send "request_id" (16+ random characters, fresh per call, the same in its retries):
   a retry by the same key after a lost answer then gets the same execute and
   lease_token, not in_flight.
-- blocked: a prior attempt's outcome is unknown. Verify at the vendor, then resolve.
+- blocked: a prior attempt's outcome is unknown. Verify at the vendor, then resolve,
+  sending "attempt": prior_attempt.attempt, so a retried resolve never settles
+  a later attempt nobody checked (another is 409 invalid_state).
 - approval_required: an operator decision is pending. Poll, or wait for the webhook;
   then begin again with the same key and payload.
 - denied (HTTP 403): policy, budget or rejection. Report the reason. Do not work around it.

@@ -108,8 +108,8 @@ const Instructions = "Ask ratchet_begin before any side effect (email, charge, v
 	"attempt's outcome is unknown: first check at the vendor whether prior_attempt happened, and if it did, " +
 	"report succeeded with what it did instead of acting again; duplicate → use result, do not act; " +
 	"in_flight → wait retry_after_seconds, then ratchet_begin again with the same key and payload; blocked → " +
-	"an earlier attempt's outcome is unknown: verify at the vendor, then ratchet_resolve (a key with " +
-	"effects:resolve; an AGENT key has not, so ask an operator); approval_required → wait for an operator's " +
+	"an earlier attempt's outcome is unknown: verify at the vendor, then ratchet_resolve with attempt: prior_attempt's " +
+	"attempt (a key with effects:resolve; an AGENT key has not, so ask an operator); approval_required → wait for an operator's " +
 	"decision, then ratchet_begin again with the same key and payload; denied (an error result carrying the " +
 	"decision and its code) → do not act, stop and report why. Report failed only when the action surely did " +
 	"not happen; if unsure, report nothing. A report refused lease_expired or lease_lost: do not act again."
