@@ -123,7 +123,9 @@ type crashLog struct {
 	gateReports map[string]string          // effect report answered 2xx: lease token → outcome
 	jobReports  map[crashGrant]bool        // job report answered 2xx (alone or in a batch)
 	failures    map[string]int             // answers not 2xx by status and code; transport errors
-	leaky5xx    []string                   // 5xx answers carrying more than their request id
+	// transportErrs are the transport errors' texts (test traffic: no user's values).
+	transportErrs []string
+	leaky5xx      []string // 5xx answers carrying more than their request id
 }
 
 func newCrashLog(next http.RoundTripper) *crashLog {
@@ -139,13 +141,40 @@ var (
 )
 
 func (l *crashLog) RoundTrip(r *http.Request) (*http.Response, error) {
+	began := time.Now()
 	return apitest.Tee(l.next, r, func(r *http.Request, req []byte, res *http.Response, body []byte) {
 		l.note(r.URL.Path, req, res, body)
-	}, func(error) {
+	}, func(err error) {
+		what := "transport error"
+		switch {
+		case errors.Is(r.Context().Err(), context.Canceled):
+			// A call its caller gave up (a worker's claim cut by its Stop
+			// as the traffic ends) is not the server failing to answer it
+			// (CI: the database crash test counted one as such).
+			what = "cancelled by its caller"
+		case errors.Is(r.Context().Err(), context.DeadlineExceeded) && cutByCaller(r, began):
+			// Nor is one cut by a deadline of its caller's own shorter
+			// than the HTTP client's time-out (the Go SDK cuts a heartbeat
+			// once a third of its lease is left).
+			what = "cut by its caller's deadline"
+		}
 		l.mu.Lock()
-		l.failures["transport error"]++
+		l.failures[what]++
+		l.transportErrs = append(l.transportErrs, fmt.Sprintf("%s %s after %s: %s: %v", r.Method,
+			crashIDs.ReplaceAllString(r.URL.Path, "…"), time.Since(began).Round(time.Millisecond), what, err))
 		l.mu.Unlock()
 	})
+}
+
+// crashClientTimeout is the HTTP client's time-out in these tests: a call
+// cut by it is a call the server did not answer in time.
+const crashClientTimeout = 15 * time.Second
+
+// cutByCaller reports whether r's deadline, which ended it, was its
+// caller's, set shorter than the HTTP client's time-out.
+func cutByCaller(r *http.Request, began time.Time) bool {
+	deadline, ok := r.Context().Deadline()
+	return ok && deadline.Sub(began) < crashClientTimeout-time.Second
 }
 
 func (l *crashLog) note(path string, req []byte, res *http.Response, body []byte) {
@@ -315,7 +344,7 @@ func setUpCrashTraffic(t *testing.T, ctx context.Context, base string, transport
 	name string) *crashSetup {
 	sdk := func(key string) *ratchet.Client {
 		c, err := ratchet.NewClient(ratchet.Config{BaseURL: base, APIKey: key,
-			HTTPClient: &http.Client{Transport: transport, Timeout: 15 * time.Second}})
+			HTTPClient: &http.Client{Transport: transport, Timeout: crashClientTimeout}})
 		require.NoError(t, err)
 		return c
 	}

@@ -102,7 +102,8 @@ func TestDatabaseCrashesLoseNothingAcknowledged(t *testing.T) {
 	t.Logf("%d crashes; answers not 2xx: %v; calls made again after the SDK gave up: %d; gate keys blocked: %d; "+
 		"503 database_unavailable answered while down: %d; writes acknowledged after the last restart: %d",
 		crashes, seen.failures, c.gaveUp.Load(), c.blocked.Load(), watch.unavailable, watch.writesAfterLast)
-	require.Zero(t, seen.failures["transport error"], "the server, up throughout, answered every call")
+	require.Zero(t, seen.failures["transport error"], "the server, up throughout, answered every call: %q",
+		seen.transportErrs)
 	require.Empty(t, watch.phantoms, "a write sent and answered while the database was down was acknowledged")
 	require.Empty(t, watch.otherWhileDown, "while the database was down every call was answered 503 database_unavailable")
 	require.Positive(t, watch.unavailable, "calls were made while the database was down")
