@@ -587,9 +587,15 @@ const sqlWorkerExists = `SELECT true FROM job_workers WHERE id = $1::text AND wo
 // sqlClaim claims up to $5 due jobs of the worker's exact name@version pairs
 // in one statement. Jobs are locked with SKIP LOCKED (claimers never wait on
 // each other's jobs); their endpoints are then locked in id order, and the
-// gates are computed from the locked rows' current values (a locked row is
-// re-read at its latest version), so pause, maxConcurrent and
-// rateLimitPerMinute hold across concurrent claimers. A RUNNING job is due
+// gates are decided by a second statement, whose snapshot is taken once
+// those rows are locked, so it reads their latest versions: pause,
+// maxConcurrent and rateLimitPerMinute hold across concurrent claimers, a
+// pause PUT and reports freeing slots. (The first statement's scan reads
+// the endpoints as of its start, and a claim that then waited for an
+// endpoint's row re-reads only that row: its filter may offer a job whose
+// gate closed meanwhile, which then gets no grant, or pass over one whose
+// gate opened, which the next look takes; no grant rests on it.
+// TestAClaimWaitingForItsEndpointGrantsFromTheLockedRow.) A RUNNING job is due
 // when its lease lapsed: its reclaim needs no new concurrency slot, and its
 // lapsed execution is marked failed with the warning. A job replayed after
 // a cancel while its cancelled attempt may still run (jobs.slot_attempt,

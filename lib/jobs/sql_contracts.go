@@ -51,7 +51,18 @@ VALUES ($1::text, $2::text, $3::text, 'RUNNING', true, $4::timestamptz, true)`
 
 // sqlReplayPreview reads what a replay decides on; sqlReplayLock reads it
 // under the job's row lock (a replay, a report, a cancel and a claim of one
-// job are serialised by it).
+// job are serialised by it). Waiting for that lock, it re-reads the job's
+// row alone: the endpoint's paused flag and the dependency's status stay
+// as of the statement's start. Neither needs more. paused only answers the
+// preview (a paused endpoint holds the QUEUED job at the claim). A stale
+// dependency status either refuses (the dependency ended meanwhile: the
+// refusal the replay would get ordered before that ending, the job then
+// not replayable yet), or admits beside a dependency replayed meanwhile:
+// the state the two replays leave in the other order, this one first, as
+// a dependency's replay leaves its released dependents as they are. A
+// transaction holding the job's row that takes the dependency back (its
+// replay unskipping the job) leaves the job WAITING, refused on its own
+// re-read status.
 const sqlReplayPreview = `
 SELECT j.id, j.run_id, j.name, j.version, j.contract_version, j.status, j.attempt, j.max_attempts,
        coalesce(j.policy_max_attempts, j.max_attempts), j.input_sealed, e.paused,
