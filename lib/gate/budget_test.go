@@ -552,6 +552,28 @@ func TestABudgetSetDuringTheDayCountsAProbeAndItsUnknownAttemptOnce(t *testing.T
 	b.denialOf("budget_exceeded", charge(key("full"), 1))
 }
 
+// So is a probe that lapsed too, once an operator resolved the key
+// succeeded: the resolution settles both attempts with one outcome, and
+// still one action acted, as the counters of a ceiling set before hold it
+// (stale-read QA: the attempt before the probe, no longer indeterminate,
+// no longer kept the probe out, and the two were counted 1 400 of 1 000).
+func TestABudgetSetAfterAProbeIsResolvedCountsItOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("api.call", map[string]any{"on_indeterminate": "probe"})
+	k := charge(key("probed"), 700)
+	b.mustBegin("execute", k)
+	b.clock.Add(2 * time.Minute)
+	probe := b.mustBegin("execute", k)
+	require.Equal(t, true, probe["probe"])
+	b.clock.Add(2 * time.Minute) // the probe lapses too
+	b.env.Must(http.StatusOK, "POST", "/api/v1/effects/"+str(probe["effect_id"])+"/resolve", b.ws.Key,
+		map[string]any{"outcome": "succeeded"})
+	b.putPolicy("api.call", map[string]any{"daily_budget_micros": 1000})
+	b.mustBegin("execute", charge(key("fits"), 300))
+	b.denialOf("budget_exceeded", charge(key("full"), 1))
+}
+
 // A day's earlier spend too large to count (over 8·10^18 micros, where a
 // grant's charge would leave bigint) refuses the ceiling instead of
 // leaving a counter every later begin of the type fails on (review: 9

@@ -104,10 +104,13 @@ const maxBackfilledCounter = "8000000000000000000::numeric"
 // now written would have been charged (sqlGrant), less what it was charged
 // already on each scope: the counters grow by the difference, and each
 // attempt records its new charges, so a later failed report or resolution
-// releases exactly them. A probe whose earlier attempt of the same day is
-// still of unknown outcome is not charged, as its grant would not have
-// been (one of the two acted). The effects and their attempts are locked
-// first, in effect id order, then the counters in scope order, as a begin,
+// releases exactly them. A probe whose earlier attempt of the same day was
+// of unknown outcome when it was granted (still, or resolved since: a
+// resolution settles both with one outcome) is not charged, as its grant
+// would not have been (one of the two acted; stale-read QA: a probe and
+// its unknown attempt resolved succeeded were counted twice). The effects
+// and their attempts are locked first, in effect id order, then the
+// counters in scope order, as a begin,
 // a report, a resolve, the lapse sweep and a reconciliation lock them (a
 // lock in heap order deadlocked with the sweep, review); a counter may end
 // above its cap: that day's later grants are refused. No grant is in
@@ -133,7 +136,8 @@ WITH day AS (
       AND a.outcome IS DISTINCT FROM 'failed'
       AND NOT (a.probe AND EXISTS (
           SELECT 1 FROM effect_attempts u WHERE u.effect_id = a.effect_id AND u.attempt < a.attempt
-            AND u.started_at >= $3::timestamptz AND u.outcome = 'indeterminate'))
+            AND u.started_at >= $3::timestamptz
+            AND (u.outcome = 'indeterminate' OR u.resolved_at >= a.started_at)))
     ORDER BY e.id, a.attempt
     FOR UPDATE OF e, a
 ), missing AS (
