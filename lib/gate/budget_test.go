@@ -535,18 +535,26 @@ func TestADimensionLimitSetDuringTheDayCountsTheDaysEarlierGrants(t *testing.T) 
 	}
 }
 
+// probed sets api.call's policy to probe, begins a key of that cost, lets
+// its lease lapse and begins it again: the probe's begin answer.
+func (b *bundle) probed(cost int) map[string]any {
+	b.t.Helper()
+	b.putPolicy("api.call", map[string]any{"on_indeterminate": "probe"})
+	k := charge(key("probed"), cost)
+	b.mustBegin("execute", k)
+	b.clock.Add(2 * time.Minute)
+	probe := b.mustBegin("execute", k)
+	require.Equal(b.t, true, probe["probe"])
+	return probe
+}
+
 // A probe and the attempt of unknown outcome before it, granted the same
 // day, are one action at the vendor: a ceiling set afterwards counts it
 // once, as their grants would have been charged.
 func TestABudgetSetDuringTheDayCountsAProbeAndItsUnknownAttemptOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.putPolicy("api.call", map[string]any{"on_indeterminate": "probe"})
-	k := charge(key("probed"), 700)
-	b.mustBegin("execute", k)
-	b.clock.Add(2 * time.Minute)
-	probe := b.mustBegin("execute", k)
-	require.Equal(t, true, probe["probe"])
+	b.probed(700)
 	b.putPolicy("api.call", map[string]any{"daily_budget_micros": 1000})
 	b.mustBegin("execute", charge(key("fits"), 300))
 	b.denialOf("budget_exceeded", charge(key("full"), 1))
@@ -560,12 +568,7 @@ func TestABudgetSetDuringTheDayCountsAProbeAndItsUnknownAttemptOnce(t *testing.T
 func TestABudgetSetAfterAProbeIsResolvedCountsItOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.putPolicy("api.call", map[string]any{"on_indeterminate": "probe"})
-	k := charge(key("probed"), 700)
-	b.mustBegin("execute", k)
-	b.clock.Add(2 * time.Minute)
-	probe := b.mustBegin("execute", k)
-	require.Equal(t, true, probe["probe"])
+	probe := b.probed(700)
 	b.clock.Add(2 * time.Minute) // the probe lapses too
 	b.env.Must(http.StatusOK, "POST", "/api/v1/effects/"+str(probe["effect_id"])+"/resolve", b.ws.Key,
 		map[string]any{"outcome": "succeeded"})

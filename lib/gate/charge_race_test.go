@@ -4,7 +4,6 @@ import (
 	"context"
 	"net/http"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -26,13 +25,7 @@ import (
 func TestACeilingSetWhileAFailedProbeReportsChargesNeither(t *testing.T) {
 	ctx := context.Background()
 	b := setup(t)
-	b.putPolicy("api.call", map[string]any{"on_indeterminate": "probe"})
-	k := charge(key("probed"), 700)
-	b.mustBegin("execute", k)
-	b.clock.Add(2 * time.Minute)
-	probe := b.mustBegin("execute", k)
-	require.Equal(t, true, probe["probe"])
-	id := str(probe["effect_id"])
+	id := str(b.probed(700)["effect_id"])
 	pool := b.env.App.Pool
 
 	report, err := pool.Begin(ctx)
