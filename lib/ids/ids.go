@@ -118,7 +118,7 @@ func Len(prefix string) int { return len(prefix) + 27 }
 
 // Pattern is a regular expression matching exactly the ids of prefix's
 // kind Valid accepts, for an API document.
-func Pattern(prefix string) string { return "^" + prefix + "_[0-9a-hjkmnp-tv-z]{26}$" }
+func Pattern(prefix string) string { return "^" + prefix + "_[" + alphabet + "]{26}$" }
 
 // Random returns n random bytes encoded as lowercase hex, for secrets and
 // lease tokens.
