@@ -2,7 +2,11 @@ package idempotency
 
 // LoseClaimAnswers makes s's claim statements fail with err after they ran,
 // as a request cancelled while its claim was committing does.
-func LoseClaimAnswers(s *Store, err error) { s.claimed = func(error) error { return err } }
+func LoseClaimAnswers(s *Store, err error) { AfterClaims(s, func(error) error { return err }) }
+
+// AfterClaims makes f see each of s's claim statements' errors once the
+// statement ran, and answer the error Begin sees instead.
+func AfterClaims(s *Store, f func(error) error) { s.claimed = f }
 
 // SQLUnlinked is LinkAnswers' read, for a test of its plan.
 const SQLUnlinked = sqlUnlinked

@@ -3,6 +3,7 @@ package idempotency_test
 import (
 	"context"
 	"errors"
+	"io"
 	"testing"
 	"time"
 
@@ -87,6 +88,26 @@ func TestAClaimSettledDuringAnOutageIsFreedOnceTheDatabaseIsBack(t *testing.T) {
 	require.Error(t, tx.Commit(ctx), "the crash ended the transaction")
 	_, err = claim.Settle(ctx)
 	require.True(t, db.IsUnavailable(err), "the settle could not reach the database: %v", err)
+	require.NoError(t, pg.Restart(ctx))
+	requireFreedOnceBack(t, ctx, s, req)
+}
+
+// So does one whose claim landed but whose answer was lost, the database
+// going down as it answered (Begin's lost-claim path): Begin's give-up
+// cannot reach the database either, and the claim is given up in the
+// background once it is back, not when it lapses.
+func TestAClaimWhoseAnswerAnOutageLostIsFreedOnceTheDatabaseIsBack(t *testing.T) {
+	t.Parallel()
+	ctx, pg, s, req := outageStore(t)
+
+	lost := idempotency.New(s.pool, nil, time.Now)
+	idempotency.AfterClaims(lost, func(err error) error {
+		require.NoError(t, err, "the claim landed")
+		require.NoError(t, pg.Crash(ctx))
+		return io.ErrUnexpectedEOF // the connection ended before its answer was read
+	})
+	_, _, err := lost.Begin(ctx, req)
+	require.ErrorIs(t, err, io.ErrUnexpectedEOF)
 	require.NoError(t, pg.Restart(ctx))
 	requireFreedOnceBack(t, ctx, s, req)
 }
