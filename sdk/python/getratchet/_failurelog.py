@@ -36,7 +36,9 @@ class FailureLog:
     claim succeeds after a line told of a failed call to the server, one line
     saying after how many such failures it recovered. A line holds none of an
     error's text, which may hold payload details (see summary). Not
-    thread-safe: the worker calls it under a lock of its own."""
+    thread-safe: the worker calls it under a lock of its own, from its
+    on_error thread, in the order the problems were told, each with the time
+    it was told (at; now() when None)."""
 
     def __init__(self, now: Callable[[], float] = time.monotonic) -> None:
         self.now = now
@@ -45,12 +47,12 @@ class FailureLog:
         self._failures = 0  # failed calls to the server since the last recovery
         self._outage = False  # a line told of a failed call, and no recovery line followed
 
-    def failure(self, error: BaseException) -> Optional[str]:
+    def failure(self, error: BaseException, at: Optional[float] = None) -> Optional[str]:
         """The line to log for error, or None when it is left out."""
         text, call = summary(error)
         if call:
             self._failures += 1
-        now = self.now()
+        now = self.now() if at is None else at
         if self._last is not None and now - self._last < LOG_EVERY:
             self._left += 1
             return None
@@ -60,7 +62,7 @@ class FailureLog:
         self._outage = self._outage or call
         return "ratchet worker: " + text
 
-    def refusal(self, error: BaseException) -> str:
+    def refusal(self, error: BaseException, at: Optional[float] = None) -> str:
         """The line to log for error, a refusal that stopped the worker:
         logged whatever the pacing, since it says why the worker claims no
         more, with the count of those left out before it."""
@@ -69,7 +71,7 @@ class FailureLog:
             self._failures += 1
         if self._left:
             text += f" more_since_last_line={self._left}"
-        self._last, self._left = self.now(), 0
+        self._last, self._left = self.now() if at is None else at, 0
         return "ratchet worker refused: " + text
 
     def stopped(self) -> Optional[str]:

@@ -82,6 +82,12 @@ _CLAIM_CHECK = 1.0
 # microseconds), a step cut at every run is a signal storm or raises
 # KeyboardInterrupt itself, and was run again for ever.
 _INTERRUPT_RERUNS = 3
+# How often the on_error thread, waiting for something to deliver, looks
+# whether its queue was closed though nothing woke it: a signal storm that
+# cut every run of the close step after it set the flag and before it woke
+# the thread left it waiting for ever, and each flush after it waited its
+# full second (_Notices).
+_NOTICES_CHECK = 0.1
 
 
 @dataclass
@@ -414,8 +420,9 @@ class Worker:
         self._loop_thread: Optional[threading.Thread] = None
         self._errors = _Notices()
         self._on_error: Optional[Callable[[BaseException], Any]] = None
-        # Without on_error: the default failure log, its lines queued in order
-        # under its lock (a test seam: its now is the clock that paces it).
+        # Without on_error: the default failure log, decided by the on_error
+        # thread in the order the problems were told, each at the time it was
+        # told (_log; a test seam: its now is the clock that paces it).
         self._failure_log = FailureLog()
         self._failure_log_lock = threading.Lock()
         self._lost_reports = 0
@@ -737,19 +744,18 @@ class Worker:
         (err when None) goes to on_error, or without it to the default log
         at once, whatever its pacing; err is what a blocking start() raises
         (the first refusal's; a later one is only told)."""
-        notice = err if notice is None else notice
+        told: BaseException = err if notice is None else notice
         with self._lock:
             first = self._refused is None
             if first:
                 self._refused = err  # type: ignore[assignment]
         if not first:
-            self._notify(notice)
+            self._notify(told)
             return
         if self._on_error is not None:
-            self._errors.put(notice)
+            self._errors.put(told)
         else:
-            with self._failure_log_lock:
-                self._errors.put(_LogLine(self._failure_log.refusal(notice)))
+            self._log(lambda log, at: log.refusal(told, at))
         self._request_stop(0.0)
         with self._lock:
             now = time.monotonic()
@@ -1423,25 +1429,31 @@ class Worker:
                 self._tell(error)
 
     def _tell(self, error: BaseException, key: Optional[Hashable] = None) -> None:
-        """Queues error for on_error, or a line of the default failure log;
-        of errors queued under one key, only the first is delivered."""
+        """Queues error for on_error, or for the default failure log; of
+        errors queued under one key, only the first is delivered."""
         if self._on_error is not None:
             self._errors.put(error, key)
             return
-        with self._failure_log_lock:
-            line = self._failure_log.failure(error)
-            if line is not None:
-                self._errors.put(_LogLine(line), key)
+        self._log(lambda log, at: log.failure(error, at), key)
 
     def _recovered(self) -> None:
         """Tells the default failure log that a registration or claim
         succeeded (nothing with on_error)."""
         if self._on_error is not None:
             return
+        self._log(lambda log, at: log.recovered())
+
+    def _log(self, decide: Callable[[FailureLog, float], Optional[str]], key: Optional[Hashable] = None) -> None:
+        """Queues a problem (or a recovery) for the default failure log, with
+        the time it was told: the on_error thread decides its line (decide)
+        as it takes it, so that a problem told twice under one key (a step
+        cut by an interrupt after it told a job, and run again) is left out
+        once, as on_error hears of it once, where the log decided here, as
+        each was told, counted the second among those left out since its
+        last line (one too many). Under the lock, so that the times go in
+        the order they are queued."""
         with self._failure_log_lock:
-            line = self._failure_log.recovered()
-            if line is not None:
-                self._errors.put(_LogLine(line))
+            self._errors.put(_LogStep(decide, self._failure_log.now()), key)
 
     def _close_errors(self) -> None:
         """Ends the on_error thread once it has delivered the rest; without
@@ -1461,8 +1473,11 @@ class Worker:
                         if line is not None:
                             LOGGER.warning("%s", line)
                     return  # the worker is done
-                if isinstance(error, _LogLine):
-                    LOGGER.warning("%s", error.text)
+                if isinstance(error, _LogStep):
+                    with self._failure_log_lock:
+                        line = error.decide(self._failure_log, error.at)
+                    if line is not None:
+                        LOGGER.warning("%s", line)
                 elif self._on_error is not None:
                     self._on_error(error)
             except BaseException:  # noqa: BLE001 - on_error's own failure has nowhere to go
@@ -1477,10 +1492,13 @@ class Worker:
 
 
 @dataclass
-class _LogLine:
-    """A default failure log line waiting in the on_error queue, logged by
-    its thread: a slow handler of the logging module holds up no work."""
-    text: str
+class _LogStep:
+    """A problem (or a recovery) waiting in the on_error queue for the
+    default failure log, which its thread tells (decide, with at, the time
+    it was told) and logs the line of, if any: a slow handler of the
+    logging module holds up no work."""
+    decide: Callable[[FailureLog, float], Optional[str]]
+    at: float
 
 
 class _Notices:
@@ -1500,11 +1518,14 @@ class _Notices:
     tells a job and is cut before it marks it told tells it again, and
     on_error hears of it once. A wake-up that a cut left unsent (the item
     is queued, the thread not yet woken) is made up by the next put or
-    close, at the latest at the worker's end."""
+    close; one of the close is made up by the thread itself, which looks at
+    the flag every _NOTICES_CHECK seconds however long it waits, so that a
+    close whose every run a signal storm cut before it woke the thread ends
+    it all the same."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        self._items: Deque[Tuple[Union[BaseException, _LogLine], Optional[Hashable]]] = collections.deque()
+        self._items: Deque[Tuple[Union[BaseException, _LogStep], Optional[Hashable]]] = collections.deque()
         self._closed = False
         self._busy = False  # the thread is delivering an item (under _cond)
         self._ended = False  # the thread has ended (under _cond)
@@ -1516,7 +1537,7 @@ class _Notices:
         with self._cond:
             return len(self._items) + int(self._busy)
 
-    def put(self, item: Union[BaseException, _LogLine], key: Optional[Hashable] = None) -> None:
+    def put(self, item: Union[BaseException, _LogStep], key: Optional[Hashable] = None) -> None:
         self._items.append((item, key))
         self._wake()
 
@@ -1529,7 +1550,7 @@ class _Notices:
         with self._cond:
             self._cond.notify_all()
 
-    def take(self) -> Optional[Union[BaseException, _LogLine]]:
+    def take(self) -> Optional[Union[BaseException, _LogStep]]:
         """The next item to deliver, once there is one; None once closed
         with nothing left (the thread then ends)."""
         with self._cond:
@@ -1545,7 +1566,7 @@ class _Notices:
                 if self._closed:
                     self._busy = True  # until the thread has ended (done(True))
                     return None
-                self._cond.wait()
+                self._cond.wait(_NOTICES_CHECK)
 
     def done(self, ended: bool) -> None:
         """The item taken was delivered; ended: the thread ends."""

@@ -1403,6 +1403,60 @@ class DefaultFailureLogTest(unittest.TestCase):
         self.assertEqual(summary(TypeError(SECRET)), ("error=TypeError (set on_error to see it)", False))
 
 
+class NoticesTest(unittest.TestCase):
+    """The on_error queue (_Notices) and the default failure log it feeds,
+    against the interrupts that may cut the steps that fill and close it."""
+
+    def deliver(self, worker) -> threading.Thread:
+        """Starts the worker's on_error thread, as start() does, and answers
+        it once it waits for something to deliver."""
+        thread = threading.Thread(target=worker._deliver_errors, daemon=True)
+        thread.start()
+
+        def waiting() -> bool:
+            frame = sys._current_frames().get(thread.ident or 0)  # the innermost: the condition's wait
+            return (frame is not None and frame.f_code.co_name == "wait" and frame.f_back is not None
+                    and frame.f_back.f_code.co_name == "take")
+
+        wait_until(waiting)
+        return thread
+
+    def test_a_close_cut_before_it_woke_the_thread_still_ends_it(self) -> None:
+        # A signal storm cut every run of the close step (_despite_interrupts)
+        # once it set the flag, before it woke the thread: the thread waited
+        # for ever, and each flush after it waited its full second.
+        worker = getratchet.Ratchet("http://127.0.0.1:1", "rk_test").worker
+        worker._on_error = lambda error: None
+        thread = self.deliver(worker)
+        with mock.patch.object(worker._errors, "_wake", side_effect=KeyboardInterrupt):
+            with self.assertRaises(KeyboardInterrupt):
+                getratchet.worker._despite_interrupts(worker._close_errors)
+        thread.join(10)  # hang guard: it ends once it looks at the flag
+        self.assertFalse(thread.is_alive(), "the closed queue's thread was never woken")
+        worker._flush_errors()
+        self.assertEqual(worker._errors.unfinished_tasks, 0)
+
+    def test_a_job_told_twice_is_counted_once_by_the_default_log(self) -> None:
+        # A step cut after it told a job given up, before it marked it told,
+        # is run again and tells it again (_tell_given_up): on_error hears of
+        # it once, and the default log counted it twice among the problems
+        # left out since its last line.
+        worker = getratchet.Ratchet("http://127.0.0.1:1", "rk_test").worker
+        worker._failure_log.now = lambda: 0.0  # all within a minute: one line, the rest left out
+        with self.assertLogs("getratchet.worker", "WARNING") as logged:
+            thread = self.deliver(worker)
+            worker._tell(TypeError())
+            notice = getratchet.ReportNotRecorded("given up", job_id="job_1", attempt=1)
+            for _ in range(2):
+                worker._tell(notice, key=("given up", "job_1", 1))
+            worker._close_errors()
+            thread.join(10)  # hang guard
+        self.assertFalse(thread.is_alive())
+        self.assertEqual(logged.output, [
+            "WARNING:getratchet.worker:ratchet worker: error=TypeError (set on_error to see it)",
+            "WARNING:getratchet.worker:ratchet worker stopped: more_since_last_line=1"])
+
+
 def quick_backoff(test: unittest.TestCase) -> None:
     """Has the transport back off from 50 ms up to 200 ms (not 0.5 s up to
     8 s) between attempts until test ends, for a test about what is
