@@ -543,18 +543,30 @@ WHERE workspace_id = $1::text AND id > $2::text ORDER BY id LIMIT $3::int`
 // sqlListKeysMintedBy is sqlListKeys of the keys key $4 minted. It is a
 // statement of its own, not a condition of sqlListKeys that an empty $4
 // turns off: a plan made for any value (a prepared statement's generic
-// plan) keeps such a condition as a filter (gate.listEffectsIn).
+// plan) keeps such a condition as a filter (gate.listEffectsIn). The page
+// is read from api_keys_created_by_idx (migration 0072), the cursor
+// bounding the whole key of that index, as db.NewestFirst bounds a page
+// (the same keys as "id > $2"): "id > $2" alone bounds the primary key as
+// well, which a generic plan read in id order, every workspace's keys
+// after the cursor, keeping the page's (50,000 for a page of none).
 var sqlListKeysMintedBy = `SELECT ` + keyColumns + ` FROM api_keys
-WHERE workspace_id = $1::text AND id > $2::text AND created_by_key_id = $4::text ORDER BY id LIMIT $3::int`
+WHERE workspace_id = $1::text AND created_by_key_id = $4::text
+	AND (workspace_id, created_by_key_id, id) > ($1::text, $4::text, $2::text)
+ORDER BY workspace_id, created_by_key_id, id LIMIT $3::int`
+
+// listKeysSQL is ListKeys' statement and its arguments.
+func listKeysSQL(workspaceID, createdBy, cursor string, limit int) (string, []any) {
+	if createdBy != "" {
+		return sqlListKeysMintedBy, []any{workspaceID, cursor, limit, createdBy}
+	}
+	return sqlListKeys, []any{workspaceID, cursor, limit}
+}
 
 // ListKeys pages through the workspace's keys by id: every one, or, when
 // createdBy is not "", those the key createdBy minted (none when it is
 // another workspace's, or no key).
 func (s *Service) ListKeys(ctx context.Context, workspaceID, createdBy, cursor string, limit int) ([]Key, error) {
-	sql, args := sqlListKeys, []any{workspaceID, cursor, limit}
-	if createdBy != "" {
-		sql, args = sqlListKeysMintedBy, append(args, createdBy)
-	}
+	sql, args := listKeysSQL(workspaceID, createdBy, cursor, limit)
 	rows, err := s.pool.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, fmt.Errorf("list keys: %w", err)
