@@ -23,6 +23,7 @@ import (
 	"net/http"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -482,17 +483,10 @@ func (d *driver) sample(ctx context.Context, db *sql.DB, pprof string, pid int, 
 // sdkGoroutines counts this process's goroutines running the Go SDK's code
 // (the worker's loop, claims, handlers, reports; the gate's heartbeats).
 func sdkGoroutines() int {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
-	}
+	var all bytes.Buffer
+	_ = pprof.Lookup("goroutine").WriteTo(&all, 2) // every stack, as a panic prints them
 	n := 0
-	for _, stack := range strings.Split(string(buf), "\n\n") {
+	for _, stack := range strings.Split(all.String(), "\n\n") {
 		if strings.Contains(stack, "getratchet/ratchet/sdk/go.") {
 			n++
 		}
