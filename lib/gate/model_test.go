@@ -7,7 +7,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/http"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -45,41 +44,11 @@ import (
 // leases would record lapses that run's model has not seen yet (so would
 // the package's other tests' sweeps).
 func TestGateModelSequential(t *testing.T) {
-	for _, seed := range modelSeeds(t, 8) {
+	for _, seed := range apitest.ModelSeeds(t, 8) {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
-			runModel(t, seed, modelEnvInt(t, "MODEL_OPS", 100))
+			runModel(t, seed, apitest.ModelEnvInt(t, "MODEL_OPS", 100))
 		})
 	}
-}
-
-// modelSeeds is the seeds to run: MODEL_SEED alone when set, else
-// MODEL_SEEDS (default n) seeds from 1.
-func modelSeeds(t *testing.T, n int) []uint64 {
-	if s := os.Getenv("MODEL_SEED"); s != "" {
-		seed, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			t.Fatalf("MODEL_SEED=%q: %v", s, err)
-		}
-		return []uint64{seed}
-	}
-	n = modelEnvInt(t, "MODEL_SEEDS", n)
-	seeds := make([]uint64, n)
-	for i := range seeds {
-		seeds[i] = uint64(i + 1)
-	}
-	return seeds
-}
-
-func modelEnvInt(t *testing.T, name string, def int) int {
-	s := os.Getenv(name)
-	if s == "" {
-		return def
-	}
-	n, err := strconv.Atoi(s)
-	if err != nil || n < 1 {
-		t.Fatalf("%s=%q: want a positive integer", name, s)
-	}
-	return n
 }
 
 // mPolicy is one effect type's policy as the model knows it.
@@ -1027,10 +996,10 @@ func canonical(raw []byte) string {
 // MODEL_SEEDS and MODEL_OPS (each goroutine's) work as for
 // TestGateModelSequential.
 func TestGateModelConcurrent(t *testing.T) {
-	for _, seed := range modelSeeds(t, 3) {
+	for _, seed := range apitest.ModelSeeds(t, 3) {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
 			t.Parallel()
-			runConcurrentModel(t, seed, 4, modelEnvInt(t, "MODEL_OPS", 40))
+			runConcurrentModel(t, seed, 4, apitest.ModelEnvInt(t, "MODEL_OPS", 40))
 		})
 	}
 }

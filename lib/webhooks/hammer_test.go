@@ -42,7 +42,24 @@ type tally struct {
 	lateHits    map[string]map[string]int // the same, arrived once late()
 	inFlight    map[string]int            // "path event id" → sends in flight
 	overlapping []string                  // deliveries ("path event id") sent again while a send of them was in flight
+	log         []tallySend               // every send, in the order they arrived (take)
 	arrived     atomic.Int32
+}
+
+// tallySend is one send a tally was given: the path, its signature
+// header and its body.
+type tallySend struct {
+	path, signature string
+	body            []byte
+}
+
+// take answers the sends given since the last take.
+func (r *tally) take() []tallySend {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := r.log
+	r.log = nil
+	return out
 }
 
 func newTally(t *testing.T, status func(req *http.Request, event string, n int) int) *tally {
@@ -57,6 +74,7 @@ func newTally(t *testing.T, status func(req *http.Request, event string, n int) 
 		late := r.late()
 		r.mu.Lock()
 		n := r.count(r.hits, req.URL.Path, ev.ID)
+		r.log = append(r.log, tallySend{path: req.URL.Path, signature: req.Header.Get("Ratchet-Signature"), body: body})
 		if late {
 			r.count(r.lateHits, req.URL.Path, ev.ID)
 		}

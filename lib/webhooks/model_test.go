@@ -1,0 +1,954 @@
+package webhooks_test
+
+import (
+	"context"
+	"crypto/md5"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/url"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/events"
+	"github.com/getratchet/ratchet/lib/webhooks"
+)
+
+// Webhooks checked against a model: from a seed, a random sequence of
+// subscription creates, PATCHes (url, events, disabled), deletes and
+// secret rotations (with and without replace_previous, with the default,
+// no, or a short previous secret lifetime), events produced by gate and
+// jobs operations (a type's breaker opened and closed, the emergency stop
+// and its release, a run finished), receivers answering 2xx, 4xx, 5xx or
+// slowly as the seed says (or a URL nobody listens on: connection
+// refused), clock moves (a few seconds, minutes, hours, or to the next
+// delivery due), sweeps (fan-out and a delivery pass), deliveries'
+// retries and reads, every answer compared with what a plain Go model of
+// API.md §2.7 and README "Webhooks" predicts: which events were sent to
+// which receiver (each due delivery once a pass, none of a disabled,
+// deleted or unsubscribed subscription's, none of an event recorded
+// before its creation or while it was disabled, a delivered one never
+// again unless retried), each send's body and signature (signed at the
+// send with the then-current secret, and the previous one while it still
+// signs, the current one's v1 first), and on the reads each delivery's
+// state, attempts, last status and error, next attempt (30 s doubling,
+// capped at 6 h, ±20 % jitter; failed after 12 attempts) and delivery
+// time, and each subscription's fields. A failure names the seed and the
+// trace; MODEL_SEED=<n> replays one seed, MODEL_SEEDS=<n> runs n seeds,
+// MODEL_OPS=<n> makes each sequence n operations long (a seed's sequence
+// of a given length is a prefix of its longer ones).
+//
+// Not parallel (TestMain): a pass sweeps the package's shared outbox at
+// this run's clock.
+func TestWebhooksModelSequential(t *testing.T) {
+	for _, seed := range apitest.ModelSeeds(t, 4) {
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			runHookModel(t, seed, apitest.ModelEnvInt(t, "MODEL_OPS", 80))
+		})
+	}
+}
+
+// The receiver paths a subscription's URL may name, and the types whose
+// breakers the sequence opens and closes.
+var (
+	hmPaths = []string{"/r0", "/r1", "/r2"}
+	hmTypes = []string{"mdl.a", "mdl.b"}
+	// hmEvents are the types a subscription may list: those the sequence
+	// produces and one it never does.
+	hmEvents = []string{events.CircuitTripped, events.CircuitClosed, events.RunFinished, events.StepExhausted}
+	// hmModes are what a receiver may answer: a status, and whether it
+	// takes a while first.
+	hmModes = []hmMode{{200, false}, {204, false}, {200, true}, {400, false}, {410, false}, {500, false},
+		{503, false}, {500, true}}
+)
+
+type hmMode struct {
+	status int
+	slow   bool
+}
+
+// hmEvent is one outbox event of the run's workspace.
+type hmEvent struct {
+	id, typ, subject string
+	created          time.Time
+	dispatched       bool
+}
+
+// hmDelivery is the model's view of one delivery.
+type hmDelivery struct {
+	id        string
+	ev        *hmEvent
+	state     string // pending | delivered | failed
+	attempts  int
+	next      time.Time // while pending; exact unless window
+	window    [2]time.Time
+	windowed  bool // next is within window (a failure's jittered backoff), read to learn it
+	code      int  // 0: none
+	lastError string
+	delivered time.Time
+	created   time.Time
+}
+
+// hmHook is the model's view of one subscription.
+type hmHook struct {
+	id, url    string
+	events     []string
+	created    time.Time
+	disabledAt time.Time // zero while enabled
+	lastOff    [2]time.Time
+	hasLastOff bool
+	deleted    bool
+	deleteAns  map[string]any // the delete's answer, given again to a DELETE of it again
+	secret     string
+	previous   string
+	prevUntil  time.Time // zero: none
+	dels       []*hmDelivery
+}
+
+func (h *hmHook) signing(now time.Time) bool { return !h.prevUntil.IsZero() && h.prevUntil.After(now) }
+
+type hookModel struct {
+	t       *testing.T
+	seed    uint64
+	rng     *rand.Rand
+	env     *apitest.Env
+	ws      apitest.Workspace
+	clock   *apitest.Clock
+	rcv     *tally
+	dead    string // a URL nobody listens on
+	mu      sync.Mutex
+	modes   map[string]hmMode // receiver path → its answer
+	hooks   []*hmHook
+	events  []*hmEvent
+	open    map[string]bool // breaker (type, or "*" for the stop) → open
+	trace   []string
+	fails   int
+	seen    map[string]int
+	ops     int
+	lastDue time.Time
+}
+
+func runHookModel(t *testing.T, seed uint64, ops int) {
+	env, clk := start(t, true)
+	clk.Set(time.Now().Truncate(time.Second))
+	m := &hookModel{t: t, seed: seed, rng: rand.New(rand.NewPCG(seed, 0x686f6f6b)), env: env, ws: hammered(t, env),
+		clock: clk, modes: map[string]hmMode{}, open: map[string]bool{}, seen: map[string]int{}, ops: ops}
+	m.rcv = newTally(t, func(req *http.Request, _ string, _ int) int {
+		m.mu.Lock()
+		mode := m.modes[receiverOf(req.URL.Path)]
+		m.mu.Unlock()
+		if mode.slow {
+			time.Sleep(30 * time.Millisecond) // not a timing assertion: what a slow receiver does
+		}
+		return mode.status
+	})
+	for _, p := range hmPaths {
+		m.modes[p] = hmModes[0]
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	m.dead = "http://" + l.Addr().String() + "/gone"
+	require.NoError(t, l.Close())
+	t.Cleanup(func() {
+		if !t.Failed() {
+			t.Logf("covered: %v", m.seen)
+		}
+	})
+	for i := 0; i < ops && m.fails == 0; i++ {
+		m.step()
+	}
+	if m.fails == 0 {
+		// Everything due goes out and reads as the model says.
+		m.sweep()
+	}
+}
+
+func (m *hookModel) fail(format string, args ...any) {
+	m.t.Helper()
+	m.fails++
+	if m.fails > 1 {
+		return
+	}
+	m.t.Errorf("model mismatch (replay: MODEL_SEED=%d MODEL_OPS=%d go test -run 'TestWebhooksModelSequential' "+
+		"./lib/webhooks): %s\ntrace:\n  %s", m.seed, m.ops, fmt.Sprintf(format, args...), strings.Join(m.trace, "\n  "))
+}
+
+// log adds a line to the trace and counts the operation and its answer
+// ("op ... -> answer") as covered.
+func (m *hookModel) log(format string, args ...any) {
+	line := fmt.Sprintf(format, args...)
+	m.trace = append(m.trace, fmt.Sprintf("%3d ", len(m.trace)+1)+line)
+	if op, answer, ok := strings.Cut(line, " -> "); ok {
+		op, _, _ = strings.Cut(op, " ")
+		answer, _, _ = strings.Cut(answer, " ")
+		m.seen[op+" "+answer]++
+	}
+}
+
+func (m *hookModel) now() time.Time { return m.clock.Now() }
+
+func (m *hookModel) live() []*hmHook {
+	var out []*hmHook
+	for _, h := range m.hooks {
+		if !h.deleted {
+			out = append(out, h)
+		}
+	}
+	return out
+}
+
+func (m *hookModel) pick(hooks []*hmHook) *hmHook {
+	if len(hooks) == 0 {
+		return nil
+	}
+	return hooks[m.rng.IntN(len(hooks))]
+}
+
+func (m *hookModel) step() {
+	live := m.live()
+	switch r := m.rng.IntN(100); {
+	case r < 6 || len(live) == 0:
+		if len(live) < 4 {
+			m.create()
+		} else {
+			m.produce()
+		}
+	case r < 24:
+		m.produce()
+	case r < 36:
+		m.sweep()
+	case r < 44:
+		m.moveClock()
+	case r < 56:
+		// The next retry falls due, or every one, and is sent.
+		last := m.rng.IntN(2) == 0
+		if next := m.nextDue(last); next.After(m.now()) {
+			m.clock.Add(next.Sub(m.now()))
+			m.log("clock to the next due (last=%v)", last)
+		}
+		m.sweep()
+	case r < 64:
+		m.patch(m.pick(live))
+	case r < 69:
+		m.rotate(m.pick(live))
+	case r < 71:
+		m.remove(m.pick(m.hooks))
+	case r < 77:
+		m.retry()
+	case r < 85:
+		p := hmPaths[m.rng.IntN(len(hmPaths))]
+		mode := hmModes[m.rng.IntN(len(hmModes))]
+		m.mu.Lock()
+		m.modes[p] = mode
+		m.mu.Unlock()
+		m.log("receiver %s answers %d slow=%v", p, mode.status, mode.slow)
+	default:
+		m.read(m.pick(m.hooks))
+	}
+}
+
+// hookURL is a URL for subscription tag: a receiver's path, or none. The
+// tag tells apart the subscriptions sent to one receiver.
+func (m *hookModel) hookURL(tag int) string {
+	if m.rng.IntN(4) == 0 {
+		return m.dead
+	}
+	return fmt.Sprintf("%s%s/%d", m.rcv.URL, hmPaths[m.rng.IntN(len(hmPaths))], tag)
+}
+
+// receiverOf is the receiver a path of hookURL names.
+func receiverOf(path string) string {
+	i := strings.LastIndexByte(path, '/')
+	return path[:max(i, 0)]
+}
+
+// eventList is a random list of event types to subscribe to, perhaps with
+// a repeat: the subscription stores it sorted, each once.
+func (m *hookModel) eventList() (sent, stored []string) {
+	for _, e := range hmEvents {
+		if m.rng.IntN(2) == 0 {
+			sent = append(sent, e)
+		}
+	}
+	if len(sent) == 0 {
+		sent = []string{hmEvents[m.rng.IntN(len(hmEvents))]}
+	}
+	m.rng.Shuffle(len(sent), func(i, j int) { sent[i], sent[j] = sent[j], sent[i] })
+	stored = slices.Clone(sent)
+	slices.Sort(stored)
+	if m.rng.IntN(4) == 0 {
+		sent = append(sent, sent[0])
+	}
+	return sent, stored
+}
+
+func (m *hookModel) create() {
+	u := m.hookURL(len(m.hooks))
+	sent, stored := m.eventList()
+	r := m.env.Do("POST", "/api/v1/webhooks", m.ws.Key, map[string]any{"url": u, "events": sent})
+	m.log("create %s %v -> %d", u, sent, r.Status)
+	if r.Status != http.StatusCreated {
+		m.fail("create: %d %s", r.Status, r.Body)
+		return
+	}
+	body := r.JSON()
+	h := &hmHook{url: u, events: stored, created: m.now()}
+	h.id, _ = body["id"].(string)
+	h.secret, _ = body["secret"].(string)
+	if !strings.HasPrefix(h.secret, "whsec_") {
+		m.fail("create: secret %q", h.secret)
+	}
+	m.hooks = append(m.hooks, h)
+	m.checkHook(h, body, "create")
+}
+
+// checkHook compares a subscription as an answer shows it with the model.
+func (m *hookModel) checkHook(h *hmHook, got map[string]any, what string) {
+	m.t.Helper()
+	want := map[string]any{"id": h.id, "url": h.url, "events": h.events, "created_at": stamp(h.created),
+		"disabled": !h.disabledAt.IsZero(), "disabled_at": nil, "previous_secret_expires_at": nil,
+		"secret_unreadable": false}
+	if !h.disabledAt.IsZero() {
+		want["disabled_at"] = stamp(h.disabledAt)
+	}
+	if !h.deleted && h.signing(m.now()) {
+		want["previous_secret_expires_at"] = stamp(h.prevUntil)
+	}
+	for k, w := range want {
+		g := got[k]
+		if s, ok := g.(string); ok && strings.HasSuffix(k, "_at") {
+			g = restamp(s)
+		}
+		if l, ok := g.([]any); ok {
+			var ss []string
+			for _, v := range l {
+				s, _ := v.(string)
+				ss = append(ss, s)
+			}
+			g = ss
+		}
+		if fmt.Sprint(g) != fmt.Sprint(w) {
+			m.fail("%s of %s: %s = %v, want %v (%v)", what, h.id, k, g, w, got)
+			return
+		}
+	}
+}
+
+// stamp is how the model writes a time to compare: RFC 3339 in UTC.
+func stamp(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
+
+// restamp writes an answered time as stamp does.
+func restamp(s string) string {
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return "unparsable " + s
+	}
+	return stamp(t)
+}
+
+func (m *hookModel) patch(h *hmHook) {
+	body := map[string]any{}
+	var sentEvents, stored []string
+	var newURL string
+	for len(body) == 0 {
+		if m.rng.IntN(3) == 0 {
+			newURL = m.hookURL(slices.Index(m.hooks, h))
+			body["url"] = newURL
+		}
+		if m.rng.IntN(3) == 0 {
+			sentEvents, stored = m.eventList()
+			body["events"] = sentEvents
+		}
+		if m.rng.IntN(2) == 0 {
+			body["disabled"] = m.rng.IntN(2) == 0
+		}
+	}
+	r := m.env.Do("PATCH", "/api/v1/webhooks/"+h.id, m.ws.Key, body)
+	m.log("patch %s %v -> %d", h.id, body, r.Status)
+	if h.deleted {
+		m.wantNotFound(r, "patch of a deleted webhook")
+		return
+	}
+	if r.Status != http.StatusOK {
+		m.fail("patch: %d %s", r.Status, r.Body)
+		return
+	}
+	now := m.now()
+	if _, ok := body["url"]; ok {
+		h.url = newURL
+	}
+	if _, ok := body["events"]; ok {
+		h.events = stored
+		for _, d := range h.dels {
+			if d.state == "pending" && !slices.Contains(stored, d.ev.typ) {
+				d.state, d.lastError = "failed", "event type unsubscribed"
+			}
+		}
+	}
+	if off, ok := body["disabled"].(bool); ok {
+		switch {
+		case off && h.disabledAt.IsZero():
+			h.disabledAt = now
+		case !off && !h.disabledAt.IsZero():
+			h.lastOff, h.hasLastOff = [2]time.Time{h.disabledAt, now}, true
+			h.disabledAt = time.Time{}
+		}
+	}
+	m.checkHook(h, r.JSON(), "patch")
+}
+
+func (m *hookModel) wantNotFound(r *apitest.Response, what string) {
+	m.t.Helper()
+	if r.Status != http.StatusNotFound || r.ErrorCode() != "not_found" {
+		m.fail("%s: %d %s, want 404 not_found", what, r.Status, r.Body)
+	}
+}
+
+func (m *hookModel) rotate(h *hmHook) {
+	body := map[string]any{}
+	ttl := 24 * time.Hour
+	switch m.rng.IntN(4) {
+	case 0:
+	case 1:
+		ttl = 0
+		body["previous_secret_expires_in_seconds"] = 0
+	default:
+		ttl = time.Duration(60*(1+m.rng.IntN(60))) * time.Second
+		body["previous_secret_expires_in_seconds"] = int(ttl / time.Second)
+	}
+	replace := m.rng.IntN(3) == 0
+	if replace {
+		body["replace_previous"] = true
+	}
+	r := m.env.Do("POST", "/api/v1/webhooks/"+h.id+"/rotate-secret", m.ws.Key, body)
+	m.log("rotate %s %v -> %d", h.id, body, r.Status)
+	if h.deleted {
+		m.wantNotFound(r, "rotation of a deleted webhook")
+		return
+	}
+	now := m.now()
+	if h.signing(now) && !replace {
+		var e struct {
+			Error struct {
+				Code   string         `json:"code"`
+				Detail map[string]any `json:"detail"`
+			} `json:"error"`
+		}
+		_ = json.Unmarshal(r.Body, &e)
+		until, _ := e.Error.Detail["previous_secret_expires_at"].(string)
+		if r.Status != http.StatusConflict || e.Error.Code != "invalid_state" || restamp(until) != stamp(h.prevUntil) {
+			m.fail("rotation while %s's previous secret signs until %s: %d %s, want 409 invalid_state naming it",
+				h.id, stamp(h.prevUntil), r.Status, r.Body)
+		}
+		return
+	}
+	if r.Status != http.StatusOK {
+		m.fail("rotate: %d %s", r.Status, r.Body)
+		return
+	}
+	got := r.JSON()
+	secret, _ := got["secret"].(string)
+	if !strings.HasPrefix(secret, "whsec_") || secret == h.secret {
+		m.fail("rotate: secret %q", secret)
+	}
+	h.previous, h.prevUntil = "", time.Time{}
+	if ttl > 0 {
+		h.previous, h.prevUntil = h.secret, now.Add(ttl)
+	}
+	h.secret = secret
+	m.checkHook(h, got, "rotate")
+}
+
+func (m *hookModel) remove(h *hmHook) {
+	r := m.env.Do("DELETE", "/api/v1/webhooks/"+h.id, m.ws.Key, nil)
+	m.log("delete %s again=%v -> %d", h.id, h.deleted, r.Status)
+	if r.Status != http.StatusOK {
+		m.fail("delete: %d %s", r.Status, r.Body)
+		return
+	}
+	if h.deleted {
+		// Answered again as the first delete left it.
+		if got := r.JSON(); fmt.Sprint(got) != fmt.Sprint(h.deleteAns) {
+			m.fail("delete again: %v, want %v", got, h.deleteAns)
+		}
+		return
+	}
+	h.deleted = true
+	h.secret, h.previous, h.prevUntil = "", "", time.Time{}
+	for _, d := range h.dels {
+		if d.state == "pending" {
+			d.state, d.lastError = "failed", "webhook deleted"
+		}
+	}
+	h.deleteAns = r.JSON()
+	m.checkHook(h, h.deleteAns, "delete")
+}
+
+// produce runs a gate or jobs operation that records an event, and checks
+// that the outbox holds what it recorded.
+func (m *hookModel) produce() {
+	var typ, subject string
+	switch m.rng.IntN(3) {
+	case 0:
+		run := m.env.Do("POST", "/api/v1/runs", m.ws.Key, map[string]any{"name": "model"})
+		if run.Status != http.StatusCreated {
+			m.fail("create run: %d %s", run.Status, run.Body)
+			return
+		}
+		subject, _ = run.JSON()["id"].(string)
+		r := m.env.Do("POST", "/api/v1/runs/"+subject+"/finish", m.ws.Key, nil)
+		m.log("finish-run %s -> %d", subject, r.Status)
+		if r.Status != http.StatusOK {
+			m.fail("finish run: %d %s", r.Status, r.Body)
+			return
+		}
+		typ = events.RunFinished
+	case 1:
+		subject = hmTypes[m.rng.IntN(len(hmTypes))]
+		verb := "open"
+		typ = events.CircuitTripped
+		if m.open[subject] {
+			verb, typ = "close", events.CircuitClosed
+		}
+		var body any = map[string]any{"action": "deny", "reason": "model"}
+		if verb == "close" {
+			body = nil
+		}
+		r := m.env.Do("POST", "/api/v1/circuits/"+subject+"/"+verb, m.ws.Key, body)
+		m.log("circuit-%s %s -> %d", verb, subject, r.Status)
+		if r.Status != http.StatusOK {
+			m.fail("circuit %s: %d %s", verb, r.Status, r.Body)
+			return
+		}
+		m.open[subject] = !m.open[subject]
+	default:
+		subject = "*"
+		path, typ := "/api/v1/circuits/stop", events.CircuitTripped
+		var body any = map[string]any{"action": "deny", "reason": "model"}
+		if m.open[subject] {
+			path, typ, body = "/api/v1/circuits/release", events.CircuitClosed, nil
+		}
+		r := m.env.Do("POST", path, m.ws.Key, body)
+		m.log("%s -> %d", strings.TrimPrefix(path, "/api/v1/circuits/"), r.Status)
+		if r.Status != http.StatusOK {
+			m.fail("%s: %d %s", path, r.Status, r.Body)
+			return
+		}
+		m.open[subject] = !m.open[subject]
+		m.recorded(typ, subject)
+		return
+	}
+	m.recorded(typ, subject)
+}
+
+// recorded checks that the last operation recorded one event, of type typ
+// about subject, and adds it to the model.
+func (m *hookModel) recorded(typ, subject string) {
+	rows, err := m.env.App.Pool.Query(context.Background(), `SELECT id, type, subject_id, created_at FROM events
+		WHERE workspace_id = $1 ORDER BY created_at, id`, m.ws.ID)
+	require.NoError(m.t, err)
+	defer rows.Close()
+	known := map[string]bool{}
+	for _, e := range m.events {
+		known[e.id] = true
+	}
+	var fresh []*hmEvent
+	for rows.Next() {
+		e := &hmEvent{}
+		require.NoError(m.t, rows.Scan(&e.id, &e.typ, &e.subject, &e.created))
+		if !known[e.id] {
+			fresh = append(fresh, e)
+		}
+	}
+	require.NoError(m.t, rows.Err())
+	if len(fresh) != 1 || fresh[0].typ != typ || fresh[0].subject != subject {
+		var got []string
+		for _, e := range fresh {
+			got = append(got, e.typ+" "+e.subject)
+		}
+		m.fail("recorded %v, want one %s about %s", got, typ, subject)
+		return
+	}
+	m.events = append(m.events, fresh[0])
+}
+
+func (m *hookModel) moveClock() {
+	var d time.Duration
+	switch m.rng.IntN(5) {
+	case 0:
+		d = time.Duration(1+m.rng.IntN(40)) * time.Second
+	case 1:
+		d = time.Duration(1+m.rng.IntN(20)) * time.Minute
+	case 2:
+		d = time.Duration(1+m.rng.IntN(7)) * time.Hour
+	default:
+		// To the next delivery due (or just before it), so that
+		// retries run their course in a short sequence.
+		next := m.nextDue(false)
+		if next.IsZero() {
+			d = time.Duration(1+m.rng.IntN(40)) * time.Second
+			break
+		}
+		d = next.Sub(m.now())
+		if m.rng.IntN(5) == 0 {
+			d -= time.Millisecond
+		}
+	}
+	d = max(d, 0)
+	m.clock.Add(d)
+	m.log("clock +%s", d)
+}
+
+// nextDue is when the earliest pending delivery of a live, enabled
+// subscription falls due (the latest when last); zero when there is none.
+func (m *hookModel) nextDue(last bool) time.Time {
+	var next time.Time
+	for _, h := range m.live() {
+		if !h.disabledAt.IsZero() {
+			continue
+		}
+		for _, d := range h.dels {
+			if d.state == "pending" && (next.IsZero() || d.next.Before(next) != last) {
+				next = d.next
+			}
+		}
+	}
+	return next
+}
+
+// matches says whether the fan-out makes a delivery of e for h.
+func (h *hmHook) matches(e *hmEvent) bool {
+	return !h.deleted && slices.Contains(h.events, e.typ) && !h.created.After(e.created) &&
+		(h.disabledAt.IsZero() || e.created.Before(h.disabledAt)) &&
+		!(h.hasLastOff && !e.created.Before(h.lastOff[0]) && e.created.Before(h.lastOff[1]))
+}
+
+// deliveryID is the id the fan-out gives the delivery of event e to
+// webhook h.
+func deliveryID(hook, event string) string {
+	sum := md5.Sum([]byte(hook + event))
+	return "dlv_" + hex.EncodeToString(sum[:])[:26]
+}
+
+// sweep fans out and runs a delivery pass, as the sweeper does, and
+// compares what the receivers were sent and what the deliveries read.
+func (m *hookModel) sweep() {
+	ctx := context.Background()
+	now := m.now()
+	svc := m.env.App.Server.Webhooks
+	for {
+		n, err := svc.Dispatch(ctx, now)
+		require.NoError(m.t, err)
+		if n < svc.DispatchBatch() {
+			break
+		}
+	}
+	for _, e := range m.events {
+		if e.dispatched {
+			continue
+		}
+		e.dispatched = true
+		for _, h := range m.hooks {
+			if h.matches(e) {
+				h.dels = append(h.dels, &hmDelivery{id: deliveryID(h.id, e.id), ev: e, state: "pending", next: now,
+					created: now})
+			}
+		}
+	}
+	// What the pass sends: each due delivery of a live, enabled
+	// subscription, once.
+	type send struct {
+		h *hmHook
+		d *hmDelivery
+	}
+	want := map[string]send{} // path + event id
+	var dead []send
+	for _, h := range m.live() {
+		if !h.disabledAt.IsZero() {
+			continue
+		}
+		for _, d := range h.dels {
+			if d.state != "pending" || d.next.After(now) {
+				continue
+			}
+			if h.url == m.dead {
+				dead = append(dead, send{h, d})
+				continue
+			}
+			u, err := url.Parse(h.url)
+			require.NoError(m.t, err)
+			want[u.Path+" "+d.ev.id] = send{h, d}
+		}
+	}
+	n, err := svc.Deliver(ctx, now)
+	require.NoError(m.t, err)
+	got := m.rcv.take()
+	m.log("sweep at %s -> %d sent %d received", stamp(now), n, len(got))
+	for _, s := range got {
+		var ev webhooks.Payload
+		if err := json.Unmarshal(s.body, &ev); err != nil {
+			m.fail("a send's body %q: %v", s.body, err)
+			return
+		}
+		w, ok := want[s.path+" "+ev.ID]
+		if !ok {
+			m.fail("%s was sent %s (%s), which the model does not send now", s.path, ev.ID, ev.Type)
+			return
+		}
+		delete(want, s.path+" "+ev.ID)
+		e := w.d.ev
+		if ev.Type != e.typ || ev.SubjectID != e.subject || ev.WorkspaceID != m.ws.ID || !ev.CreatedAt.Equal(e.created) {
+			m.fail("%s was sent %s", s.path, s.body)
+		}
+		secrets := []string{w.h.secret}
+		if w.h.signing(now) {
+			secrets = append(secrets, w.h.previous)
+		}
+		if sig := webhooks.Sign(now, s.body, secrets...); s.signature != sig {
+			m.fail("%s's send of %s is signed %q, want %q (the current secret's v1, then the previous one's while "+
+				"it signs: %d)", w.h.id, ev.ID, s.signature, sig, len(secrets))
+		}
+		m.sent(w.h, w.d, now, m.modes[receiverOf(s.path)].status)
+	}
+	for k := range want {
+		m.fail("not sent %s", k)
+		return
+	}
+	for _, s := range dead {
+		m.sent(s.h, s.d, now, 0)
+	}
+	for _, h := range m.hooks {
+		m.readDeliveries(h)
+	}
+}
+
+// sent applies an attempt answered code (0: connection refused) at now.
+func (m *hookModel) sent(h *hmHook, d *hmDelivery, now time.Time, code int) {
+	d.attempts++
+	d.code = code
+	if code >= 200 && code < 300 {
+		d.state, d.delivered, d.lastError = "delivered", now, ""
+		return
+	}
+	d.lastError = "non-2xx response"
+	if code == 0 {
+		d.lastError = "connection refused"
+	}
+	if d.attempts >= webhooks.MaxAttempts {
+		d.state = "failed"
+		return
+	}
+	base := 30 * time.Second << min(d.attempts-1, 10)
+	base = min(base, 6*time.Hour)
+	// ±20 %, and the microsecond a stored time is rounded to.
+	d.window = [2]time.Time{now.Add(base * 8 / 10).Add(-time.Microsecond), now.Add(base * 12 / 10).Add(time.Microsecond)}
+	d.windowed = true
+}
+
+// readDeliveries compares a subscription's deliveries, paged, with the
+// model's (a deleted one's: 404), and learns the jittered times of
+// retries.
+func (m *hookModel) readDeliveries(h *hmHook) {
+	limit := 200
+	if m.rng.IntN(3) == 0 {
+		limit = 1 + m.rng.IntN(3)
+	}
+	var got []map[string]any
+	cursor := ""
+	for {
+		path := fmt.Sprintf("/api/v1/webhooks/%s/deliveries?limit=%d", h.id, limit)
+		if cursor != "" {
+			path += "&cursor=" + url.QueryEscape(cursor)
+		}
+		r := m.env.Do("GET", path, m.ws.Key, nil)
+		if h.deleted {
+			m.wantNotFound(r, "deliveries of a deleted webhook")
+			return
+		}
+		if r.Status != http.StatusOK {
+			m.fail("deliveries: %d %s", r.Status, r.Body)
+			return
+		}
+		var page struct {
+			Data []map[string]any `json:"data"`
+			Next *string          `json:"next_cursor"`
+		}
+		r.Decode(m.t, &page)
+		got = append(got, page.Data...)
+		if page.Next == nil {
+			break
+		}
+		cursor = *page.Next
+	}
+	want := slices.Clone(h.dels)
+	sort.SliceStable(want, func(i, j int) bool {
+		if !want[i].created.Equal(want[j].created) {
+			return want[i].created.After(want[j].created)
+		}
+		return want[i].id > want[j].id
+	})
+	if len(got) != len(want) {
+		m.fail("%s lists %d deliveries, want %d: %v", h.id, len(got), len(want), got)
+		return
+	}
+	for i, d := range want {
+		m.checkDelivery(d, got[i], "deliveries of "+h.id)
+	}
+}
+
+// checkDelivery compares a delivery as an answer shows it with the model.
+func (m *hookModel) checkDelivery(d *hmDelivery, g map[string]any, what string) {
+	m.t.Helper()
+	if d.state == "pending" && d.windowed {
+		s, _ := g["next_attempt_at"].(string)
+		next, err := time.Parse(time.RFC3339Nano, s)
+		if err != nil || next.Before(d.window[0]) || next.After(d.window[1]) {
+			m.fail("%s: %s's next_attempt_at %q after attempt %d, want within [%s, %s] (30 s doubling, capped at "+
+				"6 h, ±20 %%)", what, d.id, s, d.attempts, stamp(d.window[0]), stamp(d.window[1]))
+			return
+		}
+		d.next, d.windowed = next, false
+	}
+	outcome := d.state + " " + d.lastError
+	if d.attempts >= webhooks.MaxAttempts {
+		outcome += " (gave up)"
+	}
+	m.seen["delivery "+outcome]++
+	m.seen[fmt.Sprintf("attempts=%d", d.attempts)]++
+	want := map[string]any{"id": d.id, "event_id": d.ev.id, "event_type": d.ev.typ, "state": d.state,
+		"attempts": d.attempts, "last_status_code": nil, "last_error": nil, "next_attempt_at": nil,
+		"created_at": stamp(d.created), "delivered_at": nil}
+	if d.code != 0 {
+		want["last_status_code"] = d.code
+	}
+	if d.lastError != "" {
+		want["last_error"] = d.lastError
+	}
+	if d.state == "pending" {
+		want["next_attempt_at"] = stamp(d.next)
+	}
+	if d.state == "delivered" {
+		want["delivered_at"] = stamp(d.delivered)
+	}
+	for k, w := range want {
+		v := g[k]
+		if s, ok := v.(string); ok && strings.HasSuffix(k, "_at") {
+			v = restamp(s)
+		}
+		if f, ok := v.(float64); ok {
+			v = int(f)
+		}
+		if fmt.Sprint(v) != fmt.Sprint(w) {
+			m.fail("%s: %s's %s = %v, want %v (%v)", what, d.id, k, v, w, g)
+			return
+		}
+	}
+}
+
+// retry sends one to three deliveries of a subscription again, now and
+// then naming another's (refused whole, 404).
+func (m *hookModel) retry() {
+	var with []*hmHook
+	for _, h := range m.hooks {
+		if len(h.dels) > 0 {
+			with = append(with, h)
+		}
+	}
+	h := m.pick(with)
+	if h == nil {
+		m.read(m.pick(m.hooks))
+		return
+	}
+	var named []*hmDelivery
+	for _, i := range m.rng.Perm(len(h.dels))[:1+m.rng.IntN(min(3, len(h.dels)))] {
+		named = append(named, h.dels[i])
+	}
+	ids := []string{}
+	for _, d := range named {
+		ids = append(ids, d.id)
+	}
+	foreign := false
+	if m.rng.IntN(6) == 0 {
+		for _, o := range m.hooks {
+			if o != h && len(o.dels) > 0 {
+				ids, foreign = append(ids, o.dels[0].id), true
+				break
+			}
+		}
+	}
+	r := m.env.Do("POST", "/api/v1/webhooks/"+h.id+"/deliveries/retry", m.ws.Key, map[string]any{"delivery_ids": ids})
+	m.log("retry %s %v -> %d", h.id, ids, r.Status)
+	if h.deleted || foreign {
+		m.wantNotFound(r, "retry naming a deleted webhook or another's delivery")
+		return
+	}
+	if r.Status != http.StatusOK {
+		m.fail("retry: %d %s", r.Status, r.Body)
+		return
+	}
+	now := m.now()
+	for _, d := range named {
+		if d.state != "pending" {
+			*d = hmDelivery{id: d.id, ev: d.ev, state: "pending", next: now, created: d.created}
+		}
+	}
+	var got struct {
+		Deliveries []map[string]any `json:"deliveries"`
+	}
+	r.Decode(m.t, &got)
+	sort.SliceStable(named, func(i, j int) bool {
+		if !named[i].created.Equal(named[j].created) {
+			return named[i].created.After(named[j].created)
+		}
+		return named[i].id > named[j].id
+	})
+	if len(got.Deliveries) != len(named) {
+		m.fail("retry answered %d deliveries, want %d", len(got.Deliveries), len(named))
+		return
+	}
+	for i, d := range named {
+		m.checkDelivery(d, got.Deliveries[i], "retry's answer")
+	}
+}
+
+// read compares a subscription's reads (one, the list, its deliveries)
+// with the model.
+func (m *hookModel) read(h *hmHook) {
+	if h == nil {
+		return
+	}
+	r := m.env.Do("GET", "/api/v1/webhooks/"+h.id, m.ws.Key, nil)
+	m.log("read %s -> %d", h.id, r.Status)
+	if h.deleted {
+		m.wantNotFound(r, "read of a deleted webhook")
+	} else if r.Status != http.StatusOK {
+		m.fail("read: %d %s", r.Status, r.Body)
+		return
+	} else {
+		m.checkHook(h, r.JSON(), "read")
+	}
+	var list struct {
+		Data []map[string]any `json:"data"`
+	}
+	m.env.Must(http.StatusOK, "GET", "/api/v1/webhooks?limit=50", m.ws.Key, nil).Decode(m.t, &list)
+	live := m.live()
+	sort.Slice(live, func(i, j int) bool { return live[i].id < live[j].id })
+	if len(list.Data) != len(live) {
+		m.fail("the list has %d webhooks, want %d", len(list.Data), len(live))
+		return
+	}
+	for i, w := range live {
+		m.checkHook(w, list.Data[i], "list")
+	}
+	m.readDeliveries(h)
+}
