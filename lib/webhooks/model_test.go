@@ -65,7 +65,8 @@ var (
 	hmTypes = []string{"mdl.a", "mdl.b"}
 	// hmEvents are the types a subscription may list: those the sequence
 	// produces and one it never does.
-	hmEvents = []string{events.CircuitTripped, events.CircuitClosed, events.RunFinished, events.StepExhausted}
+	hmEvents = []string{events.CircuitTripped, events.CircuitClosed, events.RunFinished, events.EffectIndeterminate,
+		events.StepExhausted}
 	// hmModes are what a receiver may answer: a status, and whether it
 	// takes a while first.
 	hmModes = []hmMode{{200, false}, {204, false}, {200, true}, {400, false}, {410, false}, {500, false},
@@ -97,6 +98,28 @@ type hmDelivery struct {
 	lastError string
 	delivered time.Time
 	created   time.Time
+}
+
+// hmEffect is an effect begun whose lease lapses: the sweeper's pass that
+// finds it lapsed, or its first read, records its effect.indeterminate.
+type hmEffect struct {
+	id, token string
+	leaseEnd  time.Time
+	evented   bool
+	reported  bool // in time: it succeeded, and no lapse is recorded
+}
+
+// lapsed answers the effects whose lease has lapsed at now with no
+// effect.indeterminate yet, as recorded expects them, and marks them.
+func (m *hookModel) lapsed(effects ...*hmEffect) []string {
+	var out []string
+	for _, e := range effects {
+		if !e.evented && !e.reported && !e.leaseEnd.After(m.now()) {
+			e.evented = true
+			out = append(out, events.EffectIndeterminate+" "+e.id)
+		}
+	}
+	return out
 }
 
 // hmHook is the model's view of one subscription.
@@ -131,6 +154,7 @@ type hookModel struct {
 	hooks   []*hmHook
 	events  []*hmEvent
 	open    map[string]bool // breaker (type, or "*" for the stop) → open
+	effects []*hmEffect
 	trace   []string
 	fails   int
 	seen    map[string]int
@@ -498,7 +522,81 @@ func (m *hookModel) remove(h *hmHook) {
 // that the outbox holds what it recorded.
 func (m *hookModel) produce() {
 	var typ, subject string
-	switch m.rng.IntN(3) {
+	switch m.rng.IntN(5) {
+	case 3:
+		if m.open["*"] || len(m.effects) > 40 {
+			m.produce()
+			return
+		}
+		// An effect whose lease lapses, to be found by a pass or a read.
+		lease := 5 + m.rng.IntN(56) // 5 to 60 s, the default policy's lease at most
+		r := m.env.Do("POST", "/api/v1/effects/begin", m.ws.Key, map[string]any{"effect_type": "mdl.lapse",
+			"idempotency_key": fmt.Sprintf("lapse-%d", len(m.effects)), "payload": map[string]any{}, "cost_micros": 0,
+			"lease_seconds": lease})
+		var b struct {
+			Decision       string    `json:"decision"`
+			EffectID       string    `json:"effect_id"`
+			LeaseExpiresAt time.Time `json:"lease_expires_at"`
+			LeaseToken     string    `json:"lease_token"`
+		}
+		_ = json.Unmarshal(r.Body, &b)
+		m.log("begin %ds -> %d %s", lease, r.Status, b.Decision)
+		if r.Status != http.StatusOK || b.Decision != "execute" ||
+			!b.LeaseExpiresAt.Equal(m.now().Add(time.Duration(lease)*time.Second)) {
+			m.fail("begin: %d %s", r.Status, r.Body)
+			return
+		}
+		m.effects = append(m.effects, &hmEffect{id: b.EffectID, token: b.LeaseToken, leaseEnd: b.LeaseExpiresAt})
+		m.recorded()
+		return
+	case 4:
+		if len(m.effects) == 0 {
+			m.produce()
+			return
+		}
+		e := m.effects[m.rng.IntN(len(m.effects))]
+		lapsed := !e.leaseEnd.After(m.now())
+		if e.reported || m.rng.IntN(2) == 0 {
+			// A read shows a lapsed lease indeterminate at once, and
+			// records nothing: the sweeper's pass, or a write of the
+			// effect (below), records its effect.indeterminate.
+			r := m.env.Do("GET", "/api/v1/effects/"+e.id, m.ws.Key, nil)
+			state, _ := r.JSON()["state"].(string)
+			m.log("read-effect %s -> %d %s", e.id, r.Status, state)
+			want := "leased"
+			switch {
+			case e.reported:
+				want = "succeeded"
+			case lapsed:
+				want = "indeterminate"
+			}
+			if r.Status != http.StatusOK || state != want {
+				m.fail("read effect: %d %s, want %s", r.Status, r.Body, want)
+				return
+			}
+			m.recorded()
+			return
+		}
+		// Its report: in time it succeeds; late, it is 409 lease_expired
+		// and records the lapse, if no pass did yet.
+		r := m.env.Do("POST", "/api/v1/effects/"+e.id+"/report", m.ws.Key,
+			map[string]any{"lease_token": e.token, "outcome": "succeeded"})
+		m.log("report %s lapsed=%v -> %d %s", e.id, lapsed, r.Status, r.ErrorCode())
+		if lapsed {
+			if r.Status != http.StatusConflict || r.ErrorCode() != "lease_expired" {
+				m.fail("late report: %d %s, want 409 lease_expired", r.Status, r.Body)
+				return
+			}
+			m.recorded(m.lapsed(e)...)
+			return
+		}
+		if r.Status != http.StatusOK {
+			m.fail("report: %d %s", r.Status, r.Body)
+			return
+		}
+		e.reported = true
+		m.recorded()
+		return
 	case 0:
 		run := m.env.Do("POST", "/api/v1/runs", m.ws.Key, map[string]any{"name": "model"})
 		if run.Status != http.StatusCreated {
@@ -545,15 +643,15 @@ func (m *hookModel) produce() {
 			return
 		}
 		m.open[subject] = !m.open[subject]
-		m.recorded(typ, subject)
+		m.recorded(typ + " " + subject)
 		return
 	}
-	m.recorded(typ, subject)
+	m.recorded(typ + " " + subject)
 }
 
-// recorded checks that the last operation recorded one event, of type typ
-// about subject, and adds it to the model.
-func (m *hookModel) recorded(typ, subject string) {
+// recorded checks that the last operation recorded the events want
+// ("type subject" each), and adds them to the model.
+func (m *hookModel) recorded(want ...string) {
 	rows, err := m.env.App.Pool.Query(context.Background(), `SELECT id, type, subject_id, created_at FROM events
 		WHERE workspace_id = $1 ORDER BY created_at, id`, m.ws.ID)
 	require.NoError(m.t, err)
@@ -571,15 +669,18 @@ func (m *hookModel) recorded(typ, subject string) {
 		}
 	}
 	require.NoError(m.t, rows.Err())
-	if len(fresh) != 1 || fresh[0].typ != typ || fresh[0].subject != subject {
-		var got []string
-		for _, e := range fresh {
-			got = append(got, e.typ+" "+e.subject)
-		}
-		m.fail("recorded %v, want one %s about %s", got, typ, subject)
+	var got []string
+	for _, e := range fresh {
+		got = append(got, e.typ+" "+e.subject)
+	}
+	// Those of one operation are recorded at once, in no order.
+	slices.Sort(got)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		m.fail("recorded %q, want %q", got, want)
 		return
 	}
-	m.events = append(m.events, fresh[0])
+	m.events = append(m.events, fresh...)
 }
 
 func (m *hookModel) moveClock() {
@@ -646,12 +747,32 @@ func (m *hookModel) sweep() {
 	ctx := context.Background()
 	now := m.now()
 	svc := m.env.App.Server.Webhooks
-	for {
-		n, err := svc.Dispatch(ctx, now)
-		require.NoError(m.t, err)
-		if n < svc.DispatchBatch() {
-			break
+	// Now and then the sweeper's whole pass (its tasks in their order:
+	// the effects' lapses first, recording their effect.indeterminate,
+	// the webhooks' fan-out and delivery last, so that the events it
+	// records go out in it), else its two webhook tasks. The model then
+	// fans out and sends what the pass did.
+	n := -1
+	if m.rng.IntN(3) == 0 {
+		res := m.env.App.Sweeper.RunOnce(ctx)
+		if len(res.Errors) > 0 {
+			m.fail("a pass failed: %v", res.Errors)
+			return
 		}
+		// The pass records an effect.indeterminate for each lease that
+		// lapsed, and none of this workspace's other events.
+		m.recorded(m.lapsed(m.effects...)...)
+	} else {
+		for {
+			n, err := svc.Dispatch(ctx, now)
+			require.NoError(m.t, err)
+			if n < svc.DispatchBatch() {
+				break
+			}
+		}
+		var err error
+		n, err = svc.Deliver(ctx, now)
+		require.NoError(m.t, err)
 	}
 	for _, e := range m.events {
 		if e.dispatched {
@@ -690,10 +811,8 @@ func (m *hookModel) sweep() {
 			want[u.Path+" "+d.ev.id] = send{h, d}
 		}
 	}
-	n, err := svc.Deliver(ctx, now)
-	require.NoError(m.t, err)
 	got := m.rcv.take()
-	m.log("sweep at %s -> %d sent %d received", stamp(now), n, len(got))
+	m.log("sweep at %s -> %d sent %d received (-1: a whole pass)", stamp(now), n, len(got))
 	for _, s := range got {
 		var ev webhooks.Payload
 		if err := json.Unmarshal(s.body, &ev); err != nil {
