@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -600,5 +601,98 @@ func TestASurgeBurstSendsOneCircuitTrippedPerSubscription(t *testing.T) {
 		require.Empty(t, miscounted(map[string]int{tripped[0]: 1}, rcv.sends(path, false)), "sends to %s", path)
 		require.Equal(t, map[string]deliveryRow{tripped[0]: {State: "delivered", Attempts: 1}},
 			deliveriesOf(t, env, hooks[i]))
+	}
+}
+
+// Rotations of a subscription's secret (replacing the previous one, which
+// signs on beside the new one or stops at once) and PATCHes of its URL,
+// each released together with three instances' passes that send its
+// deliveries: every send is signed as of the subscription's state before
+// the change or after it, never a mixture (the current secret's v1 first,
+// then the previous one's while it signs, at most two), and goes to the URL
+// before or after; every pass started once both changes answered sends to
+// the new URL only, signed as the rotation's answer says (its secret, and
+// the one it replaced while that signs). Each event is sent once. (The
+// passes' fan-out runs before: their claims then meet the changes.)
+func TestRotationsAndURLChangesRacingPassesSignAsAnswered(t *testing.T) {
+	env, clk := start(t, true)
+	envs := instances(t, env, clk, 3)
+	ws := hammered(t, env)
+	rcv := newTally(t, always(http.StatusOK))
+	created := env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
+		map[string]any{"url": rcv.URL + "/u0", "events": []string{events.RunFinished}}).JSON()
+	id := created["id"].(string)
+	// signers is the subscription's state: the secrets that sign, in order.
+	type state struct {
+		path    string
+		signers []string
+	}
+	now := clk.Now()
+	// check requires each send to be one of states' (path and signature).
+	check := func(sends []tallySend, states ...state) map[string]int {
+		t.Helper()
+		got := map[string]int{}
+		for _, s := range sends {
+			var ev struct{ ID string }
+			require.NoError(t, json.Unmarshal(s.body, &ev))
+			got[ev.ID]++
+			ok := false
+			for _, st := range states {
+				ok = ok || (s.path == st.path && s.signature == webhooks.Sign(now, s.body, st.signers...))
+			}
+			require.True(t, ok, "send of %s to %s signed %q: none of %v", ev.ID, s.path, s.signature, states)
+		}
+		return got
+	}
+	sent := map[string]int{}
+	add := func(got map[string]int) {
+		for ev, n := range got {
+			sent[ev] += n
+		}
+	}
+	var recorded []string
+	was := state{path: "/u0", signers: []string{created["secret"].(string)}}
+	for round := 1; round <= 6; round++ {
+		recorded = append(recorded, recordMany(t, env, clk, ws.ID, events.RunFinished, 40)...)
+		dispatchAll(t, env, now)
+		ttl := []int{0, 3600}[round%2]
+		path := fmt.Sprintf("/u%d", round)
+		var rotated, patched *apitest.Response
+		apitest.StartTogether(5, func(i int) {
+			switch i {
+			case 3:
+				rotated = env.Do("POST", "/api/v1/webhooks/"+id+"/rotate-secret", ws.Key,
+					map[string]any{"previous_secret_expires_in_seconds": ttl, "replace_previous": true})
+			case 4:
+				patched = env.Do("PATCH", "/api/v1/webhooks/"+id, ws.Key, map[string]any{"url": rcv.URL + path})
+			default: // the passes' delivery, fanned out before
+				deliverAt(t, envs[i], now)
+			}
+		})
+		require.Equal(t, http.StatusOK, rotated.Status, "%s", rotated.Body)
+		require.Equal(t, http.StatusOK, patched.Status, "%s", patched.Body)
+		is := state{path: path, signers: []string{rotated.JSON()["secret"].(string)}}
+		if ttl > 0 {
+			is.signers = append(is.signers, was.signers[0])
+		}
+		// Racing the changes: as before either, or after it (one may
+		// have committed before a claim, the other after it).
+		mixed := []state{was, is, {path: path, signers: was.signers}, {path: was.path, signers: is.signers}}
+		add(check(rcv.take(), mixed...))
+		// Once both answered: as they say.
+		recorded = append(recorded, recordMany(t, env, clk, ws.ID, events.RunFinished, 5)...)
+		dispatchAll(t, env, now)
+		apitest.StartTogether(len(envs), func(i int) { deliverAt(t, envs[i], now) })
+		add(check(rcv.take(), is))
+		was = is
+	}
+	require.Empty(t, miscounted(each(1, recorded), sent), "each event sent once")
+	require.Empty(t, rcv.overlapping)
+}
+
+// deliverAt runs env's delivery pass at now (from any goroutine).
+func deliverAt(t *testing.T, env *apitest.Env, now time.Time) {
+	if _, err := env.App.Server.Webhooks.Deliver(context.Background(), now); err != nil {
+		t.Errorf("delivery pass: %v", err)
 	}
 }
