@@ -159,7 +159,22 @@ type hookModel struct {
 	fails   int
 	seen    map[string]int
 	ops     int
-	lastDue time.Time
+	keyedReqs []*hmKeyed
+	lastKeyed *hmKeyed // the request keyed() sent last, until its answer is known
+}
+
+// hmKeyed is a request sent with an Idempotency-Key and answered 2xx: the
+// same request under its key is answered it again, byte for byte (a
+// create's or rotation's, which show a secret, 404 once the webhook is
+// deleted), another one is 409 idempotency_key_reuse.
+type hmKeyed struct {
+	what, key, path string
+	body            []byte
+	hook            *hmHook
+	at              time.Time
+	status          int
+	answer          []byte
+	requestID       string
 }
 
 func runHookModel(t *testing.T, seed uint64, ops int) {
@@ -269,6 +284,8 @@ func (m *hookModel) step() {
 		m.remove(m.pick(m.hooks))
 	case r < 77:
 		m.retry()
+	case r < 81:
+		m.replay()
 	case r < 85:
 		p := hmPaths[m.rng.IntN(len(hmPaths))]
 		mode := hmModes[m.rng.IntN(len(hmModes))]
@@ -319,7 +336,7 @@ func (m *hookModel) eventList() (sent, stored []string) {
 func (m *hookModel) create() {
 	u := m.hookURL(len(m.hooks))
 	sent, stored := m.eventList()
-	r := m.env.Do("POST", "/api/v1/webhooks", m.ws.Key, map[string]any{"url": u, "events": sent})
+	r := m.keyed("create", nil, "/api/v1/webhooks", map[string]any{"url": u, "events": sent})
 	m.log("create %s %v -> %d", u, sent, r.Status)
 	if r.Status != http.StatusCreated {
 		m.fail("create: %d %s", r.Status, r.Body)
@@ -329,6 +346,9 @@ func (m *hookModel) create() {
 	h := &hmHook{url: u, events: stored, created: m.now()}
 	h.id, _ = body["id"].(string)
 	h.secret, _ = body["secret"].(string)
+	if k := m.lastKeyed; k != nil && k.what == "create" {
+		k.hook = h
+	}
 	if !strings.HasPrefix(h.secret, "whsec_") {
 		m.fail("create: secret %q", h.secret)
 	}
@@ -454,7 +474,7 @@ func (m *hookModel) rotate(h *hmHook) {
 	if replace {
 		body["replace_previous"] = true
 	}
-	r := m.env.Do("POST", "/api/v1/webhooks/"+h.id+"/rotate-secret", m.ws.Key, body)
+	r := m.keyed("rotate", h, "/api/v1/webhooks/"+h.id+"/rotate-secret", body)
 	m.log("rotate %s %v -> %d", h.id, body, r.Status)
 	if h.deleted {
 		m.wantNotFound(r, "rotation of a deleted webhook")
@@ -1005,7 +1025,7 @@ func (m *hookModel) retry() {
 			}
 		}
 	}
-	r := m.env.Do("POST", "/api/v1/webhooks/"+h.id+"/deliveries/retry", m.ws.Key, map[string]any{"delivery_ids": ids})
+	r := m.keyed("retry", h, "/api/v1/webhooks/"+h.id+"/deliveries/retry", map[string]any{"delivery_ids": ids})
 	m.log("retry %s %v -> %d", h.id, ids, r.Status)
 	if h.deleted || foreign {
 		m.wantNotFound(r, "retry naming a deleted webhook or another's delivery")
@@ -1070,4 +1090,67 @@ func (m *hookModel) read(h *hmHook) {
 		m.checkHook(w, list.Data[i], "list")
 	}
 	m.readDeliveries(h)
+}
+
+// keyed sends a POST, now and then under an Idempotency-Key, and keeps a
+// keyed request answered 2xx for replay.
+func (m *hookModel) keyed(what string, h *hmHook, path string, body any) *apitest.Response {
+	m.lastKeyed = nil
+	raw, err := json.Marshal(body)
+	require.NoError(m.t, err)
+	if m.rng.IntN(3) > 0 {
+		return m.env.Do("POST", path, m.ws.Key, raw)
+	}
+	k := &hmKeyed{what: what, key: fmt.Sprintf("model-%d-%d", m.seed, len(m.trace)), path: path, body: raw, hook: h,
+		at: m.now()}
+	r := m.env.DoWith("POST", path, m.ws.Key, http.Header{"Idempotency-Key": {k.key}}, raw)
+	if r.Status/100 == 2 {
+		k.status, k.answer, k.requestID = r.Status, r.Body, r.Header.Get("X-Request-Id")
+		m.keyedReqs = append(m.keyedReqs, k)
+		m.lastKeyed = k
+	}
+	return r
+}
+
+// replay sends a keyed request again under its key, the same or with
+// another body.
+func (m *hookModel) replay() {
+	var fresh []*hmKeyed
+	for _, k := range m.keyedReqs {
+		// Kept 24 hours: replayed well within them.
+		if m.now().Sub(k.at) < 23*time.Hour {
+			fresh = append(fresh, k)
+		}
+	}
+	if len(fresh) == 0 {
+		m.read(m.pick(m.hooks))
+		return
+	}
+	k := fresh[m.rng.IntN(len(fresh))]
+	body := k.body
+	other := m.rng.IntN(5) == 0
+	if other {
+		body = append(slices.Clone(body[:len(body)-1]), []byte(`,"x":1}`)...)
+	}
+	r := m.env.DoWith("POST", k.path, m.ws.Key, http.Header{"Idempotency-Key": {k.key}}, body)
+	m.log("replay %s %s other=%v -> %d %s", k.what, k.key, other, r.Status, r.ErrorCode())
+	if other {
+		if r.Status != http.StatusConflict || r.ErrorCode() != "idempotency_key_reuse" {
+			m.fail("another request under %s: %d %s, want 409 idempotency_key_reuse", k.key, r.Status, r.Body)
+		}
+		return
+	}
+	if r.Header.Get("Idempotent-Replayed") != "true" || r.Header.Get("Original-Request") != k.requestID {
+		m.fail("replay of %s: headers %v, want Idempotent-Replayed: true, Original-Request: %s", k.key, r.Header,
+			k.requestID)
+		return
+	}
+	if k.what != "retry" && k.hook != nil && k.hook.deleted {
+		// Its answer showed a secret: erased with the webhook.
+		m.wantNotFound(r, "replay of a deleted webhook's "+k.what)
+		return
+	}
+	if r.Status != k.status || string(r.Body) != string(k.answer) {
+		m.fail("replay of %s: %d %s, want %d %s", k.key, r.Status, r.Body, k.status, k.answer)
+	}
 }
