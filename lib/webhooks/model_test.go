@@ -141,24 +141,24 @@ type hmHook struct {
 func (h *hmHook) signing(now time.Time) bool { return !h.prevUntil.IsZero() && h.prevUntil.After(now) }
 
 type hookModel struct {
-	t       *testing.T
-	seed    uint64
-	rng     *rand.Rand
-	env     *apitest.Env
-	ws      apitest.Workspace
-	clock   *apitest.Clock
-	rcv     *tally
-	dead    string // a URL nobody listens on
-	mu      sync.Mutex
-	modes   map[string]hmMode // receiver path → its answer
-	hooks   []*hmHook
-	events  []*hmEvent
-	open    map[string]bool // breaker (type, or "*" for the stop) → open
-	effects []*hmEffect
-	trace   []string
-	fails   int
-	seen    map[string]int
-	ops     int
+	t         *testing.T
+	seed      uint64
+	rng       *rand.Rand
+	env       *apitest.Env
+	ws        apitest.Workspace
+	clock     *apitest.Clock
+	rcv       *tally
+	dead      string // a URL nobody listens on
+	mu        sync.Mutex
+	modes     map[string]hmMode // receiver path → its answer
+	hooks     []*hmHook
+	events    []*hmEvent
+	open      map[string]bool // breaker (type, or "*" for the stop) → open
+	effects   []*hmEffect
+	trace     []string
+	fails     int
+	seen      map[string]int
+	ops       int
 	keyedReqs []*hmKeyed
 	lastKeyed *hmKeyed // the request keyed() sent last, until its answer is known
 }
