@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/config"
 	"github.com/getratchet/ratchet/lib/events"
 	"github.com/getratchet/ratchet/lib/webhooks"
 )
@@ -73,6 +74,9 @@ var (
 		{503, false}, {500, true}}
 )
 
+// hmRetentionDays is the run's EVENT_RETENTION_DAYS.
+const hmRetentionDays = 30
+
 type hmMode struct {
 	status int
 	slow   bool
@@ -83,6 +87,7 @@ type hmEvent struct {
 	id, typ, subject string
 	created          time.Time
 	dispatched       bool
+	purged           bool // deleted by retention, with its deliveries
 }
 
 // hmDelivery is the model's view of one delivery.
@@ -178,7 +183,7 @@ type hmKeyed struct {
 }
 
 func runHookModel(t *testing.T, seed uint64, ops int) {
-	env, clk := start(t, true)
+	env, clk := start(t, true, apitest.WithConfig(func(cfg *config.Config) { cfg.EventRetentionDays = hmRetentionDays }))
 	clk.Set(time.Now().Truncate(time.Second))
 	m := &hookModel{t: t, seed: seed, rng: rand.New(rand.NewPCG(seed, 0x686f6f6b)), env: env, ws: hammered(t, env),
 		clock: clk, modes: map[string]hmMode{}, open: map[string]bool{}, seen: map[string]int{}, ops: ops}
@@ -712,6 +717,10 @@ func (m *hookModel) moveClock() {
 		d = time.Duration(1+m.rng.IntN(20)) * time.Minute
 	case 2:
 		d = time.Duration(1+m.rng.IntN(7)) * time.Hour
+		if m.rng.IntN(4) == 0 {
+			// Past the events' retention.
+			d = hmRetentionDays*24*time.Hour + time.Duration(m.rng.IntN(3*24*3600))*time.Second
+		}
 	default:
 		// To the next delivery due (or just before it), so that
 		// retries run their course in a short sequence.
@@ -773,7 +782,8 @@ func (m *hookModel) sweep() {
 	// records go out in it), else its two webhook tasks. The model then
 	// fans out and sends what the pass did.
 	n := -1
-	if m.rng.IntN(4) == 0 {
+	whole := m.rng.IntN(4) == 0
+	if whole {
 		res := m.env.App.Sweeper.RunOnce(ctx)
 		if len(res.Errors) > 0 {
 			m.fail("a pass failed: %v", res.Errors)
@@ -866,8 +876,42 @@ func (m *hookModel) sweep() {
 	for _, s := range dead {
 		m.sent(s.h, s.d, now, 0)
 	}
+	if whole {
+		m.retention(now)
+	}
 	for _, h := range m.hooks {
 		m.readDeliveries(h)
+	}
+}
+
+// retention applies a whole pass's last tasks at now: a delivery held by
+// a disabled subscription and due for the events' retention ends failed,
+// "expired while disabled", its attempts untouched
+// (webhooks.expire_held); then each event older than the retention, fanned
+// out and with no delivery pending, goes with its deliveries
+// (events.retention).
+func (m *hookModel) retention(now time.Time) {
+	cutoff := now.AddDate(0, 0, -hmRetentionDays)
+	pending := map[*hmEvent]bool{}
+	for _, h := range m.hooks {
+		for _, d := range h.dels {
+			if d.state != "pending" {
+				continue
+			}
+			if !h.disabledAt.IsZero() && d.next.Before(cutoff) {
+				d.state, d.lastError = "failed", "expired while disabled"
+				continue
+			}
+			pending[d.ev] = true
+		}
+	}
+	for _, e := range m.events {
+		if e.dispatched && e.created.Before(cutoff) && !pending[e] {
+			e.purged = true
+		}
+	}
+	for _, h := range m.hooks {
+		h.dels = slices.DeleteFunc(h.dels, func(d *hmDelivery) bool { return d.ev.purged })
 	}
 }
 
@@ -963,7 +1007,7 @@ func (m *hookModel) checkDelivery(d *hmDelivery, g map[string]any, what string) 
 		outcome += " (gave up)"
 	}
 	m.seen["delivery "+outcome]++
-	m.seen[fmt.Sprintf("attempts=%d", d.attempts)]++
+
 	want := map[string]any{"id": d.id, "event_id": d.ev.id, "event_type": d.ev.typ, "state": d.state,
 		"attempts": d.attempts, "last_status_code": nil, "last_error": nil, "next_attempt_at": nil,
 		"created_at": stamp(d.created), "delivered_at": nil}
