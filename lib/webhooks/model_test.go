@@ -406,6 +406,10 @@ func restamp(s string) string {
 }
 
 func (m *hookModel) patch(h *hmHook) {
+	if m.rng.IntN(8) == 0 {
+		m.refused(h, "PATCH", "/api/v1/webhooks/"+h.id, hmBadPatches)
+		return
+	}
 	body := map[string]any{}
 	var sentEvents, stored []string
 	var newURL string
@@ -464,6 +468,10 @@ func (m *hookModel) wantNotFound(r *apitest.Response, what string) {
 }
 
 func (m *hookModel) rotate(h *hmHook) {
+	if m.rng.IntN(8) == 0 {
+		m.refused(h, "POST", "/api/v1/webhooks/"+h.id+"/rotate-secret", hmBadRotations)
+		return
+	}
 	body := map[string]any{}
 	ttl := 24 * time.Hour
 	switch m.rng.IntN(4) {
@@ -1196,5 +1204,51 @@ func (m *hookModel) replay() {
 	}
 	if r.Status != k.status || string(r.Body) != string(k.answer) {
 		m.fail("replay of %s: %d %s, want %d %s", k.key, r.Status, r.Body, k.status, k.answer)
+	}
+}
+
+// hmBad is a request the route refuses, 400 invalid_request naming field,
+// changing nothing.
+type hmBad struct {
+	body, field string
+}
+
+var (
+	hmBadPatches = []hmBad{{`{}`, "body"}, {`{"url": null}`, "url"}, {`{"disabled": null}`, "disabled"},
+		{`{"events": []}`, "events"}, {`{"events": ["run.finished", "run.started"]}`, "events.1"},
+		{`{"url": "https://example.com/ x"}`, "url"}, {`{"url": "http://127.0.0.1:/"}`, "url"},
+		{`{"disabled": true, "paused": true}`, "paused"}}
+	hmBadRotations = []hmBad{{`{"previous_secret_expires_in_seconds": 604801}`, "previous_secret_expires_in_seconds"},
+		{`{"previous_secret_expires_in_seconds": -1}`, "previous_secret_expires_in_seconds"},
+		{`{"replace_previous": true, "expires": 5}`, "expires"}}
+)
+
+// refused sends one of bad to h: 400 invalid_request at its field (404
+// for a deleted webhook, whose requests a body check may precede, so
+// either), changing nothing.
+func (m *hookModel) refused(h *hmHook, method, path string, bad []hmBad) {
+	b := bad[m.rng.IntN(len(bad))]
+	r := m.env.Do(method, path, m.ws.Key, b.body)
+	m.log("refused %s %s %s -> %d %s", method, h.id, b.body, r.Status, r.ErrorCode())
+	if h.deleted && r.Status == http.StatusNotFound {
+		return
+	}
+	var e struct {
+		Error struct {
+			Code   string `json:"code"`
+			Detail struct {
+				Validation []struct {
+					Field string `json:"field"`
+				} `json:"validation"`
+			} `json:"detail"`
+		} `json:"error"`
+	}
+	_ = json.Unmarshal(r.Body, &e)
+	var fields []string
+	for _, v := range e.Error.Detail.Validation {
+		fields = append(fields, v.Field)
+	}
+	if r.Status != http.StatusBadRequest || e.Error.Code != "invalid_request" || !slices.Equal(fields, []string{b.field}) {
+		m.fail("%s %s %s: %d %s, want 400 invalid_request at %s", method, path, b.body, r.Status, r.Body, b.field)
 	}
 }
