@@ -62,7 +62,7 @@ func CheckRequestTags(t *testing.T, p TagProbe) int {
 				return true, nil
 			}
 			require.Equal(t, http.StatusBadRequest, r.Status, "%s%s %s: %s", p.Prefix, name, what, r.Body)
-			return false, validationFields(t, r)
+			return false, ValidationFields(t, r)
 		}
 		accepted := func(what string, value any) {
 			t.Helper()
@@ -145,8 +145,9 @@ func requestFields(t reflect.Type) []reflect.StructField {
 	return out
 }
 
-// validationFields are the fields a 400 invalid_request names.
-func validationFields(t *testing.T, r *Response) []string {
+// ValidationFields are the fields a 400 invalid_request names (it requires
+// the code).
+func ValidationFields(t *testing.T, r *Response) []string {
 	t.Helper()
 	var env struct {
 		Error struct {
