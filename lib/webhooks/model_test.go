@@ -26,26 +26,31 @@ import (
 )
 
 // Webhooks checked against a model: from a seed, a random sequence of
-// subscription creates, PATCHes (url, events, disabled), deletes and
-// secret rotations (with and without replace_previous, with the default,
-// no, or a short previous secret lifetime), events produced by gate and
-// jobs operations (a type's breaker opened and closed, the emergency stop
-// and its release, a run finished), receivers answering 2xx, 4xx, 5xx or
-// slowly as the seed says (or a URL nobody listens on: connection
-// refused), clock moves (a few seconds, minutes, hours, or to the next
-// delivery due), sweeps (fan-out and a delivery pass), deliveries'
-// retries and reads, every answer compared with what a plain Go model of
-// API.md §2.7 and README "Webhooks" predicts: which events were sent to
-// which receiver (each due delivery once a pass, none of a disabled,
-// deleted or unsubscribed subscription's, none of an event recorded
-// before its creation or while it was disabled, a delivered one never
-// again unless retried), each send's body and signature (signed at the
-// send with the then-current secret, and the previous one while it still
-// signs, the current one's v1 first), and on the reads each delivery's
-// state, attempts, last status and error, next attempt (30 s doubling,
-// capped at 6 h, ±20 % jitter; failed after 12 attempts) and delivery
-// time, and each subscription's fields. A failure names the seed and the
-// trace; MODEL_SEED=<n> replays one seed, MODEL_SEEDS=<n> runs n seeds,
+// subscription creates, PATCHes (url, events, disabled; now and then a
+// body the route refuses), deletes (and deletes again) and secret
+// rotations (with and without replace_previous, with the default, no, or a
+// short previous secret lifetime), events produced by gate and jobs
+// operations (a type's breaker opened and closed, the emergency stop and
+// its release, a run finished, an effect's lease lapsing: found by a pass
+// or by its late report, never by a read), receivers answering 2xx, 4xx,
+// 5xx or slowly as the seed says (or a URL nobody listens on: connection
+// refused), clock moves (seconds, minutes, hours, past the events'
+// retention, or to the next delivery due), sweeps (the webhook tasks, or
+// the sweeper's whole pass with its retention), deliveries' retries and
+// reads, creates, rotations and retries under an Idempotency-Key replayed
+// or reused, and another workspace's requests, every answer compared with
+// what a plain Go model of API.md §2.7 and README "Webhooks" predicts:
+// which events were sent to which receiver (each due delivery once a pass,
+// none of a disabled, deleted or unsubscribed subscription's, none of an
+// event recorded before its creation or while it was disabled, none to
+// another workspace's subscription, a delivered one never again unless
+// retried), each send's body and signature (signed at the send with the
+// then-current secret, and the previous one while it still signs, the
+// current one's v1 first), and on the reads each delivery's state,
+// attempts, last status and error, next attempt (30 s doubling, capped at
+// 6 h, ±20 % jitter; failed after 12 attempts) and delivery time, and
+// each subscription's fields. A failure names the seed and the trace;
+// MODEL_SEED=<n> replays one seed, MODEL_SEEDS=<n> runs n seeds,
 // MODEL_OPS=<n> makes each sequence n operations long (a seed's sequence
 // of a given length is a prefix of its longer ones).
 //
@@ -151,6 +156,7 @@ type hookModel struct {
 	rng       *rand.Rand
 	env       *apitest.Env
 	ws        apitest.Workspace
+	other     apitest.Workspace // another workspace, with a subscription of its own
 	clock     *apitest.Clock
 	rcv       *tally
 	dead      string // a URL nobody listens on
@@ -199,6 +205,12 @@ func runHookModel(t *testing.T, seed uint64, ops int) {
 	for _, p := range hmPaths {
 		m.modes[p] = hmModes[0]
 	}
+	// Another workspace, subscribed to every type at a receiver of the
+	// run's: it is sent none of this workspace's events, and its key
+	// finds none of this workspace's subscriptions.
+	m.other = hammered(t, env)
+	env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", m.other.Key,
+		map[string]any{"url": m.rcv.URL + hmPaths[0] + "/other", "events": events.Types})
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	m.dead = "http://" + l.Addr().String() + "/gone"
@@ -289,8 +301,10 @@ func (m *hookModel) step() {
 		m.remove(m.pick(m.hooks))
 	case r < 77:
 		m.retry()
-	case r < 81:
+	case r < 79:
 		m.replay()
+	case r < 81:
+		m.foreign(m.pick(m.hooks))
 	case r < 85:
 		p := hmPaths[m.rng.IntN(len(hmPaths))]
 		mode := hmModes[m.rng.IntN(len(hmModes))]
@@ -1245,4 +1259,31 @@ func (m *hookModel) refused(h *hmHook, method, path string, bad []hmBad) {
 	if fields := apitest.ValidationFields(m.t, r); !slices.Equal(fields, []string{b.field}) {
 		m.fail("%s %s %s: %d %s, want 400 invalid_request at %s", method, path, b.body, r.Status, r.Body, b.field)
 	}
+}
+
+// foreign sends a request about h with the other workspace's key: 404
+// not_found whatever it is, changing nothing.
+func (m *hookModel) foreign(h *hmHook) {
+	if h == nil {
+		return
+	}
+	reqs := []struct {
+		method, path string
+		body         any
+	}{
+		{"GET", "/api/v1/webhooks/" + h.id, nil},
+		{"GET", "/api/v1/webhooks/" + h.id + "/deliveries", nil},
+		{"PATCH", "/api/v1/webhooks/" + h.id, map[string]any{"disabled": true}},
+		{"DELETE", "/api/v1/webhooks/" + h.id, nil},
+		{"POST", "/api/v1/webhooks/" + h.id + "/rotate-secret", map[string]any{"replace_previous": true}},
+		{"POST", "/api/v1/webhooks/" + h.id + "/deliveries/retry", map[string]any{"delivery_ids": []string{
+			deliveryID(h.id, "evt_none")}}},
+	}
+	q := reqs[m.rng.IntN(len(reqs))]
+	if len(h.dels) > 0 && q.method == "POST" && strings.HasSuffix(q.path, "/retry") {
+		q.body = map[string]any{"delivery_ids": []string{h.dels[0].id}}
+	}
+	r := m.env.Do(q.method, q.path, m.other.Key, q.body)
+	m.log("foreign %s %s -> %d", q.method, q.path, r.Status)
+	m.wantNotFound(r, "another workspace's "+q.method+" "+q.path)
 }
