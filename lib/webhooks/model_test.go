@@ -303,8 +303,10 @@ func (m *hookModel) step() {
 		m.retry()
 	case r < 79:
 		m.replay()
-	case r < 81:
+	case r < 80:
 		m.foreign(m.pick(m.hooks))
+	case r < 81:
+		m.crash()
 	case r < 85:
 		p := hmPaths[m.rng.IntN(len(hmPaths))]
 		mode := hmModes[m.rng.IntN(len(hmModes))]
@@ -1108,8 +1110,14 @@ func (m *hookModel) retry() {
 	}
 	now := m.now()
 	for _, d := range named {
-		if d.state != "pending" {
+		switch {
+		case d.state != "pending":
 			*d = hmDelivery{id: d.id, ev: d.ev, state: "pending", next: now, created: d.created}
+		case d.attempts >= webhooks.MaxAttempts:
+			// Its last attempt may be in flight (a claim whose
+			// sweeper died, crash): its attempts start over, so that
+			// one failing is not the end; it keeps its schedule.
+			d.attempts = 0
 		}
 	}
 	var got struct {
@@ -1286,4 +1294,36 @@ func (m *hookModel) foreign(h *hmHook) {
 	r := m.env.Do(q.method, q.path, m.other.Key, q.body)
 	m.log("foreign %s %s -> %d", q.method, q.path, r.Status)
 	m.wantNotFound(r, "another workspace's "+q.method+" "+q.path)
+}
+
+// crash claims a due delivery as a sweeper does and leaves it as one that
+// died before recording the send: an attempt counted, held for the
+// claim's minute, then sent again under the same event id, counting an
+// attempt (README: at least once), also past MaxAttempts when the lost
+// one was the last.
+func (m *hookModel) crash() {
+	now := m.now()
+	var due []*hmDelivery
+	for _, h := range m.live() {
+		for _, d := range h.dels {
+			if h.disabledAt.IsZero() && d.state == "pending" && !d.next.After(now) {
+				due = append(due, d)
+			}
+		}
+	}
+	if len(due) == 0 {
+		m.sweep()
+		return
+	}
+	d := due[m.rng.IntN(len(due))]
+	tag, err := m.env.App.Pool.Exec(context.Background(), `UPDATE webhook_deliveries SET attempts = attempts + 1,
+		next_attempt_at = $2::timestamptz + interval '60 seconds' WHERE id = $1 AND state = 'pending'`, d.id, now)
+	require.NoError(m.t, err)
+	m.log("crash %s at attempt %d -> %d", d.id, d.attempts+1, tag.RowsAffected())
+	if tag.RowsAffected() != 1 {
+		m.fail("crash: %s is not pending", d.id)
+		return
+	}
+	d.attempts++
+	d.next = now.Add(time.Minute)
 }
