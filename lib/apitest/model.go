@@ -1,15 +1,26 @@
 package apitest
 
 import (
+	"fmt"
 	"os"
 	"strconv"
 	"testing"
 )
 
-// ModelSeeds is the seeds a model test (a seeded random sequence of
-// operations checked against a plain Go model) runs: MODEL_SEED alone
-// when set, else MODEL_SEEDS (default n) seeds from 1.
-func ModelSeeds(t *testing.T, n int) []uint64 {
+// EachModelSeed runs a model test (a seeded random sequence of operations
+// checked against a plain Go model) once per seed, as subtest seed=<n>:
+// MODEL_SEED alone when set, else MODEL_SEEDS (default seeds) seeds from
+// 1, each sequence MODEL_OPS (default ops) operations long.
+func EachModelSeed(t *testing.T, seeds, ops int, run func(t *testing.T, seed uint64, ops int)) {
+	ops = modelEnvInt(t, "MODEL_OPS", ops)
+	for _, seed := range modelSeeds(t, seeds) {
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) { run(t, seed, ops) })
+	}
+}
+
+// modelSeeds is the seeds to run: MODEL_SEED alone when set, else
+// MODEL_SEEDS (default n) seeds from 1.
+func modelSeeds(t *testing.T, n int) []uint64 {
 	if s := os.Getenv("MODEL_SEED"); s != "" {
 		seed, err := strconv.ParseUint(s, 10, 64)
 		if err != nil {
@@ -17,7 +28,7 @@ func ModelSeeds(t *testing.T, n int) []uint64 {
 		}
 		return []uint64{seed}
 	}
-	n = ModelEnvInt(t, "MODEL_SEEDS", n)
+	n = modelEnvInt(t, "MODEL_SEEDS", n)
 	seeds := make([]uint64, n)
 	for i := range seeds {
 		seeds[i] = uint64(i + 1)
@@ -25,9 +36,9 @@ func ModelSeeds(t *testing.T, n int) []uint64 {
 	return seeds
 }
 
-// ModelEnvInt is the positive integer in the environment variable name
-// (MODEL_OPS, MODEL_SEEDS), def when it is unset.
-func ModelEnvInt(t *testing.T, name string, def int) int {
+// modelEnvInt is the positive integer in the environment variable name,
+// def when it is unset.
+func modelEnvInt(t *testing.T, name string, def int) int {
 	s := os.Getenv(name)
 	if s == "" {
 		return def

@@ -44,11 +44,7 @@ import (
 // leases would record lapses that run's model has not seen yet (so would
 // the package's other tests' sweeps).
 func TestGateModelSequential(t *testing.T) {
-	for _, seed := range apitest.ModelSeeds(t, 8) {
-		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
-			runModel(t, seed, apitest.ModelEnvInt(t, "MODEL_OPS", 100))
-		})
-	}
+	apitest.EachModelSeed(t, 8, 100, runModel)
 }
 
 // mPolicy is one effect type's policy as the model knows it.
@@ -996,12 +992,10 @@ func canonical(raw []byte) string {
 // MODEL_SEEDS and MODEL_OPS (each goroutine's) work as for
 // TestGateModelSequential.
 func TestGateModelConcurrent(t *testing.T) {
-	for _, seed := range apitest.ModelSeeds(t, 3) {
-		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
-			t.Parallel()
-			runConcurrentModel(t, seed, 4, apitest.ModelEnvInt(t, "MODEL_OPS", 40))
-		})
-	}
+	apitest.EachModelSeed(t, 3, 40, func(t *testing.T, seed uint64, ops int) {
+		t.Parallel()
+		runConcurrentModel(t, seed, 4, ops)
+	})
 }
 
 // cKey is what the concurrent run knows of one key.

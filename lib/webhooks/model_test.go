@@ -57,11 +57,7 @@ import (
 // Not parallel (TestMain): a pass sweeps the package's shared outbox at
 // this run's clock.
 func TestWebhooksModelSequential(t *testing.T) {
-	for _, seed := range apitest.ModelSeeds(t, 3) {
-		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
-			runHookModel(t, seed, apitest.ModelEnvInt(t, "MODEL_OPS", 80))
-		})
-	}
+	apitest.EachModelSeed(t, 3, 80, runHookModel)
 }
 
 // The receiver paths a subscription's URL may name, and the types whose
