@@ -113,6 +113,8 @@ type hmEffect struct {
 	leaseEnd  time.Time
 	evented   bool
 	reported  bool // in time: it succeeded, and no lapse is recorded
+	ended     time.Time
+	gone      bool // deleted by the effects' retention
 }
 
 // lapsed answers the effects whose lease has lapsed at now with no
@@ -611,6 +613,13 @@ func (m *hookModel) produce() {
 		}
 		e := m.effects[m.rng.IntN(len(m.effects))]
 		lapsed := !e.leaseEnd.After(m.now())
+		if e.gone {
+			// Its type's retention (90 days without a policy) took it.
+			r := m.env.Do("GET", "/api/v1/effects/"+e.id, m.ws.Key, nil)
+			m.log("read-effect %s -> %d", e.id, r.Status)
+			m.wantNotFound(r, "read of an effect past its retention")
+			return
+		}
 		if e.reported || m.rng.IntN(2) == 0 {
 			// A read shows a lapsed lease indeterminate at once, and
 			// records nothing: the sweeper's pass, or a write of the
@@ -649,7 +658,7 @@ func (m *hookModel) produce() {
 			m.fail("report: %d %s", r.Status, r.Body)
 			return
 		}
-		e.reported = true
+		e.reported, e.ended = true, m.now()
 		m.recorded()
 		return
 	case 0:
@@ -921,6 +930,11 @@ func (m *hookModel) sweep() {
 // out and with no delivery pending, goes with its deliveries
 // (events.retention).
 func (m *hookModel) retention(now time.Time) {
+	// And an effect that ended is deleted once its type's retention_days,
+	// 90 without a policy, have passed (effects.retention).
+	for _, e := range m.effects {
+		e.gone = e.gone || e.reported && e.ended.Before(now.AddDate(0, 0, -90))
+	}
 	cutoff := now.AddDate(0, 0, -hmRetentionDays)
 	pending := map[*hmEvent]bool{}
 	for _, h := range m.hooks {
