@@ -44,7 +44,11 @@ import (
 // leases would record lapses that run's model has not seen yet (so would
 // the package's other tests' sweeps).
 func TestGateModelSequential(t *testing.T) {
-	apitest.EachModelSeed(t, 8, 100, runModel)
+	for _, seed := range apitest.ModelSeeds(t, 8) {
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			runModel(t, seed, apitest.ModelEnvInt(t, "MODEL_OPS", 100))
+		})
+	}
 }
 
 // mPolicy is one effect type's policy as the model knows it.
@@ -436,7 +440,7 @@ func (m *modelRun) beginWith(k *mKey, o mBegin) {
 		m.fail("begin %s: %s with result %s", k.name, body.Decision, body.Result)
 		return
 	}
-	if body.Decision == "duplicate" && canonical(body.Result) != want.result {
+	if body.Decision == "duplicate" && apitest.Canonical(body.Result) != want.result {
 		m.fail("begin %s: duplicate's result %s, model %s", k.name, body.Result, want.result)
 		return
 	}
@@ -630,7 +634,7 @@ func (m *modelRun) reportOp(k *mKey) {
 		}
 		return
 	}
-	m.applyReport(k, i, outcome, canonicalOf(result))
+	m.applyReport(k, i, outcome, apitest.CanonicalOf(result))
 	m.checkEffect(k, r.JSON(), "report's answer")
 }
 
@@ -867,7 +871,7 @@ func (m *modelRun) resolve(k *mKey, outcome string) {
 	}
 	k.state = outcome
 	if outcome == "succeeded" {
-		k.result = canonicalOf(result)
+		k.result = apitest.CanonicalOf(result)
 	}
 	// A refused retry's code says nothing once the outcome is known, except
 	// max_attempts_exceeded after a failure, which still answers the key
@@ -951,7 +955,7 @@ func (m *modelRun) checkEffect(k *mKey, e map[string]any, what string) {
 	result := ""
 	if e["result"] != nil {
 		raw, _ := json.Marshal(e["result"])
-		result = canonical(raw)
+		result = apitest.Canonical(raw)
 	}
 	wantResult := ""
 	if k.effState(now) == "succeeded" {
@@ -963,20 +967,6 @@ func (m *modelRun) checkEffect(k *mKey, e map[string]any, what string) {
 			what, k.name, e["state"], e["attempt"], e["denial_code"], got, result,
 			k.effState(now), k.attempt, denial, want, wantResult)
 	}
-}
-
-func canonicalOf(v any) string {
-	raw, _ := json.Marshal(v)
-	return canonical(raw)
-}
-
-func canonical(raw []byte) string {
-	var v any
-	if err := json.Unmarshal(raw, &v); err != nil {
-		return "!" + string(raw)
-	}
-	out, _ := json.Marshal(v)
-	return string(out)
 }
 
 // TestGateModelConcurrent runs random operations from several goroutines
@@ -992,10 +982,12 @@ func canonical(raw []byte) string {
 // MODEL_SEEDS and MODEL_OPS (each goroutine's) work as for
 // TestGateModelSequential.
 func TestGateModelConcurrent(t *testing.T) {
-	apitest.EachModelSeed(t, 3, 40, func(t *testing.T, seed uint64, ops int) {
-		t.Parallel()
-		runConcurrentModel(t, seed, 4, ops)
-	})
+	for _, seed := range apitest.ModelSeeds(t, 3) {
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			t.Parallel()
+			runConcurrentModel(t, seed, 4, apitest.ModelEnvInt(t, "MODEL_OPS", 40))
+		})
+	}
 }
 
 // cKey is what the concurrent run knows of one key.

@@ -73,3 +73,7 @@ var SQLQueueHealth = sqlQueueHealth
 
 // SQLListRuns is GET /runs's statement before db.NewestFirst pages it.
 var SQLListRuns = sqlListRuns
+
+// SetJitter fixes the uniform value retry jitter draws (in [0,1)), so that
+// a test can predict a retry's due time.
+func SetJitter(s *Service, u float64) { s.jitter = func() float64 { return u } }

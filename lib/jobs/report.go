@@ -53,6 +53,7 @@ type lockedJob struct {
 	name                  string
 	version               *string // read only for a key restricted to some tools
 	requeued              bool    // QUEUED again by the sweeper after its lease lapsed (read in decideReport)
+	replayed              bool    // replayed since its lapsed cancelled attempt was failed (read in decideReport)
 	contractVersion       *int32
 	xRejected             bool
 	workspaceID, jobID    string
@@ -287,6 +288,18 @@ func (s *Service) decideReport(ctx context.Context, tx pgx.Tx, j *lockedJob, req
 			return ReportResult{}, nil, fmt.Errorf("report: requeued: %w", err)
 		}
 	}
+	if j.status == StatusCancelled && j.xOutcome != nil && j.xReported == nil {
+		// The sweeper failed this cancelled attempt as lapsed: its report
+		// is still recorded, unless a replay queued the job again since
+		// (and it was cancelled again): the replay's claim would supersede
+		// it, and until then the token is lease_lost, as its heartbeat
+		// answers and as the report answered before the second cancel
+		// (model QA: recorded after that cancel, an ended attempt's
+		// outcome replaced and its output put on the job).
+		if err := tx.QueryRow(ctx, sqlReplayedSince, j.jobID).Scan(&j.replayed); err != nil {
+			return ReportResult{}, nil, fmt.Errorf("report: replayed: %w", err)
+		}
+	}
 	xa := int(*j.xAttempt)
 	switch {
 	case xa < j.attempt:
@@ -321,7 +334,7 @@ func (s *Service) decideReport(ctx context.Context, tx pgx.Tx, j *lockedJob, req
 			}
 		}
 		return ReportResult{JobID: j.jobID, Status: *j.xResult, Attempt: xa, NextDueAt: utc(j.xNext)}, nil, nil
-	case j.status == StatusCancelled, j.status == StatusQueued && !j.requeued && j.xOutcome == nil:
+	case j.status == StatusCancelled && !j.replayed, j.status == StatusQueued && !j.requeued && j.xOutcome == nil:
 		// Cancelled while running, or since replayed (QUEUED again) while
 		// this attempt may still have been running and no claim has
 		// superseded it: its report is recorded (API.md §5) on the
@@ -337,9 +350,10 @@ func (s *Service) decideReport(ctx context.Context, tx pgx.Tx, j *lockedJob, req
 			row.warning = &lateCancelledReportWarning
 		}
 		return ReportResult{JobID: j.jobID, Status: j.status, Attempt: xa}, &row, nil
-	case j.status == StatusQueued && !j.requeued:
+	case j.status == StatusQueued && !j.requeued, j.replayed:
 		// A replay queued the job again after this attempt ended
-		// unreported (its lease lapsed): its next claim supersedes it.
+		// unreported (its lease lapsed), cancelled again since or not: its
+		// next claim supersedes it.
 		return ReportResult{}, nil, errLeaseLost()
 	case j.status != StatusRunning && j.status != StatusQueued:
 		// detail.leaseLapsed: the job ended because this attempt, its last,

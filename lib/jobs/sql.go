@@ -892,6 +892,11 @@ const sqlExecutionByToken = `
 SELECT attempt, outcome, reported_at, result_status, next_due_at, coalesce(output_rejected, false)
 FROM job_executions WHERE job_id = $1::text AND jobs_lease_token_matches(lease_token, $2::text)`
 
+// sqlReplayedSince says whether a job ($1) was replayed since its lease
+// token was last set: a replay empties the token (sqlReplaySameVersion), a
+// claim sets a new one, and the sweeper's requeue clears it (NULL).
+const sqlReplayedSince = `SELECT coalesce(lease_token = '', false) FROM jobs WHERE id = $1::text`
+
 // sqlReportApply records reports' outcomes (parallel arrays $3…$16, one
 // element per report), the jobs' next statuses where $14 says so, and frees
 // the endpoints' concurrency slots. The endpoints are locked in id order

@@ -57,7 +57,7 @@ import (
 // Not parallel (TestMain): a pass sweeps the package's shared outbox at
 // this run's clock.
 func TestWebhooksModelSequential(t *testing.T) {
-	apitest.EachModelSeed(t, 3, 80, runHookModel)
+	apitest.ModelRuns(t, 3, 80, runHookModel)
 }
 
 // The receiver paths a subscription's URL may name, and the types whose

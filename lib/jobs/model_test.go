@@ -1,0 +1,1171 @@
+package jobs_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/jobs"
+)
+
+// The durable jobs' state machine checked against a model (as lib/gate's
+// model_test.go checks the effect gate's): from a seed, a random sequence
+// of enqueues (a new step, the same step again: deduplicated, or the same
+// key with another operation: idempotency_key_reuse; after the run's
+// finish, only the repeat is answered), claims by workers each serving its
+// own exact name@version set, heartbeats and reports with the current
+// lease token, a superseded one or none of the job's (successes with an
+// output, failures retryable or not, with or without a retryAfterMs
+// floor), cancels, replays, finishes, clock moves (to and past a lease's
+// end, past a retry's due time, past the sweeper's requeue delay), sweeps
+// and reads (a run, a step, the list of runs), over two runs of a few
+// steps of three handlers on two endpoints (one CUSTOM policy without
+// jitter, one STANDARD with its 20 %, the jitter's draw fixed per seed).
+// Every answer is compared with what a plain Go model of API.md §3 and §5
+// and README "Durable jobs" predicts: the status code and error code (and
+// lease_lost's and invalid_state's detail), a step's and its job's
+// status, attempt, maxAttempts, dueAt, leaseExpiresAt, output, each
+// attempt's outcome, retryable, retryAfterMs, warning and reportedAt, a
+// claim's jobs and leases, a heartbeat's lease and cancelRequested, a
+// report's status and nextDueAt (per the job's retry policy snapshot), and
+// the runs' statuses. A failure names the seed and the trace;
+// MODEL_SEED, MODEL_SEEDS and MODEL_OPS work as for lib/gate's
+// (apitest.ModelSeeds).
+//
+// Not parallel, nor are its seeds: a sweep (one of the operations) acts on
+// every workspace at its own clock, and one at a clock past another
+// test's leases would lapse them.
+func TestJobsModelSequential(t *testing.T) {
+	for _, seed := range apitest.ModelSeeds(t, 8) {
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			runJobsModel(t, seed, apitest.ModelEnvInt(t, "MODEL_OPS", 100))
+		})
+	}
+}
+
+// jmTool is a handler: a tool's exact name@version.
+type jmTool struct{ name, version string }
+
+func (tl jmTool) ref() string { return tl.name + "@" + tl.version }
+
+var jmTools = []jmTool{{"mdl_send", "1"}, {"mdl_send", "2"}, {"mdl_charge", "1"}}
+
+// jmWorkers are the handler sets the workers register (indexes of jmTools).
+var jmWorkers = [][]int{{0}, {1, 2}, {0, 1, 2}}
+
+// jmPolicy is an endpoint's retry policy and default timeout, as the model
+// knows it (README "Retries").
+type jmPolicy struct {
+	maxAttempts int
+	initialMs   int64
+	multiplier  float64
+	maxDelayMs  int64
+	jitterPct   float64
+	timeoutMs   int64
+}
+
+// The endpoints (named by the tools: enqueue's default) and their policies.
+var jmEndpoints = map[string]struct {
+	pol  jmPolicy
+	body map[string]any
+}{
+	"mdl_send": {jmPolicy{3, 2000, 2, 5000, 0, 5000}, map[string]any{"name": "mdl_send", "preset": "CUSTOM",
+		"maxAttempts": 3, "initialDelayMs": 2000, "multiplier": 2, "maxDelayMs": 5000, "jitterPercent": 0,
+		"defaultTimeoutMs": 5000}},
+	// STANDARD: 5 attempts, 30 s doubling, cap 15 min, ±20 %.
+	"mdl_charge": {jmPolicy{5, 30_000, 2, 900_000, 20, 20_000}, map[string]any{"name": "mdl_charge",
+		"preset": "STANDARD", "defaultTimeoutMs": 20_000}},
+}
+
+// jmSpec is a step of the sequence: its run, tool, whether the producer
+// names its key, and the enqueue's overrides (0: none).
+type jmSpec struct {
+	run, tool   int
+	keyed       bool
+	timeoutMs   int64
+	maxAttempts int
+	delayMs     int64
+}
+
+var jmSpecs = []jmSpec{
+	{run: 0, tool: 0, keyed: true},
+	{run: 0, tool: 0, maxAttempts: 2},
+	{run: 0, tool: 1, keyed: true, timeoutMs: 3000},
+	{run: 0, tool: 2, keyed: true},
+	{run: 1, tool: 0, keyed: true, maxAttempts: 1},
+	{run: 1, tool: 2, maxAttempts: 3},
+	{run: 1, tool: 1, keyed: true, delayMs: 4000},
+	{run: 1, tool: 0, keyed: true, maxAttempts: 4},
+}
+
+const jmGrace = 10 * time.Second // apitest.Config's JobLeaseGraceMs
+
+// jmAttempt is one claim of a job.
+type jmAttempt struct {
+	token    string
+	exp      time.Time
+	outcome  string // "" while open; SUCCEEDED | FAILED
+	lapsed   bool   // failed as lapsed (the lapse warning), not reported
+	late     bool   // reported after it lapsed and was failed or requeued (a warning)
+	reported bool
+	sent     string // the status its worker reported
+	// retryable and retryAfter as recorded for a reported failure.
+	retryable  *bool
+	retryAfter *int64
+	answer     jmReport // the report's answer, which a repeat gets again
+}
+
+// jmReport is a report's answer.
+type jmReport struct {
+	status string
+	next   *time.Time
+}
+
+// jmStep is the model's view of one step and its job.
+type jmStep struct {
+	spec    jmSpec
+	i       int
+	run     *jmRun
+	exists  bool
+	stepID  string
+	jobID   string
+	key     string
+	status  string
+	attempt int
+	max     int
+	due     time.Time
+	lease   time.Duration
+	pol     jmPolicy
+	atts    []*jmAttempt
+	// held is the cancelled attempt that may still run (it neither
+	// reported nor was failed as lapsed since its cancel), 0 for none: a
+	// replay's claim waits for it.
+	held int
+	// requeued: the sweeper queued the job again after its lease lapsed
+	// (its token cleared); replayed: a replay queued it (token cleared):
+	// both until the next claim.
+	requeued, replayed bool
+	output             string // the last success's output (canonical JSON), "" for none
+}
+
+type jmRun struct {
+	i         int
+	id        string
+	status    string
+	requested bool
+	steps     []*jmStep
+}
+
+type jobsModel struct {
+	t        *testing.T
+	seed     uint64
+	rng      *rand.Rand
+	env      *apitest.Env
+	ws       apitest.Workspace
+	worker   string // the WORKER key's secret
+	workers  []string
+	clock    *apitest.Clock
+	jitter   float64
+	runs     []*jmRun
+	steps    []*jmStep
+	last     *jmStep
+	trace    []string
+	failures int
+	outputs  int
+	seen     map[string]int
+	ops      int
+}
+
+func runJobsModel(t *testing.T, seed uint64, ops int) {
+	m := newJobsModel(t, seed, ops)
+	for i := 0; i < ops && !t.Failed(); i++ {
+		m.step()
+	}
+	for _, r := range m.runs {
+		if !t.Failed() {
+			m.readRun(r)
+		}
+	}
+	t.Logf("covered: %v", m.seen)
+}
+
+func newJobsModel(t *testing.T, seed uint64, ops int) *jobsModel {
+	clock := apitest.NewClock(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
+	env := apitest.Start(t, apitest.WithNow(clock.Now))
+	rng := rand.New(rand.NewPCG(seed, 0x6a6f6273))
+	m := &jobsModel{t: t, seed: seed, rng: rng, env: env, ws: env.Signup(), clock: clock, seen: map[string]int{},
+		ops: ops, jitter: []float64{0, 0.5, 0.999}[rng.IntN(3)]}
+	jobs.SetJitter(env.App.Server.Jobs, m.jitter)
+	var refs []string
+	for _, tl := range jmTools {
+		refs = append(refs, tl.ref())
+	}
+	m.worker = env.Key(m.ws, map[string]any{"name": "worker", "preset": "WORKER", "tools": refs})
+	for _, set := range jmWorkers {
+		var tools []map[string]any
+		for _, i := range set {
+			tools = append(tools, map[string]any{"name": jmTools[i].name, "version": jmTools[i].version})
+		}
+		r := env.Must(http.StatusCreated, "POST", "/api/v1/workers/register", m.worker, map[string]any{"tools": tools})
+		m.workers = append(m.workers, r.JSON()["workerId"].(string))
+	}
+	for _, name := range []string{"mdl_send", "mdl_charge"} {
+		env.Must(http.StatusCreated, "POST", "/api/v1/endpoints", m.ws.Key, jmEndpoints[name].body)
+	}
+	for i := range 2 {
+		r := env.Must(http.StatusCreated, "POST", "/api/v1/runs", m.ws.Key, map[string]any{"name": fmt.Sprintf("model %d", i)})
+		m.runs = append(m.runs, &jmRun{i: i, id: r.JSON()["id"].(string), status: jobs.RunRunning})
+	}
+	for i, spec := range jmSpecs {
+		s := &jmStep{spec: spec, i: i, run: m.runs[spec.run]}
+		if spec.keyed {
+			s.key = fmt.Sprintf("mdl-%d-%d", seed, i)
+		}
+		m.steps = append(m.steps, s)
+	}
+	return m
+}
+
+// fail reports a mismatch with the seed and the trace so far.
+func (m *jobsModel) fail(format string, args ...any) {
+	m.t.Helper()
+	m.failures++
+	if m.failures > 1 {
+		return
+	}
+	m.t.Errorf("model mismatch (replay: MODEL_SEED=%d MODEL_OPS=%d go test -run 'TestJobsModelSequential' ./lib/jobs): "+
+		"%s\ntrace:\n  %s", m.seed, m.ops, fmt.Sprintf(format, args...), strings.Join(m.trace, "\n  "))
+}
+
+func (m *jobsModel) log(format string, args ...any) {
+	line := fmt.Sprintf(format, args...)
+	m.trace = append(m.trace, fmt.Sprintf("%3d %s ", len(m.trace)+1, m.now().Format("15:04:05"))+line)
+	if op, answer, ok := strings.Cut(line, " -> "); ok {
+		op, _, _ = strings.Cut(op, " ")
+		answer, _, _ = strings.Cut(answer, " [")
+		m.seen[op+" "+strings.TrimSpace(answer)]++
+	}
+}
+
+func (m *jobsModel) now() time.Time { return m.clock.Now() }
+
+func (s *jmStep) name() string { return fmt.Sprintf("step %d (%s)", s.i, jmTools[s.spec.tool].ref()) }
+
+func (s *jmStep) latest() *jmAttempt {
+	if len(s.atts) == 0 {
+		return nil
+	}
+	return s.atts[len(s.atts)-1]
+}
+
+// cancelledOpen says whether a, the job's latest attempt, is a cancelled
+// attempt that may still run: its job cancelled, or replayed while it ran
+// (cancelled again since or not), and the attempt neither reported nor,
+// under a replay, failed as lapsed (README: its heartbeat answers
+// cancelRequested, its report is recorded on the attempt).
+func (s *jmStep) cancelledOpen(a *jmAttempt) bool {
+	if a.reported || s.status != jobs.StatusCancelled && !(s.status == jobs.StatusQueued && s.replayed) {
+		return false
+	}
+	return s.current() || s.requeued || a.outcome == ""
+}
+
+// current says whether the job's latest attempt's token is the job's: a
+// requeue and a replay clear it.
+func (s *jmStep) current() bool { return !s.requeued && !s.replayed }
+
+func (m *jobsModel) step() {
+	s := m.last
+	if s == nil || m.rng.IntN(2) == 0 {
+		s = m.steps[m.rng.IntN(len(m.steps))]
+	}
+	m.last = s
+	switch r := m.rng.IntN(100); {
+	case r < 14 || !s.exists:
+		m.enqueue(s, s.exists && m.rng.IntN(6) == 0)
+	case r < 30:
+		m.claim(m.rng.IntN(len(m.workers)), []int{1, 1, 10}[m.rng.IntN(3)])
+	case r < 46:
+		m.report(s)
+	case r < 54:
+		m.heartbeat(s)
+	case r < 66:
+		m.moveClock(s)
+	case r < 70:
+		m.sweep()
+	case r < 75:
+		m.cancel(s)
+	case r < 80:
+		m.replay(s)
+	case r < 82:
+		m.finish(s.run)
+	case r < 88:
+		m.readStep(s)
+	case r < 94:
+		m.readRun(s.run)
+	default:
+		m.listRuns()
+	}
+}
+
+// moveClock moves the clock to, or past, a time that matters to the step:
+// its lease's end, its due time, the sweeper's requeue delay; or a little.
+func (m *jobsModel) moveClock(s *jmStep) {
+	now := m.now()
+	var to time.Time
+	switch m.rng.IntN(5) {
+	case 0:
+		if a := s.latest(); a != nil {
+			to = a.exp
+		}
+	case 1:
+		if s.exists {
+			to = s.due
+		}
+	case 2:
+		if a := s.latest(); a != nil {
+			to = a.exp.Add(jobs.RequeueLapsedAfter)
+		}
+	case 3:
+		to = now.Add(time.Duration(1+m.rng.IntN(20)) * time.Second)
+	}
+	d := to.Sub(now)
+	if d <= 0 {
+		d = time.Duration(1+m.rng.IntN(3)) * time.Second
+	}
+	if m.rng.IntN(3) == 0 {
+		d += time.Second // past it
+	}
+	m.clock.Add(d)
+	m.log("clock +%s", d)
+}
+
+// --- enqueue
+
+func (m *jobsModel) enqueueBody(s *jmStep, other bool) map[string]any {
+	tl := jmTools[s.spec.tool]
+	b := map[string]any{"name": tl.name, "version": tl.version, "input": map[string]any{"step": s.i, "seed": m.seed}}
+	if s.key != "" {
+		b["idempotencyKey"] = s.key
+	}
+	if s.spec.timeoutMs > 0 {
+		b["timeoutMs"] = s.spec.timeoutMs
+	}
+	if s.spec.maxAttempts > 0 {
+		b["maxAttempts"] = s.spec.maxAttempts
+	}
+	if s.spec.delayMs > 0 {
+		b["delayMs"] = s.spec.delayMs
+	}
+	if other {
+		// Another operation under the key: another input under the key the
+		// producer named; under a generated one (which the input makes),
+		// other settings (README: maxAttempts is not part of it).
+		if s.key != "" {
+			b["input"] = map[string]any{"step": s.i, "other": true}
+		} else {
+			b["maxAttempts"] = 5
+		}
+	}
+	return b
+}
+
+func (m *jobsModel) enqueue(s *jmStep, other bool) {
+	now := m.now()
+	status, code := http.StatusCreated, ""
+	switch {
+	case s.exists && other:
+		status, code = http.StatusConflict, "idempotency_key_reuse"
+	case s.exists:
+		status = http.StatusOK
+	case s.run.requested:
+		status, code = http.StatusConflict, "invalid_state"
+	}
+	r := m.env.Do("POST", "/api/v1/runs/"+s.run.id+"/steps", m.ws.Key, m.enqueueBody(s, other))
+	var got struct {
+		StepID, JobID, IdempotencyKey, Status string
+		DueAt                                 *time.Time
+		Deduplicated                          bool
+	}
+	_ = json.Unmarshal(r.Body, &got)
+	m.log("enqueue %s other=%v -> %d %s %s", s.name(), other, r.Status, r.ErrorCode(), got.Status)
+	if r.Status != status || r.ErrorCode() != code {
+		m.fail("enqueue %s other=%v: %d %q, model %d %q: %s", s.name(), other, r.Status, r.ErrorCode(), status, code, r.Body)
+		return
+	}
+	if code != "" {
+		return
+	}
+	if !s.exists {
+		s.exists, s.stepID, s.jobID, s.status = true, got.StepID, got.JobID, jobs.StatusQueued
+		if s.key == "" {
+			s.key = got.IdempotencyKey
+		}
+		ep := jmEndpoints[jmTools[s.spec.tool].name].pol
+		s.pol, s.max = ep, ep.maxAttempts
+		if s.spec.maxAttempts > 0 {
+			s.max = s.spec.maxAttempts
+		}
+		timeout := ep.timeoutMs
+		if s.spec.timeoutMs > 0 {
+			timeout = s.spec.timeoutMs
+		}
+		s.lease = time.Duration(timeout)*time.Millisecond + jmGrace
+		s.due = now.Add(time.Duration(s.spec.delayMs) * time.Millisecond)
+		s.run.steps = append(s.run.steps, s)
+		m.settleRun(s.run)
+	}
+	if got.StepID != s.stepID || got.JobID != s.jobID || got.IdempotencyKey != s.key || got.Status != s.status ||
+		got.Deduplicated != (status == http.StatusOK) {
+		m.fail("enqueue %s: %s, model step %s job %s key %s status %s", s.name(), r.Body, s.stepID, s.jobID, s.key, s.status)
+		return
+	}
+	if s.queued() && (got.DueAt == nil || !got.DueAt.Equal(s.due)) {
+		m.fail("enqueue %s: dueAt %v, model %v", s.name(), got.DueAt, s.due)
+	}
+}
+
+// queued says whether the job waits for its due time to be claimed.
+func (s *jmStep) queued() bool {
+	return s.status == jobs.StatusQueued || s.status == jobs.StatusRetryScheduled
+}
+
+// --- claim
+
+// claimable says whether a claim now may take the step's job, and the time
+// it has been due since (claims take the longest due first).
+func (s *jmStep) claimable(now time.Time) (time.Time, bool) {
+	switch {
+	case !s.exists:
+		return time.Time{}, false
+	case s.queued():
+		// A replayed job waits for its cancelled attempt that may still run.
+		if s.held > 0 && s.atts[s.held-1].exp.After(now) {
+			return time.Time{}, false
+		}
+		return s.due, !s.due.After(now)
+	case s.status == jobs.StatusRunning && s.attempt < s.max:
+		exp := s.latest().exp
+		return exp, !exp.After(now)
+	}
+	return time.Time{}, false
+}
+
+type jmClaimed struct {
+	JobID, StepID, RunID, Name, Version, LeaseToken, IdempotencyKey string
+	Attempt, MaxAttempts                                            int
+	LeaseExpiresAt                                                  time.Time
+	LeaseMs, TimeoutMs                                              int64
+	Input                                                           json.RawMessage
+}
+
+func (m *jobsModel) claim(w, limit int) {
+	now := m.now()
+	serves := map[int]bool{}
+	for _, i := range jmWorkers[w] {
+		serves[i] = true
+	}
+	var cands []*jmStep
+	for _, s := range m.steps {
+		if _, ok := s.claimable(now); ok && serves[s.spec.tool] {
+			cands = append(cands, s)
+		}
+	}
+	r := m.env.Do("POST", "/api/v1/workers/"+m.workers[w]+"/claim", m.worker, map[string]any{"limit": limit})
+	var got struct{ Jobs []jmClaimed }
+	_ = json.Unmarshal(r.Body, &got)
+	var names []string
+	for _, j := range got.Jobs {
+		names = append(names, fmt.Sprintf("%s#%d", m.byJob(j.JobID).name(), j.Attempt))
+	}
+	m.log("claim worker %d limit %d -> %d jobs=%d %v", w, limit, r.Status, len(got.Jobs), names)
+	if r.Status != http.StatusOK {
+		m.fail("claim: %d: %s", r.Status, r.Body)
+		return
+	}
+	if want := min(limit, len(cands)); len(got.Jobs) != want {
+		m.fail("claim worker %d limit %d: %d jobs, model %d of %d due", w, limit, len(got.Jobs), want, len(cands))
+		return
+	}
+	// The jobs due longest go first: none left out was due before one taken.
+	var latest time.Time
+	taken := map[*jmStep]bool{}
+	for _, j := range got.Jobs {
+		s := m.byJob(j.JobID)
+		if s == nil || !slices.Contains(cands, s) || taken[s] {
+			m.fail("claim worker %d: job %s is not one the model has due (or twice): %s", w, j.JobID, r.Body)
+			return
+		}
+		taken[s] = true
+		if ready, _ := s.claimable(now); ready.After(latest) {
+			latest = ready
+		}
+	}
+	for _, s := range cands {
+		if ready, _ := s.claimable(now); !taken[s] && ready.Before(latest) {
+			m.fail("claim worker %d: %s (due %v) left for one due at %v", w, s.name(), ready, latest)
+			return
+		}
+	}
+	for _, j := range got.Jobs {
+		s := m.byJob(j.JobID)
+		// The claim takes a lapsed attempt's job, or a replayed job's
+		// cancelled attempt, over: that attempt failed as lapsed.
+		if a := s.latest(); a != nil && s.status == jobs.StatusRunning && a.outcome == "" {
+			a.outcome, a.lapsed = jobs.OutcomeFailed, true
+		}
+		if s.held > 0 && s.atts[s.held-1].outcome == "" {
+			a := s.atts[s.held-1]
+			a.outcome, a.lapsed = jobs.OutcomeFailed, true
+		}
+		s.held, s.requeued, s.replayed = 0, false, false
+		s.status, s.attempt = jobs.StatusRunning, s.attempt+1
+		s.atts = append(s.atts, &jmAttempt{token: j.LeaseToken, exp: now.Add(s.lease)})
+		tl := jmTools[s.spec.tool]
+		if j.StepID != s.stepID || j.RunID != s.run.id || j.Name != tl.name || j.Version != tl.version ||
+			j.Attempt != s.attempt || j.MaxAttempts != s.max || !j.LeaseExpiresAt.Equal(now.Add(s.lease)) ||
+			j.LeaseMs != s.lease.Milliseconds() || j.TimeoutMs != (s.lease-jmGrace).Milliseconds() ||
+			j.IdempotencyKey != s.key || j.LeaseToken == "" ||
+			apitest.Canonical(j.Input) != apitest.CanonicalOf(m.enqueueBody(s, false)["input"]) {
+			m.fail("claim of %s: %+v, model attempt %d of %d, lease until %v (%s)", s.name(), j, s.attempt, s.max,
+				now.Add(s.lease), s.lease)
+		}
+	}
+}
+
+func (m *jobsModel) byJob(id string) *jmStep {
+	for _, s := range m.steps {
+		if s.exists && s.jobID == id {
+			return s
+		}
+	}
+	return nil
+}
+
+// pickToken picks one of the step's tokens (usually the latest attempt's),
+// or one that is none of the job's (i -1).
+func (m *jobsModel) pickToken(s *jmStep) (int, string) {
+	if len(s.atts) == 0 || m.rng.IntN(15) == 0 {
+		return -1, fmt.Sprintf("not-a-token-of-this-job-%d", m.rng.IntN(1000))
+	}
+	i := len(s.atts) - 1
+	if m.rng.IntN(4) == 0 {
+		i = m.rng.IntN(len(s.atts))
+	}
+	return i, s.atts[i].token
+}
+
+// leaseLost is lease_lost's detail for attempt i's token (none for a token
+// of no attempt): its attempt and what it was reported as (README).
+func leaseLost(s *jmStep, i int) map[string]any {
+	d := map[string]any{}
+	if i >= 0 {
+		d["attempt"] = float64(i + 1)
+		if a := s.atts[i]; a.reported {
+			d["reportedOutcome"] = a.sent
+		}
+	}
+	return d
+}
+
+// --- heartbeat
+
+func (m *jobsModel) heartbeat(s *jmStep) {
+	if !s.exists {
+		m.enqueue(s, false)
+		return
+	}
+	i, token := m.pickToken(s)
+	now := m.now()
+	var (
+		status  = http.StatusOK
+		code    string
+		cancel  bool
+		extend  bool
+		revive  bool
+		a       *jmAttempt
+		latest  = i >= 0 && i == len(s.atts)-1
+		wantExp time.Time
+	)
+	if i >= 0 {
+		a = s.atts[i]
+	}
+	switch {
+	case !latest:
+		status, code = http.StatusConflict, "lease_lost"
+	case s.status == jobs.StatusRunning:
+		extend = true
+	case s.status == jobs.StatusQueued && s.requeued:
+		// Requeued by the sweeper and claimed by no one since: the
+		// heartbeat takes the job back (README).
+		revive = true
+	case s.cancelledOpen(a):
+		// Told to stop; its lease not extended (README).
+		cancel = true
+	case a.reported:
+		status, code = http.StatusConflict, "invalid_state"
+	case !s.current():
+		status, code = http.StatusConflict, "lease_lost"
+	default:
+		status, code = http.StatusConflict, "invalid_state"
+	}
+	r := m.env.Do("POST", "/api/v1/jobs/"+s.jobID+"/heartbeat", m.worker, map[string]any{"leaseToken": token})
+	var got struct {
+		LeaseExpiresAt  *time.Time
+		CancelRequested bool
+	}
+	_ = json.Unmarshal(r.Body, &got)
+	m.log("heartbeat %s token of attempt %d -> %d %s cancel=%v", s.name(), i+1, r.Status, r.ErrorCode(), got.CancelRequested)
+	if r.Status != status || r.ErrorCode() != code {
+		m.fail("heartbeat %s attempt %d: %d %q, model %d %q: %s", s.name(), i+1, r.Status, r.ErrorCode(), status, code, r.Body)
+		return
+	}
+	if status != http.StatusOK {
+		return
+	}
+	switch {
+	case extend:
+		if e := now.Add(s.lease); e.After(a.exp) {
+			a.exp = e
+		}
+	case revive:
+		s.status, s.requeued = jobs.StatusRunning, false
+		a.exp, a.outcome, a.lapsed = now.Add(s.lease), "", false
+	}
+	wantExp = a.exp
+	if got.LeaseExpiresAt == nil || !got.LeaseExpiresAt.Equal(wantExp) || got.CancelRequested != cancel {
+		m.fail("heartbeat %s: lease until %v cancelRequested %v, model %v %v", s.name(), got.LeaseExpiresAt,
+			got.CancelRequested, wantExp, cancel)
+	}
+}
+
+// --- report
+
+func (m *jobsModel) report(s *jmStep) {
+	if !s.exists {
+		m.enqueue(s, false)
+		return
+	}
+	i, token := m.pickToken(s)
+	now := m.now()
+	body := map[string]any{"leaseToken": token}
+	sent := []string{jobs.StatusSucceeded, jobs.OutcomeFailed}[m.rng.IntN(2)]
+	var (
+		retryable  *bool
+		retryAfter *int64
+		output     string
+	)
+	body["status"] = sent
+	if sent == jobs.StatusSucceeded {
+		m.outputs++
+		// A step shows its output's preview, which keeps the keys only.
+		key := fmt.Sprintf("out%d", m.outputs)
+		body["output"], output = map[string]any{key: true}, apitest.CanonicalOf(map[string]any{key: "<boolean>"})
+	} else if m.rng.IntN(4) != 0 {
+		e := map[string]any{"message": "model failure"}
+		switch m.rng.IntN(4) {
+		case 0:
+			e["retryable"], retryable = false, ptr(false)
+		case 1:
+			e["retryable"], retryable = true, ptr(true)
+		}
+		if (retryable == nil || *retryable) && m.rng.IntN(3) == 0 {
+			ms := []int64{1000, 3000, 60_000}[m.rng.IntN(3)]
+			e["retryAfterMs"], retryAfter = ms, &ms
+		}
+		body["error"] = e
+	}
+	// A failure without a decision is retryable (README).
+	rec := ptr(retryable == nil || *retryable)
+	if sent == jobs.StatusSucceeded {
+		rec = nil
+	}
+
+	var a *jmAttempt
+	if i >= 0 {
+		a = s.atts[i]
+	}
+	latest := i >= 0 && i == len(s.atts)-1
+	status, code := http.StatusOK, ""
+	var (
+		detail map[string]any
+		want   jmReport
+		apply  func()
+	)
+	switch {
+	case i < 0:
+		status, code, detail = http.StatusConflict, "lease_lost", map[string]any{}
+	case !latest:
+		status, code, detail = http.StatusConflict, "lease_lost", leaseLost(s, i)
+	case a.reported:
+		// The same outcome again answers the same object; another is
+		// invalid_state (API.md §5; README: a failure's retryable is part
+		// of its outcome).
+		if a.sent != sent || sent == jobs.OutcomeFailed && *a.retryable != *rec {
+			status, code = http.StatusConflict, "invalid_state"
+		} else {
+			want = a.answer
+		}
+	case s.cancelledOpen(a):
+		// A cancelled attempt's report (the job replayed since or not) is
+		// recorded on the attempt; the job stays as it is (README).
+		want = jmReport{status: s.status}
+		apply = func() {
+			a.late = a.outcome != "" // the sweeper had failed it as lapsed
+			m.record(a, sent, rec, retryAfter, want)
+			if s.held == i+1 {
+				s.held = 0
+			}
+			if s.status == jobs.StatusQueued && s.due.After(now) {
+				s.due = now // due at the report (README)
+			}
+			if output != "" {
+				s.output = output
+			}
+		}
+	case s.replayed:
+		// Replayed after this attempt lapsed unreported (and its job
+		// ended): the next claim supersedes it.
+		status, code, detail = http.StatusConflict, "lease_lost", map[string]any{}
+	case s.status == jobs.StatusRunning || s.status == jobs.StatusQueued && s.requeued:
+		want = jmReport{status: jobs.StatusSucceeded}
+		if sent == jobs.OutcomeFailed {
+			want.status = jobs.StatusExhausted
+			if *rec && s.attempt < s.max {
+				due := m.retryDue(s, now, retryAfter)
+				want = jmReport{status: jobs.StatusRetryScheduled, next: &due}
+			}
+		}
+		apply = func() {
+			a.late = s.requeued
+			m.record(a, sent, rec, retryAfter, want)
+			s.status, s.requeued = want.status, false
+			if want.next != nil {
+				s.due = *want.next
+			}
+			// The job's output is its latest attempt's: a failure has none
+			// (README: a cancelled attempt's is kept until another
+			// attempt's report replaces it).
+			s.output = output
+			m.settleRun(s.run)
+		}
+	default:
+		// The job ended (its last attempt lapsed unreported: the sweeper or
+		// a read exhausted it).
+		status, code = http.StatusConflict, "invalid_state"
+		detail = map[string]any{"status": s.status, "leaseLapsed": !a.reported}
+	}
+	r := m.env.Do("POST", "/api/v1/jobs/"+s.jobID+"/report", m.worker, body)
+	var got struct {
+		JobID     string
+		Status    string
+		Attempt   int
+		NextDueAt *time.Time
+	}
+	_ = json.Unmarshal(r.Body, &got)
+	m.log("report %s token of attempt %d %s retryable=%v after=%v -> %d %s %s", s.name(), i+1, sent, fmtPtr(retryable),
+		fmtPtr(retryAfter), r.Status, r.ErrorCode(), got.Status)
+	if r.Status != status || r.ErrorCode() != code {
+		m.fail("report %s attempt %d %s: %d %q, model %d %q: %s", s.name(), i+1, sent, r.Status, r.ErrorCode(), status,
+			code, r.Body)
+		return
+	}
+	if detail != nil {
+		gotDetail, _ := r.JSON()["error"].(map[string]any)["detail"].(map[string]any)
+		if gotDetail == nil {
+			gotDetail = map[string]any{}
+		}
+		if fmt.Sprint(gotDetail) != fmt.Sprint(detail) {
+			m.fail("report %s attempt %d: %s detail %v, model %v", s.name(), i+1, code, gotDetail, detail)
+		}
+	}
+	if status != http.StatusOK {
+		return
+	}
+	if got.JobID != s.jobID || got.Status != want.status || got.Attempt != i+1 || !sameTime(got.NextDueAt, want.next) {
+		m.fail("report %s attempt %d: %s, model status %s nextDueAt %v", s.name(), i+1, r.Body, want.status, fmtPtr(want.next))
+		return
+	}
+	if apply != nil {
+		apply()
+	}
+}
+
+func (m *jobsModel) record(a *jmAttempt, sent string, retryable *bool, retryAfter *int64, answer jmReport) {
+	a.reported, a.sent, a.outcome, a.lapsed = true, sent, sent, false
+	a.retryable, a.retryAfter, a.answer = retryable, retryAfter, answer
+}
+
+// retryDue is README "Retries"' due time of the retry after the job's
+// current attempt failed: min(maxDelayMs, initialDelayMs × multiplier^(n−1))
+// with the jitter, retryAfterMs as an unjittered floor, never beyond 24 h.
+func (m *jobsModel) retryDue(s *jmStep, now time.Time, floor *int64) time.Time {
+	p := s.pol
+	d := math.Min(float64(p.maxDelayMs), float64(p.initialMs)*math.Pow(p.multiplier, float64(s.attempt-1)))
+	j := p.jitterPct / 100
+	ms := int64(math.Round(d * (1 - j + 2*j*m.jitter)))
+	if floor != nil && *floor > ms {
+		ms = *floor
+	}
+	ms = min(ms, 86_400_000)
+	return now.Add(time.Duration(ms) * time.Millisecond).Truncate(time.Millisecond)
+}
+
+// --- cancel, replay, finish
+
+func (m *jobsModel) cancel(s *jmStep) {
+	if !s.exists {
+		m.enqueue(s, false)
+		return
+	}
+	status, code := http.StatusOK, ""
+	switch s.status {
+	case jobs.StatusCancelled:
+	case jobs.StatusSucceeded, jobs.StatusExhausted, jobs.StatusSkipped:
+		status, code = http.StatusConflict, "invalid_state"
+	}
+	r := m.env.Do("POST", "/api/v1/steps/"+s.stepID+"/cancel", m.ws.Key, nil)
+	m.log("cancel %s (%s) -> %d %s", s.name(), s.status, r.Status, r.ErrorCode())
+	if r.Status != status || r.ErrorCode() != code {
+		m.fail("cancel %s: %d %q, model %d %q: %s", s.name(), r.Status, r.ErrorCode(), status, code, r.Body)
+		return
+	}
+	if status != http.StatusOK {
+		return
+	}
+	if s.status != jobs.StatusCancelled {
+		if s.status == jobs.StatusRunning && s.held == 0 {
+			s.held = s.attempt // it may still run: its slot and lease are held
+		}
+		s.status = jobs.StatusCancelled
+		m.settleRun(s.run)
+	}
+	m.checkStep(s, r.Body, "cancel's answer")
+}
+
+func (m *jobsModel) replay(s *jmStep) {
+	if !s.exists {
+		m.enqueue(s, false)
+		return
+	}
+	now := m.now()
+	// The replay's read ends a lapsed last attempt first, as a read of the
+	// step does.
+	if s.status == jobs.StatusRunning && s.attempt >= s.max {
+		m.exhaustLapsed(s.run)
+	}
+	more := 1 + m.rng.IntN(2)
+	status, code := http.StatusOK, ""
+	if s.status != jobs.StatusExhausted && s.status != jobs.StatusCancelled {
+		status, code = http.StatusConflict, "invalid_state"
+	}
+	r := m.env.Do("POST", "/api/v1/steps/"+s.stepID+"/replay", m.ws.Key,
+		map[string]any{"acknowledgeDuplicateRisk": true, "maxAttempts": more, "reason": "model"})
+	m.log("replay %s (%s) +%d -> %d %s", s.name(), s.status, more, r.Status, r.ErrorCode())
+	if r.Status != status || r.ErrorCode() != code {
+		m.fail("replay %s: %d %q, model %d %q: %s", s.name(), r.Status, r.ErrorCode(), status, code, r.Body)
+		return
+	}
+	if status != http.StatusOK {
+		return
+	}
+	s.status, s.max, s.replayed, s.requeued = jobs.StatusQueued, s.attempt+more, true, false
+	s.due = now
+	if s.held > 0 && s.atts[s.held-1].exp.After(now) {
+		s.due = s.atts[s.held-1].exp // it waits for the cancelled attempt (README)
+	}
+	// The run is FAILED while another of its steps is.
+	if s.run.status == jobs.RunFailed && !slices.ContainsFunc(s.run.steps, func(o *jmStep) bool {
+		return o != s && (o.status == jobs.StatusExhausted || o.status == jobs.StatusCancelled)
+	}) {
+		s.run.status = jobs.RunRunning
+	}
+	var got struct {
+		StepID, JobID, Status, HandlerVersion string
+		Attempt, MaxAttempts                  int
+	}
+	_ = json.Unmarshal(r.Body, &got)
+	if got.StepID != s.stepID || got.JobID != s.jobID || got.Status != jobs.StatusQueued || got.Attempt != s.attempt ||
+		got.MaxAttempts != s.max || got.HandlerVersion != jmTools[s.spec.tool].version {
+		m.fail("replay %s: %s, model attempt %d maxAttempts %d", s.name(), r.Body, s.attempt, s.max)
+	}
+}
+
+func (m *jobsModel) finish(run *jmRun) {
+	r := m.env.Do("POST", "/api/v1/runs/"+run.id+"/finish", m.ws.Key, nil)
+	m.log("finish run %d -> %d %s", run.i, r.Status, r.ErrorCode())
+	if r.Status != http.StatusOK {
+		m.fail("finish run %d: %d: %s", run.i, r.Status, r.Body)
+		return
+	}
+	run.requested = true
+	m.settleRun(run)
+	m.exhaustLapsed(run) // the answer is the run's read
+	m.checkRun(run, r.Body, "finish's answer")
+}
+
+// settleRun is the run's status after its steps changed (API.md §3): FAILED
+// as soon as a step is EXHAUSTED or CANCELLED, SUCCEEDED once completion
+// was requested and every step ended well.
+func (m *jobsModel) settleRun(run *jmRun) {
+	if run.status != jobs.RunRunning {
+		return
+	}
+	well := true
+	for _, s := range run.steps {
+		switch s.status {
+		case jobs.StatusExhausted, jobs.StatusCancelled:
+			run.status = jobs.RunFailed
+			return
+		case jobs.StatusSucceeded, jobs.StatusSkipped:
+		default:
+			well = false
+		}
+	}
+	if run.requested && well {
+		run.status = jobs.RunSucceeded
+	}
+}
+
+// --- lapses and sweeps
+
+// exhaustLapsed ends the run's jobs whose lease lapsed on their last
+// attempt (a read of the run, or of such a step, does; so does a sweep).
+func (m *jobsModel) exhaustLapsed(run *jmRun) {
+	now := m.now()
+	for _, s := range run.steps {
+		if s.status == jobs.StatusRunning && s.attempt >= s.max && !s.latest().exp.After(now) {
+			a := s.latest()
+			s.status, a.outcome, a.lapsed = jobs.StatusExhausted, jobs.OutcomeFailed, true
+		}
+	}
+	m.settleRun(run)
+}
+
+func (m *jobsModel) sweep() {
+	res := m.env.App.Sweeper.RunOnce(context.Background())
+	m.log("sweep -> %v", res.Error())
+	if res.Error() != nil {
+		m.fail("sweep: %v", res.Error())
+		return
+	}
+	now := m.now()
+	for _, run := range m.runs {
+		m.exhaustLapsed(run)
+	}
+	for _, s := range m.steps {
+		a := s.latest()
+		switch {
+		case s.status == jobs.StatusRunning && !a.exp.After(now.Add(-jobs.RequeueLapsedAfter)):
+			// Lapsed long enough ago: queued again, due when it lapsed.
+			s.status, s.requeued, s.due = jobs.StatusQueued, true, a.exp
+			a.outcome, a.lapsed = jobs.OutcomeFailed, true
+		case s.held > 0 && !s.atts[s.held-1].exp.After(now):
+			// A cancelled attempt whose lease ended unreported: failed as
+			// lapsed, its slot freed.
+			h := s.atts[s.held-1]
+			if h.outcome == "" {
+				h.outcome, h.lapsed = jobs.OutcomeFailed, true
+			}
+			s.held = 0
+		}
+	}
+}
+
+// --- reads
+
+type jmReadAttempt struct {
+	Attempt      int
+	Outcome      *string
+	Warning      *string
+	Retryable    *bool
+	RetryAfterMs *int64
+	ReportedAt   *time.Time
+}
+
+type jmReadStep struct {
+	ID            string
+	Status        string
+	OutputPreview json.RawMessage
+	DurableJob    struct {
+		ID             string
+		Status         string
+		Attempt        int
+		MaxAttempts    int
+		DueAt          *time.Time
+		LeaseExpiresAt *time.Time
+		Attempts       []jmReadAttempt
+	}
+}
+
+func (m *jobsModel) readStep(s *jmStep) {
+	if !s.exists {
+		m.enqueue(s, false)
+		return
+	}
+	if s.status == jobs.StatusRunning && s.attempt >= s.max && !s.latest().exp.After(m.now()) {
+		m.exhaustLapsed(s.run)
+	}
+	r := m.env.Do("GET", "/api/v1/steps/"+s.stepID, m.ws.Key, nil)
+	m.log("read %s -> %d %s", s.name(), r.Status, r.JSON()["status"])
+	if r.Status != http.StatusOK {
+		m.fail("read %s: %d: %s", s.name(), r.Status, r.Body)
+		return
+	}
+	m.checkStep(s, r.Body, "read")
+}
+
+func (m *jobsModel) readRun(run *jmRun) {
+	m.exhaustLapsed(run)
+	r := m.env.Do("GET", "/api/v1/runs/"+run.id, m.ws.Key, nil)
+	m.log("read run %d -> %d %s", run.i, r.Status, r.JSON()["status"])
+	if r.Status != http.StatusOK {
+		m.fail("read run %d: %d: %s", run.i, r.Status, r.Body)
+		return
+	}
+	m.checkRun(run, r.Body, "read")
+}
+
+func (m *jobsModel) listRuns() {
+	for _, run := range m.runs {
+		m.exhaustLapsed(run)
+	}
+	r := m.env.Do("GET", "/api/v1/runs", m.ws.Key, nil)
+	m.log("list runs -> %d", r.Status)
+	var got struct {
+		Data []struct {
+			ID, Status          string
+			CompletionRequested bool
+		}
+	}
+	_ = json.Unmarshal(r.Body, &got)
+	if r.Status != http.StatusOK || len(got.Data) != len(m.runs) {
+		m.fail("list runs: %d: %s", r.Status, r.Body)
+		return
+	}
+	for _, g := range got.Data {
+		for _, run := range m.runs {
+			if run.id == g.ID && (g.Status != run.status || g.CompletionRequested != run.requested) {
+				m.fail("list runs: run %d reads %s requested=%v, model %s %v", run.i, g.Status, g.CompletionRequested,
+					run.status, run.requested)
+			}
+		}
+	}
+}
+
+func (m *jobsModel) checkRun(run *jmRun, body []byte, what string) {
+	var got struct {
+		Status              string
+		CompletionRequested bool
+		FinishedAt          *time.Time
+		Steps               []json.RawMessage
+	}
+	if err := json.Unmarshal(body, &got); err != nil {
+		m.fail("%s of run %d: %v", what, run.i, err)
+		return
+	}
+	if got.Status != run.status || got.CompletionRequested != run.requested || len(got.Steps) != len(run.steps) ||
+		(got.FinishedAt != nil) != (run.status != jobs.RunRunning) {
+		m.fail("%s of run %d: status %s requested %v finishedAt %v, %d steps; model %s %v, %d steps", what, run.i,
+			got.Status, got.CompletionRequested, got.FinishedAt, len(got.Steps), run.status, run.requested, len(run.steps))
+		return
+	}
+	for _, raw := range got.Steps {
+		var st jmReadStep
+		_ = json.Unmarshal(raw, &st)
+		for _, s := range run.steps {
+			if s.stepID == st.ID {
+				m.checkStep(s, raw, what+" of run "+fmt.Sprint(run.i))
+			}
+		}
+	}
+}
+
+// checkStep compares a step object with the model.
+func (m *jobsModel) checkStep(s *jmStep, body []byte, what string) {
+	m.t.Helper()
+	var st jmReadStep
+	if err := json.Unmarshal(body, &st); err != nil {
+		m.fail("%s of %s: %v", what, s.name(), err)
+		return
+	}
+	j := st.DurableJob
+	var wantLease *time.Time
+	if a := s.latest(); a != nil && (s.status == jobs.StatusRunning || a.outcome == "") {
+		wantLease = &a.exp
+	}
+	var wantDue *time.Time
+	if s.queued() {
+		wantDue = &s.due
+	}
+	gotDue := j.DueAt
+	if !s.queued() {
+		gotDue = nil // dueAt is the due time of a job waiting for it (API.md §5)
+	}
+	output := ""
+	if len(st.OutputPreview) > 0 && string(st.OutputPreview) != "null" {
+		output = apitest.Canonical(st.OutputPreview)
+	}
+	if st.ID != s.stepID || st.Status != s.status || j.ID != s.jobID || j.Status != s.status || j.Attempt != s.attempt ||
+		j.MaxAttempts != s.max || !sameTime(gotDue, wantDue) || !sameTime(j.LeaseExpiresAt, wantLease) ||
+		output != s.output {
+		m.fail("%s of %s: status %s attempt %d/%d dueAt %v leaseExpiresAt %v output %s; model %s %d/%d %v %v %s", what,
+			s.name(), j.Status, j.Attempt, j.MaxAttempts, fmtPtr(j.DueAt), fmtPtr(j.LeaseExpiresAt), output,
+			s.status, s.attempt, s.max, fmtPtr(wantDue), fmtPtr(wantLease), s.output)
+		return
+	}
+	var got, want []string
+	for _, a := range j.Attempts {
+		warning := "-"
+		if a.Warning != nil {
+			warning = "late"
+			if *a.Warning == jobs.LapseWarning {
+				warning = "lapse"
+			}
+		}
+		got = append(got, fmt.Sprintf("%d:%s:%s:retryable=%s:after=%s:reported=%v", a.Attempt, fmtPtr(a.Outcome), warning,
+			fmtPtr(a.Retryable), fmtPtr(a.RetryAfterMs), a.ReportedAt != nil))
+	}
+	for n, a := range s.atts {
+		outcome, warning := (*string)(nil), "-"
+		if a.outcome != "" {
+			outcome = &a.outcome
+		}
+		switch {
+		case a.lapsed:
+			warning = "lapse"
+		case a.late:
+			warning = "late"
+		}
+		want = append(want, fmt.Sprintf("%d:%s:%s:retryable=%s:after=%s:reported=%v", n+1, fmtPtr(outcome), warning,
+			fmtPtr(a.retryable), fmtPtr(a.retryAfter), a.reported))
+	}
+	if !slices.Equal(got, want) {
+		m.fail("%s of %s: attempts\n    %v\n  model\n    %v", what, s.name(), got, want)
+	}
+}
+
+func sameTime(a, b *time.Time) bool {
+	if a == nil || b == nil {
+		return a == nil && b == nil
+	}
+	return a.Equal(*b)
+}
+
+func fmtPtr[T any](p *T) string {
+	if p == nil {
+		return "<nil>"
+	}
+	if t, ok := any(*p).(time.Time); ok {
+		return t.UTC().Format("15:04:05.000")
+	}
+	return fmt.Sprint(*p)
+}
