@@ -63,6 +63,43 @@ func TestAReplayedStepWaitsForItsCancelledAttemptsReport(t *testing.T) {
 	require.Nil(t, xs[0].Warning)
 }
 
+// A cancelled attempt whose lease ran out unreported, failed as lapsed by
+// the sweeper, still reports until the step is replayed; after the replay
+// its token is lease_lost, and stays so when the step is cancelled again
+// (model QA: that report was then recorded, replacing the ended attempt's
+// outcome and putting its output on the step, while the same token's
+// heartbeat answered lease_lost).
+//
+// Not parallel: the sweeper acts on every workspace at this test's clock.
+func TestALapsedCancelledAttemptReplayedAndCancelledAgainIsLeaseLost(t *testing.T) {
+	b := setup(t)
+	st := b.enqueue(t, b.run(t), jobs.EnqueueRequest{TimeoutMs: ptr[int64](1_000), MaxAttempts: ptr[int64](3)})
+	first := b.claimOne(t, b.register(t))
+	_, err := b.svc.CancelStep(ctx, b.ws, st.StepID)
+	require.NoError(t, err)
+	b.clock.Add(first.LeaseExpiresAt.Sub(b.clock.Now()))
+	require.NoError(t, b.env.App.Sweeper.RunOnce(ctx).Error())
+	xs := b.executions(t, st.JobID)
+	require.Equal(t, "FAILED", *xs[0].Outcome, "failed as lapsed")
+	require.False(t, xs[0].Reported)
+
+	_, err = b.svc.Replay(ctx, b.worker, st.StepID, jobs.ReplayRequest{AcknowledgeDuplicateRisk: ptr(true)})
+	require.NoError(t, err)
+	report := jobs.ReportRequest{LeaseToken: first.LeaseToken, Status: "SUCCEEDED", Output: json.RawMessage(`{"late":true}`)}
+	_, err = b.svc.Report(ctx, b.worker, first.JobID, report)
+	require.Equal(t, apierr.CodeLeaseLost, code(t, err), "replayed: the next claim supersedes it")
+
+	_, err = b.svc.CancelStep(ctx, b.ws, st.StepID)
+	require.NoError(t, err)
+	_, err = b.svc.Heartbeat(ctx, b.worker, first.JobID, jobs.HeartbeatRequest{LeaseToken: first.LeaseToken})
+	require.Equal(t, apierr.CodeLeaseLost, code(t, err))
+	_, err = b.svc.Report(ctx, b.worker, first.JobID, report)
+	require.Equal(t, apierr.CodeLeaseLost, code(t, err), "cancelled again: still not its attempt's to report")
+	xs = b.executions(t, st.JobID)
+	require.False(t, xs[0].Reported, "the lapse stands")
+	require.Nil(t, b.step(t, st.StepID).OutputPreview)
+}
+
 // dueAt is the step's durable job's due time as its read shows it, and
 // readyAt the claim index's (jobs.ready_at, which claims read in order).
 func (b *bundle) dueTimes(t *testing.T, stepID string) (dueAt, readyAt *time.Time) {
