@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -49,6 +50,14 @@ func TestJobsModelSequential(t *testing.T) {
 			runJobsModel(t, seed, apitest.ModelEnvInt(t, "MODEL_OPS", 100))
 		})
 	}
+	var model []string
+	for k, v := range jmCovered.n {
+		if strings.HasPrefix(k, "model: ") {
+			model = append(model, fmt.Sprintf("%s: %d", k, v))
+		}
+	}
+	slices.Sort(model)
+	t.Logf("the model's branches taken, all seeds:\n  %s", strings.Join(model, "\n  "))
 }
 
 // jmTool is a handler: a tool's exact name@version.
@@ -195,6 +204,23 @@ func runJobsModel(t *testing.T, seed uint64, ops int) {
 		}
 	}
 	t.Logf("covered: %v", m.seen)
+	jmCovered.add(m.seen)
+}
+
+// jmCovered adds up what every seed covered, for -v.
+var jmCovered = &jmCoverage{n: map[string]int{}}
+
+type jmCoverage struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *jmCoverage) add(seen map[string]int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for k, v := range seen {
+		c.n[k] += v
+	}
 }
 
 func newJobsModel(t *testing.T, seed uint64, ops int) *jobsModel {
@@ -521,8 +547,10 @@ func (m *jobsModel) claim(w, limit int) {
 		// cancelled attempt, over: that attempt failed as lapsed.
 		if a := s.latest(); a != nil && s.status == jobs.StatusRunning && a.outcome == "" {
 			a.outcome, a.lapsed = jobs.OutcomeFailed, true
+			m.seen["model: claim takes a lapsed lease"]++
 		}
 		if s.held > 0 && s.atts[s.held-1].outcome == "" {
+			m.seen["model: claim takes a replayed job over its cancelled attempt"]++
 			a := s.atts[s.held-1]
 			a.outcome, a.lapsed = jobs.OutcomeFailed, true
 		}
@@ -607,9 +635,11 @@ func (m *jobsModel) heartbeat(s *jmStep) {
 		// Requeued by the sweeper and claimed by no one since: the
 		// heartbeat takes the job back (README).
 		revive = true
+		m.seen["model: heartbeat revives"]++
 	case s.cancelledOpen(a):
 		// Told to stop; its lease not extended (README).
 		cancel = true
+		m.seen[fmt.Sprintf("model: heartbeat of a cancelled attempt (replayed %v, lapsed %v)", s.replayed, a.lapsed)]++
 	case a.reported:
 		status, code = http.StatusConflict, "invalid_state"
 	case !s.current():
@@ -718,6 +748,7 @@ func (m *jobsModel) report(s *jmStep) {
 		// A cancelled attempt's report (the job replayed since or not) is
 		// recorded on the attempt; the job stays as it is (README).
 		want = jmReport{status: s.status}
+		m.seen[fmt.Sprintf("model: report of a cancelled attempt (replayed %v, lapsed %v)", s.replayed, a.lapsed)]++
 		apply = func() {
 			a.late = a.outcome != "" // the sweeper had failed it as lapsed
 			m.record(a, sent, rec, retryAfter, want)
@@ -737,6 +768,12 @@ func (m *jobsModel) report(s *jmStep) {
 		status, code, detail = http.StatusConflict, "lease_lost", map[string]any{}
 	case s.status == jobs.StatusRunning || s.status == jobs.StatusQueued && s.requeued:
 		want = jmReport{status: jobs.StatusSucceeded}
+		if s.requeued {
+			m.seen["model: report of a requeued job"]++
+		}
+		if a.exp.Before(now) {
+			m.seen["model: report after the lease lapsed"]++
+		}
 		if sent == jobs.OutcomeFailed {
 			want.status = jobs.StatusExhausted
 			if *rec && s.attempt < s.max {
@@ -881,6 +918,7 @@ func (m *jobsModel) replay(s *jmStep) {
 	s.due = now
 	if s.held > 0 && s.atts[s.held-1].exp.After(now) {
 		s.due = s.atts[s.held-1].exp // it waits for the cancelled attempt (README)
+		m.seen["model: replay waits for the cancelled attempt"]++
 	}
 	// The run is FAILED while another of its steps is.
 	if s.run.status == jobs.RunFailed && !slices.ContainsFunc(s.run.steps, func(o *jmStep) bool {
@@ -945,6 +983,7 @@ func (m *jobsModel) exhaustLapsed(run *jmRun) {
 		if s.status == jobs.StatusRunning && s.attempt >= s.max && !s.latest().exp.After(now) {
 			a := s.latest()
 			s.status, a.outcome, a.lapsed = jobs.StatusExhausted, jobs.OutcomeFailed, true
+			m.seen["model: a lapsed last attempt ends its job"]++
 		}
 	}
 	m.settleRun(run)
@@ -968,10 +1007,12 @@ func (m *jobsModel) sweep() {
 			// Lapsed long enough ago: queued again, due when it lapsed.
 			s.status, s.requeued, s.due = jobs.StatusQueued, true, a.exp
 			a.outcome, a.lapsed = jobs.OutcomeFailed, true
+			m.seen["model: sweep requeues"]++
 		case s.held > 0 && !s.atts[s.held-1].exp.After(now):
 			// A cancelled attempt whose lease ended unreported: failed as
 			// lapsed, its slot freed.
 			h := s.atts[s.held-1]
+			m.seen["model: sweep frees a cancelled attempt's slot"]++
 			if h.outcome == "" {
 				h.outcome, h.lapsed = jobs.OutcomeFailed, true
 			}
@@ -1168,4 +1209,348 @@ func fmtPtr[T any](p *T) string {
 		return t.UTC().Format("15:04:05.000")
 	}
 	return fmt.Sprint(*p)
+}
+
+// TestJobsModelConcurrent runs workers claiming, heartbeating and reporting
+// at once, through two instances on one clock, with clock moves, sweeps,
+// cancels and replays among them, and checks what holds whatever the
+// interleaving: every answer is one API.md names; a heartbeat or report
+// with a token a newer claim superseded before it was sent is lease_lost;
+// each job's attempts are granted once each, numbered 1, 2, … without a
+// gap, and the job's attempt is their count (attempts counted exactly);
+// no attempt began before the one before it ended (reported, or its lease,
+// as heartbeats left it, expired): no job is held by two live leases; and
+// every report answered 200 reads, at the end, as recorded on its attempt
+// with the outcome sent (no acknowledged report lost). The seed fixes each
+// goroutine's operations, not their interleaving; MODEL_SEED, MODEL_SEEDS
+// and MODEL_OPS (each goroutine's) work as for TestJobsModelSequential.
+//
+// Not parallel, nor are its seeds: the sweeps act on every workspace.
+func TestJobsModelConcurrent(t *testing.T) {
+	for _, seed := range apitest.ModelSeeds(t, 3) {
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			runConcurrentJobsModel(t, seed, 6, apitest.ModelEnvInt(t, "MODEL_OPS", 40))
+		})
+	}
+}
+
+// cjGrant is one claim of a job as its worker was answered.
+type cjGrant struct {
+	attempt int
+	token   string
+	worker  int
+}
+
+// cjReport is a report answered 200.
+type cjReport struct {
+	jobID   string
+	attempt int
+	status  string
+}
+
+type cjJob struct {
+	stepID, jobID string
+	grants        map[int]cjGrant // by attempt
+	latest        int             // the newest attempt granted so far
+}
+
+type concurrentJobs struct {
+	t       *testing.T
+	seed    uint64
+	envs    []*apitest.Env
+	ws      apitest.Workspace
+	worker  string
+	workers []string // worker ids, jmWorkers' sets
+	clock   *apitest.Clock
+	mu      sync.Mutex
+	jobs    map[string]*cjJob
+	order   []*cjJob
+	acked   []cjReport
+	answers map[string]int // what the goroutines were answered, for -v
+	run     string
+}
+
+// enqueue adds a step to the run: of each tool in turn, with 2 to 4
+// attempts and a timeout of 1 to 3 s.
+func (c *concurrentJobs) enqueue(g int, env *apitest.Env) {
+	c.mu.Lock()
+	i := len(c.order) + g + 1 // unique whether or not another enqueue lands first
+	c.mu.Unlock()
+	tl := jmTools[i%len(jmTools)]
+	r := env.Do("POST", "/api/v1/runs/"+c.run+"/steps", c.ws.Key, map[string]any{"name": tl.name,
+		"version": tl.version, "input": map[string]any{"i": i, "g": g}, "maxAttempts": 2 + i%3, "timeoutMs": 1000 + 1000*(i%3)})
+	if r.Status != http.StatusCreated {
+		c.fail(g, "enqueue: %d %s", r.Status, r.Body)
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	j := c.job(r.JSON()["jobId"].(string))
+	j.stepID = r.JSON()["stepId"].(string)
+	c.order = append(c.order, j)
+}
+
+// job is what the run knows of job id: a claim may answer a job before its
+// enqueue's answer is back. The caller holds mu.
+func (c *concurrentJobs) job(id string) *cjJob {
+	j := c.jobs[id]
+	if j == nil {
+		j = &cjJob{jobID: id, grants: map[int]cjGrant{}}
+		c.jobs[id] = j
+	}
+	return j
+}
+
+// pick is one of the run's steps.
+func (c *concurrentJobs) pick(rng *rand.Rand) *cjJob {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.order[rng.IntN(len(c.order))]
+}
+
+func (c *concurrentJobs) fail(w int, format string, args ...any) {
+	c.t.Helper()
+	c.t.Errorf("seed %d goroutine %d (replay the operations: MODEL_SEED=%d go test -run 'TestJobsModelConcurrent' ./lib/jobs): %s",
+		c.seed, w, c.seed, fmt.Sprintf(format, args...))
+}
+
+func runConcurrentJobsModel(t *testing.T, seed uint64, goroutines, ops int) {
+	clock := apitest.NewClock(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
+	env1 := apitest.Start(t, apitest.WithNow(clock.Now))
+	env2 := apitest.Start(t, apitest.WithNow(clock.Now))
+	c := &concurrentJobs{t: t, seed: seed, envs: []*apitest.Env{env1, env2}, ws: env1.Signup(), clock: clock,
+		jobs: map[string]*cjJob{}, answers: map[string]int{}}
+	var refs []string
+	for _, tl := range jmTools {
+		refs = append(refs, tl.ref())
+	}
+	c.worker = env1.Key(c.ws, map[string]any{"name": "worker", "preset": "WORKER", "tools": refs})
+	for _, set := range jmWorkers {
+		var tools []map[string]any
+		for _, i := range set {
+			tools = append(tools, map[string]any{"name": jmTools[i].name, "version": jmTools[i].version})
+		}
+		r := env1.Must(http.StatusCreated, "POST", "/api/v1/workers/register", c.worker, map[string]any{"tools": tools})
+		c.workers = append(c.workers, r.JSON()["workerId"].(string))
+	}
+	for _, name := range []string{"mdl_send", "mdl_charge"} {
+		env1.Must(http.StatusCreated, "POST", "/api/v1/endpoints", c.ws.Key, jmEndpoints[name].body)
+	}
+	c.run = env1.Must(http.StatusCreated, "POST", "/api/v1/runs", c.ws.Key, map[string]any{"name": "concurrent"}).JSON()["id"].(string)
+	for range 12 {
+		c.enqueue(-1, env1)
+	}
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(seed, uint64(g)))
+			w := g % len(c.workers)
+			var held []cjHeld // the leases this goroutine's worker holds, as it knows them
+			for range ops {
+				held = c.step(g, w, rng, held)
+			}
+		}()
+	}
+	wg.Wait()
+	c.checkFinal()
+	grants := 0
+	for _, j := range c.order {
+		grants += len(j.grants)
+	}
+	t.Logf("%d attempts granted, %d reports acknowledged; answers: %v", grants, len(c.acked), c.answers)
+}
+
+// cjHeld is a lease a goroutine holds (or held: it may have been superseded).
+type cjHeld struct {
+	jobID   string
+	attempt int
+	token   string
+}
+
+var (
+	cjStatuses   = []string{jobs.StatusQueued, jobs.StatusRunning, jobs.StatusRetryScheduled, jobs.StatusSucceeded, jobs.StatusExhausted, jobs.StatusCancelled}
+	cjLeaseCodes = []string{"lease_lost", "invalid_state"}
+)
+
+// note counts an answer.
+func (c *concurrentJobs) note(what string, res *apitest.Response) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.answers[fmt.Sprintf("%s %d %s", what, res.Status, res.ErrorCode())]++
+}
+
+func (c *concurrentJobs) step(g, w int, rng *rand.Rand, held []cjHeld) []cjHeld {
+	env := c.envs[rng.IntN(len(c.envs))]
+	switch r := rng.IntN(100); {
+	case r < 30 || len(held) == 0 && r < 60:
+		res := env.Do("POST", "/api/v1/workers/"+c.workers[w]+"/claim", c.worker, map[string]any{"limit": 1 + rng.IntN(3)})
+		var got struct{ Jobs []jmClaimed }
+		if res.Status != http.StatusOK || json.Unmarshal(res.Body, &got) != nil {
+			c.fail(g, "claim: %d %s", res.Status, res.Body)
+			return held
+		}
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		for _, cj := range got.Jobs {
+			if cj.RunID != c.run {
+				c.fail(g, "claim: job %s is none of the run's", cj.JobID)
+				continue
+			}
+			j := c.job(cj.JobID)
+			if _, twice := j.grants[cj.Attempt]; twice {
+				c.fail(g, "claim: attempt %d of %s granted twice", cj.Attempt, cj.JobID)
+			}
+			j.grants[cj.Attempt] = cjGrant{attempt: cj.Attempt, token: cj.LeaseToken, worker: w}
+			j.latest = max(j.latest, cj.Attempt)
+			held = append(held, cjHeld{jobID: cj.JobID, attempt: cj.Attempt, token: cj.LeaseToken})
+		}
+		return held
+	case r < 45 && len(held) > 0:
+		h := held[rng.IntN(len(held))]
+		superseded := c.superseded(h)
+		res := env.Do("POST", "/api/v1/jobs/"+h.jobID+"/heartbeat", c.worker, map[string]any{"leaseToken": h.token})
+		c.note("heartbeat", res)
+		c.checkSuperseded(g, res, superseded, "heartbeat", h)
+		if res.Status != http.StatusOK && !(res.Status == http.StatusConflict && slices.Contains(cjLeaseCodes, res.ErrorCode())) {
+			c.fail(g, "heartbeat %s attempt %d: %d %s", h.jobID, h.attempt, res.Status, res.Body)
+		}
+	case r < 75 && len(held) > 0:
+		k := rng.IntN(len(held))
+		h := held[k]
+		if rng.IntN(4) != 0 {
+			held = slices.Delete(held, k, k+1) // reported: usually not again
+		}
+		body := map[string]any{"leaseToken": h.token, "status": jobs.StatusSucceeded, "output": map[string]any{"ok": true}}
+		if rng.IntN(2) == 0 {
+			body = map[string]any{"leaseToken": h.token, "status": jobs.OutcomeFailed,
+				"error": map[string]any{"message": "model", "retryable": rng.IntN(3) != 0}}
+		}
+		superseded := c.superseded(h)
+		res := env.Do("POST", "/api/v1/jobs/"+h.jobID+"/report", c.worker, body)
+		c.note("report", res)
+		c.checkSuperseded(g, res, superseded, "report", h)
+		switch {
+		case res.Status == http.StatusOK:
+			var got struct {
+				Status  string
+				Attempt int
+			}
+			_ = json.Unmarshal(res.Body, &got)
+			if got.Attempt != h.attempt || !slices.Contains(cjStatuses, got.Status) {
+				c.fail(g, "report %s attempt %d: %s", h.jobID, h.attempt, res.Body)
+			}
+			c.mu.Lock()
+			c.acked = append(c.acked, cjReport{jobID: h.jobID, attempt: h.attempt, status: body["status"].(string)})
+			c.mu.Unlock()
+		case res.Status == http.StatusConflict && slices.Contains(cjLeaseCodes, res.ErrorCode()):
+		default:
+			c.fail(g, "report %s attempt %d: %d %s", h.jobID, h.attempt, res.Status, res.Body)
+		}
+	case r < 85:
+		c.clock.Add(time.Duration(1+rng.IntN(8)) * time.Second)
+	case r < 89:
+		if err := env.App.Sweeper.RunOnce(context.Background()).Error(); err != nil {
+			c.fail(g, "sweep: %v", err)
+		}
+	case r < 91:
+		c.enqueue(g, env)
+	case r < 94:
+		j := c.pick(rng)
+		res := env.Do("POST", "/api/v1/steps/"+j.stepID+"/cancel", c.ws.Key, nil)
+		c.note("cancel", res)
+		if res.Status != http.StatusOK && !(res.Status == http.StatusConflict && res.ErrorCode() == "invalid_state") {
+			c.fail(g, "cancel %s: %d %s", j.stepID, res.Status, res.Body)
+		}
+	case r < 97:
+		j := c.pick(rng)
+		res := env.Do("POST", "/api/v1/steps/"+j.stepID+"/replay", c.ws.Key, map[string]any{"acknowledgeDuplicateRisk": true})
+		c.note("replay", res)
+		if res.Status != http.StatusOK && !(res.Status == http.StatusConflict && res.ErrorCode() == "invalid_state") {
+			c.fail(g, "replay %s: %d %s", j.stepID, res.Status, res.Body)
+		}
+	default:
+		j := c.pick(rng)
+		if res := env.Do("GET", "/api/v1/steps/"+j.stepID, c.ws.Key, nil); res.Status != http.StatusOK {
+			c.fail(g, "read %s: %d %s", j.stepID, res.Status, res.Body)
+		}
+	}
+	return held
+}
+
+// superseded says whether a newer claim of h's job was answered before now.
+func (c *concurrentJobs) superseded(h cjHeld) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.jobs[h.jobID].latest > h.attempt
+}
+
+// checkSuperseded checks that a heartbeat or report with a token a newer
+// claim superseded before it was sent is lease_lost (API.md §5).
+func (c *concurrentJobs) checkSuperseded(g int, res *apitest.Response, superseded bool, what string, h cjHeld) {
+	if superseded && (res.Status != http.StatusConflict || res.ErrorCode() != "lease_lost") {
+		c.fail(g, "%s of %s with attempt %d's superseded token: %d %s", what, h.jobID, h.attempt, res.Status, res.Body)
+	}
+}
+
+// checkFinal reads every step once the goroutines are done.
+func (c *concurrentJobs) checkFinal() {
+	reads := map[string]jmReadStepFull{}
+	for _, j := range c.order {
+		var st jmReadStepFull
+		c.envs[0].Must(http.StatusOK, "GET", "/api/v1/steps/"+j.stepID, c.ws.Key, nil).Decode(c.t, &st)
+		reads[j.jobID] = st
+		d := st.DurableJob
+		if d.Attempt != len(j.grants) || len(d.Attempts) != d.Attempt {
+			c.fail(-1, "%s: attempt %d, %d attempts listed, %d granted", j.jobID, d.Attempt, len(d.Attempts), len(j.grants))
+			continue
+		}
+		for i, a := range d.Attempts {
+			if a.Attempt != i+1 {
+				c.fail(-1, "%s: attempt %d listed %d-th", j.jobID, a.Attempt, i+1)
+			}
+			if _, ok := j.grants[a.Attempt]; !ok {
+				c.fail(-1, "%s: attempt %d was never granted", j.jobID, a.Attempt)
+			}
+			if i == 0 {
+				continue
+			}
+			prev := d.Attempts[i-1]
+			ended := prev.LeaseExpiresAt
+			if prev.ReportedAt != nil && prev.ReportedAt.Before(ended) {
+				ended = *prev.ReportedAt
+			}
+			if a.StartedAt.Before(ended) {
+				c.fail(-1, "%s: attempt %d started %v while attempt %d held its lease until %v", j.jobID, a.Attempt,
+					a.StartedAt, prev.Attempt, ended)
+			}
+		}
+	}
+	for _, r := range c.acked {
+		d := reads[r.jobID].DurableJob
+		if r.attempt > len(d.Attempts) {
+			c.fail(-1, "%s: report of attempt %d acknowledged; %d attempts listed", r.jobID, r.attempt, len(d.Attempts))
+			continue
+		}
+		a := d.Attempts[r.attempt-1]
+		if a.ReportedAt == nil || a.Outcome == nil || *a.Outcome != r.status {
+			c.fail(-1, "%s: report of attempt %d (%s) acknowledged; it reads outcome %s reportedAt %v", r.jobID,
+				r.attempt, r.status, fmtPtr(a.Outcome), fmtPtr(a.ReportedAt))
+		}
+	}
+}
+
+// jmReadStepFull is a step read with its attempts' times.
+type jmReadStepFull struct {
+	DurableJob struct {
+		Attempt  int
+		Attempts []struct {
+			Attempt        int
+			Outcome        *string
+			StartedAt      time.Time
+			LeaseExpiresAt time.Time
+			ReportedAt     *time.Time
+		}
+	}
 }
