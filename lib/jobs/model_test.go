@@ -800,40 +800,87 @@ func (m *jobsModel) report(s *jmStep) {
 		status, code = http.StatusConflict, "invalid_state"
 		detail = map[string]any{"status": s.status, "leaseLapsed": !a.reported}
 	}
-	r := m.env.Do("POST", "/api/v1/jobs/"+s.jobID+"/report", m.worker, body)
-	var got struct {
-		JobID     string
-		Status    string
-		Attempt   int
-		NextDueAt *time.Time
-	}
-	_ = json.Unmarshal(r.Body, &got)
-	m.log("report %s token of attempt %d %s retryable=%v after=%v -> %d %s %s", s.name(), i+1, sent, fmtPtr(retryable),
-		fmtPtr(retryAfter), r.Status, r.ErrorCode(), got.Status)
-	if r.Status != status || r.ErrorCode() != code {
-		m.fail("report %s attempt %d %s: %d %q, model %d %q: %s", s.name(), i+1, sent, r.Status, r.ErrorCode(), status,
-			code, r.Body)
+	batch := m.rng.IntN(3) == 0
+	r := m.sendReport(s.jobID, body, batch)
+	got := r.answer
+	m.log("report %s token of attempt %d %s retryable=%v after=%v batch=%v -> %d %s %s", s.name(), i+1, sent,
+		fmtPtr(retryable), fmtPtr(retryAfter), batch, r.status, r.code, got.Status)
+	if r.status != status || r.code != code {
+		m.fail("report %s attempt %d %s batch=%v: %d %q, model %d %q: %s", s.name(), i+1, sent, batch, r.status, r.code,
+			status, code, r.body)
 		return
 	}
-	if detail != nil {
-		gotDetail, _ := r.JSON()["error"].(map[string]any)["detail"].(map[string]any)
-		if gotDetail == nil {
-			gotDetail = map[string]any{}
-		}
-		if fmt.Sprint(gotDetail) != fmt.Sprint(detail) {
-			m.fail("report %s attempt %d: %s detail %v, model %v", s.name(), i+1, code, gotDetail, detail)
-		}
+	if detail != nil && fmt.Sprint(r.detail) != fmt.Sprint(detail) {
+		m.fail("report %s attempt %d: %s detail %v, model %v", s.name(), i+1, code, r.detail, detail)
 	}
 	if status != http.StatusOK {
 		return
 	}
 	if got.JobID != s.jobID || got.Status != want.status || got.Attempt != i+1 || !sameTime(got.NextDueAt, want.next) {
-		m.fail("report %s attempt %d: %s, model status %s nextDueAt %v", s.name(), i+1, r.Body, want.status, fmtPtr(want.next))
+		m.fail("report %s attempt %d: %s, model status %s nextDueAt %v", s.name(), i+1, r.body, want.status, fmtPtr(want.next))
 		return
 	}
 	if apply != nil {
 		apply()
 	}
+}
+
+// jmReportAnswer is a report's answer, by the single route or in its slot
+// of a batch (POST /api/v1/jobs/report, which answers a refusal in the
+// slot with the single route's code and detail).
+type jmReportAnswer struct {
+	status int
+	code   string
+	detail map[string]any
+	answer struct {
+		JobID     string
+		Status    string
+		Attempt   int
+		NextDueAt *time.Time
+	}
+	body []byte
+}
+
+func (m *jobsModel) sendReport(jobID string, body map[string]any, batch bool) jmReportAnswer {
+	var out jmReportAnswer
+	if !batch {
+		r := m.env.Do("POST", "/api/v1/jobs/"+jobID+"/report", m.worker, body)
+		out.status, out.code, out.body = r.Status, r.ErrorCode(), r.Body
+		_ = json.Unmarshal(r.Body, &out.answer)
+		e, _ := r.JSON()["error"].(map[string]any)
+		out.detail, _ = e["detail"].(map[string]any)
+		if out.detail == nil {
+			out.detail = map[string]any{}
+		}
+		return out
+	}
+	item := map[string]any{"jobId": jobID}
+	for k, v := range body {
+		item[k] = v
+	}
+	r := m.env.Do("POST", "/api/v1/jobs/report", m.worker, map[string]any{"reports": []any{item}})
+	var got struct{ Results []json.RawMessage }
+	if r.Status != http.StatusOK || json.Unmarshal(r.Body, &got) != nil || len(got.Results) != 1 {
+		out.status, out.code, out.body = r.Status, r.ErrorCode(), r.Body
+		return out
+	}
+	out.status, out.body = http.StatusOK, got.Results[0]
+	var slot struct {
+		Error *struct {
+			Code   string
+			Detail map[string]any
+		}
+	}
+	_ = json.Unmarshal(out.body, &slot)
+	_ = json.Unmarshal(out.body, &out.answer)
+	if e := slot.Error; e != nil {
+		out.status, out.code, out.detail = map[string]int{"lease_lost": http.StatusConflict,
+			"invalid_state": http.StatusConflict}[e.Code], e.Code, e.Detail
+		if out.detail == nil {
+			out.detail = map[string]any{}
+		}
+	}
+	return out
 }
 
 func (m *jobsModel) record(a *jmAttempt, sent string, retryable *bool, retryAfter *int64, answer jmReport) {
