@@ -102,6 +102,10 @@ type jmSpec struct {
 	timeoutMs   int64
 	maxAttempts int
 	delayMs     int64
+	// after is the step this one waits for (1 + its index; 0 for none),
+	// afterStatus how it must end for this one to run.
+	after       int
+	afterStatus string
 }
 
 var jmSpecs = []jmSpec{
@@ -113,6 +117,10 @@ var jmSpecs = []jmSpec{
 	{run: 1, tool: 2, maxAttempts: 3},
 	{run: 1, tool: 1, keyed: true, delayMs: 4000},
 	{run: 1, tool: 0, keyed: true, maxAttempts: 4},
+	{run: 0, tool: 2, keyed: true, after: 1, afterStatus: "SUCCEEDED"},
+	{run: 0, tool: 0, keyed: true, after: 1, afterStatus: "FAILED"},
+	{run: 0, tool: 1, after: 9, afterStatus: "SUCCEEDED"}, // below the one before: a chain
+	{run: 1, tool: 0, keyed: true, after: 5, afterStatus: "FAILED", maxAttempts: 2},
 }
 
 const jmGrace = 10 * time.Second // apitest.Config's JobLeaseGraceMs
@@ -391,6 +399,9 @@ func (m *jobsModel) enqueueBody(s *jmStep, other bool) map[string]any {
 	if s.spec.delayMs > 0 {
 		b["delayMs"] = s.spec.delayMs
 	}
+	if d := m.dep(s); d != nil {
+		b["afterStepId"], b["afterStatus"] = d.stepID, s.spec.afterStatus
+	}
 	if other {
 		// Another operation under the key: another input under the key the
 		// producer named; under a generated one (which the input makes),
@@ -404,7 +415,19 @@ func (m *jobsModel) enqueueBody(s *jmStep, other bool) map[string]any {
 	return b
 }
 
+// dep is the step s waits for, nil for none.
+func (m *jobsModel) dep(s *jmStep) *jmStep {
+	if s.spec.after == 0 {
+		return nil
+	}
+	return m.steps[s.spec.after-1]
+}
+
 func (m *jobsModel) enqueue(s *jmStep, other bool) {
+	if d := m.dep(s); d != nil && !d.exists {
+		m.enqueue(d, false) // a step names its dependency by its id
+		return
+	}
 	now := m.now()
 	status, code := http.StatusCreated, ""
 	switch {
@@ -446,6 +469,16 @@ func (m *jobsModel) enqueue(s *jmStep, other bool) {
 		}
 		s.lease = time.Duration(timeout)*time.Millisecond + jmGrace
 		s.due = now.Add(time.Duration(s.spec.delayMs) * time.Millisecond)
+		if d := m.dep(s); d != nil {
+			// WAITING until its dependency ends; decided at once if it has.
+			s.status = jobs.StatusWaiting
+			if ended(d.status) {
+				s.status = jobs.StatusSkipped
+				if afterHolds(s.spec.afterStatus, d.status) {
+					s.status = jobs.StatusQueued
+				}
+			}
+		}
 		s.run.steps = append(s.run.steps, s)
 		m.settleRun(s.run)
 	}
@@ -951,6 +984,11 @@ func (m *jobsModel) replay(s *jmStep) {
 	if s.status != jobs.StatusExhausted && s.status != jobs.StatusCancelled {
 		status, code = http.StatusConflict, "invalid_state"
 	}
+	// Not until its dependency ended the way it waits for: it would run
+	// before its dependency decided it, or be skipped (README).
+	if d := m.dep(s); d != nil && !(ended(d.status) && afterHolds(s.spec.afterStatus, d.status)) {
+		status, code = http.StatusConflict, "invalid_state"
+	}
 	r := m.env.Do("POST", "/api/v1/steps/"+s.stepID+"/replay", m.ws.Key,
 		map[string]any{"acknowledgeDuplicateRisk": true, "maxAttempts": more, "reason": "model"})
 	m.log("replay %s (%s) +%d -> %d %s", s.name(), s.status, more, r.Status, r.ErrorCode())
@@ -963,6 +1001,7 @@ func (m *jobsModel) replay(s *jmStep) {
 	}
 	s.status, s.max, s.replayed, s.requeued = jobs.StatusQueued, s.attempt+more, true, false
 	s.due = now
+	m.unskip(s)
 	if s.held > 0 && s.atts[s.held-1].exp.After(now) {
 		s.due = s.atts[s.held-1].exp // it waits for the cancelled attempt (README)
 		m.seen["model: replay waits for the cancelled attempt"]++
@@ -984,6 +1023,18 @@ func (m *jobsModel) replay(s *jmStep) {
 	}
 }
 
+// unskip puts the steps s's end skipped, and those below them, back to
+// WAITING: s runs again, and decides them when it ends.
+func (m *jobsModel) unskip(s *jmStep) {
+	for _, o := range m.steps {
+		if o.exists && m.dep(o) == s && o.status == jobs.StatusSkipped {
+			o.status = jobs.StatusWaiting
+			m.seen["model: a replay unskips"]++
+			m.unskip(o)
+		}
+	}
+}
+
 func (m *jobsModel) finish(run *jmRun) {
 	r := m.env.Do("POST", "/api/v1/runs/"+run.id+"/finish", m.ws.Key, nil)
 	m.log("finish run %d -> %d %s", run.i, r.Status, r.ErrorCode())
@@ -1001,6 +1052,7 @@ func (m *jobsModel) finish(run *jmRun) {
 // as soon as a step is EXHAUSTED or CANCELLED, SUCCEEDED once completion
 // was requested and every step ended well.
 func (m *jobsModel) settleRun(run *jmRun) {
+	m.releaseDependents(run)
 	if run.status != jobs.RunRunning {
 		return
 	}
@@ -1018,6 +1070,35 @@ func (m *jobsModel) settleRun(run *jmRun) {
 	if run.requested && well {
 		run.status = jobs.RunSucceeded
 	}
+}
+
+// releaseDependents decides the run's WAITING steps whose dependency has
+// ended (README "Dependencies"): QUEUED, due now, when it ended the way
+// they wait for, else SKIPPED, which decides the steps waiting below them.
+func (m *jobsModel) releaseDependents(run *jmRun) {
+	for again := true; again; {
+		again = false
+		for _, s := range run.steps {
+			if d := m.dep(s); s.status == jobs.StatusWaiting && ended(d.status) {
+				s.status, again = jobs.StatusSkipped, true
+				if afterHolds(s.spec.afterStatus, d.status) {
+					s.status, s.due = jobs.StatusQueued, m.now()
+				}
+				m.seen["model: a dependency releases "+s.status]++
+			}
+		}
+	}
+}
+
+func ended(status string) bool {
+	return slices.Contains([]string{jobs.StatusSucceeded, jobs.StatusExhausted, jobs.StatusCancelled, jobs.StatusSkipped}, status)
+}
+
+// afterHolds: afterStatus SUCCEEDED runs after a success, FAILED after an
+// EXHAUSTED dependency; any other ending skips the step.
+func afterHolds(afterStatus, status string) bool {
+	return afterStatus == jobs.StatusSucceeded && status == jobs.StatusSucceeded ||
+		afterStatus == "FAILED" && status == jobs.StatusExhausted
 }
 
 // --- lapses and sweeps
@@ -1055,6 +1136,7 @@ func (m *jobsModel) sweep() {
 			s.status, s.requeued, s.due = jobs.StatusQueued, true, a.exp
 			a.outcome, a.lapsed = jobs.OutcomeFailed, true
 			m.seen["model: sweep requeues"]++
+			m.last = s // its worker's heartbeat or report may come next
 		case s.held > 0 && !s.atts[s.held-1].exp.After(now):
 			// A cancelled attempt whose lease ended unreported: failed as
 			// lapsed, its slot freed.
