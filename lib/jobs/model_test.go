@@ -128,6 +128,7 @@ const jmGrace = 10 * time.Second // apitest.Config's JobLeaseGraceMs
 // jmAttempt is one claim of a job.
 type jmAttempt struct {
 	token    string
+	started  time.Time
 	exp      time.Time
 	outcome  string // "" while open; SUCCEEDED | FAILED
 	lapsed   bool   // failed as lapsed (the lapse warning), not reported
@@ -199,6 +200,10 @@ type jobsModel struct {
 	outputs  int
 	seen     map[string]int
 	ops      int
+	// lastClaim is each worker's last claimId, claimed what each claimId
+	// leased.
+	lastClaim map[int]string
+	claimed   map[string][]jmLeased
 }
 
 func runJobsModel(t *testing.T, seed uint64, ops int) {
@@ -236,7 +241,8 @@ func newJobsModel(t *testing.T, seed uint64, ops int) *jobsModel {
 	env := apitest.Start(t, apitest.WithNow(clock.Now))
 	rng := rand.New(rand.NewPCG(seed, 0x6a6f6273))
 	m := &jobsModel{t: t, seed: seed, rng: rng, env: env, ws: env.Signup(), clock: clock, seen: map[string]int{},
-		ops: ops, jitter: []float64{0, 0.5, 0.999}[rng.IntN(3)]}
+		ops: ops, jitter: []float64{0, 0.5, 0.999}[rng.IntN(3)], lastClaim: map[int]string{},
+		claimed: map[string][]jmLeased{}}
 	jobs.SetJitter(env.App.Server.Jobs, m.jitter)
 	var refs []string
 	for _, tl := range jmTools {
@@ -320,9 +326,20 @@ func (m *jobsModel) step() {
 	s := m.last
 	if s == nil || m.rng.IntN(2) == 0 {
 		s = m.steps[m.rng.IntN(len(m.steps))]
+		if !s.exists && s.run.requested && m.rng.IntN(4) != 0 {
+			s = m.steps[m.rng.IntN(len(m.steps))] // its enqueue is refused: more often another step
+		}
 	}
 	m.last = s
 	switch r := m.rng.IntN(100); {
+	case s.requeued && s.status == jobs.StatusQueued && r < 40:
+		// The worker of a requeued job's lapsed lease, still at work: its
+		// heartbeat takes the job back, or its report lands (README).
+		if r < 25 {
+			m.heartbeat(s)
+		} else {
+			m.report(s)
+		}
 	case r < 14 || !s.exists:
 		m.enqueue(s, s.exists && m.rng.IntN(6) == 0)
 	case r < 30:
@@ -538,16 +555,43 @@ func (m *jobsModel) claim(w, limit int) {
 			cands = append(cands, s)
 		}
 	}
-	r := m.env.Do("POST", "/api/v1/workers/"+m.workers[w]+"/claim", m.worker, map[string]any{"limit": limit})
+	// A claimId: none, a new one, or the worker's last one again (its
+	// answer lost, README).
+	body := map[string]any{"limit": limit}
+	claimID := ""
+	switch m.rng.IntN(4) {
+	case 0:
+		claimID = fmt.Sprintf("c%d-%d", m.seed, len(m.trace))
+	case 1:
+		claimID = m.lastClaim[w]
+	}
+	var again []*jmStep // what a claim sent again answers
+	if claimID != "" {
+		body["claimId"] = claimID
+		m.lastClaim[w] = claimID
+		for _, l := range m.claimed[claimID] {
+			s, a := l.s, l.s.atts[l.attempt-1]
+			if s.status == jobs.StatusRunning && s.attempt == l.attempt && a.exp.After(now) &&
+				a.started.After(now.Add(-s.lease)) {
+				again = append(again, s)
+			}
+		}
+	}
+	r := m.env.Do("POST", "/api/v1/workers/"+m.workers[w]+"/claim", m.worker, body)
 	var got struct{ Jobs []jmClaimed }
 	_ = json.Unmarshal(r.Body, &got)
 	var names []string
 	for _, j := range got.Jobs {
 		names = append(names, fmt.Sprintf("%s#%d", m.byJob(j.JobID).name(), j.Attempt))
 	}
-	m.log("claim worker %d limit %d -> %d jobs=%d %v", w, limit, r.Status, len(got.Jobs), names)
+	m.log("claim worker %d limit %d claimId %q (again %d) -> %d jobs=%d %v", w, limit, claimID, len(again), r.Status,
+		len(got.Jobs), names)
 	if r.Status != http.StatusOK {
 		m.fail("claim: %d: %s", r.Status, r.Body)
+		return
+	}
+	if len(again) > 0 {
+		m.claimAgain(w, again, got.Jobs, r.Body)
 		return
 	}
 	if want := min(limit, len(cands)); len(got.Jobs) != want {
@@ -589,7 +633,10 @@ func (m *jobsModel) claim(w, limit int) {
 		}
 		s.held, s.requeued, s.replayed = 0, false, false
 		s.status, s.attempt = jobs.StatusRunning, s.attempt+1
-		s.atts = append(s.atts, &jmAttempt{token: j.LeaseToken, exp: now.Add(s.lease)})
+		s.atts = append(s.atts, &jmAttempt{token: j.LeaseToken, exp: now.Add(s.lease), started: now})
+		if claimID != "" {
+			m.claimed[claimID] = append(m.claimed[claimID], jmLeased{s: s, attempt: s.attempt})
+		}
 		tl := jmTools[s.spec.tool]
 		if j.StepID != s.stepID || j.RunID != s.run.id || j.Name != tl.name || j.Version != tl.version ||
 			j.Attempt != s.attempt || j.MaxAttempts != s.max || !j.LeaseExpiresAt.Equal(now.Add(s.lease)) ||
@@ -598,6 +645,41 @@ func (m *jobsModel) claim(w, limit int) {
 			apitest.Canonical(j.Input) != apitest.CanonicalOf(m.enqueueBody(s, false)["input"]) {
 			m.fail("claim of %s: %+v, model attempt %d of %d, lease until %v (%s)", s.name(), j, s.attempt, s.max,
 				now.Add(s.lease), s.lease)
+		}
+	}
+}
+
+// jmLeased is a job a claim leased, and the attempt it leased it for.
+type jmLeased struct {
+	s       *jmStep
+	attempt int
+}
+
+// claimAgain checks a claim sent again under a claimId whose leases hold:
+// it answers every job the id leased to the worker whose lease holds, and
+// was leased within one lease's length (whatever the limit), with the same
+// attempt and token, its lease renewed from now as a heartbeat would, and
+// leases nothing more (README).
+func (m *jobsModel) claimAgain(w int, again []*jmStep, got []jmClaimed, body []byte) {
+	now := m.now()
+	m.seen["model: a claim sent again answers its leases"]++
+	if len(got) != len(again) {
+		m.fail("claim worker %d sent again: %d jobs, model %d: %s", w, len(got), len(again), body)
+		return
+	}
+	for _, j := range got {
+		s := m.byJob(j.JobID)
+		if !slices.Contains(again, s) {
+			m.fail("claim worker %d sent again: job %s is none the claim leased: %s", w, j.JobID, body)
+			return
+		}
+		a := s.latest()
+		if e := now.Add(s.lease); e.After(a.exp) {
+			a.exp = e
+		}
+		if j.Attempt != s.attempt || j.LeaseToken != a.token || !j.LeaseExpiresAt.Equal(a.exp) ||
+			j.LeaseMs != s.lease.Milliseconds() {
+			m.fail("claim worker %d sent again: %+v, model attempt %d token %s lease until %v", w, j, s.attempt, a.token, a.exp)
 		}
 	}
 }
