@@ -44,11 +44,7 @@ import (
 // leases would record lapses that run's model has not seen yet (so would
 // the package's other tests' sweeps).
 func TestGateModelSequential(t *testing.T) {
-	for _, seed := range apitest.ModelSeeds(t, 8) {
-		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
-			runModel(t, seed, apitest.ModelEnvInt(t, "MODEL_OPS", 100))
-		})
-	}
+	apitest.ModelRuns(t, 8, 100, runModel)
 }
 
 // mPolicy is one effect type's policy as the model knows it.
@@ -136,28 +132,28 @@ type mKey struct {
 }
 
 type modelRun struct {
-	t        *testing.T
-	seed     uint64
-	rng      *rand.Rand
-	env      *apitest.Env
-	ws       apitest.Workspace
-	agent    string
-	clock    *apitest.Clock
-	keys     []*mKey
-	last     *mKey // the key of the operation before
-	pols     []*mPolicy
-	spent    map[string]int64 // type -> today's charges
-	trace    []string
-	results  int
-	failures int
-	seen     map[string]int // what the sequence covered: operation and answer
-	ops      int
+	t       *testing.T
+	seed    uint64
+	rng     *rand.Rand
+	env     *apitest.Env
+	ws      apitest.Workspace
+	agent   string
+	clock   *apitest.Clock
+	keys    []*mKey
+	last    *mKey // the key of the operation before
+	pols    []*mPolicy
+	spent   map[string]int64 // type -> today's charges
+	trace   *apitest.ModelTrace
+	results int
+	seen    map[string]int // what the sequence covered: operation and answer
+	ops     int
 }
 
 func runModel(t *testing.T, seed uint64, ops int) {
 	b := setup(t)
 	m := &modelRun{t: t, seed: seed, rng: rand.New(rand.NewPCG(seed, 0x6d6f64656c)), env: b.env, ws: b.ws,
-		clock: b.clock, spent: map[string]int64{}, seen: map[string]int{}, ops: ops}
+		clock: b.clock, spent: map[string]int64{}, seen: map[string]int{}, ops: ops,
+		trace: apitest.NewModelTrace(t, fmt.Sprintf("MODEL_SEED=%d MODEL_OPS=%d go test -run 'TestGateModelSequential' ./lib/gate", seed, ops))}
 	m.agent = b.agent()
 	// This run's policies: the policy operation changes them.
 	pols := map[*mPolicy]*mPolicy{}
@@ -185,17 +181,12 @@ func runModel(t *testing.T, seed uint64, ops int) {
 // fail reports a mismatch with the seed and the trace so far.
 func (m *modelRun) fail(format string, args ...any) {
 	m.t.Helper()
-	m.failures++
-	if m.failures > 1 {
-		return
-	}
-	m.t.Errorf("model mismatch (replay: MODEL_SEED=%d MODEL_OPS=%d go test -run 'TestGateModelSequential' ./lib/gate): "+
-		"%s\ntrace:\n  %s", m.seed, m.ops, fmt.Sprintf(format, args...), strings.Join(m.trace, "\n  "))
+	m.trace.Fail(format, args...)
 }
 
 func (m *modelRun) log(format string, args ...any) {
 	line := fmt.Sprintf(format, args...)
-	m.trace = append(m.trace, fmt.Sprintf("%3d ", len(m.trace)+1)+line)
+	m.trace.Add(line)
 	if op, answer, ok := strings.Cut(line, " -> "); ok {
 		op, rest, _ := strings.Cut(op, " ")
 		if _, typ, ok := strings.Cut(rest, "(mdl."); ok {

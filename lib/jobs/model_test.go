@@ -45,11 +45,7 @@ import (
 // every workspace at its own clock, and one at a clock past another
 // test's leases would lapse them.
 func TestJobsModelSequential(t *testing.T) {
-	for _, seed := range apitest.ModelSeeds(t, 8) {
-		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
-			runJobsModel(t, seed, apitest.ModelEnvInt(t, "MODEL_OPS", 100))
-		})
-	}
+	apitest.ModelRuns(t, 8, 100, runJobsModel)
 	var model []string
 	for k, v := range jmCovered.n {
 		if strings.HasPrefix(k, "model: ") {
@@ -183,23 +179,22 @@ type jmRun struct {
 }
 
 type jobsModel struct {
-	t        *testing.T
-	seed     uint64
-	rng      *rand.Rand
-	env      *apitest.Env
-	ws       apitest.Workspace
-	worker   string // the WORKER key's secret
-	workers  []string
-	clock    *apitest.Clock
-	jitter   float64
-	runs     []*jmRun
-	steps    []*jmStep
-	last     *jmStep
-	trace    []string
-	failures int
-	outputs  int
-	seen     map[string]int
-	ops      int
+	t       *testing.T
+	seed    uint64
+	rng     *rand.Rand
+	env     *apitest.Env
+	ws      apitest.Workspace
+	worker  string // the WORKER key's secret
+	workers []string
+	clock   *apitest.Clock
+	jitter  float64
+	runs    []*jmRun
+	steps   []*jmStep
+	last    *jmStep
+	trace   *apitest.ModelTrace
+	outputs int
+	seen    map[string]int
+	ops     int
 	// lastClaim is each worker's last claimId, claimed what each claimId
 	// leased.
 	lastClaim map[int]string
@@ -242,24 +237,10 @@ func newJobsModel(t *testing.T, seed uint64, ops int) *jobsModel {
 	rng := rand.New(rand.NewPCG(seed, 0x6a6f6273))
 	m := &jobsModel{t: t, seed: seed, rng: rng, env: env, ws: env.Signup(), clock: clock, seen: map[string]int{},
 		ops: ops, jitter: []float64{0, 0.5, 0.999}[rng.IntN(3)], lastClaim: map[int]string{},
-		claimed: map[string][]jmLeased{}}
+		claimed: map[string][]jmLeased{},
+		trace:   apitest.NewModelTrace(t, fmt.Sprintf("MODEL_SEED=%d MODEL_OPS=%d go test -run 'TestJobsModelSequential' ./lib/jobs", seed, ops))}
 	jobs.SetJitter(env.App.Server.Jobs, m.jitter)
-	var refs []string
-	for _, tl := range jmTools {
-		refs = append(refs, tl.ref())
-	}
-	m.worker = env.Key(m.ws, map[string]any{"name": "worker", "preset": "WORKER", "tools": refs})
-	for _, set := range jmWorkers {
-		var tools []map[string]any
-		for _, i := range set {
-			tools = append(tools, map[string]any{"name": jmTools[i].name, "version": jmTools[i].version})
-		}
-		r := env.Must(http.StatusCreated, "POST", "/api/v1/workers/register", m.worker, map[string]any{"tools": tools})
-		m.workers = append(m.workers, r.JSON()["workerId"].(string))
-	}
-	for _, name := range []string{"mdl_send", "mdl_charge"} {
-		env.Must(http.StatusCreated, "POST", "/api/v1/endpoints", m.ws.Key, jmEndpoints[name].body)
-	}
+	m.worker, m.workers = jmWorkspace(env, m.ws)
 	for i := range 2 {
 		r := env.Must(http.StatusCreated, "POST", "/api/v1/runs", m.ws.Key, map[string]any{"name": fmt.Sprintf("model %d", i)})
 		m.runs = append(m.runs, &jmRun{i: i, id: r.JSON()["id"].(string), status: jobs.RunRunning})
@@ -274,20 +255,39 @@ func newJobsModel(t *testing.T, seed uint64, ops int) *jobsModel {
 	return m
 }
 
+// jmWorkspace sets the workspace up for the model: a WORKER key for every
+// tool (its secret), a worker registered for each of jmWorkers' sets (their
+// ids), and the endpoints with their policies.
+func jmWorkspace(env *apitest.Env, ws apitest.Workspace) (string, []string) {
+	var refs []string
+	for _, tl := range jmTools {
+		refs = append(refs, tl.ref())
+	}
+	secret := env.Key(ws, map[string]any{"name": "worker", "preset": "WORKER", "tools": refs})
+	var workers []string
+	for _, set := range jmWorkers {
+		var tools []map[string]any
+		for _, i := range set {
+			tools = append(tools, map[string]any{"name": jmTools[i].name, "version": jmTools[i].version})
+		}
+		r := env.Must(http.StatusCreated, "POST", "/api/v1/workers/register", secret, map[string]any{"tools": tools})
+		workers = append(workers, r.JSON()["workerId"].(string))
+	}
+	for _, name := range []string{"mdl_send", "mdl_charge"} {
+		env.Must(http.StatusCreated, "POST", "/api/v1/endpoints", ws.Key, jmEndpoints[name].body)
+	}
+	return secret, workers
+}
+
 // fail reports a mismatch with the seed and the trace so far.
 func (m *jobsModel) fail(format string, args ...any) {
 	m.t.Helper()
-	m.failures++
-	if m.failures > 1 {
-		return
-	}
-	m.t.Errorf("model mismatch (replay: MODEL_SEED=%d MODEL_OPS=%d go test -run 'TestJobsModelSequential' ./lib/jobs): "+
-		"%s\ntrace:\n  %s", m.seed, m.ops, fmt.Sprintf(format, args...), strings.Join(m.trace, "\n  "))
+	m.trace.Fail(format, args...)
 }
 
 func (m *jobsModel) log(format string, args ...any) {
 	line := fmt.Sprintf(format, args...)
-	m.trace = append(m.trace, fmt.Sprintf("%3d %s ", len(m.trace)+1, m.now().Format("15:04:05"))+line)
+	m.trace.Add(m.now().Format("15:04:05 ") + line)
 	if op, answer, ok := strings.Cut(line, " -> "); ok {
 		op, _, _ = strings.Cut(op, " ")
 		answer, _, _ = strings.Cut(answer, " [")
@@ -561,7 +561,7 @@ func (m *jobsModel) claim(w, limit int) {
 	claimID := ""
 	switch m.rng.IntN(4) {
 	case 0:
-		claimID = fmt.Sprintf("c%d-%d", m.seed, len(m.trace))
+		claimID = fmt.Sprintf("c%d-%d", m.seed, m.trace.Len())
 	case 1:
 		claimID = m.lastClaim[w]
 	}
@@ -1438,11 +1438,7 @@ func fmtPtr[T any](p *T) string {
 //
 // Not parallel, nor are its seeds: the sweeps act on every workspace.
 func TestJobsModelConcurrent(t *testing.T) {
-	for _, seed := range apitest.ModelSeeds(t, 3) {
-		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
-			runConcurrentJobsModel(t, seed, 6, apitest.ModelEnvInt(t, "MODEL_OPS", 40))
-		})
-	}
+	apitest.ModelRuns(t, 3, 40, func(t *testing.T, seed uint64, ops int) { runConcurrentJobsModel(t, seed, 6, ops) })
 }
 
 // cjGrant is one claim of a job as its worker was answered.
@@ -1531,22 +1527,7 @@ func runConcurrentJobsModel(t *testing.T, seed uint64, goroutines, ops int) {
 	env2 := apitest.Start(t, apitest.WithNow(clock.Now))
 	c := &concurrentJobs{t: t, seed: seed, envs: []*apitest.Env{env1, env2}, ws: env1.Signup(), clock: clock,
 		jobs: map[string]*cjJob{}, answers: map[string]int{}}
-	var refs []string
-	for _, tl := range jmTools {
-		refs = append(refs, tl.ref())
-	}
-	c.worker = env1.Key(c.ws, map[string]any{"name": "worker", "preset": "WORKER", "tools": refs})
-	for _, set := range jmWorkers {
-		var tools []map[string]any
-		for _, i := range set {
-			tools = append(tools, map[string]any{"name": jmTools[i].name, "version": jmTools[i].version})
-		}
-		r := env1.Must(http.StatusCreated, "POST", "/api/v1/workers/register", c.worker, map[string]any{"tools": tools})
-		c.workers = append(c.workers, r.JSON()["workerId"].(string))
-	}
-	for _, name := range []string{"mdl_send", "mdl_charge"} {
-		env1.Must(http.StatusCreated, "POST", "/api/v1/endpoints", c.ws.Key, jmEndpoints[name].body)
-	}
+	c.worker, c.workers = jmWorkspace(env1, c.ws)
 	c.run = env1.Must(http.StatusCreated, "POST", "/api/v1/runs", c.ws.Key, map[string]any{"name": "concurrent"}).JSON()["id"].(string)
 	for range 12 {
 		c.enqueue(-1, env1)
