@@ -19,27 +19,30 @@ import (
 
 // The durable jobs' state machine checked against a model (as lib/gate's
 // model_test.go checks the effect gate's): from a seed, a random sequence
-// of enqueues (a new step, the same step again: deduplicated, or the same
-// key with another operation: idempotency_key_reuse; after the run's
-// finish, only the repeat is answered), claims by workers each serving its
-// own exact name@version set, heartbeats and reports with the current
-// lease token, a superseded one or none of the job's (successes with an
-// output, failures retryable or not, with or without a retryAfterMs
-// floor), cancels, replays, finishes, clock moves (to and past a lease's
-// end, past a retry's due time, past the sweeper's requeue delay), sweeps
-// and reads (a run, a step, the list of runs), over two runs of a few
-// steps of three handlers on two endpoints (one CUSTOM policy without
-// jitter, one STANDARD with its 20 %, the jitter's draw fixed per seed).
-// Every answer is compared with what a plain Go model of API.md §3 and §5
-// and README "Durable jobs" predicts: the status code and error code (and
-// lease_lost's and invalid_state's detail), a step's and its job's
-// status, attempt, maxAttempts, dueAt, leaseExpiresAt, output, each
-// attempt's outcome, retryable, retryAfterMs, warning and reportedAt, a
-// claim's jobs and leases, a heartbeat's lease and cancelRequested, a
-// report's status and nextDueAt (per the job's retry policy snapshot), and
-// the runs' statuses. A failure names the seed and the trace;
-// MODEL_SEED, MODEL_SEEDS and MODEL_OPS work as for lib/gate's
-// (apitest.ModelSeeds).
+// of enqueues (a new step, one waiting for another, the same step again:
+// deduplicated, or the same key with another operation:
+// idempotency_key_reuse; after the run's finish, only the repeat is
+// answered), claims by workers each serving its own exact name@version set
+// (with a claimId or not, and sent again under the last one, as when its
+// answer was lost), heartbeats and reports (by the single route or in a
+// batch) with the current lease token, a superseded one or none of the
+// job's (successes with an output, failures retryable or not, with or
+// without a retryAfterMs floor), cancels, replays, finishes, endpoint
+// pauses and resumes, clock moves (to and past a lease's end, past a
+// retry's due time, past the sweeper's requeue delay), sweeps and reads (a
+// run, a step, the list of runs), over two runs of a dozen steps of three
+// handlers on two endpoints (one CUSTOM policy without jitter, one STANDARD
+// with its 20 %, the jitter's draw fixed per seed). Every answer is
+// compared with what a plain Go model of API.md §3 and §5 and README
+// "Durable jobs" predicts: the status code and error code (and lease_lost's
+// and invalid_state's detail), a step's and its job's status, attempt,
+// maxAttempts, dueAt (of a job waiting for it), leaseExpiresAt, output,
+// each attempt's outcome, retryable, retryAfterMs, warning and reportedAt,
+// a claim's jobs (the longest due first) and leases, a heartbeat's lease
+// and cancelRequested, a report's status and nextDueAt (per the job's
+// retry policy snapshot), and the runs' statuses. A failure names the seed
+// and the trace; MODEL_SEED, MODEL_SEEDS and MODEL_OPS work as for
+// lib/gate's (apitest.ModelRuns).
 //
 // Not parallel, nor are its seeds: a sweep (one of the operations) acts on
 // every workspace at its own clock, and one at a clock past another
@@ -199,6 +202,9 @@ type jobsModel struct {
 	// leased.
 	lastClaim map[int]string
 	claimed   map[string][]jmLeased
+	// endpoints are the endpoints' ids by name, paused those paused.
+	endpoints map[string]string
+	paused    map[string]bool
 }
 
 func runJobsModel(t *testing.T, seed uint64, ops int) {
@@ -237,10 +243,10 @@ func newJobsModel(t *testing.T, seed uint64, ops int) *jobsModel {
 	rng := rand.New(rand.NewPCG(seed, 0x6a6f6273))
 	m := &jobsModel{t: t, seed: seed, rng: rng, env: env, ws: env.Signup(), clock: clock, seen: map[string]int{},
 		ops: ops, jitter: []float64{0, 0.5, 0.999}[rng.IntN(3)], lastClaim: map[int]string{},
-		claimed: map[string][]jmLeased{},
-		trace:   apitest.NewModelTrace(t, fmt.Sprintf("MODEL_SEED=%d MODEL_OPS=%d go test -run 'TestJobsModelSequential' ./lib/jobs", seed, ops))}
+		claimed: map[string][]jmLeased{}, paused: map[string]bool{},
+		trace: apitest.NewModelTrace(t, fmt.Sprintf("MODEL_SEED=%d MODEL_OPS=%d go test -run 'TestJobsModelSequential' ./lib/jobs", seed, ops))}
 	jobs.SetJitter(env.App.Server.Jobs, m.jitter)
-	m.worker, m.workers = jmWorkspace(env, m.ws)
+	m.worker, m.workers, m.endpoints = jmWorkspace(env, m.ws)
 	for i := range 2 {
 		r := env.Must(http.StatusCreated, "POST", "/api/v1/runs", m.ws.Key, map[string]any{"name": fmt.Sprintf("model %d", i)})
 		m.runs = append(m.runs, &jmRun{i: i, id: r.JSON()["id"].(string), status: jobs.RunRunning})
@@ -258,7 +264,7 @@ func newJobsModel(t *testing.T, seed uint64, ops int) *jobsModel {
 // jmWorkspace sets the workspace up for the model: a WORKER key for every
 // tool (its secret), a worker registered for each of jmWorkers' sets (their
 // ids), and the endpoints with their policies.
-func jmWorkspace(env *apitest.Env, ws apitest.Workspace) (string, []string) {
+func jmWorkspace(env *apitest.Env, ws apitest.Workspace) (string, []string, map[string]string) {
 	var refs []string
 	for _, tl := range jmTools {
 		refs = append(refs, tl.ref())
@@ -273,10 +279,12 @@ func jmWorkspace(env *apitest.Env, ws apitest.Workspace) (string, []string) {
 		r := env.Must(http.StatusCreated, "POST", "/api/v1/workers/register", secret, map[string]any{"tools": tools})
 		workers = append(workers, r.JSON()["workerId"].(string))
 	}
+	endpoints := map[string]string{}
 	for _, name := range []string{"mdl_send", "mdl_charge"} {
-		env.Must(http.StatusCreated, "POST", "/api/v1/endpoints", ws.Key, jmEndpoints[name].body)
+		r := env.Must(http.StatusCreated, "POST", "/api/v1/endpoints", ws.Key, jmEndpoints[name].body)
+		endpoints[name] = r.JSON()["id"].(string)
 	}
-	return secret, workers
+	return secret, workers, endpoints
 }
 
 // fail reports a mismatch with the seed and the trace so far.
@@ -358,6 +366,8 @@ func (m *jobsModel) step() {
 		m.replay(s)
 	case r < 82:
 		m.finish(s.run)
+	case r < 84:
+		m.pause(jmTools[s.spec.tool].name)
 	case r < 88:
 		m.readStep(s)
 	case r < 94:
@@ -551,7 +561,8 @@ func (m *jobsModel) claim(w, limit int) {
 	}
 	var cands []*jmStep
 	for _, s := range m.steps {
-		if _, ok := s.claimable(now); ok && serves[s.spec.tool] {
+		// A paused endpoint's jobs wait, consuming no attempt (README).
+		if _, ok := s.claimable(now); ok && serves[s.spec.tool] && !m.paused[jmTools[s.spec.tool].name] {
 			cands = append(cands, s)
 		}
 	}
@@ -1105,6 +1116,21 @@ func (m *jobsModel) replay(s *jmStep) {
 	}
 }
 
+// pause pauses the endpoint, or resumes it when it is paused.
+func (m *jobsModel) pause(name string) {
+	verb := "pause"
+	if m.paused[name] {
+		verb = "resume"
+	}
+	r := m.env.Do("POST", "/api/v1/endpoints/"+m.endpoints[name]+"/"+verb, m.ws.Key, nil)
+	m.log("%s %s -> %d %s", verb, name, r.Status, r.ErrorCode())
+	if r.Status != http.StatusOK || r.JSON()["paused"] != (verb == "pause") {
+		m.fail("%s %s: %d %s", verb, name, r.Status, r.Body)
+		return
+	}
+	m.paused[name] = verb == "pause"
+}
+
 // unskip puts the steps s's end skipped, and those below them, back to
 // WAITING: s runs again, and decides them when it ends.
 func (m *jobsModel) unskip(s *jmStep) {
@@ -1527,7 +1553,7 @@ func runConcurrentJobsModel(t *testing.T, seed uint64, goroutines, ops int) {
 	env2 := apitest.Start(t, apitest.WithNow(clock.Now))
 	c := &concurrentJobs{t: t, seed: seed, envs: []*apitest.Env{env1, env2}, ws: env1.Signup(), clock: clock,
 		jobs: map[string]*cjJob{}, answers: map[string]int{}}
-	c.worker, c.workers = jmWorkspace(env1, c.ws)
+	c.worker, c.workers, _ = jmWorkspace(env1, c.ws)
 	c.run = env1.Must(http.StatusCreated, "POST", "/api/v1/runs", c.ws.Key, map[string]any{"name": "concurrent"}).JSON()["id"].(string)
 	for range 12 {
 		c.enqueue(-1, env1)
