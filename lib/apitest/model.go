@@ -98,6 +98,10 @@ func (m *ModelTrace) Add(line string) {
 // Len is how many lines the trace has.
 func (m *ModelTrace) Len() int { return len(m.lines) }
 
+// Failed is whether Fail was called: a sequence stops at its first
+// mismatch, as later operations would follow from it.
+func (m *ModelTrace) Failed() bool { return m.failed }
+
 // Fail reports a mismatch, the first one only, with the replay command and
 // the trace.
 func (m *ModelTrace) Fail(format string, args ...any) {

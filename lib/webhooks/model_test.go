@@ -164,8 +164,7 @@ type hookModel struct {
 	events    []*hmEvent
 	open      map[string]bool // breaker (type, or "*" for the stop) → open
 	effects   []*hmEffect
-	trace     []string
-	fails     int
+	trace     *apitest.ModelTrace
 	seen      map[string]int
 	ops       int
 	keyedReqs []*hmKeyed
@@ -190,7 +189,8 @@ func runHookModel(t *testing.T, seed uint64, ops int) {
 	env, clk := start(t, true, apitest.WithConfig(func(cfg *config.Config) { cfg.EventRetentionDays = hmRetentionDays }))
 	clk.Set(time.Now().Truncate(time.Second))
 	m := &hookModel{t: t, seed: seed, rng: rand.New(rand.NewPCG(seed, 0x686f6f6b)), env: env, ws: hammered(t, env),
-		clock: clk, modes: map[string]hmMode{}, open: map[string]bool{}, seen: map[string]int{}, ops: ops}
+		clock: clk, modes: map[string]hmMode{}, open: map[string]bool{}, seen: map[string]int{}, ops: ops,
+		trace: apitest.NewModelTrace(t, fmt.Sprintf("MODEL_SEED=%d MODEL_OPS=%d go test -run 'TestWebhooksModelSequential' ./lib/webhooks", seed, ops))}
 	m.rcv = newTally(t, func(req *http.Request, _ string, _ int) int {
 		m.mu.Lock()
 		mode := m.modes[receiverOf(req.URL.Path)]
@@ -218,10 +218,10 @@ func runHookModel(t *testing.T, seed uint64, ops int) {
 			t.Logf("covered: %v", m.seen)
 		}
 	})
-	for i := 0; i < ops && m.fails == 0; i++ {
+	for i := 0; i < ops && !m.trace.Failed(); i++ {
 		m.step()
 	}
-	if m.fails == 0 {
+	if !m.trace.Failed() {
 		// Everything due goes out and reads as the model says.
 		m.sweep()
 	}
@@ -229,19 +229,14 @@ func runHookModel(t *testing.T, seed uint64, ops int) {
 
 func (m *hookModel) fail(format string, args ...any) {
 	m.t.Helper()
-	m.fails++
-	if m.fails > 1 {
-		return
-	}
-	m.t.Errorf("model mismatch (replay: MODEL_SEED=%d MODEL_OPS=%d go test -run 'TestWebhooksModelSequential' "+
-		"./lib/webhooks): %s\ntrace:\n  %s", m.seed, m.ops, fmt.Sprintf(format, args...), strings.Join(m.trace, "\n  "))
+	m.trace.Fail(format, args...)
 }
 
 // log adds a line to the trace and counts the operation and its answer
 // ("op ... -> answer") as covered.
 func (m *hookModel) log(format string, args ...any) {
 	line := fmt.Sprintf(format, args...)
-	m.trace = append(m.trace, fmt.Sprintf("%3d ", len(m.trace)+1)+line)
+	m.trace.Add(line)
 	if op, answer, ok := strings.Cut(line, " -> "); ok {
 		op, _, _ = strings.Cut(op, " ")
 		answer, _, _ = strings.Cut(answer, " ")
@@ -1190,7 +1185,7 @@ func (m *hookModel) keyed(what string, h *hmHook, path string, body any) *apites
 	if m.rng.IntN(3) > 0 {
 		return m.env.Do("POST", path, m.ws.Key, raw)
 	}
-	k := &hmKeyed{what: what, key: fmt.Sprintf("model-%d-%d", m.seed, len(m.trace)), path: path, body: raw, hook: h,
+	k := &hmKeyed{what: what, key: fmt.Sprintf("model-%d-%d", m.seed, m.trace.Len()), path: path, body: raw, hook: h,
 		at: m.now()}
 	r := m.env.DoWith("POST", path, m.ws.Key, http.Header{"Idempotency-Key": {k.key}}, raw)
 	if r.Status/100 == 2 {
