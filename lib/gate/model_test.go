@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/http"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -44,7 +45,41 @@ import (
 // leases would record lapses that run's model has not seen yet (so would
 // the package's other tests' sweeps).
 func TestGateModelSequential(t *testing.T) {
-	apitest.ModelRuns(t, 8, 100, runModel)
+	for _, seed := range modelSeeds(t, 8) {
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			runModel(t, "TestGateModelSequential", seed, modelEnvInt(t, "MODEL_OPS", 100), nil)
+		})
+	}
+}
+
+// modelSeeds is the seeds to run: MODEL_SEED alone when set, else
+// MODEL_SEEDS (default n) seeds from 1.
+func modelSeeds(t *testing.T, n int) []uint64 {
+	if s := os.Getenv("MODEL_SEED"); s != "" {
+		seed, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			t.Fatalf("MODEL_SEED=%q: %v", s, err)
+		}
+		return []uint64{seed}
+	}
+	n = modelEnvInt(t, "MODEL_SEEDS", n)
+	seeds := make([]uint64, n)
+	for i := range seeds {
+		seeds[i] = uint64(i + 1)
+	}
+	return seeds
+}
+
+func modelEnvInt(t *testing.T, name string, def int) int {
+	s := os.Getenv(name)
+	if s == "" {
+		return def
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 {
+		t.Fatalf("%s=%q: want a positive integer", name, s)
+	}
+	return n
 }
 
 // mPolicy is one effect type's policy as the model knows it.
@@ -56,6 +91,8 @@ type mPolicy struct {
 	maxCost         int64 // 0: none
 	approvalAbove   int64 // 0: none
 	budget          int64 // 0: none
+	surgePerHour    int   // 0: none; the action is deny
+	surgeCooldown   int   // seconds
 }
 
 func (p *mPolicy) body() map[string]any {
@@ -69,6 +106,9 @@ func (p *mPolicy) body() map[string]any {
 	}
 	if p.budget > 0 {
 		b["daily_budget_micros"] = p.budget
+	}
+	if p.surgePerHour > 0 {
+		b["surge_per_hour"], b["surge_action"], b["surge_cooldown_seconds"] = p.surgePerHour, "deny", p.surgeCooldown
 	}
 	return b
 }
@@ -109,7 +149,8 @@ type mAttempt struct {
 	resolved   bool // settled by the operator's resolve
 	resolvedAt time.Time
 	reportedAt time.Time
-	charged    bool // counts on the type's daily budget
+	charged    bool   // counts on the type's daily budget
+	day        string // the UTC day it was charged on
 	lease      time.Duration
 	request    string // the request_id it was granted to, "" for none
 	prior      int    // a probe's prior_attempt
@@ -129,31 +170,42 @@ type mKey struct {
 	approval   string // "" | pending | approved | rejected
 	variant    int    // the payload the key was first begun with
 	result     string // canonical JSON of the recorded result, "" for none
+	// Set by the extended model (model_ext_test.go) only.
+	group     *mGroup   // the group the key is a step (or a compensation) of
+	declares  bool      // a forward step that declared a compensation
+	comp      *mKey     // a forward step's compensating effect, once begun
+	compOf    *mKey     // the step a compensating effect undoes
+	countedAt time.Time // a surge type's key: its latest begin the surge counts
+	createdAt time.Time // a surge type's key: its first begin as stamped
 }
 
 type modelRun struct {
-	t       *testing.T
-	seed    uint64
-	rng     *rand.Rand
-	env     *apitest.Env
-	ws      apitest.Workspace
-	agent   string
-	clock   *apitest.Clock
-	keys    []*mKey
-	last    *mKey // the key of the operation before
-	pols    []*mPolicy
-	spent   map[string]int64 // type -> today's charges
-	trace   *apitest.ModelTrace
-	results int
-	seen    map[string]int // what the sequence covered: operation and answer
-	ops     int
+	t        *testing.T
+	seed     uint64
+	rng      *rand.Rand
+	env      *apitest.Env
+	ws       apitest.Workspace
+	agent    string
+	clock    *apitest.Clock
+	keys     []*mKey
+	last     *mKey // the key of the operation before
+	pols     []*mPolicy
+	spent    map[string]int64 // type and UTC day (spendKey) -> charges
+	trace    []string
+	results  int
+	failures int
+	seen     map[string]int // what the sequence covered: operation and answer
+	ops      int
+	name     string  // the test, for the replay command
+	ext      *extRun // the extended model's state (model_ext_test.go), nil for the base one
 }
 
-func runModel(t *testing.T, seed uint64, ops int) {
+// runModel runs seed's sequence of ops operations: the base model's, or,
+// with ext, the extended one's (groups, breakers, budget days).
+func runModel(t *testing.T, name string, seed uint64, ops int, ext *extRun) {
 	b := setup(t)
 	m := &modelRun{t: t, seed: seed, rng: rand.New(rand.NewPCG(seed, 0x6d6f64656c)), env: b.env, ws: b.ws,
-		clock: b.clock, spent: map[string]int64{}, seen: map[string]int{}, ops: ops,
-		trace: apitest.NewModelTrace(t, fmt.Sprintf("MODEL_SEED=%d MODEL_OPS=%d go test -run 'TestGateModelSequential' ./lib/gate", seed, ops))}
+		clock: b.clock, spent: map[string]int64{}, seen: map[string]int{}, ops: ops, name: name, ext: ext}
 	m.agent = b.agent()
 	// This run's policies: the policy operation changes them.
 	pols := map[*mPolicy]*mPolicy{}
@@ -166,8 +218,15 @@ func runModel(t *testing.T, seed uint64, ops int) {
 		spec.pol = pols[spec.pol]
 		m.keys = append(m.keys, &mKey{spec: spec, name: fmt.Sprintf("mdl-%d-%d", seed, i)})
 	}
+	if ext != nil {
+		ext.setup(m, b)
+	}
 	for i := 0; i < ops && !t.Failed(); i++ {
-		m.step()
+		if ext != nil {
+			ext.step(m)
+		} else {
+			m.step()
+		}
 	}
 	// Every key's effect reads as the model says at the end.
 	for _, k := range m.keys {
@@ -181,12 +240,17 @@ func runModel(t *testing.T, seed uint64, ops int) {
 // fail reports a mismatch with the seed and the trace so far.
 func (m *modelRun) fail(format string, args ...any) {
 	m.t.Helper()
-	m.trace.Fail(format, args...)
+	m.failures++
+	if m.failures > 1 {
+		return
+	}
+	m.t.Errorf("model mismatch (replay: MODEL_SEED=%d MODEL_OPS=%d go test -run '%s' ./lib/gate): "+
+		"%s\ntrace:\n  %s", m.seed, m.ops, m.name, fmt.Sprintf(format, args...), strings.Join(m.trace, "\n  "))
 }
 
 func (m *modelRun) log(format string, args ...any) {
 	line := fmt.Sprintf(format, args...)
-	m.trace.Add(line)
+	m.trace = append(m.trace, fmt.Sprintf("%3d ", len(m.trace)+1)+line)
 	if op, answer, ok := strings.Cut(line, " -> "); ok {
 		op, rest, _ := strings.Cut(op, " ")
 		if _, typ, ok := strings.Cut(rest, "(mdl."); ok {
@@ -199,6 +263,9 @@ func (m *modelRun) log(format string, args ...any) {
 }
 
 func (m *modelRun) now() time.Time { return m.clock.Now() }
+
+// spendKey names a type's daily budget counter on the UTC day of t.
+func spendKey(typ string, t time.Time) string { return typ + " " + t.UTC().Format(time.DateOnly) }
 
 // effState is the state as a caller reads it.
 func (k *mKey) effState(now time.Time) string {
@@ -250,6 +317,7 @@ func (m *modelRun) step() {
 		if res.Error() != nil {
 			m.fail("sweep: %v", res.Error())
 		}
+		m.ext.afterSweep()
 	case r < 82:
 		m.resolve(k, []string{"succeeded", "failed"}[m.rng.IntN(2)])
 	case r < 85:
@@ -332,6 +400,7 @@ func (m *modelRun) beginBody(k *mKey, o mBegin) map[string]any {
 	if o.lease > 0 {
 		body["lease_seconds"] = o.lease
 	}
+	m.ext.beginBody(k, body)
 	return body
 }
 
@@ -348,11 +417,16 @@ type mAnswer struct {
 	approval string
 	retry    int // in_flight's retry_after_seconds
 	rejoin   *mAttempt
+	counted  bool // the surge counts the key's begin (a new key, or an arrival)
+	trips    bool // the begin trips the type's surge breaker
 }
 
 func (m *modelRun) begin(k *mKey, otherPayload bool) { m.beginWith(k, mBegin{other: otherPayload}) }
 
 func (m *modelRun) beginWith(k *mKey, o mBegin) {
+	if k.compOf != nil {
+		o.other = false // a compensation's payload is the one its step declared
+	}
 	otherPayload := o.other
 	now := m.now()
 	want := m.predictBegin(k, o, now)
@@ -431,7 +505,7 @@ func (m *modelRun) beginWith(k *mKey, o mBegin) {
 		m.fail("begin %s: %s with result %s", k.name, body.Decision, body.Result)
 		return
 	}
-	if body.Decision == "duplicate" && apitest.Canonical(body.Result) != want.result {
+	if body.Decision == "duplicate" && canonical(body.Result) != want.result {
 		m.fail("begin %s: duplicate's result %s, model %s", k.name, body.Result, want.result)
 		return
 	}
@@ -459,6 +533,9 @@ func (m *modelRun) beginWith(k *mKey, o mBegin) {
 
 // predictBegin is API.md §2.1's decision for the key as the model holds it.
 func (m *modelRun) predictBegin(k *mKey, o mBegin, now time.Time) mAnswer {
+	if a, refused := m.ext.admit(k, now); refused {
+		return a // a group's refusal: before anything else
+	}
 	if k.exists && o.other {
 		return mAnswer{status: http.StatusConflict, code: "idempotency_key_reuse"}
 	}
@@ -497,6 +574,10 @@ func (m *modelRun) predictBegin(k *mKey, o mBegin, now time.Time) mAnswer {
 		}
 	}
 	// A transition: the key is new, or its state allows another try.
+	if refusal, refused := m.ext.admitAttempt(k); refused {
+		return refusal
+	}
+	circuit := m.ext.circuit(k, es, now, &a)
 	stays := es // the state a refusal leaves
 	if es != "indeterminate" {
 		stays = "denied"
@@ -521,8 +602,13 @@ func (m *modelRun) predictBegin(k *mKey, o mBegin, now time.Time) mAnswer {
 			a.state = "awaiting_approval"
 		}
 		return a
-	case pol.budget > 0 && !k.freeProbe(es) && m.spent[pol.typ]+k.spec.cost > pol.budget:
+	case circuit != "":
+		return refuse(circuit)
+	case pol.budget > 0 && !k.freeProbe(es, now) && m.spent[spendKey(pol.typ, now)]+k.spec.cost > pol.budget:
 		return refuse("budget_exceeded")
+	}
+	if refusal, refused := m.ext.admitGrant(k); refused {
+		return refusal
 	}
 	a.decision, a.state, a.attempt = "execute", "leased", k.attempt+1
 	if es == "indeterminate" && pol.onIndeterminate == "probe" {
@@ -534,12 +620,13 @@ func (m *modelRun) predictBegin(k *mKey, o mBegin, now time.Time) mAnswer {
 // freeProbe says whether a grant now would be a probe that the budget
 // neither checks nor charges: an earlier attempt's charge, the same UTC day,
 // already counts the one action the two may have taken (README "The effect
-// gate").
-func (k *mKey) freeProbe(es string) bool {
+// gate"; a probe on a later day is charged on that day's counter).
+func (k *mKey) freeProbe(es string, now time.Time) bool {
 	if es != "indeterminate" || k.spec.pol.onIndeterminate != "probe" {
 		return false
 	}
-	return slices.ContainsFunc(k.atts, func(a *mAttempt) bool { return a.outcome == "" && a.charged })
+	day := now.UTC().Format(time.DateOnly)
+	return slices.ContainsFunc(k.atts, func(a *mAttempt) bool { return a.outcome == "" && a.charged && a.day == day })
 }
 
 func deniedAnswer(a mAnswer, code string) mAnswer {
@@ -551,8 +638,9 @@ func (m *modelRun) applyBegin(k *mKey, o mBegin, want mAnswer, id, token, approv
 	if !k.exists && o.other {
 		k.variant = 1 // this key's payload from now on
 	}
+	now = m.ext.applyBegin(k, want, now)
 	k.exists, k.id = true, id
-	free := k.freeProbe(k.effState(now))
+	free := k.freeProbe(k.effState(now), now)
 	k.state = want.state
 	switch want.decision {
 	case "execute":
@@ -569,9 +657,9 @@ func (m *modelRun) applyBegin(k *mKey, o mBegin, want mAnswer, id, token, approv
 		k.attempt = want.attempt
 		k.denial = ""
 		k.atts = append(k.atts, &mAttempt{token: token, exp: *exp, probe: want.probe, charged: charged,
-			lease: lease, request: o.request, prior: want.prior})
+			day: now.UTC().Format(time.DateOnly), lease: lease, request: o.request, prior: want.prior})
 		if charged {
-			m.spent[k.spec.pol.typ] += k.spec.cost
+			m.spent[spendKey(k.spec.pol.typ, now)] += k.spec.cost
 		}
 	case "approval_required":
 		if k.approval != "pending" {
@@ -601,6 +689,12 @@ func (m *modelRun) reportOp(k *mKey) {
 	if m.rng.IntN(20) == 0 {
 		i, token = -1, "not-a-token-of-this-effect-"+strconv.Itoa(m.rng.IntN(1000))
 	}
+	m.report(k, i, token, outcome)
+}
+
+// report reports outcome with token, the token of attempt i+1 (i < 0: of
+// none of the key's attempts).
+func (m *modelRun) report(k *mKey, i int, token, outcome string) {
 	now := m.now()
 	status, code := m.predictReport(k, i, outcome, now)
 	m.results++
@@ -616,6 +710,9 @@ func (m *modelRun) reportOp(k *mKey) {
 			status, code, r.Body)
 		return
 	}
+	if status == http.StatusOK {
+		defer m.ext.afterStep(k) // a report that answers settles the key's group
+	}
 	if code == "lease_lost" {
 		m.checkLeaseLost(k, i, r, "report")
 	}
@@ -625,7 +722,7 @@ func (m *modelRun) reportOp(k *mKey) {
 		}
 		return
 	}
-	m.applyReport(k, i, outcome, apitest.CanonicalOf(result))
+	m.applyReport(k, i, outcome, canonicalOf(result))
 	m.checkEffect(k, r.JSON(), "report's answer")
 }
 
@@ -701,7 +798,7 @@ func (m *modelRun) applyReport(k *mKey, i int, outcome, result string) {
 func (m *modelRun) release(k *mKey, a *mAttempt) {
 	if a.charged {
 		a.charged = false
-		m.spent[k.spec.pol.typ] -= k.spec.cost
+		m.spent[k.spec.pol.typ+" "+a.day] -= k.spec.cost
 	}
 }
 
@@ -832,6 +929,9 @@ func (m *modelRun) resolve(k *mKey, outcome string) {
 			status, code, r.Body)
 		return
 	}
+	if status == http.StatusOK {
+		defer m.ext.afterStep(k) // so does a resolve
+	}
 	if status != http.StatusOK {
 		// The refusal names the state and, when this key had resolved the
 		// effect (the named attempt) so, the attempt it resolved; naming
@@ -862,7 +962,7 @@ func (m *modelRun) resolve(k *mKey, outcome string) {
 	}
 	k.state = outcome
 	if outcome == "succeeded" {
-		k.result = apitest.CanonicalOf(result)
+		k.result = canonicalOf(result)
 	}
 	// A refused retry's code says nothing once the outcome is known, except
 	// max_attempts_exceeded after a failure, which still answers the key
@@ -946,7 +1046,7 @@ func (m *modelRun) checkEffect(k *mKey, e map[string]any, what string) {
 	result := ""
 	if e["result"] != nil {
 		raw, _ := json.Marshal(e["result"])
-		result = apitest.Canonical(raw)
+		result = canonical(raw)
 	}
 	wantResult := ""
 	if k.effState(now) == "succeeded" {
@@ -958,6 +1058,20 @@ func (m *modelRun) checkEffect(k *mKey, e map[string]any, what string) {
 			what, k.name, e["state"], e["attempt"], e["denial_code"], got, result,
 			k.effState(now), k.attempt, denial, want, wantResult)
 	}
+}
+
+func canonicalOf(v any) string {
+	raw, _ := json.Marshal(v)
+	return canonical(raw)
+}
+
+func canonical(raw []byte) string {
+	var v any
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return "!" + string(raw)
+	}
+	out, _ := json.Marshal(v)
+	return string(out)
 }
 
 // TestGateModelConcurrent runs random operations from several goroutines
@@ -973,10 +1087,10 @@ func (m *modelRun) checkEffect(k *mKey, e map[string]any, what string) {
 // MODEL_SEEDS and MODEL_OPS (each goroutine's) work as for
 // TestGateModelSequential.
 func TestGateModelConcurrent(t *testing.T) {
-	for _, seed := range apitest.ModelSeeds(t, 3) {
+	for _, seed := range modelSeeds(t, 3) {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
 			t.Parallel()
-			runConcurrentModel(t, seed, 4, apitest.ModelEnvInt(t, "MODEL_OPS", 40))
+			runConcurrentModel(t, seed, 4, modelEnvInt(t, "MODEL_OPS", 40))
 		})
 	}
 }

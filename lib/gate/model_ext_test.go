@@ -1,0 +1,776 @@
+package gate_test
+
+import (
+	"fmt"
+	"net/http"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The gate's model (model_test.go) extended with what the base sequence
+// leaves out: effect groups, a type's surge breaker, and daily budgets
+// across UTC days. From a seed, a random sequence mixes the base model's
+// operations (on its keys and on the keys this one adds) with
+//   - groups (API.md §2.6, README "Effect groups and reconciliation"):
+//     creates; begins of new forward steps (declaring a compensation or
+//     not) and of old ones, in an open, committed, unwinding or ended
+//     group; commits; unwinds, whose plan (its order of success, stopping
+//     at the first unknown outcome), unresolved, irreversible and reversed
+//     lists the model predicts; compensating begins (a step not yet
+//     reached, not succeeded, without a compensation, a group not
+//     unwinding or ended; and again under their key); group reads, and the
+//     rollback's end, settled by the reports and resolves of its effects,
+//     by unwind, by a read and by the sweeper;
+//   - a surge type (API.md §2.5 and §5, README "Risk controls and
+//     circuits") with surge_per_hour and action deny: bursts of new keys
+//     that trip the breaker, keys it refused begun again (counted again, as
+//     arrivals), the cooldown's end (closed at once, a fresh allowance from
+//     its end), an operator's open and close (a fresh allowance from the
+//     close), and the circuits list (state, opener, cooldown end, volume in
+//     the trailing hour);
+//   - clock moves to and across midnight UTC, an hour or a cooldown on, so
+//     that daily budgets reset (README: an attempt released on the day it
+//     was charged; a probe free only on its unknown attempt's day) and the
+//     surge's trailing hour and allowance move.
+//
+// Each answer is compared with the model as in TestGateModelSequential;
+// MODEL_SEED, MODEL_SEEDS and MODEL_OPS work as there. Not parallel, for
+// the same reason (a sweep acts on every workspace).
+func TestGateModelExtended(t *testing.T) {
+	for _, seed := range modelSeeds(t, 6) {
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			runModel(t, "TestGateModelExtended", seed, modelEnvInt(t, "MODEL_OPS", 150), &extRun{})
+		})
+	}
+}
+
+var (
+	extSurgePolicy = mPolicy{typ: "mdl.surge", onIndeterminate: "retry", maxAttempts: 2, lease: 30 * time.Second,
+		budget: 400, surgePerHour: 3, surgeCooldown: 60}
+	extStepPolicy = mPolicy{typ: "mdl.step", onIndeterminate: "retry", maxAttempts: 2, lease: 30 * time.Second}
+	extCompPolicy = mPolicy{typ: "mdl.comp", onIndeterminate: "retry", maxAttempts: 2, lease: 30 * time.Second}
+)
+
+// mGroup is the model's view of one effect group.
+type mGroup struct {
+	id        string
+	state     string
+	committed bool    // committed_at is set
+	steps     []*mKey // its forward steps, as begun
+}
+
+// mBreaker is the surge type's breaker. A surge breaker whose cooldown
+// ended reads closed at once, its fresh allowance measured from that end.
+type mBreaker struct {
+	open     bool
+	by       string    // surge | manual
+	openedAt time.Time //
+	closesAt time.Time // a surge breaker's cooldown end
+	from     time.Time // the allowance's start (zero: none yet)
+}
+
+// extRun is the extended model's state beside modelRun's.
+type extRun struct {
+	m                   *modelRun
+	surge, stepPol, cmp *mPolicy
+	breaker             mBreaker
+	surgeKeys           []*mKey
+	groups              []*mGroup
+	n                   int // keys and groups named so far
+}
+
+func (e *extRun) setup(m *modelRun, b *bundle) {
+	e.m = m
+	for _, p := range []**mPolicy{&e.surge, &e.stepPol, &e.cmp} {
+		own := map[**mPolicy]mPolicy{&e.surge: extSurgePolicy, &e.stepPol: extStepPolicy, &e.cmp: extCompPolicy}[p]
+		*p = &own
+		m.pols = append(m.pols, &own)
+		b.putPolicy(own.typ, own.body())
+	}
+}
+
+func (e *extRun) name(kind string) string {
+	e.n++
+	return fmt.Sprintf("mdl-%d-%s%d", e.m.seed, kind, e.n)
+}
+
+func (e *extRun) step(m *modelRun) {
+	switch r := m.rng.IntN(100); {
+	case r < 45:
+		m.step()
+	case r < 50:
+		e.burst()
+	case r < 53:
+		e.breakerOp()
+	case r < 55:
+		e.readCircuits()
+	case r < 59:
+		e.clockJump()
+	case r < 62:
+		e.createGroup()
+	case r < 74:
+		e.beginStep()
+	case r < 78:
+		e.commit(e.pickGroup())
+	case r < 84:
+		e.unwind(e.pickGroup())
+	case r < 94:
+		e.compensate()
+	default:
+		e.readGroup(e.pickGroup())
+	}
+}
+
+// reportNow reports the lease k was just granted, mostly succeeded, so
+// that a group's steps and compensations reach the states a rollback
+// walks; its holder may also report nothing.
+func (e *extRun) reportNow(k *mKey) {
+	m := e.m
+	n := len(k.atts)
+	if n == 0 || k.effState(m.now()) != "leased" || m.rng.IntN(5) == 0 {
+		return
+	}
+	m.report(k, n-1, k.atts[n-1].token, []string{"succeeded", "succeeded", "succeeded", "failed"}[m.rng.IntN(4)])
+}
+
+// --- budgets across days, and the surge's hour -----------------------------
+
+func (e *extRun) clockJump() {
+	m := e.m
+	now := m.now()
+	var d time.Duration
+	switch m.rng.IntN(5) {
+	case 0: // to midnight UTC exactly
+		d = now.UTC().Truncate(24 * time.Hour).Add(24 * time.Hour).Sub(now)
+	case 1: // to just before it: the next moves cross it
+		d = now.UTC().Truncate(24*time.Hour).Add(24*time.Hour).Sub(now) - 20*time.Second
+	case 2:
+		d = time.Duration(e.surge.surgeCooldown) * time.Second
+	default:
+		d = time.Hour
+	}
+	if d <= 0 {
+		d = time.Hour
+	}
+	m.clock.Add(d)
+	m.log("clock +%s (to %s)", d, m.now().UTC().Format(time.RFC3339))
+}
+
+// --- the surge breaker ------------------------------------------------------
+
+// breakerAt is the breaker as it reads at now: a surge breaker whose
+// cooldown ended closed, its allowance from the cooldown's end.
+func (e *extRun) breakerAt(now time.Time) *mBreaker {
+	b := &e.breaker
+	if b.open && b.by == "surge" && !now.Before(b.closesAt) {
+		b.open, b.from = false, b.closesAt
+	}
+	return b
+}
+
+// stamp is when a begin at now that the surge counts is recorded: just
+// after the allowance's start when the clock reads at or before it.
+func (e *extRun) stamp(now time.Time) time.Time {
+	if b := e.breakerAt(now); !b.from.IsZero() && !now.After(b.from) {
+		return b.from.Add(time.Microsecond)
+	}
+	return now
+}
+
+func (e *extRun) burst() {
+	m := e.m
+	n := 1 + m.rng.IntN(4)
+	m.log("burst of %d", n)
+	for range n {
+		if len(e.surgeKeys) > 0 && m.rng.IntN(5) == 0 {
+			m.beginWith(e.surgeKeys[m.rng.IntN(len(e.surgeKeys))], mBegin{})
+			continue
+		}
+		k := &mKey{spec: mKeySpec{pol: e.surge, cost: 100}, name: e.name("s")}
+		m.beginWith(k, mBegin{})
+		if k.exists {
+			e.surgeKeys, m.keys = append(e.surgeKeys, k), append(m.keys, k)
+		}
+	}
+}
+
+// circuit is the breaker's verdict on a begin of k that would transition
+// (README: a new key, or one a breaker refused before its first grant begun
+// again, is counted, whatever the decision, unless a breaker holds the type
+// already; the count over surge_per_hour trips it, and the begin is held):
+// "circuit_open" or "". a notes whether the begin is counted and trips.
+func (e *extRun) circuit(k *mKey, es string, now time.Time, a *mAnswer) string {
+	if e == nil || k.spec.pol != e.surge {
+		return ""
+	}
+	b := e.breakerAt(now)
+	arrival := !k.exists || k.state == "denied" && k.denial == "circuit_open" && k.attempt == 0
+	a.counted = arrival
+	if b.open {
+		return "circuit_open"
+	}
+	if !arrival || e.surge.surgePerHour == 0 {
+		return ""
+	}
+	start := now.Add(-time.Hour)
+	if b.from.After(start) {
+		start = b.from
+	}
+	volume := 1
+	for _, o := range e.surgeKeys {
+		if o != k && o.countedAt.After(start) {
+			volume++
+		}
+	}
+	if volume > e.surge.surgePerHour {
+		a.trips = true
+		return "circuit_open"
+	}
+	return ""
+}
+
+// applyBegin records a begin the surge counts and its trip, and answers
+// the begin's clock reading: one the surge counts that read at or before
+// the allowance's start is moved just after it (its lease runs from there).
+func (e *extRun) applyBegin(k *mKey, want mAnswer, now time.Time) time.Time {
+	if e == nil || !want.counted {
+		return now
+	}
+	at := e.stamp(now)
+	if !k.exists {
+		k.createdAt = at
+	}
+	k.countedAt = at
+	if want.trips {
+		e.breaker = mBreaker{open: true, by: "surge", openedAt: at, from: e.breaker.from,
+			closesAt: at.Add(time.Duration(e.surge.surgeCooldown) * time.Second)}
+	}
+	return at
+}
+
+func (e *extRun) breakerOp() {
+	m := e.m
+	now := m.now()
+	b := e.breakerAt(now)
+	verb := []string{"open", "close", "close"}[m.rng.IntN(3)]
+	body := map[string]any{}
+	if verb == "open" {
+		body = map[string]any{"action": "deny", "reason": "model"}
+	}
+	r := m.env.Do("POST", "/api/v1/circuits/"+e.surge.typ+"/"+verb, m.ws.Key, body)
+	m.log("%s breaker -> %d %s", verb, r.Status, r.ErrorCode())
+	if r.Status != http.StatusOK {
+		m.fail("%s breaker: %d: %s", verb, r.Status, r.Body)
+		return
+	}
+	switch {
+	case verb == "open":
+		if !b.open {
+			b.openedAt = now
+		}
+		b.open, b.by, b.closesAt = true, "manual", time.Time{}
+	case b.open:
+		b.open, b.from = false, now
+	}
+	e.checkCircuit(r.JSON(), verb+"'s answer", false)
+}
+
+func (e *extRun) readCircuits() {
+	m := e.m
+	r := m.env.Do("GET", "/api/v1/circuits", m.ws.Key, nil)
+	m.log("read circuits -> %d", r.Status)
+	if r.Status != http.StatusOK {
+		m.fail("read circuits: %d: %s", r.Status, r.Body)
+		return
+	}
+	for _, c := range r.JSON()["data"].([]any) {
+		if c := c.(map[string]any); c["effect_type"] == e.surge.typ {
+			e.checkCircuit(c, "the circuits list", true)
+			return
+		}
+	}
+	m.fail("read circuits: no %s: %s", e.surge.typ, r.Body)
+}
+
+// checkCircuit compares a circuit with the model: its state and, open, who
+// opened it, when and when it closes; with volume, the keys of the type
+// begun for the first time in the trailing hour and the threshold.
+func (e *extRun) checkCircuit(c map[string]any, what string, volume bool) {
+	m := e.m
+	now := m.now()
+	b := e.breakerAt(now)
+	want := map[string]any{"state": "closed"}
+	got := map[string]any{"state": c["state"]}
+	if b.open {
+		closes := any(nil)
+		if b.by == "surge" {
+			closes = b.closesAt.UTC().Format(time.RFC3339Nano)
+		}
+		want = map[string]any{"state": "open", "opened_by": b.by, "action": "deny", "closes_at": closes,
+			"opened_at": b.openedAt.UTC().Format(time.RFC3339Nano)}
+		got = map[string]any{"state": c["state"], "opened_by": c["opened_by"], "action": c["action"],
+			"closes_at": normTime(c["closes_at"]), "opened_at": normTime(c["opened_at"])}
+	}
+	if volume {
+		n := 0
+		for _, k := range e.surgeKeys {
+			if k.createdAt.After(now.Add(-time.Hour)) {
+				n++
+			}
+		}
+		want["volume_last_hour"], want["threshold"] = float64(n), float64(e.surge.surgePerHour)
+		got["volume_last_hour"], got["threshold"] = c["volume_last_hour"], c["threshold"]
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		m.fail("%s: circuit %v, model %v", what, got, want)
+	}
+}
+
+// normTime writes an RFC 3339 time as the model does, nil as nil.
+func normTime(v any) any {
+	s, ok := v.(string)
+	if !ok {
+		return v
+	}
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return s
+	}
+	return t.UTC().Format(time.RFC3339Nano)
+}
+
+// --- groups -----------------------------------------------------------------
+
+func (e *extRun) pickGroup() *mGroup {
+	if len(e.groups) == 0 || e.m.rng.IntN(6) == 0 {
+		e.createGroup()
+	}
+	return e.groups[e.m.rng.IntN(len(e.groups))]
+}
+
+func (e *extRun) createGroup() {
+	m := e.m
+	r := m.env.Do("POST", "/api/v1/groups", m.agent, map[string]any{"name": e.name("grp")})
+	m.log("create group -> %d state=%v id=%v", r.Status, r.JSON()["state"], r.JSON()["id"])
+	if r.Status != http.StatusCreated || r.JSON()["state"] != "open" {
+		m.fail("create group: %d: %s", r.Status, r.Body)
+		return
+	}
+	e.groups = append(e.groups, &mGroup{id: str(r.JSON()["id"]), state: "open"})
+}
+
+// beginStep begins a new forward step of a group (declaring a compensation
+// or not) or one of its steps again.
+func (e *extRun) beginStep() {
+	m := e.m
+	g := e.pickGroup()
+	if len(g.steps) > 0 && (len(g.steps) >= 4 || m.rng.IntN(3) == 0) {
+		k := g.steps[m.rng.IntN(len(g.steps))]
+		m.beginWith(k, m.beginOptions(k, m.rng.IntN(12) == 0))
+		e.reportNow(k)
+		return
+	}
+	k := &mKey{spec: mKeySpec{pol: e.stepPol, cost: 100}, name: e.name("g"), group: g, declares: m.rng.IntN(4) != 0}
+	m.beginWith(k, m.beginOptions(k, false))
+	if k.exists {
+		g.steps, m.keys = append(g.steps, k), append(m.keys, k)
+		e.reportNow(k)
+	}
+}
+
+// compensate begins the compensation of one of a group's steps, under the
+// key unwind suggests: anew, or again.
+func (e *extRun) compensate() {
+	m := e.m
+	// Mostly a step of a group whose rollback began.
+	var steps, unwinding []*mKey
+	for _, g := range e.groups {
+		steps = append(steps, g.steps...)
+		if g.state == "unwinding" {
+			unwinding = append(unwinding, g.steps...)
+		}
+	}
+	if len(unwinding) > 0 && m.rng.IntN(5) != 0 {
+		steps = unwinding
+	}
+	if len(steps) == 0 {
+		e.beginStep()
+		return
+	}
+	st := steps[m.rng.IntN(len(steps))]
+	if st.comp != nil {
+		m.beginWith(st.comp, m.beginOptions(st.comp, false))
+		e.reportNow(st.comp)
+		return
+	}
+	k := &mKey{spec: mKeySpec{pol: e.cmp, cost: 50}, name: "compensate:" + st.id, group: st.group, compOf: st}
+	m.beginWith(k, m.beginOptions(k, false))
+	if k.exists {
+		st.comp, m.keys = k, append(m.keys, k)
+		e.reportNow(k)
+	}
+}
+
+func compensationPayload(step *mKey) map[string]any { return map[string]any{"undo": step.name} }
+
+func (e *extRun) beginBody(k *mKey, body map[string]any) {
+	switch {
+	case e == nil:
+	case k.compOf != nil:
+		body["payload"] = compensationPayload(k.compOf)
+		body["compensates_effect_id"] = k.compOf.id
+	case k.group != nil:
+		body["group_id"] = k.group.id
+		if k.declares {
+			body["compensation"] = map[string]any{"effect_type": e.cmp.typ, "payload": compensationPayload(k)}
+		}
+	}
+}
+
+// forwardRefusal is a group's refusal of a new forward step, or of a new
+// attempt at one, when it is not open (README: committed takes no new step;
+// unwinding and ended ones answer group_unwinding).
+func forwardRefusal(g *mGroup) (mAnswer, bool) {
+	switch g.state {
+	case "open":
+		return mAnswer{}, false
+	case "committed":
+		return mAnswer{status: http.StatusConflict, code: "invalid_state"}, true
+	}
+	return mAnswer{status: http.StatusConflict, code: "group_unwinding"}, true
+}
+
+// admit is a group's refusal of a begin before anything is decided: a new
+// forward step of a group that is not open; a new compensation of a step
+// that declared none, of a group whose rollback has not begun or has ended,
+// of a step that did not succeed, or of one the rollback has not reached.
+func (e *extRun) admit(k *mKey, now time.Time) (mAnswer, bool) {
+	switch {
+	case e == nil || k.exists || k.group == nil:
+		return mAnswer{}, false
+	case k.compOf == nil:
+		return forwardRefusal(k.group)
+	}
+	st, g := k.compOf, k.group
+	refused := mAnswer{status: http.StatusConflict, code: "invalid_state"}
+	if !st.declares || g.state != "unwinding" || st.effState(now) != "succeeded" ||
+		slices.Contains(e.rollback(g, now).held, st) {
+		return refused, true
+	}
+	return mAnswer{}, false
+}
+
+// admitAttempt is a group's refusal of a new attempt at (or a fresh
+// evaluation of) a forward step: its group must be open.
+func (e *extRun) admitAttempt(k *mKey) (mAnswer, bool) {
+	if e == nil || k.group == nil || k.compOf != nil {
+		return mAnswer{}, false
+	}
+	return forwardRefusal(k.group)
+}
+
+// admitGrant is a group's refusal of a compensation's grant once the
+// rollback ended: its record is final.
+func (e *extRun) admitGrant(k *mKey) (mAnswer, bool) {
+	if e == nil || k.compOf == nil || !groupEnded(k.group.state) {
+		return mAnswer{}, false
+	}
+	return mAnswer{status: http.StatusConflict, code: "invalid_state"}, true
+}
+
+func groupEnded(state string) bool { return state == "unwound" || state == "unwind_failed" }
+
+// mRollback is what remains of a group's rollback (README: the plan in
+// reverse order of success, stopping at the first unknown outcome).
+type mRollback struct {
+	plan                               []*mKey // steps to compensate, in order
+	unresolved, irreversible, reversed []string
+	held                               []*mKey // steps behind an unknown outcome
+}
+
+// succeededAt is when a succeeded step succeeded: its report, or for an
+// outcome found later (resolve) the end of that attempt's lease.
+func succeededAt(k *mKey) time.Time {
+	var at time.Time
+	for _, a := range k.atts {
+		if a.outcome != "succeeded" {
+			continue
+		}
+		t := a.exp
+		if a.reported {
+			t = a.reportedAt
+		}
+		if t.After(at) {
+			at = t
+		}
+	}
+	return at
+}
+
+// finalDenial says a compensation will never succeed: finally denied, or
+// failed with no attempt left under its type's max_attempts.
+func finalDenial(c *mKey) bool {
+	return c.state == "failed" && c.attempt >= c.spec.pol.maxAttempts ||
+		c.state == "denied" && (c.denial == "approval_rejected" || c.denial == "max_attempts_exceeded")
+}
+
+func (e *extRun) rollback(g *mGroup, now time.Time) mRollback {
+	type entry struct {
+		st                  *mKey
+		at                  time.Time
+		maybe, stop, lapsed bool
+	}
+	r := mRollback{unresolved: []string{}, irreversible: []string{}, reversed: []string{}}
+	var walk []entry
+	for _, st := range g.steps {
+		switch st.effState(now) {
+		case "succeeded":
+			c := st.comp
+			switch {
+			case !st.declares || c != nil && (finalDenial(c) || groupEnded(g.state) && c.state != "succeeded"):
+				r.irreversible = append(r.irreversible, st.id)
+				continue
+			case c != nil && c.state == "succeeded":
+				r.reversed = append(r.reversed, st.id)
+				continue
+			}
+			en := entry{st: st, at: succeededAt(st)}
+			if c != nil {
+				if cs := c.effState(now); cs == "leased" || cs == "indeterminate" {
+					en.stop, en.lapsed = true, cs == "indeterminate"
+				}
+			}
+			walk = append(walk, en)
+		case "leased", "indeterminate":
+			walk = append(walk, entry{st: st, at: st.atts[len(st.atts)-1].exp, maybe: true})
+		}
+	}
+	sort.SliceStable(walk, func(i, j int) bool {
+		if !walk[i].at.Equal(walk[j].at) {
+			return walk[i].at.After(walk[j].at)
+		}
+		return walk[i].st.id > walk[j].st.id
+	})
+	stopped, unknown := false, false
+	for _, en := range walk {
+		if unknown && !en.maybe {
+			r.held = append(r.held, en.st)
+		}
+		unknown = unknown || en.maybe || en.lapsed
+		switch {
+		case en.maybe:
+			r.unresolved = append(r.unresolved, en.st.id)
+			stopped = true
+		case en.stop:
+			r.unresolved = append(r.unresolved, en.st.comp.id)
+			if !stopped {
+				r.plan = append(r.plan, en.st)
+			}
+			stopped = true
+		case !stopped:
+			r.plan = append(r.plan, en.st)
+		}
+	}
+	return r
+}
+
+// settle ends an unwinding group's rollback when nothing is left to do.
+func (e *extRun) settle(g *mGroup) {
+	if g.state != "unwinding" {
+		return
+	}
+	if r := e.rollback(g, e.m.now()); len(r.plan) == 0 && len(r.unresolved) == 0 {
+		g.state = "unwound"
+		if len(r.irreversible) > 0 {
+			g.state = "unwind_failed"
+		}
+	}
+}
+
+// afterStep settles the group of an effect a report or resolve answered.
+func (e *extRun) afterStep(k *mKey) {
+	if e != nil && k.group != nil {
+		e.settle(k.group)
+	}
+}
+
+// afterSweep reads every unwinding group: the sweeper may have ended its
+// rollback (groups.settle), as the read does.
+func (e *extRun) afterSweep() {
+	if e == nil {
+		return
+	}
+	for _, g := range e.groups {
+		if g.state == "unwinding" {
+			e.readGroup(g)
+		}
+	}
+}
+
+func (e *extRun) commit(g *mGroup) {
+	m := e.m
+	now := m.now()
+	status, code := http.StatusOK, ""
+	var pending []string
+	switch g.state {
+	case "committed":
+	case "open":
+		for _, st := range g.steps {
+			if s := st.effState(now); s != "succeeded" {
+				pending = append(pending, st.id+":"+s)
+			}
+		}
+		if pending != nil {
+			status, code = http.StatusConflict, "invalid_state"
+		}
+	default:
+		status, code = http.StatusConflict, "invalid_state"
+	}
+	r := m.env.Do("POST", "/api/v1/groups/"+g.id+"/commit", m.agent, nil)
+	m.log("commit group %s (%s) -> %d %s state=%v", g.id, g.state, r.Status, r.ErrorCode(), r.JSON()["state"])
+	if r.Status != status || r.ErrorCode() != code {
+		m.fail("commit %s: %d %q, model %d %q: %s", g.id, r.Status, r.ErrorCode(), status, code, r.Body)
+		return
+	}
+	if status == http.StatusOK {
+		g.state, g.committed = "committed", true
+		e.checkGroup(g, r.JSON(), "commit's answer")
+		return
+	}
+	detail, _ := r.JSON()["error"].(map[string]any)["detail"].(map[string]any)
+	if pending != nil {
+		var got []string
+		for _, s := range detail["steps"].([]any) {
+			s := s.(map[string]any)
+			got = append(got, str(s["effect_id"])+":"+str(s["state"]))
+		}
+		slices.Sort(pending)
+		if !slices.Equal(got, pending) {
+			m.fail("commit %s: steps %v, model %v", g.id, got, pending)
+		}
+		return
+	}
+	if detail["state"] != g.state || (detail["committed_at"] != nil) != g.committed {
+		m.fail("commit %s: detail %v, model state %s committed %v", g.id, detail, g.state, g.committed)
+	}
+}
+
+func (e *extRun) unwind(g *mGroup) {
+	m := e.m
+	now := m.now()
+	if g.state == "open" || g.state == "committed" {
+		g.state = "unwinding"
+	}
+	want := e.rollback(g, now)
+	e.settle(g)
+	r := m.env.Do("POST", "/api/v1/groups/"+g.id+"/unwind", m.agent, nil)
+	got := r.JSON()
+	m.log("unwind group %s -> %d %v state=%v plan=%d unresolved=%v", g.id, r.Status, got["state"], got["state"],
+		len(anyList(got["plan"])), got["unresolved"])
+	if r.Status != http.StatusOK {
+		m.fail("unwind %s: %d: %s", g.id, r.Status, r.Body)
+		return
+	}
+	var plan, wantPlan []string
+	for _, it := range anyList(got["plan"]) {
+		it := it.(map[string]any)
+		plan = append(plan, fmt.Sprintf("%v key=%v comp=%v", it["compensates_effect_id"], it["suggested_idempotency_key"],
+			it["compensation_effect_id"]))
+	}
+	for _, st := range want.plan {
+		comp := "<nil>"
+		if st.comp != nil {
+			comp = st.comp.id
+		}
+		wantPlan = append(wantPlan, fmt.Sprintf("%v key=compensate:%s comp=%s", st.id, st.id, comp))
+	}
+	sortedIDs := func(v any) []string {
+		var out []string
+		for _, s := range anyList(v) {
+			out = append(out, str(s))
+		}
+		slices.Sort(out)
+		return out
+	}
+	slices.Sort(want.irreversible)
+	slices.Sort(want.reversed)
+	var unresolved []string
+	for _, s := range anyList(got["unresolved"]) {
+		unresolved = append(unresolved, str(s))
+	}
+	if got["state"] != g.state || !slices.Equal(plan, wantPlan) || !slices.Equal(unresolved, nilIfEmpty(want.unresolved)) ||
+		!slices.Equal(sortedIDs(got["irreversible"]), nilIfEmpty(want.irreversible)) ||
+		!slices.Equal(sortedIDs(got["reversed"]), nilIfEmpty(want.reversed)) {
+		m.fail("unwind %s: state=%v plan=%v unresolved=%v irreversible=%v reversed=%v, "+
+			"model state=%s plan=%v unresolved=%v irreversible=%v reversed=%v\n%s", g.id, got["state"], plan, unresolved,
+			got["irreversible"], got["reversed"], g.state, wantPlan, want.unresolved, want.irreversible, want.reversed,
+			e.describe(g, now))
+	}
+}
+
+// describe writes the group's steps as the model holds them, for a failure.
+func (e *extRun) describe(g *mGroup, now time.Time) string {
+	var b strings.Builder
+	for _, st := range g.steps {
+		fmt.Fprintf(&b, "  step %s %s %s declares=%v succeeded_at=%s", st.id, st.name, st.effState(now), st.declares,
+			succeededAt(st).Format(time.RFC3339Nano))
+		for i, a := range st.atts {
+			fmt.Fprintf(&b, " [%d %q exp=%s]", i+1, a.outcome, a.exp.Format(time.TimeOnly))
+		}
+		if c := st.comp; c != nil {
+			fmt.Fprintf(&b, " comp %s %s attempt=%d", c.id, c.effState(now), c.attempt)
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
+}
+
+func anyList(v any) []any {
+	l, _ := v.([]any)
+	return l
+}
+
+func nilIfEmpty(s []string) []string {
+	if len(s) == 0 {
+		return nil
+	}
+	return s
+}
+
+func (e *extRun) readGroup(g *mGroup) {
+	m := e.m
+	e.settle(g)
+	r := m.env.Do("GET", "/api/v1/groups/"+g.id, m.agent, nil)
+	m.log("read group %s -> %d %v", g.id, r.Status, r.JSON()["state"])
+	if r.Status != http.StatusOK {
+		m.fail("read group %s: %d: %s", g.id, r.Status, r.Body)
+		return
+	}
+	e.checkGroup(g, r.JSON(), "read")
+}
+
+// checkGroup compares a group (a read, a commit's answer) with the model:
+// its state, and its steps, forward and compensating, in id order, with
+// their states.
+func (e *extRun) checkGroup(g *mGroup, got map[string]any, what string) {
+	m := e.m
+	now := m.now()
+	var want, steps []string
+	for _, st := range g.steps {
+		want = append(want, st.id+":"+st.effState(now))
+		if st.comp != nil {
+			want = append(want, st.comp.id+":"+st.comp.effState(now))
+		}
+	}
+	slices.Sort(want)
+	for _, s := range anyList(got["steps"]) {
+		s := s.(map[string]any)
+		steps = append(steps, str(s["effect_id"])+":"+str(s["state"]))
+	}
+	if got["state"] != g.state || !slices.Equal(steps, want) {
+		m.fail("%s of group %s: state=%v steps=%v, model state=%s steps=%v", what, g.id, got["state"], steps, g.state, want)
+	}
+}
