@@ -50,8 +50,10 @@ func TestGateModelExtended(t *testing.T) {
 var (
 	extSurgePolicy = mPolicy{typ: "mdl.surge", onIndeterminate: "retry", maxAttempts: 2, lease: 30 * time.Second,
 		budget: 400, surgePerHour: 3, surgeCooldown: 60}
-	extStepPolicy = mPolicy{typ: "mdl.step", onIndeterminate: "retry", maxAttempts: 2, lease: 30 * time.Second}
-	extCompPolicy = mPolicy{typ: "mdl.comp", onIndeterminate: "retry", maxAttempts: 2, lease: 30 * time.Second}
+	extStepPolicy = mPolicy{typ: "mdl.step", onIndeterminate: "retry", maxAttempts: 2, lease: 30 * time.Second,
+		approvalAbove: 300}
+	extCompPolicy = mPolicy{typ: "mdl.comp", onIndeterminate: "retry", maxAttempts: 2, lease: 30 * time.Second,
+		approvalAbove: 50}
 )
 
 // mGroup is the model's view of one effect group.
@@ -67,6 +69,7 @@ type mGroup struct {
 type mBreaker struct {
 	open     bool
 	by       string    // surge | manual
+	action   string    // deny, or monitor (an operator's only)
 	openedAt time.Time //
 	closesAt time.Time // a surge breaker's cooldown end
 	from     time.Time // the allowance's start (zero: none yet)
@@ -209,7 +212,7 @@ func (e *extRun) circuit(k *mKey, es string, now time.Time, a *mAnswer) string {
 	b := e.breakerAt(now)
 	arrival := !k.exists || k.state == "denied" && k.denial == "circuit_open" && k.attempt == 0
 	a.counted = arrival
-	if b.open {
+	if b.open && b.action == "deny" {
 		return "circuit_open"
 	}
 	if !arrival || e.surge.surgePerHour == 0 {
@@ -226,7 +229,9 @@ func (e *extRun) circuit(k *mKey, es string, now time.Time, a *mAnswer) string {
 		}
 	}
 	if volume > e.surge.surgePerHour {
-		a.trips = true
+		// Under an operator's weaker (monitor) breaker, left as set, the
+		// surge denies without a breaker of its own.
+		a.trips = !b.open
 		return "circuit_open"
 	}
 	return ""
@@ -245,7 +250,7 @@ func (e *extRun) applyBegin(k *mKey, want mAnswer, now time.Time) time.Time {
 	}
 	k.countedAt = at
 	if want.trips {
-		e.breaker = mBreaker{open: true, by: "surge", openedAt: at, from: e.breaker.from,
+		e.breaker = mBreaker{open: true, by: "surge", action: "deny", openedAt: at, from: e.breaker.from,
 			closesAt: at.Add(time.Duration(e.surge.surgeCooldown) * time.Second)}
 	}
 	return at
@@ -257,21 +262,24 @@ func (e *extRun) breakerOp() {
 	b := e.breakerAt(now)
 	verb := []string{"open", "close", "close"}[m.rng.IntN(3)]
 	body := map[string]any{}
+	action := []string{"deny", "monitor"}[m.rng.IntN(2)]
 	if verb == "open" {
-		body = map[string]any{"action": "deny", "reason": "model"}
+		body = map[string]any{"action": action, "reason": "model"}
+		verb += " " + action
 	}
-	r := m.env.Do("POST", "/api/v1/circuits/"+e.surge.typ+"/"+verb, m.ws.Key, body)
+	path, _, _ := strings.Cut(verb, " ")
+	r := m.env.Do("POST", "/api/v1/circuits/"+e.surge.typ+"/"+path, m.ws.Key, body)
 	m.log("%s breaker -> %d %s", verb, r.Status, r.ErrorCode())
 	if r.Status != http.StatusOK {
 		m.fail("%s breaker: %d: %s", verb, r.Status, r.Body)
 		return
 	}
 	switch {
-	case verb == "open":
+	case path == "open":
 		if !b.open {
 			b.openedAt = now
 		}
-		b.open, b.by, b.closesAt = true, "manual", time.Time{}
+		b.open, b.by, b.action, b.closesAt = true, "manual", action, time.Time{}
 	case b.open:
 		b.open, b.from = false, now
 	}
@@ -309,7 +317,7 @@ func (e *extRun) checkCircuit(c map[string]any, what string, volume bool) {
 		if b.by == "surge" {
 			closes = b.closesAt.UTC().Format(time.RFC3339Nano)
 		}
-		want = map[string]any{"state": "open", "opened_by": b.by, "action": "deny", "closes_at": closes,
+		want = map[string]any{"state": "open", "opened_by": b.by, "action": b.action, "closes_at": closes,
 			"opened_at": b.openedAt.UTC().Format(time.RFC3339Nano)}
 		got = map[string]any{"state": c["state"], "opened_by": c["opened_by"], "action": c["action"],
 			"closes_at": normTime(c["closes_at"]), "opened_at": normTime(c["opened_at"])}
@@ -340,6 +348,33 @@ func normTime(v any) any {
 		return s
 	}
 	return t.UTC().Format(time.RFC3339Nano)
+}
+
+// checkCircuitDenial compares a circuit_open denial's detail with the
+// breaker that denied (README): its opener, when it opened and when it
+// closes; a surge over its ceiling under an operator's weaker breaker
+// names the surge alone.
+func (e *extRun) checkCircuitDenial(k *mKey, detail map[string]any) {
+	if e == nil {
+		return
+	}
+	b := e.breakerAt(e.m.now())
+	want := map[string]any{"opened_by": "surge"}
+	if b.open && b.action == "deny" {
+		closes := any(nil)
+		if b.by == "surge" {
+			closes = b.closesAt.UTC().Format(time.RFC3339Nano)
+		}
+		want = map[string]any{"opened_by": b.by, "opened_at": b.openedAt.UTC().Format(time.RFC3339Nano),
+			"closes_at": closes}
+	}
+	got := map[string]any{}
+	for f, v := range detail {
+		got[f] = normTime(v)
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		e.m.fail("begin %s: circuit_open detail %v, model %v", k.name, got, want)
+	}
 }
 
 // --- groups -----------------------------------------------------------------
@@ -373,7 +408,9 @@ func (e *extRun) beginStep() {
 		e.reportNow(k)
 		return
 	}
-	k := &mKey{spec: mKeySpec{pol: e.stepPol, cost: 100}, name: e.name("g"), group: g, declares: m.rng.IntN(4) != 0}
+	// A step's cost is fixed by its key: some at the approval threshold.
+	k := &mKey{spec: mKeySpec{pol: e.stepPol, cost: []int64{100, 100, 100, 300}[m.rng.IntN(4)]}, name: e.name("g"),
+		group: g, declares: m.rng.IntN(4) != 0}
 	m.beginWith(k, m.beginOptions(k, false))
 	if k.exists {
 		g.steps, m.keys = append(g.steps, k), append(m.keys, k)
@@ -406,7 +443,8 @@ func (e *extRun) compensate() {
 		e.reportNow(st.comp)
 		return
 	}
-	k := &mKey{spec: mKeySpec{pol: e.cmp, cost: 50}, name: "compensate:" + st.id, group: st.group, compOf: st}
+	k := &mKey{spec: mKeySpec{pol: e.cmp, cost: []int64{10, 10, 50}[m.rng.IntN(3)]}, name: "compensate:" + st.id,
+		group: st.group, compOf: st}
 	m.beginWith(k, m.beginOptions(k, false))
 	if k.exists {
 		st.comp, m.keys = k, append(m.keys, k)
@@ -470,6 +508,19 @@ func (e *extRun) admitAttempt(k *mKey) (mAnswer, bool) {
 		return mAnswer{}, false
 	}
 	return forwardRefusal(k.group)
+}
+
+// rolledBack says k's pending approval can no longer be given: it is a
+// forward step of a group whose unwind began, or a compensation of one
+// whose rollback ended (README "Approvals").
+func (e *extRun) rolledBack(k *mKey) bool {
+	switch {
+	case e == nil || k.group == nil:
+		return false
+	case k.compOf != nil:
+		return groupEnded(k.group.state)
+	}
+	return k.group.state == "unwinding" || groupEnded(k.group.state)
 }
 
 // admitGrant is a group's refusal of a compensation's grant once the

@@ -496,6 +496,9 @@ func (m *modelRun) beginWith(k *mKey, o mBegin) {
 			k.atts[prior-1].exp)
 		return
 	}
+	if want.code == "circuit_open" && body.Error != nil {
+		defer m.ext.checkCircuitDenial(k, body.Error.Detail) // with the breaker the begin tripped
+	}
 	if want.code == "max_attempts_exceeded" && (body.Error == nil || body.Error.Detail["attempts"] != float64(k.attempt)) {
 		m.fail("begin %s: max_attempts_exceeded without detail.attempts %d: %s", k.name, k.attempt, r.Body)
 		return
@@ -558,6 +561,9 @@ func (m *modelRun) predictBegin(k *mKey, o mBegin, now time.Time) mAnswer {
 			a.retry = int(math.Ceil(live.exp.Sub(now).Seconds()))
 			return a
 		case "awaiting_approval":
+			if refusal, refused := m.ext.admitAttempt(k); refused && k.approval == "pending" {
+				return refusal // its approval can no longer be given
+			}
 			if k.approval == "pending" {
 				a.decision, a.approval = "approval_required", k.approvalID
 				return a
@@ -980,8 +986,11 @@ func (m *modelRun) decide(k *mKey, verb string) {
 	}
 	want := map[string]string{"approve": "approved", "reject": "rejected"}[verb]
 	status, code := http.StatusOK, ""
-	if k.approval != "pending" && k.approval != want {
+	switch {
+	case k.approval != "pending" && k.approval != want:
 		status, code = http.StatusConflict, "invalid_state"
+	case k.approval == "pending" && want == "approved" && m.ext.rolledBack(k):
+		status, code = http.StatusConflict, "group_unwinding"
 	}
 	r := m.env.Do("POST", "/api/v1/approvals/"+k.approvalID+"/"+verb, m.ws.Key, map[string]any{"note": "model"})
 	m.log("%s %s's approval -> %d %s", verb, k.name, r.Status, r.ErrorCode())
@@ -995,6 +1004,9 @@ func (m *modelRun) decide(k *mKey, verb string) {
 	if got := str(r.JSON()["state"]); got != want {
 		m.fail("%s %s: approval reads %s", verb, k.name, got)
 		return
+	}
+	if want == "rejected" {
+		defer m.ext.afterStep(k) // a rejection may end the key's group's rollback
 	}
 	if k.approval == "pending" {
 		k.approval = want
