@@ -49,7 +49,7 @@ func TestGateModelExtended(t *testing.T) {
 
 var (
 	extSurgePolicy = mPolicy{typ: "mdl.surge", onIndeterminate: "retry", maxAttempts: 2, lease: 30 * time.Second,
-		budget: 400, surgePerHour: 3, surgeCooldown: 60}
+		budget: 400, surgePerHour: 3, surgeAction: "deny", surgeCooldown: 60}
 	extStepPolicy = mPolicy{typ: "mdl.step", onIndeterminate: "retry", maxAttempts: 2, lease: 30 * time.Second,
 		approvalAbove: 300}
 	extCompPolicy = mPolicy{typ: "mdl.comp", onIndeterminate: "retry", maxAttempts: 2, lease: 30 * time.Second,
@@ -69,7 +69,7 @@ type mGroup struct {
 type mBreaker struct {
 	open     bool
 	by       string    // surge | manual
-	action   string    // deny, or monitor (an operator's only)
+	action   string    // deny or monitor
 	openedAt time.Time //
 	closesAt time.Time // a surge breaker's cooldown end
 	from     time.Time // the allowance's start (zero: none yet)
@@ -106,8 +106,10 @@ func (e *extRun) step(m *modelRun) {
 		m.step()
 	case r < 50:
 		e.burst()
-	case r < 53:
+	case r < 52:
 		e.breakerOp()
+	case r < 53:
+		e.surgePolicy()
 	case r < 55:
 		e.readCircuits()
 	case r < 59:
@@ -215,8 +217,8 @@ func (e *extRun) circuit(k *mKey, es string, now time.Time, a *mAnswer) string {
 	if b.open && b.action == "deny" {
 		return "circuit_open"
 	}
-	if !arrival || e.surge.surgePerHour == 0 {
-		return ""
+	if !arrival || e.surge.surgePerHour == 0 || b.open && actionRank(b.action) >= actionRank(e.surge.surgeAction) {
+		return "" // no surge counted: none, or a breaker at least as strict holds the type
 	}
 	start := now.Add(-time.Hour)
 	if b.from.After(start) {
@@ -229,12 +231,52 @@ func (e *extRun) circuit(k *mKey, es string, now time.Time, a *mAnswer) string {
 		}
 	}
 	if volume > e.surge.surgePerHour {
-		// Under an operator's weaker (monitor) breaker, left as set, the
-		// surge denies without a breaker of its own.
-		a.trips = !b.open
-		return "circuit_open"
+		// It opens the breaker, or raises the surge's weaker one; an
+		// operator's weaker breaker is left as set (the surge then denies
+		// without a breaker of its own). Its action holds the begin:
+		// monitor changes no decision.
+		a.trips = !b.open || b.by == "surge"
+		if e.surge.surgeAction == "deny" {
+			return "circuit_open"
+		}
 	}
 	return ""
+}
+
+func actionRank(action string) int {
+	return slices.Index([]string{"monitor", "require_approval", "deny"}, action)
+}
+
+// surgePolicy changes the surge type's surge_per_hour (or turns it off)
+// and surge_action (README: turning the surge off closes the surge's
+// breaker at once, a higher ceiling leaves it to its cooldown; a new
+// action is given to the surge's open breaker at once, its cooldown
+// unchanged).
+func (e *extRun) surgePolicy() {
+	m := e.m
+	p := e.surge
+	per := []int{3, 3, 5, 0}[m.rng.IntN(4)]
+	action := []string{"deny", "deny", "monitor"}[m.rng.IntN(3)]
+	body := map[string]any{"surge_per_hour": nil, "surge_action": action}
+	if per > 0 {
+		body["surge_per_hour"] = per
+	}
+	r := m.env.Do("PUT", "/api/v1/policies/"+p.typ, m.ws.Key, body)
+	m.log("policy %s surge_per_hour=%d surge_action=%s -> %d", p.typ, per, action, r.Status)
+	if r.Status != http.StatusOK {
+		m.fail("policy %s: %d: %s", p.typ, r.Status, r.Body)
+		return
+	}
+	now := m.now()
+	b := e.breakerAt(now)
+	switch {
+	case !b.open || b.by != "surge":
+	case per == 0 && p.surgePerHour > 0:
+		b.open, b.from = false, now
+	case action != p.surgeAction:
+		b.action = action
+	}
+	p.surgePerHour, p.surgeAction = per, action
 }
 
 // applyBegin records a begin the surge counts and its trip, and answers
@@ -249,8 +291,12 @@ func (e *extRun) applyBegin(k *mKey, want mAnswer, now time.Time) time.Time {
 		k.createdAt = at
 	}
 	k.countedAt = at
-	if want.trips {
-		e.breaker = mBreaker{open: true, by: "surge", action: "deny", openedAt: at, from: e.breaker.from,
+	switch b := &e.breaker; {
+	case !want.trips:
+	case b.open: // the surge's own, weaker: raised
+		b.action = e.surge.surgeAction
+	default:
+		*b = mBreaker{open: true, by: "surge", action: e.surge.surgeAction, openedAt: at, from: b.from,
 			closesAt: at.Add(time.Duration(e.surge.surgeCooldown) * time.Second)}
 	}
 	return at
@@ -329,7 +375,10 @@ func (e *extRun) checkCircuit(c map[string]any, what string, volume bool) {
 				n++
 			}
 		}
-		want["volume_last_hour"], want["threshold"] = float64(n), float64(e.surge.surgePerHour)
+		want["volume_last_hour"], want["threshold"] = float64(n), any(nil)
+		if e.surge.surgePerHour > 0 {
+			want["threshold"] = float64(e.surge.surgePerHour)
+		}
 		got["volume_last_hour"], got["threshold"] = c["volume_last_hour"], c["threshold"]
 	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
@@ -404,7 +453,16 @@ func (e *extRun) beginStep() {
 	g := e.pickGroup()
 	if len(g.steps) > 0 && (len(g.steps) >= 4 || m.rng.IntN(3) == 0) {
 		k := g.steps[m.rng.IntN(len(g.steps))]
-		m.beginWith(k, m.beginOptions(k, m.rng.IntN(12) == 0))
+		o := m.beginOptions(k, m.rng.IntN(12) == 0)
+		switch m.rng.IntN(8) {
+		case 0: // without group_id: the key's own group still decides
+			o.group = "-"
+		case 1: // naming another group
+			if other := e.groups[m.rng.IntN(len(e.groups))]; other != g {
+				o.group = other.id
+			}
+		}
+		m.beginWith(k, o)
 		e.reportNow(k)
 		return
 	}
@@ -454,15 +512,23 @@ func (e *extRun) compensate() {
 
 func compensationPayload(step *mKey) map[string]any { return map[string]any{"undo": step.name} }
 
-func (e *extRun) beginBody(k *mKey, body map[string]any) {
+func (e *extRun) beginBody(k *mKey, o mBegin, body map[string]any) {
 	switch {
 	case e == nil:
 	case k.compOf != nil:
 		body["payload"] = compensationPayload(k.compOf)
 		body["compensates_effect_id"] = k.compOf.id
 	case k.group != nil:
-		body["group_id"] = k.group.id
-		if k.declares {
+		switch o.group {
+		case "":
+			body["group_id"] = k.group.id
+		case "-":
+		default:
+			body["group_id"] = o.group
+		}
+		// Declared again (a step keeps the one it was first begun with),
+		// but not without group_id, where a compensation is refused (400).
+		if k.declares && o.group != "-" {
 			body["compensation"] = map[string]any{"effect_type": e.cmp.typ, "payload": compensationPayload(k)}
 		}
 	}
@@ -485,9 +551,15 @@ func forwardRefusal(g *mGroup) (mAnswer, bool) {
 // forward step of a group that is not open; a new compensation of a step
 // that declared none, of a group whose rollback has not begun or has ended,
 // of a step that did not succeed, or of one the rollback has not reached.
-func (e *extRun) admit(k *mKey, now time.Time) (mAnswer, bool) {
+func (e *extRun) admit(k *mKey, o mBegin, now time.Time) (mAnswer, bool) {
 	switch {
-	case e == nil || k.exists || k.group == nil:
+	case e == nil || k.group == nil:
+		return mAnswer{}, false
+	case k.exists && o.group != "" && o.group != "-":
+		// A step's key begun naming another group (README: answered only
+		// as a step of its own group).
+		return mAnswer{status: http.StatusConflict, code: "idempotency_key_reuse"}, true
+	case k.exists:
 		return mAnswer{}, false
 	case k.compOf == nil:
 		return forwardRefusal(k.group)

@@ -88,11 +88,12 @@ type mPolicy struct {
 	onIndeterminate string
 	maxAttempts     int
 	lease           time.Duration
-	maxCost         int64 // 0: none
-	approvalAbove   int64 // 0: none
-	budget          int64 // 0: none
-	surgePerHour    int   // 0: none; the action is deny
-	surgeCooldown   int   // seconds
+	maxCost         int64  // 0: none
+	approvalAbove   int64  // 0: none
+	budget          int64  // 0: none
+	surgePerHour    int    // 0: none
+	surgeAction     string // deny or monitor
+	surgeCooldown   int    // seconds
 }
 
 func (p *mPolicy) body() map[string]any {
@@ -108,7 +109,7 @@ func (p *mPolicy) body() map[string]any {
 		b["daily_budget_micros"] = p.budget
 	}
 	if p.surgePerHour > 0 {
-		b["surge_per_hour"], b["surge_action"], b["surge_cooldown_seconds"] = p.surgePerHour, "deny", p.surgeCooldown
+		b["surge_per_hour"], b["surge_action"], b["surge_cooldown_seconds"] = p.surgePerHour, p.surgeAction, p.surgeCooldown
 	}
 	return b
 }
@@ -365,6 +366,9 @@ type mBegin struct {
 	other   bool
 	request string
 	lease   int // seconds, 0 for none
+	// A group step's begin (model_ext_test.go): another group's id than
+	// the step's, or "-" for none.
+	group string
 }
 
 func (m *modelRun) beginOptions(k *mKey, other bool) mBegin {
@@ -400,7 +404,7 @@ func (m *modelRun) beginBody(k *mKey, o mBegin) map[string]any {
 	if o.lease > 0 {
 		body["lease_seconds"] = o.lease
 	}
-	m.ext.beginBody(k, body)
+	m.ext.beginBody(k, o, body)
 	return body
 }
 
@@ -536,7 +540,7 @@ func (m *modelRun) beginWith(k *mKey, o mBegin) {
 
 // predictBegin is API.md §2.1's decision for the key as the model holds it.
 func (m *modelRun) predictBegin(k *mKey, o mBegin, now time.Time) mAnswer {
-	if a, refused := m.ext.admit(k, now); refused {
+	if a, refused := m.ext.admit(k, o, now); refused {
 		return a // a group's refusal: before anything else
 	}
 	if k.exists && o.other {
