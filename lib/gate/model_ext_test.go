@@ -58,7 +58,8 @@ var (
 
 // mGroup is the model's view of one effect group.
 type mGroup struct {
-	id        string
+	id, name  string
+	key       string // the idempotency key it was created under, if any
 	state     string
 	committed bool    // committed_at is set
 	steps     []*mKey // its forward steps, as begun
@@ -435,15 +436,51 @@ func (e *extRun) pickGroup() *mGroup {
 	return e.groups[e.m.rng.IntN(len(e.groups))]
 }
 
+// createGroup creates a group, under an idempotency key or none; or sends
+// a keyed create again (README: a retry whose answer was lost gets the
+// group the key opened, with its steps; the key with another name is
+// idempotency_key_reuse).
 func (e *extRun) createGroup() {
 	m := e.m
-	r := m.env.Do("POST", "/api/v1/groups", m.agent, map[string]any{"name": e.name("grp")})
+	var keyed []*mGroup
+	for _, g := range e.groups {
+		if g.key != "" {
+			keyed = append(keyed, g)
+		}
+	}
+	if len(keyed) > 0 && m.rng.IntN(4) == 0 {
+		g := keyed[m.rng.IntN(len(keyed))]
+		name, status, code := g.name, http.StatusOK, ""
+		if m.rng.IntN(3) == 0 {
+			name, status, code = g.name+"-other", http.StatusConflict, "idempotency_key_reuse"
+		}
+		e.settle(g)
+		r := m.env.Do("POST", "/api/v1/groups", m.agent, map[string]any{"name": name, "idempotency_key": g.key})
+		m.log("create group again (%s) -> %d %s state=%v", g.id, r.Status, r.ErrorCode(), r.JSON()["state"])
+		switch {
+		case r.Status != status || r.ErrorCode() != code:
+			m.fail("create group %s again: %d %q, model %d %q: %s", g.id, r.Status, r.ErrorCode(), status, code, r.Body)
+		case status == http.StatusOK && (r.JSON()["id"] != g.id || r.JSON()["deduplicated"] != true):
+			m.fail("create group %s again: %s", g.id, r.Body)
+		case status == http.StatusOK:
+			e.checkGroup(g, r.JSON(), "a create sent again")
+		}
+		return
+	}
+	g := &mGroup{name: e.name("grp"), state: "open"}
+	body := map[string]any{"name": g.name}
+	if m.rng.IntN(2) == 0 {
+		g.key = "work:" + g.name
+		body["idempotency_key"] = g.key
+	}
+	r := m.env.Do("POST", "/api/v1/groups", m.agent, body)
 	m.log("create group -> %d state=%v id=%v", r.Status, r.JSON()["state"], r.JSON()["id"])
 	if r.Status != http.StatusCreated || r.JSON()["state"] != "open" {
 		m.fail("create group: %d: %s", r.Status, r.Body)
 		return
 	}
-	e.groups = append(e.groups, &mGroup{id: str(r.JSON()["id"]), state: "open"})
+	g.id = str(r.JSON()["id"])
+	e.groups = append(e.groups, g)
 }
 
 // beginStep begins a new forward step of a group (declaring a compensation
@@ -496,14 +533,18 @@ func (e *extRun) compensate() {
 		return
 	}
 	st := steps[m.rng.IntN(len(steps))]
-	if st.comp != nil {
-		m.beginWith(st.comp, m.beginOptions(st.comp, false))
+	if st.comp != nil && m.rng.IntN(6) != 0 {
+		m.beginWith(st.comp, m.beginOptions(st.comp, m.rng.IntN(12) == 0))
 		e.reportNow(st.comp)
 		return
 	}
-	k := &mKey{spec: mKeySpec{pol: e.cmp, cost: []int64{10, 10, 50}[m.rng.IntN(3)]}, name: "compensate:" + st.id,
+	name := "compensate:" + st.id
+	if st.comp != nil {
+		name += ":" + e.name("again") // a second compensation of the step
+	}
+	k := &mKey{spec: mKeySpec{pol: e.cmp, cost: []int64{10, 10, 50}[m.rng.IntN(3)]}, name: name,
 		group: st.group, compOf: st}
-	m.beginWith(k, m.beginOptions(k, false))
+	m.beginWith(k, m.beginOptions(k, m.rng.IntN(8) == 0)) // sometimes not the declared compensation
 	if k.exists {
 		st.comp, m.keys = k, append(m.keys, k)
 		e.reportNow(k)
@@ -517,6 +558,9 @@ func (e *extRun) beginBody(k *mKey, o mBegin, body map[string]any) {
 	case e == nil:
 	case k.compOf != nil:
 		body["payload"] = compensationPayload(k.compOf)
+		if o.other {
+			body["payload"] = map[string]any{"undo": k.compOf.name, "v": 1}
+		}
 		body["compensates_effect_id"] = k.compOf.id
 	case k.group != nil:
 		switch o.group {
@@ -566,9 +610,17 @@ func (e *extRun) admit(k *mKey, o mBegin, now time.Time) (mAnswer, bool) {
 	}
 	st, g := k.compOf, k.group
 	refused := mAnswer{status: http.StatusConflict, code: "invalid_state"}
-	if !st.declares || g.state != "unwinding" || st.effState(now) != "succeeded" ||
-		slices.Contains(e.rollback(g, now).held, st) {
+	switch {
+	case !st.declares || g.state != "unwinding" || st.effState(now) != "succeeded" ||
+		slices.Contains(e.rollback(g, now).held, st):
 		return refused, true
+	case st.comp != nil && st.comp != k:
+		// A second compensation of the step, under another key: one
+		// compensating effect a step (README).
+		return refused, true
+	case o.other:
+		// Not the compensation the step declared.
+		return mAnswer{status: http.StatusBadRequest, code: "invalid_request"}, true
 	}
 	return mAnswer{}, false
 }
@@ -800,13 +852,13 @@ func (e *extRun) unwind(g *mGroup) {
 	var plan, wantPlan []string
 	for _, it := range anyList(got["plan"]) {
 		it := it.(map[string]any)
-		plan = append(plan, fmt.Sprintf("%v key=%v comp=%v", it["compensates_effect_id"], it["suggested_idempotency_key"],
-			it["compensation_effect_id"]))
+		plan = append(plan, fmt.Sprintf("%v key=%v comp=%v %v", it["compensates_effect_id"], it["suggested_idempotency_key"],
+			it["compensation_effect_id"], it["compensation_state"]))
 	}
 	for _, st := range want.plan {
-		comp := "<nil>"
+		comp := "<nil> <nil>"
 		if st.comp != nil {
-			comp = st.comp.id
+			comp = st.comp.id + " " + st.comp.effState(now)
 		}
 		wantPlan = append(wantPlan, fmt.Sprintf("%v key=compensate:%s comp=%s", st.id, st.id, comp))
 	}

@@ -428,9 +428,6 @@ type mAnswer struct {
 func (m *modelRun) begin(k *mKey, otherPayload bool) { m.beginWith(k, mBegin{other: otherPayload}) }
 
 func (m *modelRun) beginWith(k *mKey, o mBegin) {
-	if k.compOf != nil {
-		o.other = false // a compensation's payload is the one its step declared
-	}
 	otherPayload := o.other
 	now := m.now()
 	want := m.predictBegin(k, o, now)
@@ -664,6 +661,9 @@ func (m *modelRun) applyBegin(k *mKey, o mBegin, want mAnswer, id, token, approv
 			return
 		}
 		charged := !free
+		if want.probe && charged && slices.ContainsFunc(k.atts, func(a *mAttempt) bool { return a.outcome == "" && a.charged }) {
+			m.seen["probe charged again on a later day"]++
+		}
 		k.attempt = want.attempt
 		k.denial = ""
 		k.atts = append(k.atts, &mAttempt{token: token, exp: *exp, probe: want.probe, charged: charged,
@@ -807,6 +807,9 @@ func (m *modelRun) applyReport(k *mKey, i int, outcome, result string) {
 
 func (m *modelRun) release(k *mKey, a *mAttempt) {
 	if a.charged {
+		if a.day != m.now().UTC().Format(time.DateOnly) {
+			m.seen["release of an earlier day's charge"]++
+		}
 		a.charged = false
 		m.spent[k.spec.pol.typ+" "+a.day] -= k.spec.cost
 	}
