@@ -113,8 +113,10 @@ func (e *extRun) step(m *modelRun) {
 		e.surgePolicy()
 	case r < 55:
 		e.readCircuits()
-	case r < 59:
+	case r < 58:
 		e.clockJump()
+	case r < 59:
+		e.budgetOp()
 	case r < 62:
 		e.createGroup()
 	case r < 74:
@@ -163,6 +165,62 @@ func (e *extRun) clockJump() {
 	}
 	m.clock.Add(d)
 	m.log("clock +%s (to %s)", d, m.now().UTC().Format(time.RFC3339))
+}
+
+// budgetOp clears a type's daily budget, changes it, or sets it anew
+// (README "Risk controls and circuits": a ceiling set during the day, set
+// anew or again after being cleared, bounds the whole day: the PUT charges
+// every attempt of the type granted that UTC day and not known to have
+// failed, a probe and the unknown attempt before it once).
+func (e *extRun) budgetOp() {
+	m := e.m
+	var typed []*mPolicy
+	for _, p := range m.pols {
+		if p != e.stepPol && p != e.cmp {
+			typed = append(typed, p)
+		}
+	}
+	p := typed[m.rng.IntN(len(typed))]
+	budget := []int64{0, 300, 600, 1000}[m.rng.IntN(4)]
+	body := map[string]any{"daily_budget_micros": nil}
+	if budget > 0 {
+		body["daily_budget_micros"] = budget
+	}
+	r := m.env.Do("PUT", "/api/v1/policies/"+p.typ, m.ws.Key, body)
+	m.log("policy %s daily_budget_micros=%d -> %d", p.typ, budget, r.Status)
+	if r.Status != http.StatusOK {
+		m.fail("policy %s: %d: %s", p.typ, r.Status, r.Body)
+		return
+	}
+	anew := p.budget == 0 && budget > 0
+	p.budget = budget
+	if !anew {
+		return
+	}
+	now := m.now()
+	today := now.UTC().Format(time.DateOnly)
+	var spent int64
+	for _, k := range m.keys {
+		if k.spec.pol != p {
+			continue
+		}
+		for _, a := range k.atts {
+			if a.day != today {
+				continue
+			}
+			a.charged = a.outcome != "failed"
+			if a.probe && a.prior > 0 {
+				if u := k.atts[a.prior-1]; u.day == today && u.outcome != "failed" {
+					a.charged = false // counted by the attempt it probed
+				}
+			}
+			if a.charged {
+				spent += k.spec.cost
+			}
+		}
+	}
+	m.spent[spendKey(p.typ, now)] = spent
+	m.seen["budget set anew"]++
 }
 
 // --- the surge breaker ------------------------------------------------------

@@ -660,7 +660,7 @@ func (m *modelRun) applyBegin(k *mKey, o mBegin, want mAnswer, id, token, approv
 			m.fail("begin %s: lease_expires_at %v, model %v", k.name, exp, now.Add(lease))
 			return
 		}
-		charged := !free
+		charged := !free && k.spec.pol.budget > 0 // a type with no ceiling charges nothing
 		if want.probe && charged && slices.ContainsFunc(k.atts, func(a *mAttempt) bool { return a.outcome == "" && a.charged }) {
 			m.seen["probe charged again on a later day"]++
 		}
