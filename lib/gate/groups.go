@@ -694,7 +694,11 @@ type groupStep struct {
 	compensates          *string
 	createdAt, updatedAt time.Time
 	succeededAt          *time.Time
-	spent                bool // failed with every attempt its policy allows used
+	// unknownUntil is, for an indeterminate step, the end of the lease of
+	// its latest attempt of unknown outcome: the latest it could have acted
+	// (a retry after it reported failed did not act).
+	unknownUntil *time.Time
+	spent        bool // failed with every attempt its policy allows used
 }
 
 // hasCompensation says whether the step declared a compensation.
@@ -717,7 +721,8 @@ func groupSteps(ctx context.Context, q db.Querier, groupID string) ([]groupStep,
 	for rows.Next() {
 		var st groupStep
 		if err := rows.Scan(&st.id, &st.effectType, &st.key, &st.state, &st.denialCode, &st.leaseExpiresAt,
-			&st.compensationBytes, &st.compensates, &st.createdAt, &st.updatedAt, &st.succeededAt, &st.spent); err != nil {
+			&st.compensationBytes, &st.compensates, &st.createdAt, &st.updatedAt, &st.succeededAt, &st.unknownUntil,
+			&st.spent); err != nil {
 			return nil, fmt.Errorf("group steps: %w", err)
 		}
 		out = append(out, st)
@@ -779,7 +784,10 @@ func finalDenial(st *groupStep) bool {
 
 // planRollback walks the forward steps in reverse order of success. A step
 // whose outcome is unknown sits where it could have succeeded at the latest
-// (its lease's end: a live lease is later than every known success), and
+// (its lease's end: a live lease is later than every known success; for an
+// indeterminate one, the lease of its latest attempt of unknown outcome,
+// not that of a retry after it reported failed, which did not act: where
+// it sits once resolved succeeded, sqlGroupSteps), and
 // the plan stops there: what succeeded before it is not compensated until it
 // is known. A compensation whose own outcome is unknown stays in the plan
 // (retrying its suggested key is safe) but nothing after it is offered.
@@ -826,7 +834,10 @@ func planRollback(steps []groupStep, now time.Time, ended bool) rollback {
 			walk = append(walk, e)
 		case StateLeased, StateIndeterminate:
 			at := st.updatedAt
-			if st.leaseExpiresAt != nil {
+			switch {
+			case st.state == StateIndeterminate && st.unknownUntil != nil:
+				at = *st.unknownUntil
+			case st.leaseExpiresAt != nil:
 				at = *st.leaseExpiresAt
 			}
 			walk = append(walk, planEntry{step: st, at: at, maybe: true})

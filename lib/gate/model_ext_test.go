@@ -778,7 +778,9 @@ func (e *extRun) rollback(g *mGroup, now time.Time) mRollback {
 			}
 			walk = append(walk, en)
 		case "leased", "indeterminate":
-			walk = append(walk, entry{st: st, at: st.atts[len(st.atts)-1].exp, maybe: true})
+			// Where it could have succeeded at the latest: its latest
+			// unknown attempt's lease end (not a failed retry's after it).
+			walk = append(walk, entry{st: st, at: st.atts[st.latestUnknown()-1].exp, maybe: true})
 		}
 	}
 	sort.SliceStable(walk, func(i, j int) bool {

@@ -723,6 +723,11 @@ const sqlCompensationOf = `SELECT id, idempotency_key FROM effects WHERE compens
 // also where the step sat in the order while its outcome was unknown. (Not
 // the current attempt's: a retry reported failed after an unknown attempt
 // that is then resolved succeeded did not succeed when it was reported.)
+// So, for an indeterminate effect, the next column is the end of the lease
+// of its latest attempt of unknown outcome (recorded indeterminate, or
+// lapsed unrecorded), where it sits until then (model QA: it sat at the
+// failed retry's lease end, after steps that succeeded once the unknown
+// attempt could no longer act, holding their compensations back).
 // $1 group id.
 //
 // The last column says a failed effect used every attempt its type's policy
@@ -732,6 +737,9 @@ const sqlGroupSteps = `SELECT e.id, e.effect_type, e.idempotency_key, e.state, e
     coalesce(octet_length(e.compensation), 0), e.compensates_effect_id, e.created_at, e.updated_at,
     (SELECT max(coalesce(a.reported_at, a.lease_expires_at)) FROM effect_attempts a
       WHERE a.effect_id = e.id AND a.outcome = 'succeeded' AND e.state = 'succeeded'),
+    CASE WHEN e.state = 'indeterminate' THEN (SELECT a.lease_expires_at FROM effect_attempts a
+      WHERE a.effect_id = e.id AND (a.outcome IS NULL OR a.outcome = 'indeterminate')
+      ORDER BY a.attempt DESC LIMIT 1) END,
     e.state = 'failed' AND e.attempt >= coalesce((SELECT p.max_attempts FROM gate_policies p
       WHERE p.workspace_id = e.workspace_id AND p.effect_type = e.effect_type), 5)
 FROM effects e WHERE e.group_id = $1 ORDER BY e.id`

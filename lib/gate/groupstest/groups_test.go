@@ -577,6 +577,42 @@ func TestUnwindStopsAtUnknownOutcomeAfterARefusedRetry(t *testing.T) {
 	require.Equal(t, []string{maybe, a}, planIDs(f.unwind(g)))
 }
 
+// An unknown step sits in the rollback's order where it could have
+// succeeded at the latest: the end of its unknown attempt's lease, not of a
+// retry after it that was reported failed (it did not act), which is where
+// it sits once it is resolved succeeded (README "Effect groups and
+// reconciliation"). Found by TestGateModelExtended: placed at the failed
+// retry's lease end, the step came after one that succeeded once its
+// unknown attempt's lease had ended, so the plan stopped before that one
+// and its compensation was refused, and the step moved behind it when it
+// was resolved.
+func TestAnUnknownStepSitsAtItsUnknownAttemptsLeaseEnd(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	f.must(http.StatusOK, "PUT", "/api/v1/policies/payment.charge", map[string]any{"on_indeterminate": "retry",
+		"lease_seconds": 30})
+	g := f.group()
+	body := map[string]any{"effect_type": "payment.charge", "idempotency_key": "charge:" + ids.Random(6),
+		"payload": map[string]any{"order": "maybe"}, "cost_micros": 1000, "group_id": g,
+		"compensation": map[string]any{"effect_type": "payment.refund", "payload": map[string]any{"refund_of": "charge"}}}
+	maybe := f.must(http.StatusOK, "POST", "/api/v1/effects/begin", body)["effect_id"].(string)
+	f.clock.Add(31 * time.Second) // attempt 1's lease ended unreported
+	retry := f.must(http.StatusOK, "POST", "/api/v1/effects/begin", body)
+	require.Equal(t, "execute", retry["decision"])
+	require.Equal(t, "indeterminate", f.report(maybe, retry["lease_token"].(string), "failed")["state"])
+	c := f.done(g, true) // succeeded after attempt 1's lease ended, within the retry's
+
+	u := f.unwind(g)
+	require.Equal(t, []string{c}, planIDs(u), "c succeeded after the unknown attempt could have acted")
+	require.Equal(t, []string{maybe}, strs(u["unresolved"]))
+	f.compensate(u["plan"].([]any)[0].(map[string]any), "succeeded")
+
+	f.must(http.StatusOK, "POST", "/api/v1/effects/"+maybe+"/resolve", map[string]any{"outcome": "succeeded"})
+	u = f.unwind(g)
+	require.Equal(t, []string{maybe}, planIDs(u))
+	require.Equal(t, []string{c}, strs(u["reversed"]))
+}
+
 // A group is its creating key's unit of work: a key that can only ask and
 // report (AGENT) cannot read, join, commit or unwind another key's group,
 // whose steps and unwind plan (compensation payloads included) are effects
