@@ -40,11 +40,7 @@ import (
 // MODEL_SEED, MODEL_SEEDS and MODEL_OPS work as there. Not parallel, for
 // the same reason (a sweep acts on every workspace).
 func TestGateModelExtended(t *testing.T) {
-	for _, seed := range modelSeeds(t, 6) {
-		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
-			runModel(t, "TestGateModelExtended", seed, modelEnvInt(t, "MODEL_OPS", 150), &extRun{})
-		})
-	}
+	runModels(t, "TestGateModelExtended", 6, 150, func() *extRun { return &extRun{} })
 }
 
 var (

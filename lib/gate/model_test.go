@@ -45,9 +45,16 @@ import (
 // leases would record lapses that run's model has not seen yet (so would
 // the package's other tests' sweeps).
 func TestGateModelSequential(t *testing.T) {
-	for _, seed := range modelSeeds(t, 8) {
+	runModels(t, "TestGateModelSequential", 8, 100, func() *extRun { return nil })
+}
+
+// runModels runs the seeds to run (n by default), one after the other, each
+// a sequence of MODEL_OPS (by default ops) operations: the base model's, or,
+// when ext makes one, the extended model's.
+func runModels(t *testing.T, name string, n, ops int, ext func() *extRun) {
+	for _, seed := range modelSeeds(t, n) {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
-			runModel(t, "TestGateModelSequential", seed, modelEnvInt(t, "MODEL_OPS", 100), nil)
+			runModel(t, name, seed, modelEnvInt(t, "MODEL_OPS", ops), ext())
 		})
 	}
 }

@@ -581,20 +581,18 @@ func TestUnwindStopsAtUnknownOutcomeAfterARefusedRetry(t *testing.T) {
 // succeeded at the latest: the end of its unknown attempt's lease, not of a
 // retry after it that was reported failed (it did not act), which is where
 // it sits once it is resolved succeeded (README "Effect groups and
-// reconciliation"). Found by TestGateModelExtended: placed at the failed
-// retry's lease end, the step came after one that succeeded once its
-// unknown attempt's lease had ended, so the plan stopped before that one
-// and its compensation was refused, and the step moved behind it when it
-// was resolved.
+// reconciliation"). Found while modelling the rollback for
+// TestGateModelExtended: placed at the failed retry's lease end, the step
+// came after one that succeeded once its unknown attempt's lease had ended,
+// so the plan stopped before that one and its compensation was refused,
+// and the step moved behind it when it was resolved.
 func TestAnUnknownStepSitsAtItsUnknownAttemptsLeaseEnd(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	f.must(http.StatusOK, "PUT", "/api/v1/policies/payment.charge", map[string]any{"on_indeterminate": "retry",
 		"lease_seconds": 30})
 	g := f.group()
-	body := map[string]any{"effect_type": "payment.charge", "idempotency_key": "charge:" + ids.Random(6),
-		"payload": map[string]any{"order": "maybe"}, "cost_micros": 1000, "group_id": g,
-		"compensation": map[string]any{"effect_type": "payment.refund", "payload": map[string]any{"refund_of": "charge"}}}
+	body := stepBody(g, true)
 	maybe := f.must(http.StatusOK, "POST", "/api/v1/effects/begin", body)["effect_id"].(string)
 	f.clock.Add(31 * time.Second) // attempt 1's lease ended unreported
 	retry := f.must(http.StatusOK, "POST", "/api/v1/effects/begin", body)

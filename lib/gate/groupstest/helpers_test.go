@@ -60,15 +60,21 @@ func (f *fx) group() string {
 // false) and returns the effect id and lease token.
 func (f *fx) step(group string, comp bool) (string, string) {
 	f.t.Helper()
+	d := f.must(http.StatusOK, "POST", "/api/v1/effects/begin", stepBody(group, comp))
+	require.Equal(f.t, "execute", d["decision"])
+	return d["effect_id"].(string), d["lease_token"].(string)
+}
+
+// stepBody is the begin of a new forward step of group, under a key of its
+// own, with a compensation unless comp is false.
+func stepBody(group string, comp bool) map[string]any {
 	body := map[string]any{"effect_type": "payment.charge", "idempotency_key": "charge:" + ids.Random(6),
 		"payload": map[string]any{"order": ids.Random(4)}, "cost_micros": 1000, "group_id": group}
 	if comp {
 		body["compensation"] = map[string]any{"effect_type": "payment.refund",
 			"payload": map[string]any{"refund_of": "charge"}}
 	}
-	d := f.must(http.StatusOK, "POST", "/api/v1/effects/begin", body)
-	require.Equal(f.t, "execute", d["decision"])
-	return d["effect_id"].(string), d["lease_token"].(string)
+	return body
 }
 
 func (f *fx) report(id, token, outcome string) map[string]any {
