@@ -193,8 +193,7 @@ func (e *extRun) budgetOp() {
 	if !anew {
 		return
 	}
-	now := m.now()
-	today := now.UTC().Format(time.DateOnly)
+	today := utcDay(m.now())
 	var spent int64
 	for _, k := range m.keys {
 		if k.spec.pol != p {
@@ -215,7 +214,7 @@ func (e *extRun) budgetOp() {
 			}
 		}
 	}
-	m.spent[spendKey(p.typ, now)] = spent
+	m.spent[spendKey(p.typ, today)] = spent
 	m.seen["budget set anew"]++
 }
 

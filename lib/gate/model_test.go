@@ -272,8 +272,11 @@ func (m *modelRun) log(format string, args ...any) {
 
 func (m *modelRun) now() time.Time { return m.clock.Now() }
 
-// spendKey names a type's daily budget counter on the UTC day of t.
-func spendKey(typ string, t time.Time) string { return typ + " " + t.UTC().Format(time.DateOnly) }
+// utcDay is the UTC day of t, the day a daily budget counts it on.
+func utcDay(t time.Time) string { return t.UTC().Format(time.DateOnly) }
+
+// spendKey names a type's daily budget counter on a UTC day.
+func spendKey(typ, day string) string { return typ + " " + day }
 
 // effState is the state as a caller reads it.
 func (k *mKey) effState(now time.Time) string {
@@ -618,7 +621,7 @@ func (m *modelRun) predictBegin(k *mKey, o mBegin, now time.Time) mAnswer {
 		return a
 	case circuit != "":
 		return refuse(circuit)
-	case pol.budget > 0 && !k.freeProbe(es, now) && m.spent[spendKey(pol.typ, now)]+k.spec.cost > pol.budget:
+	case pol.budget > 0 && !k.freeProbe(es, now) && m.spent[spendKey(pol.typ, utcDay(now))]+k.spec.cost > pol.budget:
 		return refuse("budget_exceeded")
 	}
 	if refusal, refused := m.ext.admitGrant(k); refused {
@@ -639,7 +642,7 @@ func (k *mKey) freeProbe(es string, now time.Time) bool {
 	if es != "indeterminate" || k.spec.pol.onIndeterminate != "probe" {
 		return false
 	}
-	day := now.UTC().Format(time.DateOnly)
+	day := utcDay(now)
 	return slices.ContainsFunc(k.atts, func(a *mAttempt) bool { return a.outcome == "" && a.charged && a.day == day })
 }
 
@@ -674,9 +677,9 @@ func (m *modelRun) applyBegin(k *mKey, o mBegin, want mAnswer, id, token, approv
 		k.attempt = want.attempt
 		k.denial = ""
 		k.atts = append(k.atts, &mAttempt{token: token, exp: *exp, probe: want.probe, charged: charged,
-			day: now.UTC().Format(time.DateOnly), lease: lease, request: o.request, prior: want.prior})
+			day: utcDay(now), lease: lease, request: o.request, prior: want.prior})
 		if charged {
-			m.spent[spendKey(k.spec.pol.typ, now)] += k.spec.cost
+			m.spent[spendKey(k.spec.pol.typ, utcDay(now))] += k.spec.cost
 		}
 	case "approval_required":
 		if k.approval != "pending" {
@@ -814,11 +817,11 @@ func (m *modelRun) applyReport(k *mKey, i int, outcome, result string) {
 
 func (m *modelRun) release(k *mKey, a *mAttempt) {
 	if a.charged {
-		if a.day != m.now().UTC().Format(time.DateOnly) {
+		if a.day != utcDay(m.now()) {
 			m.seen["release of an earlier day's charge"]++
 		}
 		a.charged = false
-		m.spent[k.spec.pol.typ+" "+a.day] -= k.spec.cost
+		m.spent[spendKey(k.spec.pol.typ, a.day)] -= k.spec.cost
 	}
 }
 
