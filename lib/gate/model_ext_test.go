@@ -134,7 +134,7 @@ func (e *extRun) step(m *modelRun) {
 func (e *extRun) reportNow(k *mKey) {
 	m := e.m
 	n := len(k.atts)
-	if n == 0 || k.effState(m.now()) != "leased" || m.rng.IntN(5) == 0 {
+	if n == 0 || k.effState(m.now()) != "leased" || m.rng.IntN(4) == 0 {
 		return
 	}
 	m.report(k, n-1, k.atts[n-1].token, []string{"succeeded", "succeeded", "succeeded", "failed"}[m.rng.IntN(4)])
@@ -541,7 +541,18 @@ func (e *extRun) createGroup() {
 func (e *extRun) beginStep() {
 	m := e.m
 	g := e.pickGroup()
-	if len(g.steps) > 0 && (len(g.steps) >= 4 || m.rng.IntN(3) == 0) {
+	// Mostly an open group: its steps' retries after a lapse are what an
+	// unwind later finds unknown.
+	var open []*mGroup
+	for _, o := range e.groups {
+		if o.state == "open" {
+			open = append(open, o)
+		}
+	}
+	if len(open) > 0 && m.rng.IntN(4) != 0 {
+		g = open[m.rng.IntN(len(open))]
+	}
+	if len(g.steps) > 0 && (len(g.steps) >= 4 || m.rng.IntN(2) == 0) {
 		k := g.steps[m.rng.IntN(len(g.steps))]
 		o := m.beginOptions(k, m.rng.IntN(12) == 0)
 		switch m.rng.IntN(8) {
@@ -557,7 +568,7 @@ func (e *extRun) beginStep() {
 		return
 	}
 	// A step's cost is fixed by its key: some at the approval threshold.
-	k := &mKey{spec: mKeySpec{pol: e.stepPol, cost: []int64{100, 100, 100, 300}[m.rng.IntN(4)]}, name: e.name("g"),
+	k := &mKey{spec: mKeySpec{pol: e.stepPol, cost: []int64{100, 100, 100, 100, 100, 300}[m.rng.IntN(6)]}, name: e.name("g"),
 		group: g, declares: m.rng.IntN(4) != 0}
 	m.beginWith(k, m.beginOptions(k, false))
 	if k.exists {
@@ -775,7 +786,11 @@ func (e *extRun) rollback(g *mGroup, now time.Time) mRollback {
 		case "leased", "indeterminate":
 			// Where it could have succeeded at the latest: its latest
 			// unknown attempt's lease end (not a failed retry's after it).
-			walk = append(walk, entry{st: st, at: st.atts[st.latestUnknown()-1].exp, maybe: true})
+			at := st.atts[st.latestUnknown()-1].exp
+			if !at.Equal(st.atts[len(st.atts)-1].exp) {
+				e.m.seen["rollback: an unknown step behind a failed retry"]++
+			}
+			walk = append(walk, entry{st: st, at: at, maybe: true})
 		}
 	}
 	sort.SliceStable(walk, func(i, j int) bool {
