@@ -582,7 +582,8 @@ func TestUnwindStopsAtUnknownOutcomeAfterARefusedRetry(t *testing.T) {
 // retry after it that was reported failed (it did not act), which is where
 // it sits once it is resolved succeeded (README "Effect groups and
 // reconciliation"). Found while modelling the rollback for
-// TestGateModelExtended: placed at the failed retry's lease end, the step
+// TestGateModelExtended (which fails without the fix at MODEL_SEED=119
+// MODEL_OPS=400): placed at the failed retry's lease end, the step
 // came after one that succeeded once its unknown attempt's lease had ended,
 // so the plan stopped before that one and its compensation was refused,
 // and the step moved behind it when it was resolved.
