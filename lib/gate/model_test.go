@@ -7,7 +7,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/http"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -52,41 +51,7 @@ func TestGateModelSequential(t *testing.T) {
 // a sequence of MODEL_OPS (by default ops) operations: the base model's, or,
 // when ext makes one, the extended model's.
 func runModels(t *testing.T, name string, n, ops int, ext func() *extRun) {
-	for _, seed := range modelSeeds(t, n) {
-		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
-			runModel(t, name, seed, modelEnvInt(t, "MODEL_OPS", ops), ext())
-		})
-	}
-}
-
-// modelSeeds is the seeds to run: MODEL_SEED alone when set, else
-// MODEL_SEEDS (default n) seeds from 1.
-func modelSeeds(t *testing.T, n int) []uint64 {
-	if s := os.Getenv("MODEL_SEED"); s != "" {
-		seed, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			t.Fatalf("MODEL_SEED=%q: %v", s, err)
-		}
-		return []uint64{seed}
-	}
-	n = modelEnvInt(t, "MODEL_SEEDS", n)
-	seeds := make([]uint64, n)
-	for i := range seeds {
-		seeds[i] = uint64(i + 1)
-	}
-	return seeds
-}
-
-func modelEnvInt(t *testing.T, name string, def int) int {
-	s := os.Getenv(name)
-	if s == "" {
-		return def
-	}
-	n, err := strconv.Atoi(s)
-	if err != nil || n < 1 {
-		t.Fatalf("%s=%q: want a positive integer", name, s)
-	}
-	return n
+	apitest.ModelRuns(t, n, ops, func(t *testing.T, seed uint64, ops int) { runModel(t, name, seed, ops, ext()) })
 }
 
 // mPolicy is one effect type's policy as the model knows it.
@@ -188,24 +153,23 @@ type mKey struct {
 }
 
 type modelRun struct {
-	t        *testing.T
-	seed     uint64
-	rng      *rand.Rand
-	env      *apitest.Env
-	ws       apitest.Workspace
-	agent    string
-	clock    *apitest.Clock
-	keys     []*mKey
-	last     *mKey // the key of the operation before
-	pols     []*mPolicy
-	spent    map[string]int64 // type and UTC day (spendKey) -> charges
-	trace    []string
-	results  int
-	failures int
-	seen     map[string]int // what the sequence covered: operation and answer
-	ops      int
-	name     string  // the test, for the replay command
-	ext      *extRun // the extended model's state (model_ext_test.go), nil for the base one
+	t       *testing.T
+	seed    uint64
+	rng     *rand.Rand
+	env     *apitest.Env
+	ws      apitest.Workspace
+	agent   string
+	clock   *apitest.Clock
+	keys    []*mKey
+	last    *mKey // the key of the operation before
+	pols    []*mPolicy
+	spent   map[string]int64 // type and UTC day (spendKey) -> charges
+	trace   *apitest.ModelTrace
+	results int
+	seen    map[string]int // what the sequence covered: operation and answer
+	ops     int
+	name    string  // the test, for the replay command
+	ext     *extRun // the extended model's state (model_ext_test.go), nil for the base one
 }
 
 // runModel runs seed's sequence of ops operations: the base model's, or,
@@ -213,7 +177,8 @@ type modelRun struct {
 func runModel(t *testing.T, name string, seed uint64, ops int, ext *extRun) {
 	b := setup(t)
 	m := &modelRun{t: t, seed: seed, rng: rand.New(rand.NewPCG(seed, 0x6d6f64656c)), env: b.env, ws: b.ws,
-		clock: b.clock, spent: map[string]int64{}, seen: map[string]int{}, ops: ops, name: name, ext: ext}
+		clock: b.clock, spent: map[string]int64{}, seen: map[string]int{}, ops: ops, name: name, ext: ext,
+		trace: apitest.NewModelTrace(t, fmt.Sprintf("MODEL_SEED=%d MODEL_OPS=%d go test -run '%s' ./lib/gate", seed, ops, name))}
 	m.agent = b.agent()
 	// This run's policies: the policy operation changes them.
 	pols := map[*mPolicy]*mPolicy{}
@@ -248,17 +213,12 @@ func runModel(t *testing.T, name string, seed uint64, ops int, ext *extRun) {
 // fail reports a mismatch with the seed and the trace so far.
 func (m *modelRun) fail(format string, args ...any) {
 	m.t.Helper()
-	m.failures++
-	if m.failures > 1 {
-		return
-	}
-	m.t.Errorf("model mismatch (replay: MODEL_SEED=%d MODEL_OPS=%d go test -run '%s' ./lib/gate): "+
-		"%s\ntrace:\n  %s", m.seed, m.ops, m.name, fmt.Sprintf(format, args...), strings.Join(m.trace, "\n  "))
+	m.trace.Fail(format, args...)
 }
 
 func (m *modelRun) log(format string, args ...any) {
 	line := fmt.Sprintf(format, args...)
-	m.trace = append(m.trace, fmt.Sprintf("%3d ", len(m.trace)+1)+line)
+	m.trace.Add(line)
 	if op, answer, ok := strings.Cut(line, " -> "); ok {
 		op, rest, _ := strings.Cut(op, " ")
 		if _, typ, ok := strings.Cut(rest, "(mdl."); ok {
@@ -519,7 +479,7 @@ func (m *modelRun) beginWith(k *mKey, o mBegin) {
 		m.fail("begin %s: %s with result %s", k.name, body.Decision, body.Result)
 		return
 	}
-	if body.Decision == "duplicate" && canonical(body.Result) != want.result {
+	if body.Decision == "duplicate" && apitest.Canonical(body.Result) != want.result {
 		m.fail("begin %s: duplicate's result %s, model %s", k.name, body.Result, want.result)
 		return
 	}
@@ -742,7 +702,7 @@ func (m *modelRun) report(k *mKey, i int, token, outcome string) {
 		}
 		return
 	}
-	m.applyReport(k, i, outcome, canonicalOf(result))
+	m.applyReport(k, i, outcome, apitest.CanonicalOf(result))
 	m.checkEffect(k, r.JSON(), "report's answer")
 }
 
@@ -985,7 +945,7 @@ func (m *modelRun) resolve(k *mKey, outcome string) {
 	}
 	k.state = outcome
 	if outcome == "succeeded" {
-		k.result = canonicalOf(result)
+		k.result = apitest.CanonicalOf(result)
 	}
 	// A refused retry's code says nothing once the outcome is known, except
 	// max_attempts_exceeded after a failure, which still answers the key
@@ -1075,7 +1035,7 @@ func (m *modelRun) checkEffect(k *mKey, e map[string]any, what string) {
 	result := ""
 	if e["result"] != nil {
 		raw, _ := json.Marshal(e["result"])
-		result = canonical(raw)
+		result = apitest.Canonical(raw)
 	}
 	wantResult := ""
 	if k.effState(now) == "succeeded" {
@@ -1087,20 +1047,6 @@ func (m *modelRun) checkEffect(k *mKey, e map[string]any, what string) {
 			what, k.name, e["state"], e["attempt"], e["denial_code"], got, result,
 			k.effState(now), k.attempt, denial, want, wantResult)
 	}
-}
-
-func canonicalOf(v any) string {
-	raw, _ := json.Marshal(v)
-	return canonical(raw)
-}
-
-func canonical(raw []byte) string {
-	var v any
-	if err := json.Unmarshal(raw, &v); err != nil {
-		return "!" + string(raw)
-	}
-	out, _ := json.Marshal(v)
-	return string(out)
 }
 
 // TestGateModelConcurrent runs random operations from several goroutines
@@ -1116,12 +1062,10 @@ func canonical(raw []byte) string {
 // MODEL_SEEDS and MODEL_OPS (each goroutine's) work as for
 // TestGateModelSequential.
 func TestGateModelConcurrent(t *testing.T) {
-	for _, seed := range modelSeeds(t, 3) {
-		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
-			t.Parallel()
-			runConcurrentModel(t, seed, 4, modelEnvInt(t, "MODEL_OPS", 40))
-		})
-	}
+	apitest.ModelRuns(t, 3, 40, func(t *testing.T, seed uint64, ops int) {
+		t.Parallel()
+		runConcurrentModel(t, seed, 4, ops)
+	})
 }
 
 // cKey is what the concurrent run knows of one key.
