@@ -67,18 +67,35 @@ type mGroup struct {
 type mBreaker struct {
 	open     bool
 	by       string    // surge | manual
-	action   string    // deny or monitor
+	action   string    // deny, require_approval or monitor
 	openedAt time.Time //
 	closesAt time.Time // a surge breaker's cooldown end
 	from     time.Time // the allowance's start (zero: none yet)
+	updated  time.Time // when it last opened or changed its action
 }
+
+// mStop is the emergency stop (README "Risk controls and circuits").
+type mStop struct {
+	on       bool
+	action   string
+	reason   string
+	openedAt time.Time
+	updated  time.Time // when it last opened or changed its action
+}
+
+// circuitApproval is circuit's verdict when a require_approval breaker or
+// stop holds the type: the begin needs a yes that answers it.
+const circuitApproval = "approval"
 
 // extRun is the extended model's state beside modelRun's.
 type extRun struct {
 	m                   *modelRun
 	surge, stepPol, cmp *mPolicy
 	breaker             mBreaker
+	stop                mStop
+	stopPol             *mPolicy // the stop's types: no policy (the safe default)
 	surgeKeys           []*mKey
+	stopKeys            []*mKey
 	groups              []*mGroup
 	n                   int // keys and groups named so far
 }
@@ -96,6 +113,8 @@ func (e *extRun) setup(m *modelRun, b *bundle) {
 			m.t.Errorf("end the run's rollbacks: %v", err)
 		}
 	})
+	stopPol := extStopType
+	e.stopPol = &stopPol // no PUT: the default policy, and not in m.pols
 	for _, p := range []**mPolicy{&e.surge, &e.stepPol, &e.cmp} {
 		own := map[**mPolicy]mPolicy{&e.surge: extSurgePolicy, &e.stepPol: extStepPolicy, &e.cmp: extCompPolicy}[p]
 		*p = &own
@@ -104,6 +123,10 @@ func (e *extRun) setup(m *modelRun, b *bundle) {
 	}
 }
 
+// extStopType is the type the emergency stop's begins use: unconfigured
+// (the safe default policy), first seen while the stop is on.
+var extStopType = mPolicy{typ: "mdl.stopped", onIndeterminate: "block", maxAttempts: 5, lease: 60 * time.Second}
+
 func (e *extRun) name(kind string) string {
 	e.n++
 	return fmt.Sprintf("mdl-%d-%s%d", e.m.seed, kind, e.n)
@@ -111,8 +134,10 @@ func (e *extRun) name(kind string) string {
 
 func (e *extRun) step(m *modelRun) {
 	switch r := m.rng.IntN(100); {
-	case r < 45:
+	case r < 44:
 		m.step()
+	case r < 45:
+		e.stopOp()
 	case r < 50:
 		e.burst()
 	case r < 52:
@@ -274,7 +299,22 @@ func (e *extRun) burst() {
 // already; the count over surge_per_hour trips it, and the begin is held):
 // "circuit_open" or "". a notes whether the begin is counted and trips.
 func (e *extRun) circuit(k *mKey, es string, now time.Time, a *mAnswer) string {
-	if e == nil || k.spec.pol != e.surge {
+	if e == nil {
+		return ""
+	}
+	if k.spec.pol == e.stopPol && e.stop.on {
+		// The stop holds every type, new ones included; only the stop's
+		// own types are begun while it is on (stopOp).
+		switch e.stop.action {
+		case "deny":
+			return "circuit_open"
+		case "require_approval":
+			a.hold = e.stop.updated
+			return circuitApproval
+		}
+		return ""
+	}
+	if k.spec.pol != e.surge {
 		return ""
 	}
 	b := e.breakerAt(now)
@@ -283,8 +323,14 @@ func (e *extRun) circuit(k *mKey, es string, now time.Time, a *mAnswer) string {
 	if b.open && b.action == "deny" {
 		return "circuit_open"
 	}
+	// The breaker as it stands: a require_approval one asks for a yes
+	// given since it last opened or changed its action.
+	held := ""
+	if b.open && b.action == "require_approval" {
+		held, a.hold = circuitApproval, b.updated
+	}
 	if !arrival || e.surge.surgePerHour == 0 || b.open && actionRank(b.action) >= actionRank(e.surge.surgeAction) {
-		return "" // no surge counted: none, or a breaker at least as strict holds the type
+		return held // no surge counted: none, or a breaker at least as strict holds the type
 	}
 	start := now.Add(-time.Hour)
 	if b.from.After(start) {
@@ -302,11 +348,19 @@ func (e *extRun) circuit(k *mKey, es string, now time.Time, a *mAnswer) string {
 		// without a breaker of its own). Its action holds the begin:
 		// monitor changes no decision.
 		a.trips = !b.open || b.by == "surge"
-		if e.surge.surgeAction == "deny" {
+		switch e.surge.surgeAction {
+		case "deny":
 			return "circuit_open"
+		case "require_approval":
+			if a.trips {
+				// Opened or raised by this begin (applyBegin): its yes,
+				// if any, was given before.
+				a.hold = e.stamp(now)
+			}
+			return circuitApproval
 		}
 	}
-	return ""
+	return held
 }
 
 func actionRank(action string) int {
@@ -322,7 +376,7 @@ func (e *extRun) surgePolicy() {
 	m := e.m
 	p := e.surge
 	per := []int{3, 3, 5, 0}[m.rng.IntN(4)]
-	action := []string{"deny", "deny", "monitor"}[m.rng.IntN(3)]
+	action := []string{"deny", "deny", "monitor", "require_approval", "require_approval"}[m.rng.IntN(5)]
 	body := map[string]any{"surge_per_hour": nil, "surge_action": action}
 	if per > 0 {
 		body["surge_per_hour"] = per
@@ -340,7 +394,7 @@ func (e *extRun) surgePolicy() {
 	case per == 0 && p.surgePerHour > 0:
 		b.open, b.from = false, now
 	case action != p.surgeAction:
-		b.action = action
+		b.action, b.updated = action, now
 	}
 	p.surgePerHour, p.surgeAction = per, action
 }
@@ -360,9 +414,9 @@ func (e *extRun) applyBegin(k *mKey, want mAnswer, now time.Time) time.Time {
 	switch b := &e.breaker; {
 	case !want.trips:
 	case b.open: // the surge's own, weaker: raised
-		b.action = e.surge.surgeAction
+		b.action, b.updated = e.surge.surgeAction, at
 	default:
-		*b = mBreaker{open: true, by: "surge", action: e.surge.surgeAction, openedAt: at, from: b.from,
+		*b = mBreaker{open: true, by: "surge", action: e.surge.surgeAction, openedAt: at, from: b.from, updated: at,
 			closesAt: at.Add(time.Duration(e.surge.surgeCooldown) * time.Second)}
 	}
 	return at
@@ -374,7 +428,7 @@ func (e *extRun) breakerOp() {
 	b := e.breakerAt(now)
 	verb := []string{"open", "close", "close"}[m.rng.IntN(3)]
 	body := map[string]any{}
-	action := []string{"deny", "monitor"}[m.rng.IntN(2)]
+	action := []string{"deny", "monitor", "require_approval"}[m.rng.IntN(3)]
 	if verb == "open" {
 		body = map[string]any{"action": action, "reason": "model"}
 		verb += " " + action
@@ -391,11 +445,122 @@ func (e *extRun) breakerOp() {
 		if !b.open {
 			b.openedAt = now
 		}
+		if !b.open || b.action != action {
+			// Opening an open breaker again with its action changes
+			// nothing a yes answered (README "Approvals").
+			b.updated = now
+		}
 		b.open, b.by, b.action, b.closesAt = true, "manual", action, time.Time{}
 	case b.open:
 		b.open, b.from = false, now
 	}
 	e.checkCircuit(r.JSON(), verb+"'s answer", false)
+}
+
+// --- the emergency stop -----------------------------------------------------
+
+// stopOp pulls the emergency stop (API.md §2.5, README "Risk controls and
+// circuits"), begins keys of a type it holds (new ones, the first ever
+// seen of the type included, or earlier ones again), sometimes approves a
+// key it held and begins it again (a yes given while the stop holds the
+// type carries the key through it), sometimes re-issues it with another
+// action (a stricter one asks again), and releases it. The stop holds
+// every type; the other types are not begun while it is on.
+func (e *extRun) stopOp() {
+	m := e.m
+	e.pullStop([]string{"require_approval", "require_approval", "deny", "monitor"}[m.rng.IntN(4)])
+	for range 1 + m.rng.IntN(3) {
+		e.beginStopKey()
+	}
+	var pending []*mKey
+	for _, k := range e.stopKeys {
+		if k.approval == "pending" {
+			pending = append(pending, k)
+		}
+	}
+	if len(pending) > 0 && m.rng.IntN(2) == 0 {
+		k := pending[m.rng.IntN(len(pending))]
+		m.decide(k, "approve")
+		m.beginWith(k, mBegin{})
+	}
+	if m.rng.IntN(3) == 0 {
+		e.pullStop([]string{"require_approval", "deny", "monitor"}[m.rng.IntN(3)])
+		e.beginStopKey()
+	}
+	if !m.t.Failed() {
+		e.releaseStop()
+	}
+}
+
+func (e *extRun) beginStopKey() {
+	m := e.m
+	if len(e.stopKeys) > 0 && m.rng.IntN(3) == 0 {
+		m.beginWith(e.stopKeys[m.rng.IntN(len(e.stopKeys))], mBegin{})
+		return
+	}
+	k := &mKey{spec: mKeySpec{pol: e.stopPol, cost: 100}, name: e.name("x")}
+	m.beginWith(k, mBegin{})
+	if k.exists {
+		e.stopKeys, m.keys = append(e.stopKeys, k), append(m.keys, k)
+	}
+}
+
+// pullStop pulls the stop, or re-issues it (README: its action and reason
+// change; its opened_at stays; a changed action is a new hold that a yes
+// given before does not answer, a repeat is not).
+func (e *extRun) pullStop(action string) {
+	m := e.m
+	now := m.now()
+	reason := e.name("incident")
+	r := m.env.Do("POST", "/api/v1/circuits/stop", m.ws.Key, map[string]any{"reason": reason, "action": action})
+	m.log("stop %s -> %d %s", action, r.Status, r.ErrorCode())
+	if r.Status != http.StatusOK {
+		m.fail("stop %s: %d: %s", action, r.Status, r.Body)
+		return
+	}
+	s := &e.stop
+	if !s.on {
+		s.openedAt = now
+	}
+	if !s.on || s.action != action {
+		s.updated = now
+	}
+	s.on, s.action, s.reason = true, action, reason
+	e.checkStop()
+}
+
+func (e *extRun) releaseStop() {
+	m := e.m
+	r := m.env.Do("POST", "/api/v1/circuits/release", m.ws.Key, nil)
+	m.log("release -> %d %s", r.Status, r.ErrorCode())
+	if r.Status != http.StatusOK {
+		m.fail("release: %d: %s", r.Status, r.Body)
+		return
+	}
+	e.stop = mStop{}
+	e.checkStop()
+}
+
+// checkStop compares GET /api/v1/circuits/stop with the model: open, with
+// its action, reason and when it was pulled; or closed, the rest null.
+func (e *extRun) checkStop() {
+	m := e.m
+	r := m.env.Do("GET", "/api/v1/circuits/stop", m.ws.Key, nil)
+	if r.Status != http.StatusOK {
+		m.fail("read the stop: %d: %s", r.Status, r.Body)
+		return
+	}
+	got := r.JSON()
+	want := map[string]any{"state": "closed", "action": nil, "reason": nil, "opened_at": nil}
+	if s := e.stop; s.on {
+		want = map[string]any{"state": "open", "action": s.action, "reason": s.reason,
+			"opened_at": s.openedAt.UTC().Format(time.RFC3339Nano)}
+	}
+	got = map[string]any{"state": got["state"], "action": got["action"], "reason": got["reason"],
+		"opened_at": normTime(got["opened_at"])}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		m.fail("the stop reads %v, model %v", got, want)
+	}
 }
 
 func (e *extRun) readCircuits() {
@@ -475,7 +640,11 @@ func (e *extRun) checkCircuitDenial(k *mKey, detail map[string]any) {
 	}
 	b := e.breakerAt(e.m.now())
 	want := map[string]any{"opened_by": "surge"}
-	if b.open && b.action == "deny" {
+	if k.spec.pol == e.stopPol {
+		// The stop, which only an operator lifts.
+		want = map[string]any{"opened_by": "stop", "opened_at": e.stop.openedAt.UTC().Format(time.RFC3339Nano),
+			"closes_at": nil}
+	} else if b.open && b.action == "deny" {
 		closes := any(nil)
 		if b.by == "surge" {
 			closes = b.closesAt.UTC().Format(time.RFC3339Nano)

@@ -150,6 +150,7 @@ type mKey struct {
 	compOf    *mKey     // the step a compensating effect undoes
 	countedAt time.Time // a surge type's key: its latest begin the surge counts
 	createdAt time.Time // a surge type's key: its first begin as stamped
+	yesAt     time.Time // when its latest approval was given (zero: none)
 }
 
 type modelRun struct {
@@ -393,6 +394,10 @@ type mAnswer struct {
 	rejoin   *mAttempt
 	counted  bool // the surge counts the key's begin (a new key, or an arrival)
 	trips    bool // the begin trips the type's surge breaker
+	// When the require_approval hold on the key's type (a breaker or the
+	// stop) last opened or was made stricter, as this begin leaves it
+	// (zero: no such hold): a yes given before it does not answer it.
+	hold time.Time
 }
 
 func (m *modelRun) begin(k *mKey, otherPayload bool) { m.beginWith(k, mBegin{other: otherPayload}) }
@@ -579,7 +584,16 @@ func (m *modelRun) predictBegin(k *mKey, o mBegin, now time.Time) mAnswer {
 			a.state = "awaiting_approval"
 		}
 		return a
-	case circuit != "":
+	case circuit == circuitApproval && (k.yesAt.IsZero() || a.hold.After(k.yesAt)):
+		// A require_approval breaker or stop holds the type, and no yes
+		// given since it last opened or was made stricter answers it
+		// (README "Approvals": it asks again).
+		a.decision = "approval_required"
+		if es != "indeterminate" {
+			a.state = "awaiting_approval"
+		}
+		return a
+	case circuit != "" && circuit != circuitApproval:
 		return refuse(circuit)
 	case pol.budget > 0 && !k.freeProbe(es, now) && m.spent[spendKey(pol.typ, utcDay(now))]+k.spec.cost > pol.budget:
 		return refuse("budget_exceeded")
@@ -987,6 +1001,9 @@ func (m *modelRun) decide(k *mKey, verb string) {
 	}
 	if k.approval == "pending" {
 		k.approval = want
+		if want == "approved" {
+			k.yesAt = m.now()
+		}
 		if want == "rejected" {
 			k.denial = "approval_rejected"
 			if k.state == "awaiting_approval" {
