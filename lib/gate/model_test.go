@@ -657,7 +657,9 @@ func (m *modelRun) applyBegin(k *mKey, o mBegin, want mAnswer, id, token, approv
 		}
 	case "approval_required":
 		if k.approval != "pending" {
-			k.approvalID, k.approval = approvalID, "pending"
+			// Asked anew: the effect awaits a decision, no longer denied
+			// (a key a budget refused, then held by a breaker's question).
+			k.approvalID, k.approval, k.denial = approvalID, "pending", ""
 		}
 	case "denied":
 		k.denial = want.code
@@ -1004,11 +1006,11 @@ func (m *modelRun) decide(k *mKey, verb string) {
 		if want == "approved" {
 			k.yesAt = m.now()
 		}
-		if want == "rejected" {
-			k.denial = "approval_rejected"
-			if k.state == "awaiting_approval" {
-				k.state = "denied"
-			}
+		if want == "rejected" && k.state == "awaiting_approval" {
+			// A key that waited indeterminate (or whose outcome was
+			// resolved since it was asked) keeps its state and denial
+			// code: its next begin answers approval_rejected.
+			k.state, k.denial = "denied", "approval_rejected"
 		}
 	}
 }
