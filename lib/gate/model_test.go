@@ -141,6 +141,7 @@ type mKey struct {
 	denial     string
 	approvalID string
 	approval   string // "" | pending | approved | rejected
+	reason     string // why its latest approval was asked for
 	variant    int    // the payload the key was first begun with
 	result     string // canonical JSON of the recorded result, "" for none
 	// Set by the extended model (model_ext_test.go) only.
@@ -398,6 +399,8 @@ type mAnswer struct {
 	// stop) last opened or was made stricter, as this begin leaves it
 	// (zero: no such hold): a yes given before it does not answer it.
 	hold time.Time
+	// Why a new approval is asked for (approvals.reason).
+	reason string
 }
 
 func (m *modelRun) begin(k *mKey, otherPayload bool) { m.beginWith(k, mBegin{other: otherPayload}) }
@@ -579,7 +582,7 @@ func (m *modelRun) predictBegin(k *mKey, o mBegin, now time.Time) mAnswer {
 	case pol.maxCost > 0 && k.spec.cost > pol.maxCost:
 		return refuse("cost_ceiling_exceeded")
 	case pol.approvalAbove > 0 && k.spec.cost >= pol.approvalAbove && k.approval != "approved":
-		a.decision = "approval_required"
+		a.decision, a.reason = "approval_required", "cost_at_or_above_threshold"
 		if es != "indeterminate" {
 			a.state = "awaiting_approval"
 		}
@@ -588,7 +591,7 @@ func (m *modelRun) predictBegin(k *mKey, o mBegin, now time.Time) mAnswer {
 		// A require_approval breaker or stop holds the type, and no yes
 		// given since it last opened or was made stricter answers it
 		// (README "Approvals": it asks again).
-		a.decision = "approval_required"
+		a.decision, a.reason = "approval_required", "circuit_open"
 		if es != "indeterminate" {
 			a.state = "awaiting_approval"
 		}
@@ -659,7 +662,8 @@ func (m *modelRun) applyBegin(k *mKey, o mBegin, want mAnswer, id, token, approv
 		if k.approval != "pending" {
 			// Asked anew: the effect awaits a decision, no longer denied
 			// (a key a budget refused, then held by a breaker's question).
-			k.approvalID, k.approval, k.denial = approvalID, "pending", ""
+			k.approvalID, k.approval, k.denial, k.reason = approvalID, "pending", "", want.reason
+			m.checkApproval(k, "the approval asked")
 		}
 	case "denied":
 		k.denial = want.code
@@ -998,6 +1002,16 @@ func (m *modelRun) decide(k *mKey, verb string) {
 		m.fail("%s %s: approval reads %s", verb, k.name, got)
 		return
 	}
+	// An approval answers the reason it was asked for; the model's keys
+	// are held by one reason at a time.
+	wantAnswers := "<nil>"
+	if want == "approved" && k.approval != "rejected" {
+		wantAnswers = "[" + k.reason + "]"
+	}
+	if got := fmt.Sprint(r.JSON()["answers"]); got != wantAnswers || r.JSON()["reason"] != k.reason {
+		m.fail("%s %s: approval reason %v answers %s, model %s %s", verb, k.name, r.JSON()["reason"], got, k.reason, wantAnswers)
+		return
+	}
 	if want == "rejected" {
 		defer m.ext.afterStep(k) // a rejection may end the key's group's rollback
 	}
@@ -1012,6 +1026,16 @@ func (m *modelRun) decide(k *mKey, verb string) {
 			// code: its next begin answers approval_rejected.
 			k.state, k.denial = "denied", "approval_rejected"
 		}
+	}
+}
+
+// checkApproval reads k's approval and compares its reason with the
+// model's (README "Approvals").
+func (m *modelRun) checkApproval(k *mKey, what string) {
+	r := m.env.Do("GET", "/api/v1/approvals/"+k.approvalID, m.ws.Key, nil)
+	if r.Status != http.StatusOK || r.JSON()["reason"] != k.reason || r.JSON()["state"] != "pending" {
+		m.fail("%s of %s: %d reason %v state %v, model %s pending: %s", what, k.name, r.Status, r.JSON()["reason"],
+			r.JSON()["state"], k.reason, r.Body)
 	}
 }
 
