@@ -26,12 +26,20 @@ import (
 //     rollback's end, settled by the reports and resolves of its effects,
 //     by unwind, by a read and by the sweeper;
 //   - a surge type (API.md §2.5 and §5, README "Risk controls and
-//     circuits") with surge_per_hour and action deny: bursts of new keys
-//     that trip the breaker, keys it refused begun again (counted again, as
-//     arrivals), the cooldown's end (closed at once, a fresh allowance from
-//     its end), an operator's open and close (a fresh allowance from the
-//     close), and the circuits list (state, opener, cooldown end, volume in
-//     the trailing hour);
+//     circuits") with surge_per_hour and action deny, require_approval or
+//     monitor: bursts of new keys that trip the breaker, keys it refused
+//     begun again (counted again, as arrivals), the cooldown's end (closed
+//     at once, a fresh allowance from its end), an operator's open (any
+//     action) and close (a fresh allowance from the close), and the
+//     circuits list (state, opener, cooldown end, volume in the trailing
+//     hour); a require_approval hold asks (reason circuit_open), a yes
+//     carries the key through it, and one opened or given another action
+//     after the yes asks again (README "Approvals");
+//   - the emergency stop (API.md §2.5 and §5): pulled with an action,
+//     re-issued, read (GET /api/v1/circuits/stop), holding a type first
+//     seen under it (deny: 403 circuit_open naming the stop; require_approval:
+//     approval_required, a yes given under it carrying the key through;
+//     monitor: nothing), and released;
 //   - clock moves to and across midnight UTC, an hour or a cooldown on, so
 //     that daily budgets reset (README: an attempt released on the day it
 //     was charged; a probe free only on its unknown attempt's day) and the
@@ -281,15 +289,22 @@ func (e *extRun) burst() {
 	n := 1 + m.rng.IntN(4)
 	m.log("burst of %d", n)
 	for range n {
-		if len(e.surgeKeys) > 0 && m.rng.IntN(5) == 0 {
-			m.beginWith(e.surgeKeys[m.rng.IntN(len(e.surgeKeys))], mBegin{})
-			continue
-		}
-		k := &mKey{spec: mKeySpec{pol: e.surge, cost: 100}, name: e.name("s")}
-		m.beginWith(k, mBegin{})
-		if k.exists {
-			e.surgeKeys, m.keys = append(e.surgeKeys, k), append(m.keys, k)
-		}
+		e.beginOf(&e.surgeKeys, e.surge, "s", 5)
+	}
+}
+
+// beginOf begins a key of pol: one of keys again (one time in oneIn), or a
+// new one named after kind, then kept in keys.
+func (e *extRun) beginOf(keys *[]*mKey, pol *mPolicy, kind string, oneIn int) {
+	m := e.m
+	if len(*keys) > 0 && m.rng.IntN(oneIn) == 0 {
+		m.beginWith((*keys)[m.rng.IntN(len(*keys))], mBegin{})
+		return
+	}
+	k := &mKey{spec: mKeySpec{pol: pol, cost: 100}, name: e.name(kind)}
+	m.beginWith(k, mBegin{})
+	if k.exists {
+		*keys, m.keys = append(*keys, k), append(m.keys, k)
 	}
 }
 
@@ -492,18 +507,7 @@ func (e *extRun) stopOp() {
 	}
 }
 
-func (e *extRun) beginStopKey() {
-	m := e.m
-	if len(e.stopKeys) > 0 && m.rng.IntN(3) == 0 {
-		m.beginWith(e.stopKeys[m.rng.IntN(len(e.stopKeys))], mBegin{})
-		return
-	}
-	k := &mKey{spec: mKeySpec{pol: e.stopPol, cost: 100}, name: e.name("x")}
-	m.beginWith(k, mBegin{})
-	if k.exists {
-		e.stopKeys, m.keys = append(e.stopKeys, k), append(m.keys, k)
-	}
-}
+func (e *extRun) beginStopKey() { e.beginOf(&e.stopKeys, e.stopPol, "x", 3) }
 
 // pullStop pulls the stop, or re-issues it (README: its action and reason
 // change; its opened_at stays; a changed action is a new hold that a yes
