@@ -281,21 +281,24 @@ ORDER BY w.id`
 // webhook id and key id (never the secret): the operator must hear of it,
 // and the deliveries' records alone reach only their owner.
 func (s *Service) reportHeld(ctx context.Context, now time.Time) error {
-	rows, err := s.pool.Query(ctx, sqlHeld, now, s.sealer.Headers())
-	if err != nil {
-		return fmt.Errorf("held deliveries: %w", err)
-	}
-	var id string
-	var header []byte
-	_, err = pgx.ForEachRow(rows, []any{&id, &header}, func() error {
-		keyID := seal.KeyIDOf(header)
-		if keyID == "" {
-			keyID = "none (not a ciphertext)"
+	err := s.conns.Hold(ctx, func() error {
+		rows, err := s.pool.Query(ctx, sqlHeld, now, s.sealer.Headers())
+		if err != nil {
+			return err
 		}
-		s.logger.Error("webhook deliveries held: the signing secret is sealed with a key this instance is not "+
-			"configured with (RESULT_ENCRYPTION_KEY, RESULT_ENCRYPTION_KEYS); they are sent, their attempts untouched, "+
-			"once an instance has the key", "webhook_id", id, "key_id", keyID)
-		return nil
+		var id string
+		var header []byte
+		_, err = pgx.ForEachRow(rows, []any{&id, &header}, func() error {
+			keyID := seal.KeyIDOf(header)
+			if keyID == "" {
+				keyID = "none (not a ciphertext)"
+			}
+			s.logger.Error("webhook deliveries held: the signing secret is sealed with a key this instance is not "+
+				"configured with (RESULT_ENCRYPTION_KEY, RESULT_ENCRYPTION_KEYS); they are sent, their attempts untouched, "+
+				"once an instance has the key", "webhook_id", id, "key_id", keyID)
+			return nil
+		})
+		return err
 	})
 	if err != nil {
 		return fmt.Errorf("held deliveries: %w", err)
@@ -557,9 +560,37 @@ func (s *Service) claim(ctx context.Context, now time.Time, limit int, hooks []s
 	for id, n := range workspaces {
 		spaces, inFlight = append(spaces, id), append(inFlight, int32(n))
 	}
-	// Every parameter is cast: with DB_QUERY_EXEC_MODE=simple_protocol they
-	// arrive as untyped literals, and "$1 + interval" read $1 as an interval.
-	rows, err := s.pool.Query(ctx, `
+	var batch []claimed
+	err := s.conns.Hold(ctx, func() error {
+		// Every parameter is cast: with DB_QUERY_EXEC_MODE=simple_protocol
+		// they arrive as untyped literals, and "$1 + interval" read $1 as an
+		// interval.
+		rows, err := s.pool.Query(ctx, sqlClaim,
+			now, limit, claimHold.Seconds(), perWebhook, perWorkspace, hooks, spaces, s.sealer.Headers(), inFlight)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var c claimed
+			var data string
+			if err := rows.Scan(&c.id, &c.url, &c.secret, &c.previous, &c.webhookID, &c.attempts, &c.eventID,
+				&c.eventType, &data, &c.eventCreated, &c.workspaceID, &c.subjectID); err != nil {
+				return fmt.Errorf("scan delivery: %w", err)
+			}
+			c.eventData = []byte(data)
+			batch = append(batch, c)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, fmt.Errorf("claim deliveries: %w", err)
+	}
+	return batch, nil
+}
+
+// sqlClaim is claim's statement.
+const sqlClaim = `
 		WITH busy AS (
 		    SELECT * FROM unnest($7::text[], $9::int[]) AS b(workspace_id, n)
 		), cand AS (
@@ -599,28 +630,7 @@ func (s *Service) claim(ctx context.Context, now time.Time, limit int, hooks []s
 		FROM due, webhooks w, events e
 		WHERE d.id = due.id AND w.id = d.webhook_id AND e.id = d.event_id
 		RETURNING d.id, w.url, w.secret, CASE WHEN w.previous_secret_expires_at > $1::timestamptz THEN w.previous_secret END,
-		    w.id, d.attempts, e.id, e.type, e.data::text, e.created_at, e.workspace_id, e.subject_id`,
-		now, limit, claimHold.Seconds(), perWebhook, perWorkspace, hooks, spaces, s.sealer.Headers(), inFlight)
-	if err != nil {
-		return nil, fmt.Errorf("claim deliveries: %w", err)
-	}
-	var batch []claimed
-	for rows.Next() {
-		var c claimed
-		var data string
-		if err := rows.Scan(&c.id, &c.url, &c.secret, &c.previous, &c.webhookID, &c.attempts, &c.eventID, &c.eventType,
-			&data, &c.eventCreated, &c.workspaceID, &c.subjectID); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("scan delivery: %w", err)
-		}
-		c.eventData = []byte(data)
-		batch = append(batch, c)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("claim deliveries: %w", err)
-	}
-	return batch, nil
-}
+		    w.id, d.attempts, e.id, e.type, e.data::text, e.created_at, e.workspace_id, e.subject_id`
 
 // deliverOne sends one delivery and records the outcome. Only the status code
 // and a short fixed reason are stored, never the receiver's response body.
@@ -696,7 +706,7 @@ func (s *Service) deliverOne(ctx context.Context, c claimed) error {
 func (s *Service) abandon(ctx context.Context, c claimed) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
 	defer cancel()
-	if _, err := s.pool.Exec(ctx, `UPDATE webhook_deliveries SET state = 'failed', last_error = $2
+	if err := s.exec(ctx, `UPDATE webhook_deliveries SET state = 'failed', last_error = $2
 		WHERE id = $1 AND state = 'pending'`, c.id, abandoned); err != nil {
 		return fmt.Errorf("record delivery: %w", err)
 	}
@@ -713,7 +723,7 @@ func (s *Service) record(ctx context.Context, c claimed, code *int, failure stri
 		// A delivery its webhook's delete abandoned, or an update of its
 		// events ended, while it was being sent did arrive: it is recorded
 		// delivered (QA: it read failed).
-		_, err = s.pool.Exec(ctx, `UPDATE webhook_deliveries SET state = 'delivered', delivered_at = $2,
+		err = s.exec(ctx, `UPDATE webhook_deliveries SET state = 'delivered', delivered_at = $2,
 			last_status_code = $3, last_error = NULL
 			WHERE id = $1 AND (state = 'pending' OR (state = 'failed' AND last_error IN ('`+abandoned+`', '`+unsubscribed+`')))`,
 			c.id, now, code)
@@ -725,7 +735,7 @@ func (s *Service) record(ctx context.Context, c claimed, code *int, failure stri
 		if c.attempts < MaxAttempts {
 			due = now.Add(Backoff(c.attempts))
 		}
-		_, err = s.pool.Exec(ctx, `UPDATE webhook_deliveries
+		err = s.exec(ctx, `UPDATE webhook_deliveries
 			SET state = CASE WHEN attempts >= $5::int THEN 'failed' ELSE 'pending' END,
 			    next_attempt_at = CASE WHEN attempts >= $5::int THEN next_attempt_at ELSE $2::timestamptz END,
 			    last_status_code = $3, last_error = $4
@@ -735,6 +745,17 @@ func (s *Service) record(ctx context.Context, c claimed, code *int, failure stri
 		return fmt.Errorf("record delivery: %w", err)
 	}
 	return nil
+}
+
+// exec runs one statement of a delivery's outcome on the passes' share of
+// the pool (Service.conns): as a round's sends end, up to 100 of them
+// record at once, and on the pool alone they took every one of its
+// connections, the instance's requests queued behind them (soak QA).
+func (s *Service) exec(ctx context.Context, sql string, args ...any) error {
+	return s.conns.Hold(ctx, func() error {
+		_, err := s.pool.Exec(ctx, sql, args...)
+		return err
+	})
 }
 
 // nonPublic are the ranges beyond net.IP's own classes that no public

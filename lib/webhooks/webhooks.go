@@ -105,6 +105,11 @@ type Service struct {
 	logger       *slog.Logger
 	// dispatchBatch bounds one fan-out (dispatchBatch; tests lower it).
 	dispatchBatch int
+	// conns is the delivery passes' share of the pool: all of this
+	// instance's passes together (the local server runs up to 8 at once)
+	// claim and record on at most DB_MAX_CONNS − 2 connections, at least
+	// one, leaving the rest to requests (Deliver).
+	conns *db.Share
 }
 
 // New returns a Service. allowPrivate permits receivers on loopback and
@@ -115,7 +120,7 @@ func New(pool *pgxpool.Pool, sealer *seal.Sealer, now func() time.Time, allowPri
 	// Postgres keeps microseconds: a write answers the time a read returns.
 	clock := func() time.Time { return now().UTC().Truncate(time.Microsecond) }
 	return &Service{pool: pool, sealer: sealer, now: clock, client: newClient(allowPrivate), allowPrivate: allowPrivate,
-		logger: redact.Logger(logger), dispatchBatch: dispatchBatch}
+		logger: redact.Logger(logger), dispatchBatch: dispatchBatch, conns: db.ShareOf(pool)}
 }
 
 // validate checks the request. Unless allowPrivate, a receiver named by a
