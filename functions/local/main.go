@@ -85,6 +85,12 @@ func run(ctx context.Context, logOut io.Writer, ready chan<- string) error {
 	// body is read, so a long poll's answer is not cut.
 	srv := &http.Server{Handler: a.Server, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: time.Minute,
 		IdleTimeout: 2 * time.Minute}
+	stopProfiles, err := servePprof(logOut) // RATCHET_PPROF_ADDR; off by default
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	defer stopProfiles()
 	// The sweeper (and the webhook sends it runs detached) stops before the
 	// pool closes: the deferred a.Close runs after this.
 	sweepCtx, stopSweeping := context.WithCancel(ctx)

@@ -1,10 +1,10 @@
 // Command soak drives mixed traffic at a running local server for a while
 // and samples, every -every, what would grow without bound under steady
 // traffic: the server's goroutines and heap (from its pprof, when -pprof is
-// given), its RSS and open fds (-pid), the database's connections per
-// application_name and the main tables' live and dead rows, the traffic's
-// latency and 5xx, and the same of this process (whose Go SDK worker claims
-// and reports the jobs).
+// given: the address the server's RATCHET_PPROF_ADDR serves), its RSS and
+// open fds (-pid), the database's connections per application_name and the
+// main tables' live and dead rows, the traffic's latency and 5xx, and the
+// same of this process (whose Go SDK worker claims and reports the jobs).
 package main
 
 import (
@@ -38,7 +38,8 @@ import (
 
 func main() {
 	base := flag.String("base", "http://127.0.0.1:8893", "the server")
-	pprof := flag.String("pprof", "", "the server's pprof address (host:port), if served")
+	pprof := flag.String("pprof", "", "the server's pprof address (host:port): start the local server with "+
+		"RATCHET_PPROF_ADDR set to it (README, \"Profiling the local server\")")
 	pid := flag.Int("pid", 0, "the server's process id, for its RSS and fds")
 	dbURL := flag.String("db", os.Getenv("DATABASE_URL"), "the server's database")
 	dur := flag.Duration("for", 8*time.Minute, "how long to drive traffic")
