@@ -30,7 +30,9 @@ type Task struct {
 	// another workspace's included (QA: a 10 s receiver made every pass
 	// take 10 s). At most maxDetached runs of it are in flight; a tick that
 	// finds them all busy skips it. RunOnce (the cron routes, the Lambda
-	// schedule, tests) runs it in line like the others.
+	// schedule, tests) runs it in line like the others. Its runs, beside
+	// each other and the pass, bound their own use of the pool together
+	// (webhook delivery: a db.Share), so that they leave requests room.
 	Detached bool
 	// Needs is the least time a run of it is of use with (webhook delivery:
 	// a send and its record). A pass with a deadline keeps it for this
