@@ -231,14 +231,8 @@ func (d *drainingPipes) admit(line []byte) {
 // unanswered: its answer will not be written. One already answered stays
 // answered; an unknown or malformed id is ignored, as MCP has it.
 func (d *drainingPipes) cancel(params json.RawMessage) {
-	var p struct {
-		RequestID any `json:"requestId"`
-	}
-	if json.Unmarshal(params, &p) != nil {
-		return
-	}
-	id, err := jsonrpc.MakeID(p.RequestID)
-	if err != nil || !id.IsValid() {
+	id, ok := mcpserver.CancelledRequest(params)
+	if !ok {
 		return
 	}
 	d.mu.Lock()

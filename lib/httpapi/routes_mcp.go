@@ -90,7 +90,8 @@ func (s *Server) mcpRoutes() []Route {
 		"answer holds at most about 4 MB: a list tool's page ends early (next_cursor) to fit, and a tool call " +
 		"of a batch whose result would take the batch's answer past it is answered a JSON-RPC error (-32600) " +
 		"instead, to be sent again alone or in a smaller batch; room is kept for each ratchet_begin's decision, " +
-		"which is always answered (a duplicate's large result aside)."
+		"which is always answered (a duplicate's large result aside). A request of a batch that a " +
+		"notifications/cancelled of the batch names is not answered (MCP): it is left out of the batch's answer."
 	var routes []Route
 	for _, m := range []string{"POST", "GET", "DELETE"} {
 		rt := Route{
@@ -109,7 +110,8 @@ func (s *Server) mcpRoutes() []Route {
 			rt.Response = batchOf{One: mcpAnswer{}, Max: mcpserver.MaxBatch}
 			rt.ErrorBodies = map[int]any{http.StatusBadRequest: mcpAnswer{}}
 			rt.Bodiless = map[int]string{http.StatusAccepted: "Accepted: a JSON-RPC notification or response, " +
-				"which has no answer"}
+				"which has no answer, or a batch whose every request a notifications/cancelled of the batch " +
+				"cancelled (a cancelled request is not answered)"}
 		}
 		routes = append(routes, rt)
 	}
@@ -285,11 +287,21 @@ func (j *jsonRPCErrors) finish() {
 		return
 	case holdJSON:
 		j.Header().Del("Content-Length")
+		held, anyLeft := j.held.Bytes(), true
+		if j.status == http.StatusOK {
+			// A request the batch cancels is not answered, as MCP asks.
+			held, anyLeft = mcpserver.LeaveOutCancelled(j.body, held)
+		}
+		if !anyLeft {
+			j.Header().Del("Content-Type")
+			j.ResponseWriter.WriteHeader(http.StatusAccepted) // as a batch of notifications only
+			return
+		}
 		j.ResponseWriter.WriteHeader(j.status)
 		// Written without the SDK's HTML escapes: each <, > and & of a
 		// tool result's text and structured content took six bytes, past
 		// what its room reckoned (answer.Budget).
-		_, _ = j.ResponseWriter.Write(jsonx.Unescaped(mcpserver.QuietErrors(j.held.Bytes())))
+		_, _ = j.ResponseWriter.Write(jsonx.Unescaped(mcpserver.QuietErrors(held)))
 		return
 	}
 	j.Header().Del("Content-Length")

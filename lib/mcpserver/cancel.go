@@ -1,12 +1,15 @@
 package mcpserver
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/gate"
@@ -186,4 +189,68 @@ func ReleaseUnseen(ctx context.Context, c Caller, auth string, result json.RawMe
 		return false, fmt.Errorf("its report was answered HTTP %d", status)
 	}
 	return true, nil
+}
+
+// methodCancelled is the notification by which a client cancels a request.
+const methodCancelled = "notifications/cancelled"
+
+// CancelledRequest reads params, a notifications/cancelled's, for the id
+// of the request it cancels, as the SDK reads it (a number is taken as the
+// integer it truncates to); ok is false when it names none.
+func CancelledRequest(params json.RawMessage) (id jsonrpc.ID, ok bool) {
+	var p struct {
+		RequestID any `json:"requestId"`
+	}
+	if json.Unmarshal(params, &p) != nil {
+		return jsonrpc.ID{}, false
+	}
+	id, err := jsonrpc.MakeID(p.RequestID)
+	if err != nil || !id.IsValid() {
+		return jsonrpc.ID{}, false
+	}
+	return id, true
+}
+
+// LeaveOutCancelled is answer, the transport's answer to body, without the
+// answers to the requests of body that a notifications/cancelled of body
+// names: MCP asks a receiver not to answer a request it was asked to cancel
+// (its answers were sent anyway, as the SDK the endpoint is built on writes
+// them, MCP QA). Only a batch can hold a request and its cancellation (each
+// HTTP request is served on its own); where the notification sits in the
+// batch does not matter, since the SDK cancels a request in the background
+// and may reach one named before it. A request the cancellation reached
+// stopped where it was; one it did not reach ran on and did what it did, as
+// a REST call whose answer was lost (a ratchet_begin granted stays granted,
+// its lease lapsing). anyLeft is false when no answer is left: the batch is
+// then answered as one of notifications only is, 202 with no body.
+func LeaveOutCancelled(body, answer []byte) (_ []byte, anyLeft bool) {
+	var batch []json.RawMessage
+	if json.Unmarshal(body, &batch) != nil {
+		return answer, true // one message: it cancels nothing of its own
+	}
+	cancelled := map[jsonrpc.ID]bool{}
+	for _, m := range batch {
+		msg, err := jsonrpc.DecodeMessage(m)
+		if req, ok := msg.(*jsonrpc.Request); err == nil && ok && !req.ID.IsValid() && req.Method == methodCancelled {
+			if id, ok := CancelledRequest(req.Params); ok {
+				cancelled[id] = true
+			}
+		}
+	}
+	var answers []json.RawMessage
+	if len(cancelled) == 0 || json.Unmarshal(answer, &answers) != nil {
+		return answer, true
+	}
+	var kept [][]byte
+	for _, a := range answers {
+		msg, err := jsonrpc.DecodeMessage(a)
+		if resp, ok := msg.(*jsonrpc.Response); err == nil && ok && resp.ID.IsValid() && cancelled[resp.ID] {
+			continue
+		}
+		kept = append(kept, a)
+	}
+	if len(kept) == 0 {
+		return nil, false
+	}
+	return append(append([]byte("["), bytes.Join(kept, []byte(","))...), ']'), true
 }

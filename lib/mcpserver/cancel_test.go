@@ -135,3 +135,36 @@ func TestBeginWithoutRequestID(t *testing.T) {
 		require.Equal(t, want, mcpserver.BeginWithoutRequestID(json.RawMessage(params)), params)
 	}
 }
+
+// A request of a batch that a notifications/cancelled of the batch names,
+// wherever it sits, is left out of the batch's answer, its id read as the
+// SDK reads it (1.0 is 1; "1" is another id); a batch left with no answer
+// says so. One message alone, or a batch cancelling nothing of its own, is
+// answered as it is.
+func TestLeaveOutCancelledDropsOnlyTheCancelledAnswers(t *testing.T) {
+	t.Parallel()
+	const (
+		call1  = `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"ratchet_begin"}}`
+		call2  = `{"jsonrpc":"2.0","id":"1","method":"tools/list"}`
+		answer = `[{"jsonrpc":"2.0","id":1,"result":{"isError":true}},{"jsonrpc":"2.0","id":"1","result":{"tools":[]}}]`
+		kept   = `[{"jsonrpc":"2.0","id":"1","result":{"tools":[]}}]`
+	)
+	cancel := func(id string) string {
+		return `{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":` + id + `}}`
+	}
+	for body, want := range map[string]string{
+		"[" + call1 + "," + call2 + "," + cancel("1") + "]":   kept,
+		"[" + cancel("1.0") + "," + call1 + "," + call2 + "]": kept,
+		"[" + call1 + "," + call2 + "," + cancel("7") + "]":   answer,
+		"[" + call1 + "," + call2 + "," + cancel("{}") + "]":  answer,
+		"[" + call1 + "," + call2 + "]":                       answer,
+		call1:                                                 answer,
+	} {
+		out, anyLeft := mcpserver.LeaveOutCancelled([]byte(body), []byte(answer))
+		require.True(t, anyLeft, body)
+		require.JSONEq(t, want, string(out), body)
+	}
+	_, anyLeft := mcpserver.LeaveOutCancelled([]byte("["+call1+","+call2+","+cancel("1")+","+cancel(`"1"`)+"]"),
+		[]byte(answer))
+	require.False(t, anyLeft, "every request of the batch was cancelled")
+}
