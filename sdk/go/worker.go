@@ -154,12 +154,13 @@ type Worker struct {
 	claimID    string                  // the next claim's id: a lost claim's, to ask again (poll loop only)
 	claimLimit int                     // the limit the claim under claimID asked for (poll loop only)
 	jobs       sync.WaitGroup          // dispatched jobs, until their report is queued (or left unreported)
-	handlers   sync.WaitGroup          // handler calls in progress, stragglers included
+	handlers   sync.WaitGroup          // handler calls in progress, stragglers included, settled ones given up (await) excluded
 	running    int                     // handler calls in progress whose attempt is not reported (mu)
 	startEnded bool                    // Start's context ended: an immediate stop (mu)
 	cutByStart int                     // handlers Start's end cut off that returned an error (mu)
 	stragglers int                     // handler calls still in progress after their timeout was reported (mu)
 	settled    int                     // of running, handlers cancelled for a lost lease or a cancelled job (mu)
+	givenUp    int                     // of settled, those no longer waited for: their stop grace passed (mu)
 	returned   chan struct{}           // signalled (buffered, 1) when running drops
 	cancelJobs context.CancelCauseFunc // ends every handler's context
 	reporter   *reporter               // batches the handlers' reports
@@ -495,10 +496,12 @@ func closed(ch chan struct{}) bool {
 // handler whose timeout was already reported (it ignored its timeout) is
 // not waited for past ctx's end; the error counts it apart. A handler that
 // ignores the cancellation of a lost lease (OnError was told a
-// *LeaseLostError) or of a job the server cancelled, before ctx's end or
-// during the grace, gets the same StopGrace and is then left running,
-// nothing reported or told (a newer attempt holds its job, or the job runs
-// no more); the error counts it apart too.
+// *LeaseLostError) or of a job the server cancelled, before Stop, while it
+// waits or during the grace, gets the same StopGrace from Stop's call (or
+// from that cancellation, if later) and is then left running, nothing
+// reported or told (a newer attempt holds its job, or the job runs no
+// more), even by a ctx without a deadline; the error counts it apart too
+// (matching ErrWorkerStopped).
 //
 // Reports are retried until the server answers them, bounded only by ctx
 // (and the grace). If any report of the worker's life was not recorded (given
@@ -576,24 +579,26 @@ func (w *Worker) stop(ctx context.Context) error {
 		defer cancel()
 		sent := w.reporter.close(sendCtx)
 		lost := w.reporter.lostReports()
-		if !sent || abandoned {
-			return stopDeadlineError(stopState{sent: sent, lost: lost, abandoned: abandoned}, ctx.Err())
-		}
-		if lost > 0 {
-			return fmt.Errorf("ratchet: %d report(s) were not recorded (see OnError); their jobs run again once their leases lapse: %w",
-				lost, ErrReportsNotRecorded)
-		}
 		w.mu.Lock()
-		cut := w.cutByStart
+		cut, left := w.cutByStart, w.settled // left: given up after their stop grace, still running
 		w.mu.Unlock()
-		if cut > 0 {
-			// QA: after a signal context given to Start, Stop answered nil
-			// although the handlers had been cut off mid-call.
-			return fmt.Errorf("ratchet: %d handler(s) were cancelled when Start's context ended (an immediate stop) "+
-				"and returned an error, reported as a failure; for a graceful stop keep Start's context alive and call Stop: %w", cut,
-				ErrWorkerStopped)
+		if !sent || abandoned {
+			return stopDeadlineError(stopState{sent: sent, lost: lost, abandoned: abandoned, settled: left}, ctx.Err())
 		}
-		return nil
+		err := finishedError(lost, cut)
+		if left > 0 {
+			// Stop returns rather than wait for handlers that ignore a
+			// cancellation with nothing left to report (sdk QA: a Stop
+			// without a deadline never returned), as the TypeScript
+			// worker's stop() resolves false.
+			still := fmt.Errorf("ratchet: %s, left running once the stop grace (%v) had passed: %w",
+				settledRunning(left), w.stopGraceOr(), ErrWorkerStopped)
+			if err == nil {
+				return still
+			}
+			return fmt.Errorf("%w; %w", still, err)
+		}
+		return err
 	case <-ctx.Done():
 	}
 	w.mu.Lock()
@@ -628,16 +633,43 @@ func (w *Worker) stop(ctx context.Context) error {
 	return stopDeadlineError(st, ctx.Err())
 }
 
-// awaitReturns waits until no handler with an unreported attempt runs, or
-// grace fires; it returns how many still run, and how many of those were
-// cancelled for a lost lease or a cancelled job (settled).
+// finishedError is Stop's answer when every handler returned (or was given
+// up, finished with nothing to report) before its deadline: lost reports
+// not recorded, and cut handlers Start's end cut off.
+func finishedError(lost, cut int) error {
+	if lost > 0 {
+		return fmt.Errorf("ratchet: %d report(s) were not recorded (see OnError); their jobs run again once their leases lapse: %w",
+			lost, ErrReportsNotRecorded)
+	}
+	if cut > 0 {
+		// QA: after a signal context given to Start, Stop answered nil
+		// although the handlers had been cut off mid-call.
+		return fmt.Errorf("ratchet: %d handler(s) were cancelled when Start's context ended (an immediate stop) "+
+			"and returned an error, reported as a failure; for a graceful stop keep Start's context alive and call Stop: %w", cut,
+			ErrWorkerStopped)
+	}
+	return nil
+}
+
+// settledRunning says that n handlers cancelled for a lost lease or a
+// cancelled job still run, with nothing to report.
+func settledRunning(n int) string {
+	return fmt.Sprintf("%d handler(s) still running after their lease was lost or their job was cancelled "+
+		"(nothing to report: a newer attempt holds the job, or it runs no more)", n)
+}
+
+// awaitReturns waits until no handler with an unreported attempt runs
+// (those given up after their own stop grace aside), or grace fires; it
+// returns how many still run, and how many of those were cancelled for a
+// lost lease or a cancelled job (settled).
 func (w *Worker) awaitReturns(grace <-chan time.Time) (running, settled int) {
 	for {
 		w.mu.Lock()
-		n := w.running
+		running, settled = w.running, w.settled
+		waited := running - w.givenUp
 		w.mu.Unlock()
-		if n == 0 {
-			return 0, 0
+		if waited == 0 {
+			return running, settled
 		}
 		select {
 		case <-w.returned:
@@ -706,8 +738,7 @@ func stopDeadlineError(st stopState, err error) error {
 		if st.left > 0 || returned > 0 {
 			b.WriteString("; ")
 		}
-		fmt.Fprintf(&b, "%d handler(s) still running after their lease was lost or their job was cancelled "+
-			"(nothing to report: a newer attempt holds the job, or it runs no more)", st.settled)
+		b.WriteString(settledRunning(st.settled))
 	}
 	if st.stragglers > 0 {
 		fmt.Fprintf(&b, "; %d handler(s) still running after their timeout was reported", st.stragglers)
@@ -1196,7 +1227,7 @@ func (w *Worker) execute(ctx, jobsCtx context.Context, rt *registeredTool, j Cla
 	// Under mu: the handler returned; its timeout was reported while it
 	// ran; its lease was lost or its job cancelled by the server while it
 	// ran (counted in settled while it runs on).
-	var returned, straggler, settled bool
+	var returned, straggler, settled, givenUp bool
 	settle := func(cause error) {
 		w.mu.Lock()
 		if !returned && !settled {
@@ -1223,6 +1254,11 @@ func (w *Worker) execute(ctx, jobsCtx context.Context, rt *registeredTool, j Cla
 			if settled {
 				w.settled--
 			}
+			if givenUp {
+				w.givenUp--
+			} else {
+				w.handlers.Done()
+			}
 			if straggler {
 				w.stragglers--
 			} else {
@@ -1233,7 +1269,6 @@ func (w *Worker) execute(ctx, jobsCtx context.Context, rt *registeredTool, j Cla
 				}
 			}
 			w.mu.Unlock()
-			w.handlers.Done()
 			close(handlerReturned)
 		}()
 		out, err := rt.invoke(hctx, j.Input, job)
@@ -1275,6 +1310,19 @@ func (w *Worker) execute(ctx, jobsCtx context.Context, rt *registeredTool, j Cla
 			}
 			w.mu.Unlock()
 		case gone:
+			// Given up: Stop, which waits for the handlers to return, no
+			// longer waits for this one (it counts it in w.settled).
+			w.mu.Lock()
+			if !returned { // else it returned meanwhile and was counted as such
+				givenUp = true
+				w.givenUp++
+				w.handlers.Done()
+				select {
+				case w.returned <- struct{}{}:
+				default:
+				}
+			}
+			w.mu.Unlock()
 		default:
 			// Its lease lapses and the job runs again elsewhere: OnError
 			// is told, naming the job (QA: only Stop's count said so, and
@@ -1342,9 +1390,11 @@ const timeoutGrace = time.Second
 // finished is false when the handler did not return by then. A cancel
 // request or a lost lease waits for the handler as before (the heartbeats
 // have already stopped, so its lease lapses on its own) until the worker
-// stops, and then the stop grace at most, as the TypeScript and Python
+// stops (Stop is called, with or without a deadline, or Start's context
+// ends), and then the stop grace at most, as the TypeScript and Python
 // workers wait (sdk QA: Go waited with no bound, so that after Start's
-// context ended the reports were never closed).
+// context ended the reports were never closed, and a Stop without a
+// deadline never returned).
 func (w *Worker) await(hctx, jobsCtx context.Context, done <-chan handlerResult) (res handlerResult, finished bool) {
 	select {
 	case res = <-done:
@@ -1361,6 +1411,7 @@ func (w *Worker) await(hctx, jobsCtx context.Context, done <-chan handlerResult)
 		case res = <-done:
 			return res, true
 		case <-jobsCtx.Done():
+		case <-w.stopping: // Stop was called, whatever its deadline
 		}
 		grace = w.stopGraceOr()
 	}

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -3094,6 +3095,95 @@ func TestWorkerStopLeavesAHandlerIgnoringALostLeaseOrACancelRunning(t *testing.T
 				if errors.As(err, &n) {
 					t.Fatalf("OnError was told %v", err)
 				}
+			}
+		})
+	}
+}
+
+// A Stop with no deadline of its own (a graceful stop, waiting for the
+// handlers to finish) gives a handler that ignores a lost lease or the
+// server's cancel request, cancelled before the Stop or while it waits, the
+// stop grace at most, as the TypeScript worker does, then returns, counting
+// it as still running (nothing to report: a newer attempt holds its job, or
+// the job runs no more) and telling OnError nothing of it. sdk QA: such a
+// Stop waited for the handler with no bound. The handler stays blocked on
+// a channel until the test ends: a goroutine cannot be killed.
+func TestWorkerStopWithoutADeadlineGivesUpAHandlerIgnoringALostLeaseOrACancel(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct{ name, cancelledBy string }{
+		{"lease lost before the stop", "lease_lost"}, {"cancel requested before the stop", "cancelRequested"},
+		{"lease lost while the stop waits", "lease_lost"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			duringStop := strings.HasSuffix(c.name, "while the stop waits")
+			f := newFakeJobs()
+			f.leaseFor = 3 * time.Second // a heartbeat a second
+			id := f.add("stuck", "1", welcomeIn{}, 0)
+			refuse := make(chan struct{})
+			f.heartbeat = func(string) (int, string) {
+				select {
+				case <-refuse:
+					return 409, CodeLeaseLost
+				default:
+					return 0, ""
+				}
+			}
+			if c.cancelledBy == "cancelRequested" {
+				f.cancel[id] = true
+			} else if !duringStop {
+				close(refuse)
+			}
+			started, causes, release := make(chan struct{}), make(chan error, 1), make(chan struct{})
+			defer close(release)
+			cw, _ := testClient(t, f)
+			w := NewWorker(cw)
+			must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "stuck", Version: "1",
+				Handler: func(ctx context.Context, _ welcomeIn, _ JobContext) (welcomeOut, error) {
+					close(started)
+					<-ctx.Done()
+					causes <- context.Cause(ctx)
+					<-release // ignores its cancellation
+					return welcomeOut{Sent: true}, nil
+				}}))
+			sink := &errSink{}
+			must(t, w.Start(context.Background(), StartOptions{PollInterval: 20 * time.Millisecond, OnError: sink.add,
+				StopGrace: 20 * time.Millisecond}))
+			awaitWithin(t, started, "the handler's start")
+			stopped := make(chan error, 1)
+			if duringStop {
+				go func() { stopped <- w.Stop(context.Background()) }()
+				for !closed(w.stopping) {
+					runtime.Gosched()
+				}
+				close(refuse)
+			}
+			want := ErrLeaseLost
+			if c.cancelledBy == "cancelRequested" {
+				want = ErrCancelRequested
+			}
+			if cause := awaitWithin(t, causes, "the handler's cancellation"); !errors.Is(cause, want) {
+				t.Fatalf("cause %v", cause)
+			}
+			if !duringStop {
+				go func() { stopped <- w.Stop(context.Background()) }()
+			}
+			err := awaitWithin(t, stopped, "Stop")
+			if err == nil || !strings.Contains(err.Error(), "1 handler(s) still running after their lease was lost or their job was cancelled") ||
+				!errors.Is(err, ErrWorkerStopped) || strings.Contains(err.Error(), "left unreported") ||
+				errors.Is(err, ErrReportsNotRecorded) {
+				t.Fatalf("Stop = %v", err)
+			}
+			for _, err := range sink.delivered(w) {
+				var n *ReportNotRecordedError
+				if errors.As(err, &n) {
+					t.Fatalf("OnError was told %v", err)
+				}
+			}
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			if len(f.reports) != 0 {
+				t.Fatalf("reported %v", f.reports)
 			}
 		})
 	}
