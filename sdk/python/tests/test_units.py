@@ -4267,6 +4267,81 @@ class FullReportQueueTest(unittest.TestCase):
         self.assertEqual([r["status"] for r in reports], ["SUCCEEDED"], server.seen)
         self.assertTrue(worker.stop(0), "the drain lost the job")
 
+    def test_a_real_interrupt_of_a_start_called_in_its_callers_interrupt_handler_drains(self) -> None:
+        # End to end, as a program meets it: a blocking start() on the main
+        # thread, called in the caller's own `except KeyboardInterrupt:`
+        # block, gets one real SIGINT while a job runs. That interrupt has
+        # the caller's as its context and is the worker's first (_loop's
+        # before): the stop drains, waiting for the handler, which is
+        # reported as it returned, and start() raises the interrupt again.
+        # With before not passed to the drain (None), it was taken for a
+        # second: the handler given up at once and left unreported.
+        if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+            self.addCleanup(signal.signal, signal.SIGINT, signal.getsignal(signal.SIGINT))
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        release = threading.Event()
+        client, server, running = stubborn_handlers(self, release=release)
+        worker = client.worker
+
+        def waiting_for_jobs() -> bool:
+            frame = sys._current_frames().get(threading.main_thread().ident)
+            while frame is not None and frame.f_code.co_name != "_wait_for_jobs":
+                frame = frame.f_back
+            return frame is not None
+
+        def interrupt() -> None:
+            try:
+                wait_until(running.is_set)
+                os.kill(os.getpid(), signal.SIGINT)  # the worker's one interrupt
+                wait_until(lambda: waiting_for_jobs() or worker._done.is_set())
+            finally:
+                release.set()  # the handler returns, once the drain waits for it (or the worker gave it up)
+
+        threading.Thread(target=interrupt, daemon=True).start()
+        raised: List[BaseException] = []
+        try:
+            raise KeyboardInterrupt  # the caller's own
+        except KeyboardInterrupt as caller:
+            try:
+                worker.start(1, poll_interval=0.05, on_error=self.errors.append, stop_grace=60)
+            except KeyboardInterrupt as err:
+                raised.append(err)
+            self.assertEqual(len(raised), 1, "start() did not raise the worker's interrupt")
+            self.assertIsNot(raised[0], caller)
+        self.assertFalse(worker._abandoned, "the worker's first interrupt was taken as a second")
+        self.assertEqual([e for e in self.errors if isinstance(e, getratchet.ReportNotRecorded)], [])
+        reports = [b for m, p, h, b in server.seen if p == "/api/v1/jobs/job_1/report"]
+        self.assertEqual([r["status"] for r in reports], ["SUCCEEDED"], server.seen)
+        self.assertTrue(worker.stop(0), "the drain lost the job")
+
+    def test_a_start_stopped_while_registering_in_its_callers_interrupt_handler_loses_nothing(self) -> None:
+        # start() called in the caller's `except KeyboardInterrupt:` block
+        # handling a second Ctrl-C (its interrupt has another as its
+        # context), stopped (its stop_event) while it waits for the server
+        # to register it: it returns having run nothing, and its drain does
+        # not take the caller's interrupt for a second of the worker's
+        # (start()'s before). Taken as one, the stop was given up and stop()
+        # answered that the worker lost jobs it never had.
+        server = FakeServer(lambda method, path, body: (503, error("unavailable"), {}))
+        self.addCleanup(server.close)
+        client = getratchet.Ratchet(server.url, "rk_test")
+        self.addCleanup(client.close)
+        client.register_tool("t", "1", lambda input, context: None)
+        worker = client.worker
+        stop = threading.Event()
+        stop.set()  # heard while start() waits for the server
+        try:
+            try:
+                raise KeyboardInterrupt  # the caller's first Ctrl-C
+            except KeyboardInterrupt:
+                raise KeyboardInterrupt  # and its second, handled below
+        except KeyboardInterrupt:
+            worker.start(1, poll_interval=0.05, on_error=self.errors.append, stop_event=stop)
+        self.assertIsNone(worker.worker_id, "the worker registered")
+        self.assertTrue(worker._done.is_set(), "the worker never ended")
+        self.assertFalse(worker._abandoned, "the caller's interrupt was taken for the worker's second")
+        self.assertTrue(worker.stop(0), "a worker that ran nothing answered that it lost jobs")
+
 def start_blocking(worker) -> Tuple[List[BaseException], threading.Event]:
     """Starts worker blocking (an hour's poll interval, failures dropped)
     on a thread of its own; what start() raised, and set once it returned."""
