@@ -3002,38 +3002,10 @@ func TestWorkerStopLeavesAHandlerIgnoringALostLeaseOrACancelRunning(t *testing.T
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			duringGrace := strings.HasSuffix(c.name, "during the grace")
-			f := newFakeJobs()
-			f.leaseFor = 3 * time.Second // a heartbeat a second
-			id := f.add("stuck", "1", welcomeIn{}, 0)
-			refuse := make(chan struct{})
-			f.heartbeat = func(string) (int, string) {
-				select {
-				case <-refuse:
-					return 409, CodeLeaseLost
-				default:
-					return 0, ""
-				}
-			}
-			if c.cancelledBy == "cancelRequested" {
-				f.cancel[id] = true
-			} else if !duringGrace {
-				close(refuse)
-			}
-			started, causes, release := make(chan struct{}), make(chan error, 1), make(chan struct{})
-			defer close(release)
-			cw, _ := testClient(t, f)
-			w := NewWorker(cw)
+			j := newSettledJob(t, c.cancelledBy, !duringGrace)
+			id, w, sink, started, causes := j.id, j.w, j.sink, j.started, j.causes
 			clk := &gatedClock{gated: time.Hour, open: make(chan struct{})}
 			w.clock = clk
-			must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "stuck", Version: "1",
-				Handler: func(ctx context.Context, _ welcomeIn, _ JobContext) (welcomeOut, error) {
-					close(started)
-					<-ctx.Done()
-					causes <- context.Cause(ctx)
-					<-release // ignores its cancellation
-					return welcomeOut{Sent: true}, nil
-				}}))
-			sink := &errSink{}
 			startCtx, cancelStart := context.WithCancel(context.Background())
 			defer cancelStart()
 			must(t, w.Start(startCtx, StartOptions{PollInterval: 20 * time.Millisecond, OnError: sink.add,
@@ -3047,7 +3019,7 @@ func TestWorkerStopLeavesAHandlerIgnoringALostLeaseOrACancelRunning(t *testing.T
 				if cause := awaitWithin(t, causes, "the handler's cancellation"); !errors.Is(cause, ErrWorkerStopped) {
 					t.Fatalf("cause %v", cause)
 				}
-				close(refuse)
+				j.loseLease()
 			} else {
 				want := ErrLeaseLost
 				if c.cancelledBy == "cancelRequested" {
@@ -3085,18 +3057,86 @@ func TestWorkerStopLeavesAHandlerIgnoringALostLeaseOrACancelRunning(t *testing.T
 					go func() { stopped <- w.Stop(ctx) }()
 				}
 				close(clk.open) // the stop grace ends
-				if err := awaitWithin(t, stopped, "Stop"); err == nil || !strings.Contains(err.Error(), "1 handler(s) still running after their lease was lost or their job was cancelled") ||
-					strings.Contains(err.Error(), "left unreported") || errors.Is(err, ErrReportsNotRecorded) {
-					t.Fatalf("Stop = %v", err)
-				}
+				j.assertLeftRunning(t, awaitWithin(t, stopped, "Stop"))
 			}
-			for _, err := range sink.delivered(w) {
-				var n *ReportNotRecordedError
-				if errors.As(err, &n) {
-					t.Fatalf("OnError was told %v", err)
-				}
-			}
+			j.assertNotToldLeftUnreported(t)
 		})
+	}
+}
+
+// settledJob is a worker (not started) whose one job's handler ignores its
+// cancellation, a lost lease's or the server's cancel request's, until the
+// test ends: the stop tests' setup.
+type settledJob struct {
+	f       *fakeJobs
+	id      string
+	w       *Worker
+	sink    *errSink      // OnError, for Start
+	started chan struct{} // closed once the handler runs
+	causes  chan error    // its context's cause once cancelled
+	refuse  chan struct{} // closed: the heartbeats answer lease_lost
+}
+
+// newSettledJob sets one up: the server asks for the job's cancellation
+// (cancelledBy "cancelRequested"), or answers its heartbeats lease_lost at
+// once (lostAtOnce) or from loseLease on.
+func newSettledJob(t *testing.T, cancelledBy string, lostAtOnce bool) *settledJob {
+	t.Helper()
+	j := &settledJob{f: newFakeJobs(), sink: &errSink{}, started: make(chan struct{}), causes: make(chan error, 1),
+		refuse: make(chan struct{})}
+	j.f.leaseFor = 3 * time.Second // a heartbeat a second
+	j.id = j.f.add("stuck", "1", welcomeIn{}, 0)
+	j.f.heartbeat = func(string) (int, string) {
+		select {
+		case <-j.refuse:
+			return 409, CodeLeaseLost
+		default:
+			return 0, ""
+		}
+	}
+	if cancelledBy == "cancelRequested" {
+		j.f.cancel[j.id] = true
+	} else if lostAtOnce {
+		j.loseLease()
+	}
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	cw, _ := testClient(t, j.f)
+	j.w = NewWorker(cw)
+	must(t, RegisterTool(j.w, Tool[welcomeIn, welcomeOut]{Name: "stuck", Version: "1",
+		Handler: func(ctx context.Context, _ welcomeIn, _ JobContext) (welcomeOut, error) {
+			close(j.started)
+			<-ctx.Done()
+			j.causes <- context.Cause(ctx)
+			<-release // ignores its cancellation
+			return welcomeOut{Sent: true}, nil
+		}}))
+	return j
+}
+
+// loseLease has the job's heartbeats answered lease_lost from now on.
+func (j *settledJob) loseLease() { close(j.refuse) }
+
+// assertLeftRunning checks Stop's error: it counts the handler as still
+// running after its lease was lost or its job cancelled, not as left
+// unreported, and no report as lost.
+func (j *settledJob) assertLeftRunning(t *testing.T, err error) {
+	t.Helper()
+	if err == nil || !strings.Contains(err.Error(), "1 handler(s) still running after their lease was lost or their job was cancelled") ||
+		strings.Contains(err.Error(), "left unreported") || errors.Is(err, ErrReportsNotRecorded) {
+		t.Fatalf("Stop = %v", err)
+	}
+}
+
+// assertNotToldLeftUnreported checks that OnError was told of no job left
+// unreported to run again.
+func (j *settledJob) assertNotToldLeftUnreported(t *testing.T) {
+	t.Helper()
+	for _, err := range j.sink.delivered(j.w) {
+		var n *ReportNotRecordedError
+		if errors.As(err, &n) {
+			t.Fatalf("OnError was told %v", err)
+		}
 	}
 }
 
@@ -3117,73 +3157,39 @@ func TestWorkerStopWithoutADeadlineGivesUpAHandlerIgnoringALostLeaseOrACancel(t 
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			duringStop := strings.HasSuffix(c.name, "while the stop waits")
-			f := newFakeJobs()
-			f.leaseFor = 3 * time.Second // a heartbeat a second
-			id := f.add("stuck", "1", welcomeIn{}, 0)
-			refuse := make(chan struct{})
-			f.heartbeat = func(string) (int, string) {
-				select {
-				case <-refuse:
-					return 409, CodeLeaseLost
-				default:
-					return 0, ""
-				}
-			}
-			if c.cancelledBy == "cancelRequested" {
-				f.cancel[id] = true
-			} else if !duringStop {
-				close(refuse)
-			}
-			started, causes, release := make(chan struct{}), make(chan error, 1), make(chan struct{})
-			defer close(release)
-			cw, _ := testClient(t, f)
-			w := NewWorker(cw)
-			must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "stuck", Version: "1",
-				Handler: func(ctx context.Context, _ welcomeIn, _ JobContext) (welcomeOut, error) {
-					close(started)
-					<-ctx.Done()
-					causes <- context.Cause(ctx)
-					<-release // ignores its cancellation
-					return welcomeOut{Sent: true}, nil
-				}}))
-			sink := &errSink{}
-			must(t, w.Start(context.Background(), StartOptions{PollInterval: 20 * time.Millisecond, OnError: sink.add,
+			j := newSettledJob(t, c.cancelledBy, !duringStop)
+			w := j.w
+			must(t, w.Start(context.Background(), StartOptions{PollInterval: 20 * time.Millisecond, OnError: j.sink.add,
 				StopGrace: 20 * time.Millisecond}))
-			awaitWithin(t, started, "the handler's start")
+			awaitWithin(t, j.started, "the handler's start")
 			stopped := make(chan error, 1)
 			if duringStop {
 				go func() { stopped <- w.Stop(context.Background()) }()
 				for !closed(w.stopping) {
 					runtime.Gosched()
 				}
-				close(refuse)
+				j.loseLease()
 			}
 			want := ErrLeaseLost
 			if c.cancelledBy == "cancelRequested" {
 				want = ErrCancelRequested
 			}
-			if cause := awaitWithin(t, causes, "the handler's cancellation"); !errors.Is(cause, want) {
+			if cause := awaitWithin(t, j.causes, "the handler's cancellation"); !errors.Is(cause, want) {
 				t.Fatalf("cause %v", cause)
 			}
 			if !duringStop {
 				go func() { stopped <- w.Stop(context.Background()) }()
 			}
 			err := awaitWithin(t, stopped, "Stop")
-			if err == nil || !strings.Contains(err.Error(), "1 handler(s) still running after their lease was lost or their job was cancelled") ||
-				!errors.Is(err, ErrWorkerStopped) || strings.Contains(err.Error(), "left unreported") ||
-				errors.Is(err, ErrReportsNotRecorded) {
-				t.Fatalf("Stop = %v", err)
+			j.assertLeftRunning(t, err)
+			if !errors.Is(err, ErrWorkerStopped) {
+				t.Fatalf("Stop = %v, not matching ErrWorkerStopped", err)
 			}
-			for _, err := range sink.delivered(w) {
-				var n *ReportNotRecordedError
-				if errors.As(err, &n) {
-					t.Fatalf("OnError was told %v", err)
-				}
-			}
-			f.mu.Lock()
-			defer f.mu.Unlock()
-			if len(f.reports) != 0 {
-				t.Fatalf("reported %v", f.reports)
+			j.assertNotToldLeftUnreported(t)
+			j.f.mu.Lock()
+			defer j.f.mu.Unlock()
+			if len(j.f.reports) != 0 {
+				t.Fatalf("reported %v", j.f.reports)
 			}
 		})
 	}

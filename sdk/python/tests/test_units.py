@@ -3918,28 +3918,27 @@ class FullReportQueueTest(unittest.TestCase):
         stop_event (30 s for the jobs) once ready() returned, and then, once
         start() drains and then() is true, sends the process a real SIGINT:
         start() must raise it again, the worker done."""
-        if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-            self.addCleanup(signal.signal, signal.SIGINT, signal.getsignal(signal.SIGINT))
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+        self.default_sigint()
         stop = threading.Event()
-
-        def draining() -> bool:
-            frame = sys._current_frames().get(threading.main_thread().ident)
-            while frame is not None and frame.f_code.co_name != "_drain":
-                frame = frame.f_back
-            return frame is not None
 
         def interrupt() -> None:
             wait_until(lambda: worker.worker_id is not None)
             ready()
             stop.set()
-            wait_until(draining)
+            wait_until(lambda: main_thread_in("_drain"))
             wait_until(then)
             os.kill(os.getpid(), signal.SIGINT)
 
         threading.Thread(target=interrupt, daemon=True).start()
         with self.assertRaises(KeyboardInterrupt):
             worker.start(on_error=self.errors.append, stop_event=stop, **start)
+
+    def default_sigint(self) -> None:
+        """Has a SIGINT raise KeyboardInterrupt in the main thread for this
+        test, whatever handler the runner set (restored after)."""
+        if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+            self.addCleanup(signal.signal, signal.SIGINT, signal.getsignal(signal.SIGINT))
+            signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def assert_given_up_at_once(self, worker, job_ids: List[str]) -> None:
         """The worker is done, its claim cut's timer cancelled, each job of
@@ -4060,15 +4059,10 @@ class FullReportQueueTest(unittest.TestCase):
         """Calls worker.stop(30) on this (the main) thread and interrupts
         it with a real SIGINT once it waits, checking it raises the
         KeyboardInterrupt."""
-        if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-            self.addCleanup(signal.signal, signal.SIGINT, signal.getsignal(signal.SIGINT))
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+        self.default_sigint()
 
         def stopping() -> bool:
-            frame = sys._current_frames().get(threading.main_thread().ident)
-            while frame is not None and frame.f_code.co_name != "stop":
-                frame = frame.f_back
-            return frame is not None and worker._stopping.is_set()
+            return main_thread_in("stop") and worker._stopping.is_set()
 
         def interrupt() -> None:
             wait_until(stopping)
@@ -4261,6 +4255,12 @@ class FullReportQueueTest(unittest.TestCase):
         release.set()  # the handler returns, once the drain waits for it
         self.assertTrue(returned.wait(10), "start() never returned")
         self.assertEqual([type(err) for err in raised], [KeyboardInterrupt])
+        self.assert_drained_on_the_first(worker, server)
+
+    def assert_drained_on_the_first(self, worker, server) -> None:
+        """The worker's first interrupt drained gracefully: not taken for a
+        second, job_1's handler reported as it returned (SUCCEEDED), nothing
+        told lost, and stop() answers that nothing was."""
         self.assertFalse(worker._abandoned, "the worker's first interrupt was taken as a second")
         self.assertEqual([e for e in self.errors if isinstance(e, getratchet.ReportNotRecorded)], [])
         reports = [b for m, p, h, b in server.seen if p == "/api/v1/jobs/job_1/report"]
@@ -4276,24 +4276,16 @@ class FullReportQueueTest(unittest.TestCase):
         # reported as it returned, and start() raises the interrupt again.
         # With before not passed to the drain (None), it was taken for a
         # second: the handler given up at once and left unreported.
-        if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-            self.addCleanup(signal.signal, signal.SIGINT, signal.getsignal(signal.SIGINT))
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+        self.default_sigint()
         release = threading.Event()
         client, server, running = stubborn_handlers(self, release=release)
         worker = client.worker
-
-        def waiting_for_jobs() -> bool:
-            frame = sys._current_frames().get(threading.main_thread().ident)
-            while frame is not None and frame.f_code.co_name != "_wait_for_jobs":
-                frame = frame.f_back
-            return frame is not None
 
         def interrupt() -> None:
             try:
                 wait_until(running.is_set)
                 os.kill(os.getpid(), signal.SIGINT)  # the worker's one interrupt
-                wait_until(lambda: waiting_for_jobs() or worker._done.is_set())
+                wait_until(lambda: main_thread_in("_wait_for_jobs") or worker._done.is_set())
             finally:
                 release.set()  # the handler returns, once the drain waits for it (or the worker gave it up)
 
@@ -4308,11 +4300,7 @@ class FullReportQueueTest(unittest.TestCase):
                 raised.append(err)
             self.assertEqual(len(raised), 1, "start() did not raise the worker's interrupt")
             self.assertIsNot(raised[0], caller)
-        self.assertFalse(worker._abandoned, "the worker's first interrupt was taken as a second")
-        self.assertEqual([e for e in self.errors if isinstance(e, getratchet.ReportNotRecorded)], [])
-        reports = [b for m, p, h, b in server.seen if p == "/api/v1/jobs/job_1/report"]
-        self.assertEqual([r["status"] for r in reports], ["SUCCEEDED"], server.seen)
-        self.assertTrue(worker.stop(0), "the drain lost the job")
+        self.assert_drained_on_the_first(worker, server)
 
     def test_a_start_stopped_while_registering_in_its_callers_interrupt_handler_loses_nothing(self) -> None:
         # start() called in the caller's `except KeyboardInterrupt:` block
@@ -4365,6 +4353,15 @@ def job_1_sent_again(order: List[str]) -> None:
     begun failing as the worker sees it (a fixed sleep flipped the order on
     a loaded machine)."""
     wait_until(lambda: order.count("job_1 failed") >= 2, timeout=15)
+
+
+def main_thread_in(name: str) -> bool:
+    """Whether the main thread is running a function named name (anywhere
+    in its stack)."""
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    while frame is not None and frame.f_code.co_name != name:
+        frame = frame.f_back
+    return frame is not None
 
 
 def wait_until(probe, timeout: float = 10.0) -> None:
