@@ -122,7 +122,9 @@ type StartOptions struct {
 	// StopGrace is how long, once Stop's deadline passed (or Start's
 	// context ended), cancelled handlers have to return and be reported,
 	// and then how much longer the reports are sent: Stop returns within
-	// its deadline plus twice StopGrace and a second. Zero means
+	// its deadline plus twice StopGrace and a second. A handler cancelled
+	// for a lost lease or a cancelled job gets it from Stop's call (or its
+	// cancellation, if later), deadline or not. Zero means
 	// DefaultStopGrace (10 s); negative means none.
 	StopGrace time.Duration
 }
