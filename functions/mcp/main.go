@@ -55,8 +55,8 @@ func main() {
 // (mcpserver.ReleaseUnseen): its answer is not written, and no begin came
 // to rejoin it (hold.go). Said on stderr, naming nothing of the call.
 func releaseUnseen(c mcpserver.Caller, auth string, result json.RawMessage) {
-	ctx, cancel := context.WithTimeout(context.Background(), mcpserver.CancelGrace)
-	defer cancel()
+	ctx, stop := mcpserver.GivingBack(context.Background(), mcpserver.CancelGrace)
+	defer stop()
 	switch released, err := mcpserver.ReleaseUnseen(ctx, c, auth, result); {
 	case err != nil:
 		fmt.Fprintf(os.Stderr, "ratchet-mcp: a cancelled ratchet_begin was granted a lease; giving it back failed (%v): "+

@@ -77,10 +77,8 @@ func (s *Server) mcpRoutes() []Route {
 		// The answer to it holds at most answer.Budget: its tool calls
 		// share what is left of it (mcpserver.Room).
 		r = r.WithContext(mcpserver.WithRoom(r.Context(), body))
-		s.mcp.once.Do(func() {
-			s.mcp.handler = mcpserver.Handler(mcpserver.New(mcpserver.HandlerCaller{Handler: s}, ""))
-		})
-		jw := &jsonRPCErrors{ResponseWriter: w, body: body}
+		s.mcp.once.Do(func() { s.mcp.handler = s.mcpHandler() })
+		jw := &jsonRPCErrors{ResponseWriter: w, body: body, release: s.releaseUnseen(r)}
 		s.mcp.handler.ServeHTTP(jw, r)
 		jw.finish()
 	})
@@ -91,7 +89,10 @@ func (s *Server) mcpRoutes() []Route {
 		"of a batch whose result would take the batch's answer past it is answered a JSON-RPC error (-32600) " +
 		"instead, to be sent again alone or in a smaller batch; room is kept for each ratchet_begin's decision, " +
 		"which is always answered (a duplicate's large result aside). A request of a batch that a " +
-		"notifications/cancelled of the batch names is not answered (MCP): it is left out of the batch's answer."
+		"notifications/cancelled of the batch names is not answered (MCP): it is left out of the batch's answer; " +
+		"a ratchet_begin without request_id granted as its cancellation landed has its lease given back " +
+		"(reported failed, its attempt spent) before the answer is written, so the key's next begin is execute, " +
+		"not in_flight."
 	var routes []Route
 	for _, m := range []string{"POST", "GET", "DELETE"} {
 		rt := Route{
@@ -116,6 +117,36 @@ func (s *Server) mcpRoutes() []Route {
 		routes = append(routes, rt)
 	}
 	return routes
+}
+
+// mcpHandler is the MCP endpoint's transport, each tool call made through
+// this server's router.
+func (s *Server) mcpHandler() http.Handler {
+	return mcpserver.Handler(mcpserver.New(mcpserver.HandlerCaller{Handler: s}, ""))
+}
+
+// releaseUnseen gives back, under r's key, the lease a ratchet_begin's
+// result left out of r's answer grants (mcpserver.ReleaseUnseen): its
+// request was cancelled, and the answer, the only thing that told of the
+// lease, is not sent. It is done before the answer is written, within
+// mcpserver.GiveBackTimeout of r's end (cancelled or not), so that the
+// client's next begin of the key is answered execute, where it was
+// in_flight until the lease lapsed, then blocked (MCP QA). Said in the log,
+// naming nothing of the call.
+func (s *Server) releaseUnseen(r *http.Request) func(result json.RawMessage) {
+	auth := r.Header.Get("Authorization")
+	return func(result json.RawMessage) {
+		ctx, stop := mcpserver.GivingBack(r.Context(), mcpserver.GiveBackTimeout)
+		defer stop()
+		switch released, err := mcpserver.ReleaseUnseen(ctx, mcpserver.HandlerCaller{Handler: s}, auth, result); {
+		case err != nil:
+			s.Logger.Warn("mcp: a cancelled ratchet_begin was granted a lease; giving it back failed: it lapses "+
+				"on its own", "err", err)
+		case released:
+			s.Logger.Info("mcp: a cancelled ratchet_begin was granted a lease; reported failed, its key is free " +
+				"for a retry")
+		}
+	}
 }
 
 // writeEnvelopeError answers a message refused before the transport read
@@ -236,6 +267,9 @@ type jsonRPCErrors struct {
 	mode    answerMode
 	status  int
 	held    bytes.Buffer
+	// release gives back the lease of a cancelled ratchet_begin's result
+	// left out of the answer (Server.releaseUnseen).
+	release func(result json.RawMessage)
 }
 
 type answerMode int
@@ -278,7 +312,9 @@ func (j *jsonRPCErrors) Flush() {
 }
 
 // finish writes the answer held, if any: a JSON one with its errors
-// quieted, or the transport's refusal rewritten.
+// quieted and the answers of the requests its batch cancelled left out
+// (their leases only those answers told of given back first), or the
+// transport's refusal rewritten.
 func (j *jsonRPCErrors) finish() {
 	mode := j.mode
 	j.mode = passThrough
@@ -289,8 +325,14 @@ func (j *jsonRPCErrors) finish() {
 		j.Header().Del("Content-Length")
 		held, anyLeft := j.held.Bytes(), true
 		if j.status == http.StatusOK {
-			// A request the batch cancels is not answered, as MCP asks.
-			held, anyLeft = mcpserver.LeaveOutCancelled(j.body, held)
+			// A request the batch cancels is not answered, as MCP asks;
+			// a lease only its answer told of is given back first, so
+			// that the key is free once the client reads the answer.
+			var unseen []json.RawMessage
+			held, anyLeft, unseen = mcpserver.LeaveOutCancelled(j.body, held)
+			for _, result := range unseen {
+				j.release(result)
+			}
 		}
 		if !anyLeft {
 			j.Header().Del("Content-Type")

@@ -191,6 +191,19 @@ func ReleaseUnseen(ctx context.Context, c Caller, auth string, result json.RawMe
 	return true, nil
 }
 
+// GiveBackTimeout bounds giving back, within an HTTP request, a lease whose
+// answer that request will not carry (ReleaseUnseen): a begin's result that
+// its batch's answer has no room for, or one its batch cancelled.
+const GiveBackTimeout = 5 * time.Second
+
+// GivingBack is the context to give back a lease under (ReleaseUnseen):
+// ctx, that of the call or request that was granted it, without its
+// cancellation, which is most often why the lease is given back, and ended
+// within. stop releases it.
+func GivingBack(ctx context.Context, within time.Duration) (_ context.Context, stop context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), within)
+}
+
 // methodCancelled is the notification by which a client cancels a request.
 const methodCancelled = "notifications/cancelled"
 
@@ -220,37 +233,54 @@ func CancelledRequest(params json.RawMessage) (id jsonrpc.ID, ok bool) {
 // batch does not matter, since the SDK cancels a request in the background
 // and may reach one named before it. A request the cancellation reached
 // stopped where it was; one it did not reach ran on and did what it did, as
-// a REST call whose answer was lost (a ratchet_begin granted stays granted,
-// its lease lapsing). anyLeft is false when no answer is left: the batch is
-// then answered as one of notifications only is, 202 with no body.
-func LeaveOutCancelled(body, answer []byte) (_ []byte, anyLeft bool) {
+// a REST call whose answer was lost. anyLeft is false when no answer is
+// left: the batch is then answered as one of notifications only is, 202
+// with no body.
+//
+// unseen holds the results left out of the ratchet_begin calls whose lease
+// only their answer would have told of (BeginWithoutRequestID): one that
+// was granted as its cancellation landed holds a lease no one holds, to be
+// given back (ReleaseUnseen), as the stdio binary gives back such a lease
+// (MCP QA: over HTTP it ran until it lapsed, the key answering in_flight,
+// then blocked). A begin that named its request_id is left to a retry under
+// it.
+func LeaveOutCancelled(body, answer []byte) (_ []byte, anyLeft bool, unseen []json.RawMessage) {
 	var batch []json.RawMessage
 	if json.Unmarshal(body, &batch) != nil {
-		return answer, true // one message: it cancels nothing of its own
+		return answer, true, nil // one message: it cancels nothing of its own
 	}
 	cancelled := map[jsonrpc.ID]bool{}
+	begins := map[jsonrpc.ID]bool{} // the begins without request_id, by id
 	for _, m := range batch {
 		msg, err := jsonrpc.DecodeMessage(m)
-		if req, ok := msg.(*jsonrpc.Request); err == nil && ok && !req.ID.IsValid() && req.Method == methodCancelled {
+		req, ok := msg.(*jsonrpc.Request)
+		switch {
+		case err != nil || !ok:
+		case !req.ID.IsValid() && req.Method == methodCancelled:
 			if id, ok := CancelledRequest(req.Params); ok {
 				cancelled[id] = true
 			}
+		case req.ID.IsValid() && req.Method == "tools/call" && BeginWithoutRequestID(req.Params):
+			begins[req.ID] = true
 		}
 	}
 	var answers []json.RawMessage
 	if len(cancelled) == 0 || json.Unmarshal(answer, &answers) != nil {
-		return answer, true
+		return answer, true, nil
 	}
 	var kept [][]byte
 	for _, a := range answers {
 		msg, err := jsonrpc.DecodeMessage(a)
 		if resp, ok := msg.(*jsonrpc.Response); err == nil && ok && resp.ID.IsValid() && cancelled[resp.ID] {
+			if begins[resp.ID] && resp.Result != nil {
+				unseen = append(unseen, resp.Result)
+			}
 			continue
 		}
 		kept = append(kept, a)
 	}
 	if len(kept) == 0 {
-		return nil, false
+		return nil, false, unseen
 	}
-	return append(append([]byte("["), bytes.Join(kept, []byte(","))...), ']'), true
+	return append(append([]byte("["), bytes.Join(kept, []byte(","))...), ']'), true, unseen
 }

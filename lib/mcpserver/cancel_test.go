@@ -140,13 +140,16 @@ func TestBeginWithoutRequestID(t *testing.T) {
 // wherever it sits, is left out of the batch's answer, its id read as the
 // SDK reads it (1.0 is 1; "1" is another id); a batch left with no answer
 // says so. One message alone, or a batch cancelling nothing of its own, is
-// answered as it is.
+// answered as it is. The results left out of ratchet_begin calls without a
+// request_id are handed back to be given back (ReleaseUnseen), and only
+// theirs: not a begin's that named its request_id, nor another tool's.
 func TestLeaveOutCancelledDropsOnlyTheCancelledAnswers(t *testing.T) {
 	t.Parallel()
 	const (
 		call1  = `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"ratchet_begin"}}`
 		call2  = `{"jsonrpc":"2.0","id":"1","method":"tools/list"}`
-		answer = `[{"jsonrpc":"2.0","id":1,"result":{"isError":true}},{"jsonrpc":"2.0","id":"1","result":{"tools":[]}}]`
+		result = `{"isError":true}`
+		answer = `[{"jsonrpc":"2.0","id":1,"result":` + result + `},{"jsonrpc":"2.0","id":"1","result":{"tools":[]}}]`
 		kept   = `[{"jsonrpc":"2.0","id":"1","result":{"tools":[]}}]`
 	)
 	cancel := func(id string) string {
@@ -160,11 +163,23 @@ func TestLeaveOutCancelledDropsOnlyTheCancelledAnswers(t *testing.T) {
 		"[" + call1 + "," + call2 + "]":                       answer,
 		call1:                                                 answer,
 	} {
-		out, anyLeft := mcpserver.LeaveOutCancelled([]byte(body), []byte(answer))
+		out, anyLeft, unseen := mcpserver.LeaveOutCancelled([]byte(body), []byte(answer))
 		require.True(t, anyLeft, body)
 		require.JSONEq(t, want, string(out), body)
+		if want == kept {
+			require.Len(t, unseen, 1, body)
+			require.JSONEq(t, result, string(unseen[0]), body)
+		} else {
+			require.Empty(t, unseen, body)
+		}
 	}
-	_, anyLeft := mcpserver.LeaveOutCancelled([]byte("["+call1+","+call2+","+cancel("1")+","+cancel(`"1"`)+"]"),
+	_, anyLeft, unseen := mcpserver.LeaveOutCancelled([]byte("["+call1+","+call2+","+cancel("1")+","+cancel(`"1"`)+"]"),
 		[]byte(answer))
 	require.False(t, anyLeft, "every request of the batch was cancelled")
+	require.Len(t, unseen, 1, "the begin's result, not the tools/list's")
+
+	named := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"ratchet_begin","arguments":{"request_id":"r-1"}}}`
+	out, _, unseen := mcpserver.LeaveOutCancelled([]byte("["+named+","+call2+","+cancel("1")+"]"), []byte(answer))
+	require.JSONEq(t, kept, string(out))
+	require.Empty(t, unseen, "a begin that named its request_id is left to a retry under it")
 }

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"sync"
-	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -177,15 +176,12 @@ func fit(ctx context.Context, tool string, res *mcp.CallToolResult, undo func(co
 		return res, nil
 	}
 	if undo != nil {
-		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), undoTimeout)
-		defer cancel()
+		uctx, stop := GivingBack(ctx, GiveBackTimeout)
+		defer stop()
 		undo(uctx)
 	}
 	return nil, tooLarge()
 }
-
-// undoTimeout bounds giving back a lease whose answer is not sent.
-const undoTimeout = 5 * time.Second
 
 // tooLarge refuses a tool call whose result would take its answer past
 // answer.Budget (Room). It names no value of the call.
