@@ -125,26 +125,31 @@ func (s *Server) mcpHandler() http.Handler {
 	return mcpserver.Handler(mcpserver.New(mcpserver.HandlerCaller{Handler: s}, ""))
 }
 
-// releaseUnseen gives back, under r's key, the lease a ratchet_begin's
-// result left out of r's answer grants (mcpserver.ReleaseUnseen): its
-// request was cancelled, and the answer, the only thing that told of the
-// lease, is not sent. It is done before the answer is written, within
+// releaseUnseen gives back, under r's key, the leases the ratchet_begin
+// results left out of r's answer grant (mcpserver.ReleaseUnseen): their
+// requests were cancelled, and the answer, the only thing that told of a
+// lease, is not sent. It is done before the answer is written, all within
 // mcpserver.GiveBackTimeout of r's end (cancelled or not), so that the
-// client's next begin of the key is answered execute, where it was
-// in_flight until the lease lapsed, then blocked (MCP QA). Said in the log,
-// naming nothing of the call.
-func (s *Server) releaseUnseen(r *http.Request) func(result json.RawMessage) {
+// client's next begin of a key is answered execute, where it was in_flight
+// until the lease lapsed, then blocked (MCP QA). Said in the log, naming
+// nothing of the call.
+func (s *Server) releaseUnseen(r *http.Request) func(results []json.RawMessage) {
 	auth := r.Header.Get("Authorization")
-	return func(result json.RawMessage) {
+	return func(results []json.RawMessage) {
+		if len(results) == 0 {
+			return
+		}
 		ctx, stop := mcpserver.GivingBack(r.Context(), mcpserver.GiveBackTimeout)
 		defer stop()
-		switch released, err := mcpserver.ReleaseUnseen(ctx, mcpserver.HandlerCaller{Handler: s}, auth, result); {
-		case err != nil:
-			s.Logger.Warn("mcp: a cancelled ratchet_begin was granted a lease; giving it back failed: it lapses "+
-				"on its own", "err", err)
-		case released:
-			s.Logger.Info("mcp: a cancelled ratchet_begin was granted a lease; reported failed, its key is free " +
-				"for a retry")
+		for _, result := range results {
+			switch released, err := mcpserver.ReleaseUnseen(ctx, mcpserver.HandlerCaller{Handler: s}, auth, result); {
+			case err != nil:
+				s.Logger.Warn("mcp: a cancelled ratchet_begin was granted a lease; giving it back failed: it "+
+					"lapses on its own", "err", err)
+			case released:
+				s.Logger.Info("mcp: a cancelled ratchet_begin was granted a lease; reported failed, its key is " +
+					"free for a retry")
+			}
 		}
 	}
 }
@@ -267,9 +272,9 @@ type jsonRPCErrors struct {
 	mode    answerMode
 	status  int
 	held    bytes.Buffer
-	// release gives back the lease of a cancelled ratchet_begin's result
-	// left out of the answer (Server.releaseUnseen).
-	release func(result json.RawMessage)
+	// release gives back the leases of the cancelled ratchet_begin
+	// results left out of the answer (Server.releaseUnseen).
+	release func(results []json.RawMessage)
 }
 
 type answerMode int
@@ -330,9 +335,7 @@ func (j *jsonRPCErrors) finish() {
 			// that the key is free once the client reads the answer.
 			var unseen []json.RawMessage
 			held, anyLeft, unseen = mcpserver.LeaveOutCancelled(j.body, held)
-			for _, result := range unseen {
-				j.release(result)
-			}
+			j.release(unseen)
 		}
 		if !anyLeft {
 			j.Header().Del("Content-Type")

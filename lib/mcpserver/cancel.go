@@ -191,9 +191,9 @@ func ReleaseUnseen(ctx context.Context, c Caller, auth string, result json.RawMe
 	return true, nil
 }
 
-// GiveBackTimeout bounds giving back, within an HTTP request, a lease whose
-// answer that request will not carry (ReleaseUnseen): a begin's result that
-// its batch's answer has no room for, or one its batch cancelled.
+// GiveBackTimeout bounds giving back, within an HTTP request, what leases
+// its answer will not tell of (ReleaseUnseen): a begin's result that its
+// batch's answer has no room for, or those its batch cancelled.
 const GiveBackTimeout = 5 * time.Second
 
 // GivingBack is the context to give back a lease under (ReleaseUnseen):
