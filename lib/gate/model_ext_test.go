@@ -36,10 +36,16 @@ import (
 //     carries the key through it, and one opened or given another action
 //     after the yes asks again (README "Approvals");
 //   - the emergency stop (API.md §2.5 and §5): pulled with an action,
-//     re-issued, read (GET /api/v1/circuits/stop), holding a type first
-//     seen under it (deny: 403 circuit_open naming the stop; require_approval:
-//     approval_required, a yes given under it carrying the key through;
-//     monitor: nothing), and released;
+//     re-issued, read (GET /api/v1/circuits/stop), holding every type, one
+//     first seen under it included, with the strictest of its and the
+//     type's own action (deny: 403 circuit_open naming the circuit the type
+//     reads as; require_approval: approval_required, a yes given under it
+//     carrying the key through, and answering an amount's question too;
+//     monitor: nothing), while the base model's operations, bursts, the
+//     surge type's breaker opened and closed, and the limits' begins run
+//     under it, and released;
+//   - spending limits (model_limits_test.go): run wallets, a capped key's
+//     daily ceiling across types, and a dimension's daily limits per value;
 //   - clock moves to and across midnight UTC, an hour or a cooldown on, so
 //     that daily budgets reset (README: an attempt released on the day it
 //     was charged; a probe free only on its unknown attempt's day) and the
@@ -105,7 +111,8 @@ type extRun struct {
 	surgeKeys           []*mKey
 	stopKeys            []*mKey
 	groups              []*mGroup
-	n                   int // keys and groups named so far
+	lim                 limits // run wallets, a capped key, dimension limits (model_limits_test.go)
+	n                   int    // keys and groups named so far
 }
 
 func (e *extRun) setup(m *modelRun, b *bundle) {
@@ -129,6 +136,7 @@ func (e *extRun) setup(m *modelRun, b *bundle) {
 		m.pols = append(m.pols, &own)
 		b.putPolicy(own.typ, own.body())
 	}
+	e.setupLimits(b)
 }
 
 // extStopType is the type the emergency stop's begins use: unconfigured
@@ -144,10 +152,12 @@ func (e *extRun) step(m *modelRun) {
 	switch r := m.rng.IntN(100); {
 	case r < 44:
 		m.step()
-	case r < 45:
+	case r < 46:
 		e.stopOp()
-	case r < 50:
+	case r < 49:
 		e.burst()
+	case r < 50:
+		e.readRun()
 	case r < 52:
 		e.breakerOp()
 	case r < 53:
@@ -158,7 +168,9 @@ func (e *extRun) step(m *modelRun) {
 		e.clockJump()
 	case r < 59:
 		e.budgetOp()
-	case r < 62:
+	case r < 64:
+		e.limitsBegin()
+	case r < 66:
 		e.createGroup()
 	case r < 74:
 		e.beginStep()
@@ -239,7 +251,8 @@ func (e *extRun) budgetOp() {
 		return
 	}
 	today := utcDay(m.now())
-	var spent int64
+	key := spendKey("type:"+p.typ, today)
+	m.spent[key], m.counts[key] = 0, 0
 	for _, k := range m.keys {
 		if k.spec.pol != p {
 			continue
@@ -248,18 +261,20 @@ func (e *extRun) budgetOp() {
 			if a.day != today {
 				continue
 			}
-			a.charged = a.outcome != "failed"
+			a.charges = slices.DeleteFunc(a.charges, func(c mCharge) bool { return c.key == key })
+			charged := a.outcome != "failed"
 			if a.probe && a.prior > 0 {
 				if u := k.atts[a.prior-1]; u.day == today && u.outcome != "failed" {
-					a.charged = false // counted by the attempt it probed
+					charged = false // counted by the attempt it probed
 				}
 			}
-			if a.charged {
-				spent += k.spec.cost
+			if charged {
+				a.charges = append(a.charges, mCharge{key: key, micros: k.spec.cost})
+				m.spent[key] += k.spec.cost
+				m.counts[key]++
 			}
 		}
 	}
-	m.spent[spendKey(p.typ, today)] = spent
 	m.seen["budget set anew"]++
 }
 
@@ -289,63 +304,85 @@ func (e *extRun) burst() {
 	n := 1 + m.rng.IntN(4)
 	m.log("burst of %d", n)
 	for range n {
-		e.beginOf(&e.surgeKeys, e.surge, "s", 5)
+		e.beginOf(&e.surgeKeys, 5, func() *mKey { return e.newKey(e.surge, "s") }, nil)
 	}
 }
 
-// beginOf begins a key of pol: one of keys again (one time in oneIn), or a
-// new one named after kind, then kept in keys.
-func (e *extRun) beginOf(keys *[]*mKey, pol *mPolicy, kind string, oneIn int) {
+// beginOf begins one of keys again (one time in oneIn), with options
+// (nil: none), or a new one that fresh makes, then kept in keys.
+func (e *extRun) beginOf(keys *[]*mKey, oneIn int, fresh func() *mKey, options func(k *mKey) mBegin) {
 	m := e.m
 	if len(*keys) > 0 && m.rng.IntN(oneIn) == 0 {
-		m.beginWith((*keys)[m.rng.IntN(len(*keys))], mBegin{})
+		k := (*keys)[m.rng.IntN(len(*keys))]
+		o := mBegin{}
+		if options != nil {
+			o = options(k)
+		}
+		m.beginWith(k, o)
 		return
 	}
-	k := &mKey{spec: mKeySpec{pol: pol, cost: 100}, name: e.name(kind)}
+	k := fresh()
 	m.beginWith(k, mBegin{})
 	if k.exists {
 		*keys, m.keys = append(*keys, k), append(m.keys, k)
 	}
 }
 
-// circuit is the breaker's verdict on a begin of k that would transition
-// (README: a new key, or one a breaker refused before its first grant begun
-// again, is counted, whatever the decision, unless a breaker holds the type
-// already; the count over surge_per_hour trips it, and the begin is held):
-// "circuit_open" or "". a notes whether the begin is counted and trips.
+// newKey is a new key of pol costing 100, named after kind.
+func (e *extRun) newKey(pol *mPolicy, kind string) *mKey {
+	return &mKey{spec: mKeySpec{pol: pol, cost: 100}, name: e.name(kind)}
+}
+
+// circuit is the verdict of the circuits holding k's type on a begin of it
+// that would transition: "circuit_open", circuitApproval or "". The stop
+// holds every type, new ones included, with the strictest of its and the
+// type's own action (README "Risk controls and circuits"); a.hold is when
+// the require_approval holds last opened or were made stricter (a yes given
+// before the latest does not answer them).
 func (e *extRun) circuit(k *mKey, es string, now time.Time, a *mAnswer) string {
 	if e == nil {
 		return ""
 	}
-	if k.spec.pol == e.stopPol && e.stop.on {
-		// The stop holds every type, new ones included; only the stop's
-		// own types are begun while it is on (stopOp).
-		switch e.stop.action {
-		case "deny":
-			return "circuit_open"
-		case "require_approval":
-			a.hold = e.stop.updated
-			return circuitApproval
+	action := ""
+	hold := func(act string, at time.Time) {
+		if actionRank(act) > actionRank(action) {
+			action = act
 		}
-		return ""
+		if act == "require_approval" && at.After(a.hold) {
+			a.hold = at
+		}
 	}
-	if k.spec.pol != e.surge {
-		return ""
+	if e.stop.on {
+		hold(e.stop.action, e.stop.updated)
 	}
+	if k.spec.pol == e.surge {
+		e.surgeHold(k, now, a, hold)
+	}
+	switch action {
+	case "deny":
+		return "circuit_open"
+	case "require_approval":
+		return circuitApproval
+	}
+	return ""
+}
+
+// surgeHold adds the surge type's breaker and surge to a begin's hold
+// (README: a new key, or one a breaker refused before its first grant begun
+// again, is counted, whatever the decision, unless the type's own breaker
+// holds it at least as strictly already, the stop not pausing the count;
+// the count over surge_per_hour trips it, and the begin is held by the
+// surge's action). a notes whether the begin is counted and trips.
+func (e *extRun) surgeHold(k *mKey, now time.Time, a *mAnswer, hold func(string, time.Time)) {
 	b := e.breakerAt(now)
 	arrival := !k.exists || k.state == "denied" && k.denial == "circuit_open" && k.attempt == 0
 	a.counted = arrival
-	if b.open && b.action == "deny" {
-		return "circuit_open"
+	if b.open {
+		hold(b.action, b.updated)
 	}
-	// The breaker as it stands: a require_approval one asks for a yes
-	// given since it last opened or changed its action.
-	held := ""
-	if b.open && b.action == "require_approval" {
-		held, a.hold = circuitApproval, b.updated
-	}
-	if !arrival || e.surge.surgePerHour == 0 || b.open && actionRank(b.action) >= actionRank(e.surge.surgeAction) {
-		return held // no surge counted: none, or a breaker at least as strict holds the type
+	if b.open && b.action == "deny" || !arrival || e.surge.surgePerHour == 0 ||
+		b.open && actionRank(b.action) >= actionRank(e.surge.surgeAction) {
+		return // no surge counted: none, or a breaker at least as strict holds the type
 	}
 	start := now.Add(-time.Hour)
 	if b.from.After(start) {
@@ -357,25 +394,30 @@ func (e *extRun) circuit(k *mKey, es string, now time.Time, a *mAnswer) string {
 			volume++
 		}
 	}
-	if volume > e.surge.surgePerHour {
-		// It opens the breaker, or raises the surge's weaker one; an
-		// operator's weaker breaker is left as set (the surge then denies
-		// without a breaker of its own). Its action holds the begin:
-		// monitor changes no decision.
-		a.trips = !b.open || b.by == "surge"
-		switch e.surge.surgeAction {
-		case "deny":
-			return "circuit_open"
-		case "require_approval":
-			if a.trips {
-				// Opened or raised by this begin (applyBegin): its yes,
-				// if any, was given before.
-				a.hold = e.stamp(now)
-			}
-			return circuitApproval
-		}
+	if volume <= e.surge.surgePerHour {
+		return
 	}
-	return held
+	// It opens the breaker, or raises the surge's weaker one; an
+	// operator's weaker breaker is left as set (the surge then holds
+	// without a breaker of its own, and no yes is older than a hold it
+	// never recorded). monitor changes no decision.
+	a.trips = !b.open || b.by == "surge"
+	var at time.Time
+	if a.trips {
+		at = e.stamp(now) // opened or raised by this begin (applyBegin): any yes came before
+	}
+	hold(e.surge.surgeAction, at)
+}
+
+// holds says whether a require_approval breaker or the stop holds k's type
+// at now (what a yes then answers besides its reason).
+func (e *extRun) holds(k *mKey, now time.Time) bool {
+	if e == nil {
+		return false
+	}
+	b := e.breakerAt(now)
+	return e.stop.on && e.stop.action == "require_approval" ||
+		k.spec.pol == e.surge && b.open && b.action == "require_approval"
 }
 
 func actionRank(action string) int {
@@ -417,7 +459,7 @@ func (e *extRun) surgePolicy() {
 // applyBegin records a begin the surge counts and its trip, and answers
 // the begin's clock reading: one the surge counts that read at or before
 // the allowance's start is moved just after it (its lease runs from there).
-func (e *extRun) applyBegin(k *mKey, want mAnswer, now time.Time) time.Time {
+func (e *extRun) applyBegin(k *mKey, o mBegin, want mAnswer, now time.Time) time.Time {
 	if e == nil || !want.counted {
 		return now
 	}
@@ -475,21 +517,25 @@ func (e *extRun) breakerOp() {
 // --- the emergency stop -----------------------------------------------------
 
 // stopOp pulls the emergency stop (API.md §2.5, README "Risk controls and
-// circuits"), begins keys of a type it holds (new ones, the first ever
-// seen of the type included, or earlier ones again), sometimes approves a
-// key it held and begins it again (a yes given while the stop holds the
-// type carries the key through it), sometimes re-issues it with another
-// action (a stricter one asks again), and releases it. The stop holds
-// every type; the other types are not begun while it is on.
+// circuits"), and while it is on runs operations of every kind on every
+// type (the base model's, surge bursts, the surge type's breaker opened and
+// closed, begins of the limits' keys and of a type first seen under the
+// stop), sometimes approves a key it held and begins it again (a yes given
+// while the stop holds the type carries the key through it), sometimes
+// re-issues it with another action (a stricter one asks again), and
+// releases it.
 func (e *extRun) stopOp() {
 	m := e.m
 	e.pullStop([]string{"require_approval", "require_approval", "deny", "monitor"}[m.rng.IntN(4)])
-	for range 1 + m.rng.IntN(3) {
-		e.beginStopKey()
+	for range 2 + m.rng.IntN(6) {
+		if m.t.Failed() {
+			return
+		}
+		e.heldStep()
 	}
 	var pending []*mKey
-	for _, k := range e.stopKeys {
-		if k.approval == "pending" {
+	for _, k := range m.keys {
+		if k.approval == "pending" && k.reason == reasonCircuit && !e.rolledBack(k) {
 			pending = append(pending, k)
 		}
 	}
@@ -500,14 +546,34 @@ func (e *extRun) stopOp() {
 	}
 	if m.rng.IntN(3) == 0 {
 		e.pullStop([]string{"require_approval", "deny", "monitor"}[m.rng.IntN(3)])
-		e.beginStopKey()
+		e.heldStep()
 	}
 	if !m.t.Failed() {
 		e.releaseStop()
 	}
 }
 
-func (e *extRun) beginStopKey() { e.beginOf(&e.stopKeys, e.stopPol, "x", 3) }
+// heldStep is one operation while the stop is on.
+func (e *extRun) heldStep() {
+	switch e.m.rng.IntN(7) {
+	case 0:
+		e.beginStopKey()
+	case 1:
+		e.burst()
+	case 2:
+		e.breakerOp()
+	case 3:
+		e.limitsBegin()
+	case 4:
+		e.readCircuits()
+	default:
+		e.m.step()
+	}
+}
+
+func (e *extRun) beginStopKey() {
+	e.beginOf(&e.stopKeys, 3, func() *mKey { return e.newKey(e.stopPol, "x") }, nil)
+}
 
 // pullStop pulls the stop, or re-issues it (README: its action and reason
 // change; its opened_at stays; a changed action is a new hold that a yes
@@ -590,16 +656,10 @@ func (e *extRun) readCircuits() {
 func (e *extRun) checkCircuit(c map[string]any, what string, volume bool) {
 	m := e.m
 	now := m.now()
-	b := e.breakerAt(now)
 	want := map[string]any{"state": "closed"}
 	got := map[string]any{"state": c["state"]}
-	if b.open {
-		closes := any(nil)
-		if b.by == "surge" {
-			closes = b.closesAt.UTC().Format(time.RFC3339Nano)
-		}
-		want = map[string]any{"state": "open", "opened_by": b.by, "action": b.action, "closes_at": closes,
-			"opened_at": b.openedAt.UTC().Format(time.RFC3339Nano)}
+	if v := e.shown(now); v != nil {
+		want = v
 		got = map[string]any{"state": c["state"], "opened_by": c["opened_by"], "action": c["action"],
 			"closes_at": normTime(c["closes_at"]), "opened_at": normTime(c["opened_at"])}
 	}
@@ -621,6 +681,41 @@ func (e *extRun) checkCircuit(c map[string]any, what string, volume bool) {
 	}
 }
 
+// shown is the surge type's circuit as it reads at now (nil: closed): its
+// own breaker when stricter than the stop, else the stop when it is on
+// (README "Circuits": the list shows the stop on the types it holds, a
+// type's own stricter breaker instead).
+func (e *extRun) shown(now time.Time) map[string]any {
+	b := e.breakerAt(now)
+	stopRank := -1
+	if e.stop.on {
+		stopRank = actionRank(e.stop.action)
+	}
+	switch {
+	case b.open && actionRank(b.action) > stopRank:
+		closes := any(nil)
+		if b.by == "surge" {
+			closes = b.closesAt.UTC().Format(time.RFC3339Nano)
+		}
+		return map[string]any{"state": "open", "opened_by": b.by, "action": b.action, "closes_at": closes,
+			"opened_at": b.openedAt.UTC().Format(time.RFC3339Nano)}
+	case e.stop.on:
+		return map[string]any{"state": "open", "opened_by": "stop", "action": e.stop.action, "closes_at": nil,
+			"opened_at": e.stop.openedAt.UTC().Format(time.RFC3339Nano)}
+	}
+	return nil
+}
+
+// normDetail is an error's detail with its times written as the model
+// writes them.
+func normDetail(detail map[string]any) map[string]any {
+	out := map[string]any{}
+	for f, v := range detail {
+		out[f] = normTime(v)
+	}
+	return out
+}
+
 // normTime writes an RFC 3339 time as the model does, nil as nil.
 func normTime(v any) any {
 	s, ok := v.(string)
@@ -635,32 +730,23 @@ func normTime(v any) any {
 }
 
 // checkCircuitDenial compares a circuit_open denial's detail with the
-// breaker that denied (README): its opener, when it opened and when it
-// closes; a surge over its ceiling under an operator's weaker breaker
-// names the surge alone.
+// circuit that denied (README): the one the type's circuit reads as (its
+// own breaker when stricter than the stop, else the stop), its opener, when
+// it opened and when it closes; a surge over its ceiling under an
+// operator's weaker breaker names the surge alone.
 func (e *extRun) checkCircuitDenial(k *mKey, detail map[string]any) {
 	if e == nil {
 		return
 	}
-	b := e.breakerAt(e.m.now())
+	now := e.m.now()
 	want := map[string]any{"opened_by": "surge"}
-	if k.spec.pol == e.stopPol {
-		// The stop, which only an operator lifts.
+	if k.spec.pol != e.surge && e.stop.on {
 		want = map[string]any{"opened_by": "stop", "opened_at": e.stop.openedAt.UTC().Format(time.RFC3339Nano),
 			"closes_at": nil}
-	} else if b.open && b.action == "deny" {
-		closes := any(nil)
-		if b.by == "surge" {
-			closes = b.closesAt.UTC().Format(time.RFC3339Nano)
-		}
-		want = map[string]any{"opened_by": b.by, "opened_at": b.openedAt.UTC().Format(time.RFC3339Nano),
-			"closes_at": closes}
+	} else if v := e.shown(now); v != nil && v["action"] == "deny" {
+		want = map[string]any{"opened_by": v["opened_by"], "opened_at": v["opened_at"], "closes_at": v["closes_at"]}
 	}
-	got := map[string]any{}
-	for f, v := range detail {
-		got[f] = normTime(v)
-	}
-	if fmt.Sprint(got) != fmt.Sprint(want) {
+	if got := normDetail(detail); fmt.Sprint(got) != fmt.Sprint(want) {
 		e.m.fail("begin %s: circuit_open detail %v, model %v", k.name, got, want)
 	}
 }
@@ -811,7 +897,9 @@ func (e *extRun) beginBody(k *mKey, o mBegin, body map[string]any) {
 			body["payload"] = map[string]any{"undo": k.compOf.name, "v": 1}
 		}
 		body["compensates_effect_id"] = k.compOf.id
-	case k.group != nil:
+	case k.group == nil:
+		e.limitsBody(k, o, body)
+	default:
 		switch o.group {
 		case "":
 			body["group_id"] = k.group.id

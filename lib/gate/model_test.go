@@ -66,6 +66,8 @@ type mPolicy struct {
 	surgePerHour    int    // 0: none
 	surgeAction     string // deny or monitor
 	surgeCooldown   int    // seconds
+	dimMicros       int64  // the recipient dimension's daily_micros per value (0: none)
+	dimCount        int64  // and daily_count (0: none)
 }
 
 func (p *mPolicy) body() map[string]any {
@@ -82,6 +84,16 @@ func (p *mPolicy) body() map[string]any {
 	}
 	if p.surgePerHour > 0 {
 		b["surge_per_hour"], b["surge_action"], b["surge_cooldown_seconds"] = p.surgePerHour, p.surgeAction, p.surgeCooldown
+	}
+	if p.dimMicros > 0 || p.dimCount > 0 {
+		lim := map[string]any{}
+		if p.dimMicros > 0 {
+			lim["daily_micros"] = p.dimMicros
+		}
+		if p.dimCount > 0 {
+			lim["daily_count"] = p.dimCount
+		}
+		b["dimension_limits"] = map[string]any{"recipient": lim}
 	}
 	return b
 }
@@ -122,8 +134,8 @@ type mAttempt struct {
 	resolved   bool // settled by the operator's resolve
 	resolvedAt time.Time
 	reportedAt time.Time
-	charged    bool   // counts on the type's daily budget
-	day        string // the UTC day it was charged on
+	charges    []mCharge // the daily counters it counts on
+	day        string    // the UTC day it was granted on
 	lease      time.Duration
 	request    string // the request_id it was granted to, "" for none
 	prior      int    // a probe's prior_attempt
@@ -151,7 +163,14 @@ type mKey struct {
 	compOf    *mKey     // the step a compensating effect undoes
 	countedAt time.Time // a surge type's key: its latest begin the surge counts
 	createdAt time.Time // a surge type's key: its first begin as stamped
-	yesAt     time.Time // when its latest approval was given (zero: none)
+	// When a yes last answered each reason (approvals' answers): a
+	// breaker's or the stop's only while none holding the type opened or
+	// was made stricter since.
+	answered map[string]time.Time
+	// Set by the extended model's limits (model_limits_test.go) only.
+	caller string // the API key that begins it: "" for the agent, else a capped one's name
+	dim    string // its value of the limited dimension ("" for none declared)
+	run    *mRun  // the run it was first begun under (its wallet)
 }
 
 type modelRun struct {
@@ -165,7 +184,8 @@ type modelRun struct {
 	keys    []*mKey
 	last    *mKey // the key of the operation before
 	pols    []*mPolicy
-	spent   map[string]int64 // type and UTC day (spendKey) -> charges
+	spent   map[string]int64 // a daily counter's scope and UTC day (spendKey) -> micros charged
+	counts  map[string]int64 // the same -> attempts charged
 	trace   *apitest.ModelTrace
 	results int
 	seen    map[string]int // what the sequence covered: operation and answer
@@ -179,7 +199,7 @@ type modelRun struct {
 func runModel(t *testing.T, name string, seed uint64, ops int, ext *extRun) {
 	b := setup(t)
 	m := &modelRun{t: t, seed: seed, rng: rand.New(rand.NewPCG(seed, 0x6d6f64656c)), env: b.env, ws: b.ws,
-		clock: b.clock, spent: map[string]int64{}, seen: map[string]int{}, ops: ops, name: name, ext: ext,
+		clock: b.clock, spent: map[string]int64{}, counts: map[string]int64{}, seen: map[string]int{}, ops: ops, name: name, ext: ext,
 		trace: apitest.NewModelTrace(t, fmt.Sprintf("MODEL_SEED=%d MODEL_OPS=%d go test -run '%s' ./lib/gate", seed, ops, name))}
 	m.agent = b.agent()
 	// This run's policies: the policy operation changes them.
@@ -237,8 +257,105 @@ func (m *modelRun) now() time.Time { return m.clock.Now() }
 // utcDay is the UTC day of t, the day a daily budget counts it on.
 func utcDay(t time.Time) string { return t.UTC().Format(time.DateOnly) }
 
-// spendKey names a type's daily budget counter on a UTC day.
-func spendKey(typ, day string) string { return typ + " " + day }
+// spendKey names a daily counter (a ceiling's scope, mCeiling) on a UTC day.
+func spendKey(scope, day string) string { return scope + " " + day }
+
+// mCharge is what an attempt was charged on one daily counter.
+type mCharge struct {
+	key    string // spendKey
+	micros int64
+}
+
+// mCeiling is a daily ceiling on a grant (README "Risk controls and
+// circuits": the type's budget, the calling key's ceiling, a dimension
+// value's limits), as the gate plans its charges: a counter per scope, a
+// grant charged its cost where money is capped and 1 on every counter.
+type mCeiling struct {
+	scope     string
+	label     string // gate_refuse's: the least label of those that do not fit names the denial
+	capMicros int64  // 0: none
+	capCount  int64  // 0: none
+}
+
+// ceilings are the daily ceilings a grant of k is charged on.
+func (m *modelRun) ceilings(k *mKey) []mCeiling {
+	var cs []mCeiling
+	if p := k.spec.pol; p.budget > 0 {
+		cs = append(cs, mCeiling{scope: "type:" + p.typ, label: "type", capMicros: p.budget})
+	}
+	if p := k.spec.pol; p.dimMicros > 0 || p.dimCount > 0 {
+		// Each value of the dimension has its own counters.
+		cs = append(cs, mCeiling{scope: "dim:" + p.typ + ":recipient:" + k.dim, label: "dim:recipient",
+			capMicros: p.dimMicros, capCount: p.dimCount})
+	}
+	return append(cs, m.ext.ceilings(k)...)
+}
+
+// ceilingCode is the denial of a ceiling's label.
+func ceilingCode(label string) string {
+	switch {
+	case label == "type":
+		return "budget_exceeded"
+	case label == "key":
+		return "key_budget_exceeded"
+	}
+	return "dimension_limit_exceeded"
+}
+
+// freeOn says whether a grant now would be a probe that counter scope
+// neither checks nor charges: an earlier attempt of unknown outcome was
+// charged on it the same UTC day, and already counts the one action the two
+// may have taken (README "The effect gate"; a probe on a later day, or by
+// another capped key, is charged on that day's or that key's counter).
+func (k *mKey) freeOn(scope, es string, now time.Time) bool {
+	if es != "indeterminate" || k.spec.pol.onIndeterminate != "probe" {
+		return false
+	}
+	key := spendKey(scope, utcDay(now))
+	return slices.ContainsFunc(k.atts, func(a *mAttempt) bool {
+		return a.outcome == "" && slices.ContainsFunc(a.charges, func(c mCharge) bool { return c.key == key })
+	})
+}
+
+// refusedCeiling is the denial of the first daily ceiling (by label) that a
+// grant of k now does not fit, "" when all fit; and its detail.
+func (m *modelRun) refusedCeiling(k *mKey, es string, now time.Time) (string, map[string]any) {
+	label := ""
+	for _, c := range m.ceilings(k) {
+		key := spendKey(c.scope, utcDay(now))
+		fits := (c.capMicros == 0 || m.spent[key]+k.spec.cost <= c.capMicros) && (c.capCount == 0 || m.counts[key]+1 <= c.capCount)
+		if !fits && !k.freeOn(c.scope, es, now) && (label == "" || c.label < label) {
+			label = c.label
+		}
+	}
+	if label == "" {
+		return "", nil
+	}
+	detail := map[string]any{"resets_at": now.UTC().Truncate(24 * time.Hour).Add(24 * time.Hour).Format(time.RFC3339Nano)}
+	if dim, ok := strings.CutPrefix(label, "dim:"); ok {
+		detail["dimension"] = dim
+	}
+	return ceilingCode(label), detail
+}
+
+// charge charges a grant of k now on its daily ceilings' counters (none
+// where it is a free probe) and answers the charges, for its release.
+func (m *modelRun) charge(k *mKey, es string, now time.Time) []mCharge {
+	var charges []mCharge
+	for _, c := range m.ceilings(k) {
+		if k.freeOn(c.scope, es, now) {
+			continue
+		}
+		ch := mCharge{key: spendKey(c.scope, utcDay(now))}
+		if c.capMicros > 0 {
+			ch.micros = k.spec.cost
+		}
+		m.spent[ch.key] += ch.micros
+		m.counts[ch.key]++
+		charges = append(charges, ch)
+	}
+	return charges
+}
 
 // effState is the state as a caller reads it.
 func (k *mKey) effState(now time.Time) string {
@@ -341,6 +458,9 @@ type mBegin struct {
 	// A group step's begin (model_ext_test.go): another group's id than
 	// the step's, or "-" for none.
 	group string
+	// A begin of a key begun before (model_limits_test.go): another run's
+	// id than the key's, or "-" for none.
+	run string
 }
 
 func (m *modelRun) beginOptions(k *mKey, other bool) mBegin {
@@ -401,6 +521,8 @@ type mAnswer struct {
 	hold time.Time
 	// Why a new approval is asked for (approvals.reason).
 	reason string
+	// A ceiling's or a wallet's denial: its detail.
+	detail map[string]any
 }
 
 func (m *modelRun) begin(k *mKey, otherPayload bool) { m.beginWith(k, mBegin{other: otherPayload}) }
@@ -409,7 +531,7 @@ func (m *modelRun) beginWith(k *mKey, o mBegin) {
 	otherPayload := o.other
 	now := m.now()
 	want := m.predictBegin(k, o, now)
-	r := m.env.Do("POST", "/api/v1/effects/begin", m.agent, m.beginBody(k, o))
+	r := m.env.Do("POST", "/api/v1/effects/begin", m.ext.caller(k, m.agent), m.beginBody(k, o))
 	got := r.JSON()
 	decision := str(got["decision"])
 	if got["probe"] == true {
@@ -477,6 +599,10 @@ func (m *modelRun) beginWith(k *mKey, o mBegin) {
 	}
 	if want.code == "circuit_open" && body.Error != nil {
 		defer m.ext.checkCircuitDenial(k, body.Error.Detail) // with the breaker the begin tripped
+	}
+	if want.detail != nil && (body.Error == nil || fmt.Sprint(normDetail(body.Error.Detail)) != fmt.Sprint(want.detail)) {
+		m.fail("begin %s: %s detail %v, model %v", k.name, want.code, body.Error, want.detail)
+		return
 	}
 	if want.code == "max_attempts_exceeded" && (body.Error == nil || body.Error.Detail["attempts"] != float64(k.attempt)) {
 		m.fail("begin %s: max_attempts_exceeded without detail.attempts %d: %s", k.name, k.attempt, r.Body)
@@ -581,25 +707,21 @@ func (m *modelRun) predictBegin(k *mKey, o mBegin, now time.Time) mAnswer {
 		return refuse("approval_rejected")
 	case pol.maxCost > 0 && k.spec.cost > pol.maxCost:
 		return refuse("cost_ceiling_exceeded")
-	case pol.approvalAbove > 0 && k.spec.cost >= pol.approvalAbove && k.approval != "approved":
-		a.decision, a.reason = "approval_required", "cost_at_or_above_threshold"
-		if es != "indeterminate" {
-			a.state = "awaiting_approval"
-		}
-		return a
-	case circuit == circuitApproval && (k.yesAt.IsZero() || a.hold.After(k.yesAt)):
-		// A require_approval breaker or stop holds the type, and no yes
-		// given since it last opened or was made stricter answers it
-		// (README "Approvals": it asks again).
-		a.decision, a.reason = "approval_required", "circuit_open"
-		if es != "indeterminate" {
-			a.state = "awaiting_approval"
-		}
-		return a
 	case circuit != "" && circuit != circuitApproval:
+		// A deny breaker or stop refuses before any question is asked
+		// (gate_evaluate: the strictest rule first).
 		return refuse(circuit)
-	case pol.budget > 0 && !k.freeProbe(es, now) && m.spent[spendKey(pol.typ, utcDay(now))]+k.spec.cost > pol.budget:
-		return refuse("budget_exceeded")
+	}
+	if reason := k.approvalNeeded(circuit == circuitApproval, a.hold); reason != "" {
+		a.decision, a.reason = "approval_required", reason
+		if es != "indeterminate" {
+			a.state = "awaiting_approval"
+		}
+		return a
+	}
+	if code, detail := m.refusedSpend(k, o, es, now); code != "" {
+		a.detail = detail
+		return refuse(code)
 	}
 	if refusal, refused := m.ext.admitGrant(k); refused {
 		return refusal
@@ -611,16 +733,45 @@ func (m *modelRun) predictBegin(k *mKey, o mBegin, now time.Time) mAnswer {
 	return a
 }
 
-// freeProbe says whether a grant now would be a probe that the budget
-// neither checks nor charges: an earlier attempt's charge, the same UTC day,
-// already counts the one action the two may have taken (README "The effect
-// gate"; a probe on a later day is charged on that day's counter).
-func (k *mKey) freeProbe(es string, now time.Time) bool {
-	if es != "indeterminate" || k.spec.pol.onIndeterminate != "probe" {
-		return false
+// Why a key's begin may need an operator's yes, in the order an approval
+// names the first (README "Approvals").
+const (
+	reasonCircuit = "circuit_open"
+	reasonAmount  = "cost_at_or_above_threshold"
+)
+
+// approvalNeeded is the question a begin of k asks, "" for none: the first
+// of the reasons that hold (a require_approval breaker or stop, whose hold
+// last opened or was made stricter at hold; an amount at or above the
+// threshold) that no yes answers. A yes answers a breaker's or the stop's
+// question only when given since its hold (README: one opened or made
+// stricter after it asks again); an amount's for good.
+func (k *mKey) approvalNeeded(circuit bool, hold time.Time) string {
+	var needed []string
+	if circuit {
+		needed = append(needed, reasonCircuit)
 	}
-	day := utcDay(now)
-	return slices.ContainsFunc(k.atts, func(a *mAttempt) bool { return a.outcome == "" && a.charged && a.day == day })
+	if p := k.spec.pol; p.approvalAbove > 0 && k.spec.cost >= p.approvalAbove {
+		needed = append(needed, reasonAmount)
+	}
+	for _, r := range needed {
+		at, ok := k.answered[r]
+		if k.approval != "approved" || !ok || r == reasonCircuit && hold.After(at) {
+			return r
+		}
+	}
+	return ""
+}
+
+// refusedSpend is the refusal of a grant of k that does not fit what is
+// left to spend, "" when it fits, and its detail: the run's wallet first (a
+// probe adds nothing to it), then the daily ceilings.
+func (m *modelRun) refusedSpend(k *mKey, o mBegin, es string, now time.Time) (string, map[string]any) {
+	probe := es == "indeterminate" && k.spec.pol.onIndeterminate == "probe"
+	if detail := m.ext.refusedWallet(k, probe); detail != nil {
+		return "run_budget_exceeded", detail
+	}
+	return m.refusedCeiling(k, es, now)
 }
 
 func deniedAnswer(a mAnswer, code string) mAnswer {
@@ -632,9 +783,9 @@ func (m *modelRun) applyBegin(k *mKey, o mBegin, want mAnswer, id, token, approv
 	if !k.exists && o.other {
 		k.variant = 1 // this key's payload from now on
 	}
-	now = m.ext.applyBegin(k, want, now)
+	now = m.ext.applyBegin(k, o, want, now)
+	es := k.effState(now)
 	k.exists, k.id = true, id
-	free := k.freeProbe(k.effState(now), now)
 	k.state = want.state
 	switch want.decision {
 	case "execute":
@@ -647,17 +798,16 @@ func (m *modelRun) applyBegin(k *mKey, o mBegin, want mAnswer, id, token, approv
 			m.fail("begin %s: lease_expires_at %v, model %v", k.name, exp, now.Add(lease))
 			return
 		}
-		charged := !free && k.spec.pol.budget > 0 // a type with no ceiling charges nothing
-		if want.probe && charged && slices.ContainsFunc(k.atts, func(a *mAttempt) bool { return a.outcome == "" && a.charged }) {
-			m.seen["probe charged again on a later day"]++
+		charges := m.charge(k, es, now) // none where the type has no ceiling
+		if want.probe && len(charges) > 0 && slices.ContainsFunc(k.atts, func(a *mAttempt) bool {
+			return a.outcome == "" && len(a.charges) > 0
+		}) {
+			m.seen["probe charged again (a later day, or another counter)"]++
 		}
 		k.attempt = want.attempt
 		k.denial = ""
-		k.atts = append(k.atts, &mAttempt{token: token, exp: *exp, probe: want.probe, charged: charged,
+		k.atts = append(k.atts, &mAttempt{token: token, exp: *exp, probe: want.probe, charges: charges,
 			day: utcDay(now), lease: lease, request: o.request, prior: want.prior})
-		if charged {
-			m.spent[spendKey(k.spec.pol.typ, utcDay(now))] += k.spec.cost
-		}
 	case "approval_required":
 		if k.approval != "pending" {
 			// Asked anew: the effect awaits a decision, no longer denied
@@ -795,14 +945,16 @@ func (m *modelRun) applyReport(k *mKey, i int, outcome, result string) {
 	}
 }
 
+// release gives back what attempt a was charged on its daily counters.
 func (m *modelRun) release(k *mKey, a *mAttempt) {
-	if a.charged {
-		if a.day != utcDay(m.now()) {
-			m.seen["release of an earlier day's charge"]++
-		}
-		a.charged = false
-		m.spent[spendKey(k.spec.pol.typ, a.day)] -= k.spec.cost
+	if len(a.charges) > 0 && a.day != utcDay(m.now()) {
+		m.seen["release of an earlier day's charge"]++
 	}
+	for _, c := range a.charges {
+		m.spent[c.key] -= c.micros
+		m.counts[c.key]--
+	}
+	a.charges = nil
 }
 
 func (m *modelRun) heartbeatOp(k *mKey) {
@@ -1002,11 +1154,12 @@ func (m *modelRun) decide(k *mKey, verb string) {
 		m.fail("%s %s: approval reads %s", verb, k.name, got)
 		return
 	}
-	// An approval answers the reason it was asked for; the model's keys
-	// are held by one reason at a time.
+	// An approval answers the reason it was asked for and every other that
+	// holds as it is given.
+	answers := m.answers(k)
 	wantAnswers := "<nil>"
 	if want == "approved" && k.approval != "rejected" {
-		wantAnswers = "[" + k.reason + "]"
+		wantAnswers = fmt.Sprint(answers)
 	}
 	if got := fmt.Sprint(r.JSON()["answers"]); got != wantAnswers || r.JSON()["reason"] != k.reason {
 		m.fail("%s %s: approval reason %v answers %s, model %s %s", verb, k.name, r.JSON()["reason"], got, k.reason, wantAnswers)
@@ -1018,7 +1171,12 @@ func (m *modelRun) decide(k *mKey, verb string) {
 	if k.approval == "pending" {
 		k.approval = want
 		if want == "approved" {
-			k.yesAt = m.now()
+			if k.answered == nil {
+				k.answered = map[string]time.Time{}
+			}
+			for _, r := range answers {
+				k.answered[r] = m.now()
+			}
 		}
 		if want == "rejected" && k.state == "awaiting_approval" {
 			// A key that waited indeterminate (or whose outcome was
@@ -1027,6 +1185,26 @@ func (m *modelRun) decide(k *mKey, verb string) {
 			k.state, k.denial = "denied", "approval_rejected"
 		}
 	}
+}
+
+// answers is what a yes to k's pending approval now answers, in the order
+// the gate lists them: the reason it was asked for, a require_approval
+// breaker or stop holding the type, an amount at or above the threshold.
+func (m *modelRun) answers(k *mKey) []string {
+	var out []string
+	for _, r := range []string{reasonCircuit, reasonAmount} {
+		holds := r == k.reason
+		switch p := k.spec.pol; {
+		case r == reasonCircuit:
+			holds = holds || m.ext.holds(k, m.now())
+		default:
+			holds = holds || p.approvalAbove > 0 && k.spec.cost >= p.approvalAbove
+		}
+		if holds {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // checkApproval reads k's approval and compares its reason with the
