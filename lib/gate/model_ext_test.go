@@ -533,24 +533,43 @@ func (e *extRun) stopOp() {
 		}
 		e.heldStep()
 	}
+	approved := e.approveHeld()
+	if m.rng.IntN(3) == 0 {
+		e.pullStop([]string{"require_approval", "deny", "monitor"}[m.rng.IntN(3)])
+		e.heldStep()
+		if approved != nil && m.rng.IntN(2) == 0 {
+			// Back to require_approval: a changed action is a new hold,
+			// and the yes given before it no longer answers it.
+			e.pullStop("require_approval")
+			m.beginWith(approved, mBegin{})
+		}
+	}
+	if !m.t.Failed() {
+		e.releaseStop()
+	}
+}
+
+// approveHeld approves, half the time, a key a breaker or the stop asked
+// about, and then begins it at once or (answered: the key) leaves its yes
+// outstanding for what follows.
+func (e *extRun) approveHeld() (answered *mKey) {
+	m := e.m
 	var pending []*mKey
 	for _, k := range m.keys {
 		if k.approval == "pending" && k.reason == reasonCircuit && !e.rolledBack(k) {
 			pending = append(pending, k)
 		}
 	}
-	if len(pending) > 0 && m.rng.IntN(2) == 0 {
-		k := pending[m.rng.IntN(len(pending))]
-		m.decide(k, "approve")
-		m.beginWith(k, mBegin{})
+	if len(pending) == 0 || m.rng.IntN(2) == 0 {
+		return nil
 	}
-	if m.rng.IntN(3) == 0 {
-		e.pullStop([]string{"require_approval", "deny", "monitor"}[m.rng.IntN(3)])
-		e.heldStep()
+	k := pending[m.rng.IntN(len(pending))]
+	m.decide(k, "approve")
+	if m.rng.IntN(2) == 0 {
+		return k
 	}
-	if !m.t.Failed() {
-		e.releaseStop()
-	}
+	m.beginWith(k, mBegin{})
+	return nil
 }
 
 // heldStep is one operation while the stop is on.

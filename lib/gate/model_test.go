@@ -167,6 +167,7 @@ type mKey struct {
 	// breaker's or the stop's only while none holding the type opened or
 	// was made stricter since.
 	answered map[string]time.Time
+	yes      []string // what its latest approval answers, once approved
 	// Set by the extended model's limits (model_limits_test.go) only.
 	caller string // the API key that begins it: "" for the agent, else a capped one's name
 	dim    string // its value of the limited dimension ("" for none declared)
@@ -1156,7 +1157,11 @@ func (m *modelRun) decide(k *mKey, verb string) {
 	}
 	// An approval answers the reason it was asked for and every other that
 	// holds as it is given.
+	// holds as it is given (a repeat answers what the yes recorded).
 	answers := m.answers(k)
+	if k.approval == "approved" {
+		answers = k.yes
+	}
 	wantAnswers := "<nil>"
 	if want == "approved" && k.approval != "rejected" {
 		wantAnswers = fmt.Sprint(answers)
@@ -1177,6 +1182,7 @@ func (m *modelRun) decide(k *mKey, verb string) {
 			for _, r := range answers {
 				k.answered[r] = m.now()
 			}
+			k.yes = answers
 		}
 		if want == "rejected" && k.state == "awaiting_approval" {
 			// A key that waited indeterminate (or whose outcome was
