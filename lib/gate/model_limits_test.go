@@ -2,8 +2,10 @@ package gate_test
 
 import (
 	"fmt"
+	"math"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -182,5 +184,112 @@ func (e *extRun) readRun() {
 	if res.Status != http.StatusOK || fmt.Sprint(want) != fmt.Sprint(map[string]any{"budgetMicros": got["budgetMicros"],
 		"spentMicros": got["spentMicros"]}) {
 		m.fail("read run %s: %d budget=%v spent=%v, model %v", r.id, res.Status, got["budgetMicros"], got["spentMicros"], want)
+	}
+}
+
+// --- the concurrent run's limits ---------------------------------------------
+
+// cLimits is what TestGateModelConcurrent adds of the spending limits:
+// keys begun by a capped key, naming a run with a wallet, of the
+// dimension-limited type for one recipient, contended with the rest. Once
+// every goroutine is done, what the attempts spent (granted, not known to
+// have failed, probes aside: a lower bound of every counter) fits each
+// ceiling, and the run's spentMicros is exactly its wallet's count: under
+// any concurrency a ceiling or a wallet admits only what fits (README).
+type cLimits struct {
+	capped, cappedID string
+	run              string
+}
+
+// concurrentWallet is the concurrent run's wallet budget.
+const concurrentWallet = 300
+
+func (c *concurrentRun) setupLimits(b *bundle) {
+	b.putPolicy(extDimPolicy.typ, extDimPolicy.body())
+	c.lim.capped = b.env.Key(b.ws, map[string]any{"name": "capped", "preset": "AGENT",
+		"daily_spend_ceiling_micros": extKeyCeiling})
+	c.lim.cappedID = keyID(c.lim.capped)
+	c.lim.run = str(b.env.Must(http.StatusCreated, "POST", "/api/v1/runs", b.ws.Key,
+		map[string]any{"name": "wallet", "budgetMicros": concurrentWallet}).JSON()["id"])
+	dim := mKeySpec{pol: &extDimPolicy}
+	for i, k := range []cKey{
+		{spec: mKeySpec{pol: dim.pol, cost: 250}, caller: c.lim.capped, dim: "alice", run: c.lim.run},
+		{spec: mKeySpec{pol: dim.pol, cost: 100}, dim: "alice", run: c.lim.run},
+		{spec: mKeySpec{pol: dim.pol, cost: 200}, caller: c.lim.capped, dim: "alice"},
+		{spec: modelKeySpecs[8], caller: c.lim.capped, run: c.lim.run},
+	} {
+		k.name, k.granted = fmt.Sprintf("cmdl-%d-l%d", c.seed, i), map[int]bool{}
+		c.keys = append(c.keys, &k)
+	}
+}
+
+// limitsBody adds a limits key's dimension and run to its begin's body and
+// answers the API key that begins it.
+func (c *concurrentRun) limitsBody(k *cKey, body map[string]any) string {
+	if k.dim != "" {
+		body["dimensions"] = map[string]any{"recipient": k.dim}
+	}
+	if k.run != "" {
+		body["run_id"] = k.run
+	}
+	if k.caller != "" {
+		return k.caller
+	}
+	return c.agent
+}
+
+// checkLimits reads every effect begun and checks what its attempts spent
+// against the wallet, the capped key's ceiling and the dimension's limits,
+// per UTC day.
+func (c *concurrentRun) checkLimits() {
+	type effect struct {
+		EffectType string  `json:"effect_type"`
+		RunID      *string `json:"run_id"`
+		CostMicros *int64  `json:"cost_micros"`
+		Attempts   []struct {
+			Outcome      *string
+			Probe        bool
+			StartedAt    time.Time `json:"started_at"`
+			BeganByKeyID string    `json:"began_by_key_id"`
+		}
+	}
+	var wallet int64
+	spent, count := map[string]int64{}, map[string]int64{}
+	for _, k := range c.keys {
+		if k.id == "" {
+			continue
+		}
+		var e effect
+		c.envs[0].Must(http.StatusOK, "GET", "/api/v1/effects/"+k.id, c.ws.Key, nil).Decode(c.t, &e)
+		for _, a := range e.Attempts {
+			if a.Outcome != nil && *a.Outcome == "failed" || a.Probe {
+				continue
+			}
+			cost := *e.CostMicros
+			if e.RunID != nil && *e.RunID == c.lim.run {
+				wallet += cost
+			}
+			day := utcDay(a.StartedAt)
+			if a.BeganByKeyID == c.lim.cappedID {
+				spent["key "+day] += cost
+			}
+			if e.EffectType == extDimPolicy.typ {
+				spent["dim "+day] += cost
+				count["dim "+day]++
+			}
+		}
+	}
+	for scope, micros := range spent {
+		limit, limitCount := int64(extKeyCeiling), int64(math.MaxInt64)
+		if strings.HasPrefix(scope, "dim") {
+			limit, limitCount = extDimPolicy.dimMicros, extDimPolicy.dimCount
+		}
+		if micros > limit || count[scope] > limitCount {
+			c.fail(-1, "%s: attempts spent %d micros, %d of them counted, past its ceiling %d", scope, micros, count[scope], limit)
+		}
+	}
+	run := c.envs[0].Must(http.StatusOK, "GET", "/api/v1/runs/"+c.lim.run, c.ws.Key, nil).JSON()
+	if wallet > concurrentWallet || run["spentMicros"] != float64(wallet) {
+		c.fail(-1, "run wallet: its attempts spent %d, it reads %v, budget %d", wallet, run["spentMicros"], concurrentWallet)
 	}
 }

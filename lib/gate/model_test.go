@@ -1277,8 +1277,10 @@ func (m *modelRun) checkEffect(k *mKey, e map[string]any, what string) {
 }
 
 // TestGateModelConcurrent runs random operations from several goroutines
-// at once on the same few keys, through two instances on one clock, and
-// checks what holds whatever the interleaving: every answer is one API.md
+// at once on the same few keys (some begun by a capped key, naming a run
+// with a wallet, of a dimension-limited type: model_limits_test.go),
+// through two instances on one clock, and checks what holds whatever the
+// interleaving: no wallet or daily ceiling admits past what fits; every answer is one API.md
 // names; a key's execute grants are numbered 1, 2, … once each, never past
 // max_attempts, and each begins only after the one before it ended
 // (reported, or its lease lapsed): at most one live lease per key; no
@@ -1304,6 +1306,9 @@ type cKey struct {
 	approvalID string
 	granted    map[int]bool // attempts answered execute
 	succeeded  bool         // a success was recorded (a report or a resolve answered 200)
+	// A limits key's (model_limits_test.go): the API key that begins it
+	// ("" for the agent), its dimension value and run.
+	caller, dim, run string
 }
 
 type concurrentRun struct {
@@ -1315,6 +1320,7 @@ type concurrentRun struct {
 	clock *apitest.Clock
 	mu    sync.Mutex
 	keys  []*cKey
+	lim   cLimits
 }
 
 func (c *concurrentRun) fail(worker int, format string, args ...any) {
@@ -1335,6 +1341,7 @@ func runConcurrentModel(t *testing.T, seed uint64, workers, ops int) {
 		modelKeySpecs[7], modelKeySpecs[8]} {
 		c.keys = append(c.keys, &cKey{spec: spec, name: fmt.Sprintf("cmdl-%d-%d", seed, i), granted: map[int]bool{}})
 	}
+	c.setupLimits(b)
 	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Add(1)
@@ -1352,6 +1359,7 @@ func runConcurrentModel(t *testing.T, seed uint64, workers, ops int) {
 			c.checkFinal(k)
 		}
 	}
+	c.checkLimits()
 }
 
 var (
@@ -1446,8 +1454,9 @@ func (c *concurrentRun) begin(w int, env *apitest.Env, k *cKey, otherPayload boo
 	c.mu.Lock()
 	succeededBefore := k.succeeded
 	c.mu.Unlock()
-	res := env.Do("POST", "/api/v1/effects/begin", c.agent, map[string]any{"effect_type": k.spec.pol.typ,
-		"idempotency_key": k.name, "payload": payload, "cost_micros": k.spec.cost})
+	body := map[string]any{"effect_type": k.spec.pol.typ, "idempotency_key": k.name, "payload": payload,
+		"cost_micros": k.spec.cost}
+	res := env.Do("POST", "/api/v1/effects/begin", c.limitsBody(k, body), body)
 	if res.Status == http.StatusConflict {
 		if code := res.ErrorCode(); code != "idempotency_key_reuse" && code != "retry_request" {
 			c.fail(w, "begin %s: %d %s", k.name, res.Status, res.Body)
