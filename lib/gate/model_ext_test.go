@@ -459,7 +459,7 @@ func (e *extRun) surgePolicy() {
 // applyBegin records a begin the surge counts and its trip, and answers
 // the begin's clock reading: one the surge counts that read at or before
 // the allowance's start is moved just after it (its lease runs from there).
-func (e *extRun) applyBegin(k *mKey, o mBegin, want mAnswer, now time.Time) time.Time {
+func (e *extRun) applyBegin(k *mKey, want mAnswer, now time.Time) time.Time {
 	if e == nil || !want.counted {
 		return now
 	}
@@ -493,6 +493,9 @@ func (e *extRun) breakerOp() {
 	path, _, _ := strings.Cut(verb, " ")
 	r := m.env.Do("POST", "/api/v1/circuits/"+e.surge.typ+"/"+path, m.ws.Key, body)
 	m.log("%s breaker -> %d %s", verb, r.Status, r.ErrorCode())
+	if e.stop.on {
+		m.seen[verb+" breaker under the "+e.stop.action+" stop"]++
+	}
 	if r.Status != http.StatusOK {
 		m.fail("%s breaker: %d: %s", verb, r.Status, r.Body)
 		return
@@ -533,16 +536,21 @@ func (e *extRun) stopOp() {
 		}
 		e.heldStep()
 	}
-	approved := e.approveHeld()
-	if m.rng.IntN(3) == 0 {
+	switch approved := e.approveHeld(); {
+	case approved != nil:
+		// Changed, then back to require_approval, before the key a yes
+		// answered is begun: a changed action is a new hold, and the yes
+		// given before it no longer answers it (nor would a weaker one's).
+		// (A second on: a hold changed at the yes's instant is not after it.)
+		m.clock.Add(time.Second)
+		m.log("clock +1s")
+		e.pullStop([]string{"deny", "monitor"}[m.rng.IntN(2)])
+		e.heldStep()
+		e.pullStop("require_approval")
+		m.beginWith(approved, mBegin{})
+	case m.rng.IntN(3) == 0:
 		e.pullStop([]string{"require_approval", "deny", "monitor"}[m.rng.IntN(3)])
 		e.heldStep()
-		if approved != nil && m.rng.IntN(2) == 0 {
-			// Back to require_approval: a changed action is a new hold,
-			// and the yes given before it no longer answers it.
-			e.pullStop("require_approval")
-			m.beginWith(approved, mBegin{})
-		}
 	}
 	if !m.t.Failed() {
 		e.releaseStop()

@@ -714,13 +714,16 @@ func (m *modelRun) predictBegin(k *mKey, o mBegin, now time.Time) mAnswer {
 		return refuse(circuit)
 	}
 	if reason := k.approvalNeeded(circuit == circuitApproval, a.hold); reason != "" {
+		if k.approval == "approved" {
+			m.seen["asked again after a yes: "+reason]++
+		}
 		a.decision, a.reason = "approval_required", reason
 		if es != "indeterminate" {
 			a.state = "awaiting_approval"
 		}
 		return a
 	}
-	if code, detail := m.refusedSpend(k, o, es, now); code != "" {
+	if code, detail := m.refusedSpend(k, es, now); code != "" {
 		a.detail = detail
 		return refuse(code)
 	}
@@ -767,7 +770,7 @@ func (k *mKey) approvalNeeded(circuit bool, hold time.Time) string {
 // refusedSpend is the refusal of a grant of k that does not fit what is
 // left to spend, "" when it fits, and its detail: the run's wallet first (a
 // probe adds nothing to it), then the daily ceilings.
-func (m *modelRun) refusedSpend(k *mKey, o mBegin, es string, now time.Time) (string, map[string]any) {
+func (m *modelRun) refusedSpend(k *mKey, es string, now time.Time) (string, map[string]any) {
 	probe := es == "indeterminate" && k.spec.pol.onIndeterminate == "probe"
 	if detail := m.ext.refusedWallet(k, probe); detail != nil {
 		return "run_budget_exceeded", detail
@@ -784,7 +787,7 @@ func (m *modelRun) applyBegin(k *mKey, o mBegin, want mAnswer, id, token, approv
 	if !k.exists && o.other {
 		k.variant = 1 // this key's payload from now on
 	}
-	now = m.ext.applyBegin(k, o, want, now)
+	now = m.ext.applyBegin(k, want, now)
 	es := k.effState(now)
 	k.exists, k.id = true, id
 	k.state = want.state
