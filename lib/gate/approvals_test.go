@@ -291,6 +291,33 @@ func TestARepeatedOpeningKeepsItsApproval(t *testing.T) {
 	b.mustBegin("execute", held)
 }
 
+// A breaker given another action after a yes asks again even when the
+// action is weaker: a key held by the stop and approved while its type's
+// own breaker denied is denied by the breaker, and once the breaker is
+// eased to require_approval it is asked again, since the yes did not
+// answer that hold (README, approvals: the gate model found the server
+// does so; the README named only an action made stricter).
+func TestABreakerEasedAfterAnApprovalAsksAgain(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	body := sms(key("held"))
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/stop", b.ws.Key,
+		map[string]any{"reason": "incident", "action": "require_approval"})
+	a := b.mustBegin("approval_required", body)
+	b.clock.Add(time.Minute)
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/sms.send/open", b.ws.Key,
+		map[string]any{"action": "deny", "reason": "vendor down"})
+	b.clock.Add(time.Minute)
+	b.env.Must(http.StatusOK, "POST", "/api/v1/approvals/"+str(a["approval_id"])+"/approve", b.ws.Key, nil)
+	b.mustBegin("denied", body)
+
+	b.clock.Add(time.Minute)
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/sms.send/open", b.ws.Key,
+		map[string]any{"action": "require_approval", "reason": "vendor back, watch it"})
+	again := b.mustBegin("approval_required", body)
+	require.NotEqual(t, a["approval_id"], again["approval_id"], "a new question for the operator")
+}
+
 // A stop that was only watching (monitor) when a breaker's approval was
 // given, and is escalated to require_approval later, holds the key again:
 // the escalation keeps the stop's opened_at, and the approval predates it.

@@ -1036,7 +1036,8 @@ const (
 // at once was asked twice, the second time only after the first yes). What
 // arises after the yes asks again: a require_approval mode or a lower
 // threshold set later (QA: a breaker's yes carried a key through a mode set
-// afterwards), a breaker or stop opened or made stricter after it (the
+// afterwards), a breaker or stop opened or given another action after it,
+// stricter or weaker (the
 // operator said yes to that incident, not to the next). Every approval the
 // effect was given counts. When they do not answer, ev's reason becomes the
 // first question still open, to ask next.

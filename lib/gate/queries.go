@@ -326,7 +326,7 @@ RETURNING ` + effectCols("", false)
 // sqlApprovalsAnswer reads the reasons an effect's approvals answer (what
 // each recorded as it was given; one given before 0041, the reason it was
 // asked for), leaving out a breaker's reason when a breaker or the emergency
-// stop holding the type now opened, or was made stricter, after it was
+// stop holding the type now opened, or was given another action, after it was
 // decided (updated_at, since opening an open breaker or stop again, a
 // monitor stop escalated to require_approval, keeps its opened_at), and
 // whether one holds the type with require_approval now. $1 effect id, $2
@@ -344,7 +344,7 @@ SELECT (SELECT coalesce(array_agg(DISTINCT r.reason), '{}')
 // hold the effect type effectType names, of workspace $2, with
 // require_approval at $4 (as gate_evaluate reads them: the stop has no
 // cooldown, a breaker holds until closes_at), with when each was last
-// opened or made stricter (updated_at).
+// opened or given another action (updated_at).
 func holdingCircuitsSQL(effectType string) string {
 	return `
     SELECT c.updated_at FROM gate_circuits c
