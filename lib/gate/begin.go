@@ -1037,8 +1037,8 @@ const (
 // arises after the yes asks again: a require_approval mode or a lower
 // threshold set later (QA: a breaker's yes carried a key through a mode set
 // afterwards), a breaker or stop opened or given another action after it,
-// stricter or weaker (the
-// operator said yes to that incident, not to the next). Every approval the
+// stricter or weaker (the operator said yes to that incident and that
+// hold, not to the next). Every approval the
 // effect was given counts. When they do not answer, ev's reason becomes the
 // first question still open, to ask next.
 func (s *Service) approvalStillAnswers(ctx context.Context, tx pgx.Tx, row *effectRow, ev *eval, now time.Time) (bool, error) {
