@@ -443,8 +443,10 @@ func TestEmergencyStop(t *testing.T) {
 	first := map[string]any{"effect_type": "brand.new", "idempotency_key": key("new")}
 	b.mustBegin("approval_required", first)
 	require.Equal(t, "stop", b.circuit("brand.new")["opened_by"])
-	// Closing one type does not lift the stop.
-	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/sms.send/close", b.ws.Key, nil)
+	// Closing one type does not lift the stop, and the close says so: it
+	// answers the circuit as begins read it, the stop's.
+	closed := b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/sms.send/close", b.ws.Key, nil).JSON()
+	require.Equal(t, []any{"open", "stop"}, []any{closed["state"], closed["opened_by"]})
 	b.mustBegin("approval_required", sms(key("still")))
 	// A stricter stop denies, and is announced; the same again is not.
 	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/stop", b.ws.Key, map[string]any{"action": "deny"})
@@ -467,6 +469,8 @@ func TestEmergencyStop(t *testing.T) {
 	b.denialOf("circuit_open", sms(key("denied-again")))
 	// A type's own stricter breaker outlives the release.
 	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/email.send/open", b.ws.Key, map[string]any{"action": "deny"})
+	// While both deny, the denial names the stop.
+	require.Equal(t, "stop", b.denialOf("circuit_open", email(key("both")))["detail"].(map[string]any)["opened_by"])
 
 	list = b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/release", b.ws.Key, nil).JSON()
 	require.NotEmpty(t, list["data"])
