@@ -8,7 +8,7 @@ import (
 
 // RequestReserve is how many of an instance's pool connections a Share
 // leaves to the rest of the instance (its requests, the sweeper's other
-// tasks).
+// tasks) at least, where the pool has room for one beside them.
 const RequestReserve = 2
 
 // Share bounds how many of a pool's connections one kind of background
@@ -29,10 +29,13 @@ func ShareOf(pool *pgxpool.Pool) *Share { return NewShare(ShareSize(pool.Config(
 func NewShare(n int) *Share { return &Share{slots: make(chan struct{}, max(1, n))} }
 
 // ShareSize is the connections a Share of a pool of maxConns holds at
-// most: all but RequestReserve, and at least one (a pool of 1 to 3 shares
-// one connection).
+// most: half the pool, leaving at least RequestReserve, and at least one
+// (a pool of 1 to 3 shares one connection, the serverless 4 two, the local
+// server's 16 eight). Half, not all but two: a large pool serves many
+// requests at once, and a burst of background work should not leave them
+// two connections.
 func ShareSize(maxConns int32) int {
-	return max(1, int(maxConns)-RequestReserve)
+	return max(1, min(int(maxConns)/2, int(maxConns)-RequestReserve))
 }
 
 // Size is how many connections the share holds at most.

@@ -9,11 +9,11 @@ import (
 	"github.com/getratchet/ratchet/lib/db"
 )
 
-// A share leaves two of a pool's connections to the rest of the instance,
-// and takes one of a pool too small for that.
-func TestAShareLeavesRequestsTwoConnections(t *testing.T) {
+// A share takes at most half a pool's connections, leaving at least two
+// to the rest of the instance, and takes one of a pool too small for that.
+func TestAShareLeavesRequestsHalfThePool(t *testing.T) {
 	t.Parallel()
-	for maxConns, want := range map[int32]int{1: 1, 2: 1, 3: 1, 4: 2, 16: 14} {
+	for maxConns, want := range map[int32]int{1: 1, 2: 1, 3: 1, 4: 2, 5: 2, 6: 3, 16: 8, 32: 16} {
 		require.Equal(t, want, db.ShareSize(maxConns), "DB_MAX_CONNS=%d", maxConns)
 	}
 }

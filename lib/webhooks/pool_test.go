@@ -21,12 +21,12 @@ import (
 // on a connection of its own, and the API's requests queued behind them).
 // With the serverless pool of 4 (DB_MAX_CONNS's default), the pass holds
 // no connection while its sends wait on their receiver, and at most
-// DB_MAX_CONNS − 2 (here 2) while it records their outcomes: with those
+// half the pool, leaving two (db.ShareSize; here 2) while it records their outcomes: with those
 // records stuck on a lock, a request's acquire still gets a connection,
 // and gets it while they are stuck, not once they have given up (each
 // record has 5 s: one that ran out is an outcome lost and sent again).
 func TestADeliveryPassLeavesRequestsRoomInThePool(t *testing.T) {
-	const maxConns, share, sends = 4, 2, 8 // share: max(1, maxConns − 2)
+	const maxConns, share, sends = 4, 2, 8 // share: db.ShareSize(maxConns)
 	env, clk := start(t, true, apitest.WithConfig(func(c *config.Config) { c.DBMaxConns = maxConns }))
 	ctx := context.Background()
 	pool := env.App.Pool

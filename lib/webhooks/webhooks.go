@@ -107,8 +107,9 @@ type Service struct {
 	dispatchBatch int
 	// conns is the delivery passes' share of the pool: all of this
 	// instance's passes together (the local server runs up to 8 at once)
-	// claim and record on at most DB_MAX_CONNS − 2 connections, at least
-	// one, leaving the rest to requests (Deliver).
+	// claim and record on at most half the pool's connections, leaving at
+	// least two, and on at least one (db.ShareSize), leaving the rest to
+	// requests (Deliver).
 	conns *db.Share
 }
 
