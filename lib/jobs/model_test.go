@@ -131,6 +131,7 @@ type jmAttempt struct {
 	exp      time.Time
 	outcome  string // "" while open; SUCCEEDED | FAILED
 	lapsed   bool   // failed as lapsed (the lapse warning), not reported
+	refused  bool   // a success whose output the contract refused (its warning)
 	late     bool   // reported after it lapsed and was failed or requeued (a warning)
 	reported bool
 	sent     string // the status its worker reported
@@ -182,29 +183,31 @@ type jmRun struct {
 }
 
 type jobsModel struct {
-	t       *testing.T
-	seed    uint64
-	rng     *rand.Rand
-	env     *apitest.Env
-	ws      apitest.Workspace
-	worker  string // the WORKER key's secret
-	workers []string
-	clock   *apitest.Clock
-	jitter  float64
-	runs    []*jmRun
-	steps   []*jmStep
-	last    *jmStep
-	trace   *apitest.ModelTrace
-	outputs int
-	seen    map[string]int
-	ops     int
+	t    *testing.T
+	seed uint64
+	rng  *rand.Rand
+	env  *apitest.Env
+	ws   apitest.Workspace
+	// keys are the WORKER keys (the second one revocable), workers the
+	// registered workers' ids and workerKey the key each registered under.
+	keys      []jmKey
+	workers   []string
+	workerKey []int
+	clock     *apitest.Clock
+	jitter    float64
+	runs      []*jmRun
+	steps     []*jmStep
+	last      *jmStep
+	trace     *apitest.ModelTrace
+	outputs   int
+	seen      map[string]int
+	ops       int
 	// lastClaim is each worker's last claimId, claimed what each claimId
 	// leased.
 	lastClaim map[int]string
 	claimed   map[string][]jmLeased
-	// endpoints are the endpoints' ids by name, paused those paused.
-	endpoints map[string]string
-	paused    map[string]bool
+	// gates are the endpoints by name (model_gates_test.go).
+	gates map[string]*jmGate
 }
 
 func runJobsModel(t *testing.T, seed uint64, ops int) {
@@ -243,10 +246,15 @@ func newJobsModel(t *testing.T, seed uint64, ops int) *jobsModel {
 	rng := rand.New(rand.NewPCG(seed, 0x6a6f6273))
 	m := &jobsModel{t: t, seed: seed, rng: rng, env: env, ws: env.Signup(), clock: clock, seen: map[string]int{},
 		ops: ops, jitter: []float64{0, 0.5, 0.999}[rng.IntN(3)], lastClaim: map[int]string{},
-		claimed: map[string][]jmLeased{}, paused: map[string]bool{},
-		trace: apitest.NewModelTrace(t, fmt.Sprintf("MODEL_SEED=%d MODEL_OPS=%d go test -run 'TestJobsModelSequential' ./lib/jobs", seed, ops))}
+		claimed: map[string][]jmLeased{},
+		trace:   apitest.NewModelTrace(t, fmt.Sprintf("MODEL_SEED=%d MODEL_OPS=%d go test -run 'TestJobsModelSequential' ./lib/jobs", seed, ops))}
 	jobs.SetJitter(env.App.Server.Jobs, m.jitter)
-	m.worker, m.workers, m.endpoints = jmWorkspace(env, m.ws)
+	jmContracts(env, m.ws)
+	worker, workers, endpoints := jmWorkspace(env, m.ws)
+	m.gates = jmGates(env, m.ws, endpoints)
+	second, workerB := jmSecondKey(env, m.ws)
+	m.keys, m.workers = []jmKey{{secret: worker}, second}, append(workers, workerB)
+	m.workerKey = append(make([]int, len(workers)), 1)
 	for i := range 2 {
 		r := env.Must(http.StatusCreated, "POST", "/api/v1/runs", m.ws.Key, map[string]any{"name": fmt.Sprintf("model %d", i)})
 		m.runs = append(m.runs, &jmRun{i: i, id: r.JSON()["id"].(string), status: jobs.RunRunning})
@@ -339,7 +347,9 @@ func (m *jobsModel) step() {
 		}
 	}
 	m.last = s
-	switch r := m.rng.IntN(100); {
+	switch r := m.rng.IntN(112); {
+	case r >= 100:
+		m.gateStep(s) // model_gates_test.go
 	case s.requeued && s.status == jobs.StatusQueued && r < 40:
 		// The worker of a requeued job's lapsed lease, still at work: its
 		// heartbeat takes the job back, or its report lands (README).
@@ -555,14 +565,16 @@ type jmClaimed struct {
 
 func (m *jobsModel) claim(w, limit int) {
 	now := m.now()
-	serves := map[int]bool{}
-	for _, i := range jmWorkers[w] {
-		serves[i] = true
+	serves := map[int]bool{0: true, 1: true, 2: true} // the second key's worker serves every tool
+	if w < len(jmWorkers) {
+		serves = map[int]bool{}
+		for _, i := range jmWorkers[w] {
+			serves[i] = true
+		}
 	}
 	var cands []*jmStep
 	for _, s := range m.steps {
-		// A paused endpoint's jobs wait, consuming no attempt (README).
-		if _, ok := s.claimable(now); ok && serves[s.spec.tool] && !m.paused[jmTools[s.spec.tool].name] {
+		if _, ok := s.claimable(now); ok && serves[s.spec.tool] && m.admits(s, now) {
 			cands = append(cands, s)
 		}
 	}
@@ -588,15 +600,20 @@ func (m *jobsModel) claim(w, limit int) {
 			}
 		}
 	}
-	r := m.env.Do("POST", "/api/v1/workers/"+m.workers[w]+"/claim", m.worker, body)
+	key := &m.keys[m.workerKey[w]]
+	r := m.env.Do("POST", "/api/v1/workers/"+m.workers[w]+"/claim", key.secret, body)
 	var got struct{ Jobs []jmClaimed }
 	_ = json.Unmarshal(r.Body, &got)
 	var names []string
 	for _, j := range got.Jobs {
 		names = append(names, fmt.Sprintf("%s#%d", m.byJob(j.JobID).name(), j.Attempt))
 	}
-	m.log("claim worker %d limit %d claimId %q (again %d) -> %d jobs=%d %v", w, limit, claimID, len(again), r.Status,
-		len(got.Jobs), names)
+	m.log("claim worker %d limit %d claimId %q (again %d) -> %d %s jobs=%d %v", w, limit, claimID, len(again), r.Status,
+		r.ErrorCode(), len(got.Jobs), names)
+	if key.revoked {
+		m.refusedRevoked("claim", r.Status, r.ErrorCode(), r.Body)
+		return
+	}
 	if r.Status != http.StatusOK {
 		m.fail("claim: %d: %s", r.Status, r.Body)
 		return
@@ -605,30 +622,14 @@ func (m *jobsModel) claim(w, limit int) {
 		m.claimAgain(w, again, got.Jobs, r.Body)
 		return
 	}
-	if want := min(limit, len(cands)); len(got.Jobs) != want {
-		m.fail("claim worker %d limit %d: %d jobs, model %d of %d due", w, limit, len(got.Jobs), want, len(cands))
+	if !m.checkGrants(w, limit, cands, got.Jobs, r.Body) {
 		return
 	}
-	// The jobs due longest go first: none left out was due before one taken.
-	var latest time.Time
-	taken := map[*jmStep]bool{}
+	var leased []*jmStep
 	for _, j := range got.Jobs {
-		s := m.byJob(j.JobID)
-		if s == nil || !slices.Contains(cands, s) || taken[s] {
-			m.fail("claim worker %d: job %s is not one the model has due (or twice): %s", w, j.JobID, r.Body)
-			return
-		}
-		taken[s] = true
-		if ready, _ := s.claimable(now); ready.After(latest) {
-			latest = ready
-		}
+		leased = append(leased, m.byJob(j.JobID))
 	}
-	for _, s := range cands {
-		if ready, _ := s.claimable(now); !taken[s] && ready.Before(latest) {
-			m.fail("claim worker %d: %s (due %v) left for one due at %v", w, s.name(), ready, latest)
-			return
-		}
-	}
+	m.countGrants(leased, now) // before the claim changes what needs a slot
 	for _, j := range got.Jobs {
 		s := m.byJob(j.JobID)
 		// The claim takes a lapsed attempt's job, or a replayed job's
@@ -757,6 +758,10 @@ func (m *jobsModel) heartbeat(s *jmStep) {
 		status, code = http.StatusConflict, "lease_lost"
 	case s.status == jobs.StatusRunning:
 		extend = true
+	case s.status == jobs.StatusQueued && s.requeued && m.room(m.gate(s), now).conc == 0:
+		// Requeued, and the slot it freed went to another job (README).
+		status, code = http.StatusConflict, "lease_lost"
+		m.seen["model: heartbeat finds no slot to revive"]++
 	case s.status == jobs.StatusQueued && s.requeued:
 		// Requeued by the sweeper and claimed by no one since: the
 		// heartbeat takes the job back (README).
@@ -773,13 +778,18 @@ func (m *jobsModel) heartbeat(s *jmStep) {
 	default:
 		status, code = http.StatusConflict, "invalid_state"
 	}
-	r := m.env.Do("POST", "/api/v1/jobs/"+s.jobID+"/heartbeat", m.worker, map[string]any{"leaseToken": token})
+	key := m.pickKey()
+	r := m.env.Do("POST", "/api/v1/jobs/"+s.jobID+"/heartbeat", key.secret, map[string]any{"leaseToken": token})
 	var got struct {
 		LeaseExpiresAt  *time.Time
 		CancelRequested bool
 	}
 	_ = json.Unmarshal(r.Body, &got)
 	m.log("heartbeat %s token of attempt %d -> %d %s cancel=%v", s.name(), i+1, r.Status, r.ErrorCode(), got.CancelRequested)
+	if key.revoked {
+		m.refusedRevoked("heartbeat", r.Status, r.ErrorCode(), r.Body)
+		return
+	}
 	if r.Status != status || r.ErrorCode() != code {
 		m.fail("heartbeat %s attempt %d: %d %q, model %d %q: %s", s.name(), i+1, r.Status, r.ErrorCode(), status, code, r.Body)
 		return
@@ -820,11 +830,18 @@ func (m *jobsModel) report(s *jmStep) {
 		output     string
 	)
 	body["status"] = sent
+	// refused: a success whose output its contract's outputSchema refuses
+	// (README "Tool contracts and replay": only booleans).
+	refused := false
 	if sent == jobs.StatusSucceeded {
 		m.outputs++
 		// A step shows its output's preview, which keeps the keys only.
 		key := fmt.Sprintf("out%d", m.outputs)
 		body["output"], output = map[string]any{key: true}, apitest.CanonicalOf(map[string]any{key: "<boolean>"})
+		if s.spec.tool == jmCharge && m.rng.IntN(3) == 0 {
+			refused = true
+			body["output"], output = map[string]any{key: "no"}, apitest.CanonicalOf(map[string]any{key: "<string>"})
+		}
 	} else if m.rng.IntN(4) != 0 {
 		e := map[string]any{"message": "model failure"}
 		switch m.rng.IntN(4) {
@@ -892,6 +909,18 @@ func (m *jobsModel) report(s *jmStep) {
 		// Replayed after this attempt lapsed unreported (and its job
 		// ended): the next claim supersedes it.
 		status, code, detail = http.StatusConflict, "lease_lost", map[string]any{}
+	case refused && (s.status == jobs.StatusRunning || s.status == jobs.StatusQueued && s.requeued):
+		// A refused output is a non-retryable failure: the job EXHAUSTED
+		// at once, the output not stored, the attempt warned; the breaker
+		// does not count it (README).
+		want = jmReport{status: jobs.StatusExhausted}
+		m.seen["model: an output refused"]++
+		apply = func() {
+			m.record(a, sent, ptr(false), nil, want)
+			a.outcome, a.refused = jobs.OutcomeFailed, true
+			s.status, s.requeued, s.output = want.status, false, ""
+			m.settleRun(s.run)
+		}
 	case s.status == jobs.StatusRunning || s.status == jobs.StatusQueued && s.requeued:
 		want = jmReport{status: jobs.StatusSucceeded}
 		if s.requeued {
@@ -918,6 +947,7 @@ func (m *jobsModel) report(s *jmStep) {
 			// (README: a cancelled attempt's is kept until another
 			// attempt's report replaces it).
 			s.output = output
+			m.countReport(s, sent == jobs.StatusSucceeded, sent == jobs.OutcomeFailed && *rec)
 			m.settleRun(s.run)
 		}
 	default:
@@ -927,10 +957,15 @@ func (m *jobsModel) report(s *jmStep) {
 		detail = map[string]any{"status": s.status, "leaseLapsed": !a.reported}
 	}
 	batch := m.rng.IntN(3) == 0
-	r := m.sendReport(s.jobID, body, batch)
+	key := m.pickKey()
+	r := m.sendReport(key.secret, s.jobID, body, batch)
 	got := r.answer
-	m.log("report %s token of attempt %d %s retryable=%v after=%v batch=%v -> %d %s %s", s.name(), i+1, sent,
-		fmtPtr(retryable), fmtPtr(retryAfter), batch, r.status, r.code, got.Status)
+	m.log("report %s token of attempt %d %s refused=%v retryable=%v after=%v batch=%v -> %d %s %s", s.name(), i+1, sent,
+		refused, fmtPtr(retryable), fmtPtr(retryAfter), batch, r.status, r.code, got.Status)
+	if key.revoked {
+		m.refusedRevoked("report", r.status, r.code, r.body)
+		return
+	}
 	if r.status != status || r.code != code {
 		m.fail("report %s attempt %d %s batch=%v: %d %q, model %d %q: %s", s.name(), i+1, sent, batch, r.status, r.code,
 			status, code, r.body)
@@ -967,10 +1002,10 @@ type jmReportAnswer struct {
 	body []byte
 }
 
-func (m *jobsModel) sendReport(jobID string, body map[string]any, batch bool) jmReportAnswer {
+func (m *jobsModel) sendReport(key, jobID string, body map[string]any, batch bool) jmReportAnswer {
 	var out jmReportAnswer
 	if !batch {
-		r := m.env.Do("POST", "/api/v1/jobs/"+jobID+"/report", m.worker, body)
+		r := m.env.Do("POST", "/api/v1/jobs/"+jobID+"/report", key, body)
 		out.status, out.code, out.body = r.Status, r.ErrorCode(), r.Body
 		_ = json.Unmarshal(r.Body, &out.answer)
 		e, _ := r.JSON()["error"].(map[string]any)
@@ -984,7 +1019,7 @@ func (m *jobsModel) sendReport(jobID string, body map[string]any, batch bool) jm
 	for k, v := range body {
 		item[k] = v
 	}
-	r := m.env.Do("POST", "/api/v1/jobs/report", m.worker, map[string]any{"reports": []any{item}})
+	r := m.env.Do("POST", "/api/v1/jobs/report", key, map[string]any{"reports": []any{item}})
 	var got struct{ Results []json.RawMessage }
 	if r.Status != http.StatusOK || json.Unmarshal(r.Body, &got) != nil || len(got.Results) != 1 {
 		out.status, out.code, out.body = r.Status, r.ErrorCode(), r.Body
@@ -1118,17 +1153,19 @@ func (m *jobsModel) replay(s *jmStep) {
 
 // pause pauses the endpoint, or resumes it when it is paused.
 func (m *jobsModel) pause(name string) {
+	g := m.gates[name]
 	verb := "pause"
-	if m.paused[name] {
+	if g.paused {
 		verb = "resume"
 	}
-	r := m.env.Do("POST", "/api/v1/endpoints/"+m.endpoints[name]+"/"+verb, m.ws.Key, nil)
+	r := m.env.Do("POST", "/api/v1/endpoints/"+g.id+"/"+verb, m.ws.Key, nil)
 	m.log("%s %s -> %d %s", verb, name, r.Status, r.ErrorCode())
-	if r.Status != http.StatusOK || r.JSON()["paused"] != (verb == "pause") {
+	if r.Status != http.StatusOK {
 		m.fail("%s %s: %d %s", verb, name, r.Status, r.Body)
 		return
 	}
-	m.paused[name] = verb == "pause"
+	g.paused = verb == "pause"
+	m.checkEndpoint(g, r.Body, verb+"'s answer")
 }
 
 // unskip puts the steps s's end skipped, and those below them, back to
@@ -1404,9 +1441,13 @@ func (m *jobsModel) checkStep(s *jmStep, body []byte, what string) {
 	for _, a := range j.Attempts {
 		warning := "-"
 		if a.Warning != nil {
-			warning = "late"
-			if *a.Warning == jobs.LapseWarning {
+			switch {
+			case *a.Warning == jobs.LapseWarning:
 				warning = "lapse"
+			case strings.HasPrefix(*a.Warning, "Output rejected by contract "):
+				warning = "refused"
+			default:
+				warning = "late"
 			}
 		}
 		got = append(got, fmt.Sprintf("%d:%s:%s:retryable=%s:after=%s:reported=%v", a.Attempt, fmtPtr(a.Outcome), warning,
@@ -1420,6 +1461,8 @@ func (m *jobsModel) checkStep(s *jmStep, body []byte, what string) {
 		switch {
 		case a.lapsed:
 			warning = "lapse"
+		case a.refused:
+			warning = "refused"
 		case a.late:
 			warning = "late"
 		}

@@ -1,0 +1,561 @@
+package jobs_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/jobs"
+)
+
+// The jobs model's endpoint gates, tool contracts and revocable worker key
+// (model_test.go's claims, heartbeats and reports consult them):
+//   - an endpoint's maxConcurrent, rateLimitPerMinute and circuit breaker
+//     (README "Durable jobs": Work, Circuit breaker), set by policy PUTs
+//     among the other operations, decide what a claim may lease, exactly as
+//     README says a claim grants: its candidates are the due jobs of
+//     endpoints that are not paused, not out of this minute's allowance,
+//     not open before their probe time, and (for a job that needs a new
+//     slot) not at their limit, the longest due first up to the limit; each
+//     endpoint then leases as many as its room allows, its reclaims (a
+//     lapsed job, a replayed job over its cancelled attempt: they need no
+//     new slot) first;
+//   - mdl_charge@1 runs under a contract (README "Tool contracts and
+//     replay"), so its jobs' successes are checked against an outputSchema,
+//     and enqueues naming a FORBIDDEN contract, one of another handler
+//     version, or an input its inputSchema refuses are refused, changing
+//     nothing;
+//   - a second WORKER key, with a worker registered under it, claims,
+//     heartbeats and reports like the first until it is revoked; then each
+//     of those is 401 unauthorized (the instance that revokes a key forgets
+//     it at once, README "Key cache and revocation bound") and changes
+//     nothing.
+
+// jmGate is the model's view of one endpoint's gates.
+type jmGate struct {
+	name, id string
+	version  int64 // the policy's, sent back as expectedVersion
+	paused   bool
+	// maxConcurrent and rate (rateLimitPerMinute): 0 for none.
+	maxConcurrent, rate int
+	// The rate window: the UTC minute it counts, and the claims' grants in
+	// it. The server counts them on the endpoint's row only when a claim
+	// writes that row (a limit or an open circuit: README is silent on a
+	// limit set mid-minute; the model follows the server).
+	windowStart time.Time
+	windowCount int
+	// The breaker: threshold 0 when off.
+	threshold         int
+	cooldown          time.Duration
+	open              bool
+	openedAt, probeAt time.Time
+	failures          int
+}
+
+// jmUnlimited is a room no claim's limit reaches.
+const jmUnlimited = 1 << 30
+
+// jmRoom is what an endpoint may still grant now: by its rate allowance,
+// its concurrency slots and its breaker's probe.
+type jmRoom struct{ rate, conc, probe int }
+
+func (m *jobsModel) gate(s *jmStep) *jmGate { return m.gates[jmTools[s.spec.tool].name] }
+
+// used is how many concurrency slots the endpoint's jobs hold: each RUNNING
+// job (a lapsed one keeps its slot), and each cancelled attempt that may
+// still run (README: until its report, or the sweep after its lease's
+// expiry, or the replay's claim that takes it over).
+func (m *jobsModel) used(g *jmGate) int {
+	n := 0
+	for _, s := range m.steps {
+		if s.exists && m.gate(s) == g && (s.status == jobs.StatusRunning || s.held > 0) {
+			n++
+		}
+	}
+	return n
+}
+
+// reclaim says whether a claim of the step's job needs no new slot: its
+// lapsed attempt's, or its cancelled attempt's, is taken over.
+func (s *jmStep) reclaim() bool { return s.status == jobs.StatusRunning || s.held > 0 }
+
+func (m *jobsModel) room(g *jmGate, now time.Time) jmRoom {
+	r := jmRoom{rate: jmUnlimited, conc: jmUnlimited, probe: jmUnlimited}
+	if g.rate > 0 {
+		r.rate = max(0, g.rate-g.windowAt(now))
+	}
+	if g.maxConcurrent > 0 {
+		r.conc = max(0, g.maxConcurrent-m.used(g))
+	}
+	if g.open {
+		r.probe = 0
+		if !g.probeAt.After(now) {
+			r.probe = 1
+		}
+	}
+	return r
+}
+
+// windowAt is the grants counted in now's minute.
+func (g *jmGate) windowAt(now time.Time) int {
+	if g.windowStart.Before(now.Truncate(time.Minute)) {
+		return 0
+	}
+	return g.windowCount
+}
+
+// admits says whether a claim now may offer the step's due job: a paused
+// endpoint, one out of this minute's allowance, one whose circuit is open
+// before its probe time, and (for a job that needs a new slot) one at its
+// limit are passed over, consuming no attempt.
+func (m *jobsModel) admits(s *jmStep, now time.Time) bool {
+	g := m.gate(s)
+	r := m.room(g, now)
+	var held string
+	switch {
+	case g.paused:
+		held = "paused"
+	case r.rate == 0:
+		held = "out of its rate"
+	case r.probe == 0:
+		held = "circuit open"
+	case !s.reclaim() && r.conc == 0:
+		held = "at its limit"
+	default:
+		return true
+	}
+	m.seen["model: a due job held back, its endpoint "+held]++
+	return false
+}
+
+// jmGroup is a claim's share of one endpoint: its reclaims or its jobs
+// needing a new slot, each group granted the longest due first.
+type jmGroup struct {
+	g       *jmGate
+	reclaim bool
+}
+
+// grants is what the endpoints grant of the candidates: the reclaims
+// within the rate allowance and probe, then the others within what those
+// left and the free slots.
+func (m *jobsModel) grants(cands []*jmStep, now time.Time) map[jmGroup]int {
+	n := map[jmGroup]int{}
+	for _, s := range cands {
+		n[jmGroup{m.gate(s), s.reclaim()}]++
+	}
+	out := map[jmGroup]int{}
+	for grp := range n {
+		if grp.reclaim {
+			continue
+		}
+		re, fresh := jmGroup{grp.g, true}, grp
+		r := m.room(grp.g, now)
+		gRe := min(n[re], r.rate, r.probe)
+		out[re], out[fresh] = gRe, min(n[fresh], r.rate-gRe, r.conc, r.probe-gRe)
+	}
+	for grp, k := range n {
+		if _, ok := out[grp]; !ok { // an endpoint with reclaims only
+			r := m.room(grp.g, now)
+			out[grp] = min(k, r.rate, r.probe)
+		}
+	}
+	return out
+}
+
+// checkGrants checks a claim's jobs against the model's due jobs (cands,
+// those the gates admit): each one of them, at most once, within limit;
+// each group's jobs the longest due of the group; and as many per group as
+// the endpoints grant of the candidates, the limit's longest due. When the
+// candidates tie at the limit across groups (the server breaks ready-time
+// ties its own way), the counts are checked against the endpoints' room
+// only, and one job at least is leased.
+func (m *jobsModel) checkGrants(w, limit int, cands []*jmStep, got []jmClaimed, body []byte) bool {
+	now := m.now()
+	ready := func(s *jmStep) time.Time { t, _ := s.claimable(now); return t }
+	sorted := slices.Clone(cands)
+	slices.SortStableFunc(sorted, func(a, b *jmStep) int { return ready(a).Compare(ready(b)) })
+	taken := map[*jmStep]bool{}
+	count := map[jmGroup]int{}
+	for _, j := range got {
+		s := m.byJob(j.JobID)
+		if s == nil || !slices.Contains(cands, s) || taken[s] {
+			m.fail("claim worker %d: job %s is not one the model has due (or twice): %s", w, j.JobID, body)
+			return false
+		}
+		taken[s] = true
+		count[jmGroup{m.gate(s), s.reclaim()}]++
+	}
+	if len(got) > limit {
+		m.fail("claim worker %d limit %d: %d jobs", w, limit, len(got))
+		return false
+	}
+	for _, s := range sorted {
+		for _, o := range sorted {
+			if taken[o] && !taken[s] && m.gate(o) == m.gate(s) && o.reclaim() == s.reclaim() && ready(s).Before(ready(o)) {
+				m.fail("claim worker %d: %s (due %v) left for %s due at %v", w, s.name(), ready(s), o.name(), ready(o))
+				return false
+			}
+		}
+	}
+	if len(sorted) <= limit || !ready(sorted[limit-1]).Equal(ready(sorted[limit])) || m.oneGroupAt(sorted, limit, ready) {
+		cut := sorted[:min(limit, len(sorted))]
+		want := m.grants(cut, now)
+		if n := 0; len(got) < len(cut) {
+			for _, k := range want {
+				n += k
+			}
+			m.seen[fmt.Sprintf("model: claim granted %d of %d candidates", n, len(cut))]++
+		}
+		for grp, k := range want {
+			if count[grp] != k {
+				m.fail("claim worker %d limit %d: %d of endpoint %s (reclaims %v), model %d of %d due: %s", w, limit,
+					count[grp], grp.g.name, grp.reclaim, k, len(cands), body)
+				return false
+			}
+		}
+		m.seen["model: claim granted exactly"]++
+		return true
+	}
+	m.seen["model: claim tied at its limit"]++
+	for grp, k := range count {
+		r := m.room(grp.g, now)
+		re, fresh := count[jmGroup{grp.g, true}], count[jmGroup{grp.g, false}]
+		if re+fresh > min(r.rate, r.probe) || fresh > r.conc {
+			m.fail("claim worker %d: %d of endpoint %s (reclaims %v), past its room %+v: %s", w, k, grp.g.name,
+				grp.reclaim, r, body)
+			return false
+		}
+	}
+	if len(got) == 0 {
+		m.fail("claim worker %d: no job of %d due", w, len(cands))
+		return false
+	}
+	return true
+}
+
+// oneGroupAt says whether the candidates tied with the limit's last one
+// are all of one group: which of them the server takes then changes no
+// group's count.
+func (m *jobsModel) oneGroupAt(sorted []*jmStep, limit int, ready func(*jmStep) time.Time) bool {
+	at := ready(sorted[limit-1])
+	var first *jmStep
+	for _, s := range sorted {
+		if !ready(s).Equal(at) {
+			continue
+		}
+		if first == nil {
+			first = s
+		} else if m.gate(s) != m.gate(first) || s.reclaim() != first.reclaim() {
+			return false
+		}
+	}
+	return true
+}
+
+// countGrants records a claim's grants on its endpoints: the rate window
+// (counted when the claim writes the endpoint's row: it has a limit, or its
+// circuit is open), and an open circuit's next probe a cooldown on.
+func (m *jobsModel) countGrants(leased []*jmStep, now time.Time) {
+	fresh, all := map[*jmGate]int{}, map[*jmGate]int{}
+	for _, s := range leased {
+		g := m.gate(s)
+		all[g]++
+		if !s.reclaim() {
+			fresh[g]++
+		}
+	}
+	for g, n := range all {
+		if g.maxConcurrent > 0 && fresh[g] > 0 || g.rate > 0 || g.open {
+			g.windowCount = g.windowAt(now) + n
+			if minute := now.Truncate(time.Minute); minute.After(g.windowStart) {
+				g.windowStart = minute
+			}
+		}
+		if g.open {
+			g.probeAt = now.Add(g.cooldown)
+			m.seen["model: a probe leased"]++
+		}
+	}
+}
+
+// countReport counts a report that moved its job (not a cancelled
+// attempt's, not a refused output) on its endpoint's breaker, if on: a
+// success resets the count and closes an open circuit; a retryable failure
+// adds one, opening the circuit at the threshold, or restarts an open
+// one's cooldown (a failed probe).
+func (m *jobsModel) countReport(s *jmStep, success, retryableFailure bool) {
+	g, now := m.gate(s), m.now()
+	switch {
+	case g.threshold == 0:
+	case success:
+		if g.open {
+			m.seen["model: a success closes the circuit"]++
+		}
+		g.failures, g.open = 0, false
+	case retryableFailure:
+		g.failures++
+		if g.open || g.failures >= g.threshold {
+			if !g.open {
+				g.open, g.openedAt = true, now
+				m.seen["model: failures open the circuit"]++
+			}
+			g.probeAt = now.Add(g.cooldown)
+		}
+	}
+}
+
+// --- operations
+
+// gateStep is one of the operations on gates, contracts and keys.
+func (m *jobsModel) gateStep(s *jmStep) {
+	name := jmTools[s.spec.tool].name
+	switch r := m.rng.IntN(100); {
+	case r < 35:
+		m.setPolicy(name)
+	case r < 45:
+		m.closeCircuit(name)
+	case r < 65:
+		m.readEndpoint(name)
+	case r < 92:
+		m.refusedEnqueue(s.run)
+	default:
+		m.revokeKey()
+	}
+}
+
+// setPolicy PUTs some of an endpoint's gate fields (a merge: the others
+// keep their values), now and then with a stale expectedVersion
+// (409 version_conflict, nothing changed).
+func (m *jobsModel) setPolicy(name string) {
+	g := m.gates[name]
+	body := map[string]any{"expectedVersion": g.version}
+	stale := g.version > 1 && m.rng.IntN(8) == 0
+	if stale {
+		body["expectedVersion"] = g.version - 1
+	}
+	next := *g
+	pick := func(field string, to *int, values ...int) {
+		if m.rng.IntN(2) == 0 {
+			v := values[m.rng.IntN(len(values))]
+			*to = v
+			body[field] = v
+			if v == 0 {
+				body[field] = nil
+			}
+		}
+	}
+	pick("maxConcurrent", &next.maxConcurrent, 0, 1, 2)
+	pick("rateLimitPerMinute", &next.rate, 0, 2, 3)
+	pick("circuitFailureThreshold", &next.threshold, 0, 1, 2)
+	if m.rng.IntN(3) == 0 {
+		next.cooldown = []time.Duration{2 * time.Second, 7 * time.Second}[m.rng.IntN(2)]
+		body["circuitCooldownMs"] = next.cooldown.Milliseconds()
+	}
+	r := m.env.Do("PUT", "/api/v1/endpoints/"+g.id+"/policy", m.ws.Key, body)
+	m.log("policy %s %v -> %d %s", name, body, r.Status, r.ErrorCode())
+	if stale {
+		if r.Status != http.StatusConflict || r.ErrorCode() != "version_conflict" {
+			m.fail("policy %s with a stale version: %d %s", name, r.Status, r.Body)
+		}
+		return
+	}
+	if r.Status != http.StatusOK {
+		m.fail("policy %s: %d %s", name, r.Status, r.Body)
+		return
+	}
+	if next.maxConcurrent != g.maxConcurrent || next.rate != g.rate || next.threshold != g.threshold ||
+		next.cooldown != g.cooldown {
+		next.version++ // an update that changes nothing makes no new version (README)
+	}
+	if next.threshold == 0 {
+		// Turned off (or left off): closed, its count forgotten.
+		next.open, next.failures = false, 0
+	}
+	*g = next
+	m.checkEndpoint(g, r.Body, "policy's answer")
+}
+
+func (m *jobsModel) closeCircuit(name string) {
+	g := m.gates[name]
+	r := m.env.Do("POST", "/api/v1/endpoints/"+g.id+"/circuit/close", m.ws.Key, nil)
+	m.log("close circuit %s (open %v) -> %d %s", name, g.open, r.Status, r.ErrorCode())
+	if r.Status != http.StatusOK {
+		m.fail("close circuit %s: %d %s", name, r.Status, r.Body)
+		return
+	}
+	g.open, g.failures = false, 0
+	m.checkEndpoint(g, r.Body, "close's answer")
+}
+
+func (m *jobsModel) readEndpoint(name string) {
+	g := m.gates[name]
+	r := m.env.Do("GET", "/api/v1/endpoints/"+g.id+"/policy", m.ws.Key, nil)
+	m.log("read endpoint %s -> %d", name, r.Status)
+	if r.Status != http.StatusOK {
+		m.fail("read endpoint %s: %d %s", name, r.Status, r.Body)
+		return
+	}
+	m.checkEndpoint(g, r.Body, "read")
+}
+
+// checkEndpoint compares an endpoint object with the model.
+func (m *jobsModel) checkEndpoint(g *jmGate, body []byte, what string) {
+	var got jobs.Endpoint
+	if err := json.Unmarshal(body, &got); err != nil {
+		m.fail("%s of endpoint %s: %v", what, g.name, err)
+		return
+	}
+	state, openedAt, probeAt := jobs.CircuitClosed, (*time.Time)(nil), (*time.Time)(nil)
+	if g.open {
+		state, openedAt, probeAt = jobs.CircuitOpen, &g.openedAt, &g.probeAt
+	}
+	c := got.Circuit
+	if got.Version != g.version || got.Paused != g.paused || orZero(got.MaxConcurrent) != g.maxConcurrent ||
+		orZero(got.RateLimitPerMinute) != g.rate || orZero(got.CircuitFailureThreshold) != g.threshold ||
+		got.CircuitCooldownMs != g.cooldown.Milliseconds() || c.State != state || !sameTime(c.OpenedAt, openedAt) ||
+		!sameTime(c.ProbeAt, probeAt) || c.ConsecutiveFailures != g.failures {
+		m.fail("%s of endpoint %s: %s; model %+v", what, g.name, body, *g)
+	}
+}
+
+func orZero(p *int) int {
+	if p == nil {
+		return 0
+	}
+	return *p
+}
+
+// jmCharge is the tool that runs under a contract; its contracts: 1 ACTIVE
+// for its version (the one implicitly selected), 2 FORBIDDEN for it, 3
+// ACTIVE for another handler version.
+const jmCharge = 2
+
+// jmContracts publishes mdl_charge's contracts, before any enqueue: the
+// ACTIVE one's timeout and retry policy equal the endpoint's (they replace
+// it), so only its schemas tell its jobs apart.
+func jmContracts(env *apitest.Env, ws apitest.Workspace) {
+	input := map[string]any{"type": "object", "required": []string{"step"},
+		"properties": map[string]any{"step": map[string]any{"type": "integer"}}}
+	output := map[string]any{"type": "object", "additionalProperties": map[string]any{"type": "boolean"}}
+	for _, c := range []map[string]any{
+		{"handlerVersion": "1", "status": "ACTIVE"},
+		{"handlerVersion": "1", "status": "FORBIDDEN"},
+		{"handlerVersion": "2", "status": "ACTIVE"},
+	} {
+		c["inputSchema"], c["outputSchema"], c["timeoutMs"], c["retryPreset"] = input, output, 20_000, "STANDARD"
+		env.Must(http.StatusCreated, "POST", "/api/v1/tools/mdl_charge/contracts", ws.Key, c)
+	}
+}
+
+// refusedEnqueue sends an enqueue of mdl_charge@1 that its contracts
+// refuse: under the FORBIDDEN contract (409 invalid_state), under another
+// handler version's (400 on version), or with an input its inputSchema
+// refuses (400 on input.step). The run's read afterwards shows no new step.
+func (m *jobsModel) refusedEnqueue(run *jmRun) {
+	tl := jmTools[jmCharge]
+	b := map[string]any{"name": tl.name, "version": tl.version, "input": map[string]any{"step": 1}}
+	var status int
+	var code, field string
+	switch m.rng.IntN(3) {
+	case 0:
+		b["contractVersion"], status, code = 2, http.StatusConflict, "invalid_state"
+	case 1:
+		b["contractVersion"], status, code, field = 3, http.StatusBadRequest, "invalid_request", "version"
+	default:
+		b["input"], status, code, field = map[string]any{"step": "one"}, http.StatusBadRequest, "invalid_request", "input.step"
+	}
+	if run.requested {
+		// The finished run's refusal comes first (README is silent on
+		// which; the server decides the run's state first).
+		status, code, field = http.StatusConflict, "invalid_state", ""
+	}
+	r := m.env.Do("POST", "/api/v1/runs/"+run.id+"/steps", m.ws.Key, b)
+	m.log("refused enqueue run %d %v -> %d %s", run.i, b, r.Status, r.ErrorCode())
+	if r.Status != status || r.ErrorCode() != code || field != "" && !strings.Contains(string(r.Body), `"field":"`+field+`"`) {
+		m.fail("refused enqueue run %d: %d %s, model %d %s at %q", run.i, r.Status, r.Body, status, code, field)
+	}
+}
+
+// jmKey is a WORKER key: its secret and id, and whether it was revoked.
+type jmKey struct {
+	secret, id string
+	revoked    bool
+}
+
+// revokeKey revokes the last worker's key or, when it is revoked
+// already, mints another and registers that worker again under it: the
+// sequence goes on with a live second key, and the revoked ones stay in
+// use now and then.
+func (m *jobsModel) revokeKey() {
+	w := len(m.workers) - 1
+	k := &m.keys[m.workerKey[w]]
+	if k.revoked {
+		key, worker := jmSecondKey(m.env, m.ws)
+		m.keys, m.workers[w], m.workerKey[w] = append(m.keys, key), worker, len(m.keys)
+		m.log("new worker key %d", len(m.keys)-1)
+		return
+	}
+	r := m.env.Do("DELETE", "/api/v1/keys/"+k.id, m.ws.Key, nil)
+	m.log("revoke worker key %d -> %d %s", m.workerKey[w], r.Status, r.ErrorCode())
+	if r.Status != http.StatusOK {
+		m.fail("revoke worker key: %d %s", r.Status, r.Body)
+		return
+	}
+	k.revoked = true
+}
+
+// pickKey is a WORKER key for a heartbeat or report: usually the first,
+// which is never revoked, else one of the others, revoked or not.
+func (m *jobsModel) pickKey() *jmKey {
+	if m.rng.IntN(5) == 0 {
+		return &m.keys[1+m.rng.IntN(len(m.keys)-1)]
+	}
+	return &m.keys[0]
+}
+
+// refusedRevoked checks the answer to a call with a revoked key:
+// 401 unauthorized, and the caller changes nothing.
+func (m *jobsModel) refusedRevoked(what string, status int, code string, body []byte) {
+	m.seen["model: a revoked key refused"]++
+	if status != http.StatusUnauthorized || code != "unauthorized" {
+		m.fail("%s with a revoked key: %d %s", what, status, body)
+	}
+}
+
+// jmSecondKey mints the second WORKER key (for every tool) and registers a
+// worker serving them all under it.
+func jmSecondKey(env *apitest.Env, ws apitest.Workspace) (jmKey, string) {
+	var refs []string
+	var tools []map[string]any
+	for _, tl := range jmTools {
+		refs = append(refs, tl.ref())
+		tools = append(tools, map[string]any{"name": tl.name, "version": tl.version})
+	}
+	k := env.Must(http.StatusCreated, "POST", "/api/v1/keys", ws.Key, map[string]any{"name": "worker b",
+		"preset": "WORKER", "tools": refs}).JSON()
+	key := jmKey{secret: k["secret"].(string), id: k["id"].(string)}
+	r := env.Must(http.StatusCreated, "POST", "/api/v1/workers/register", key.secret, map[string]any{"tools": tools})
+	return key, r.JSON()["workerId"].(string)
+}
+
+// jmGates reads the endpoints' gates as created.
+func jmGates(env *apitest.Env, ws apitest.Workspace, ids map[string]string) map[string]*jmGate {
+	out := map[string]*jmGate{}
+	for name, id := range ids {
+		var got jobs.Endpoint
+		env.Must(http.StatusOK, "GET", "/api/v1/endpoints/"+id+"/policy", ws.Key, nil).Decode(env.T, &got)
+		out[name] = &jmGate{name: name, id: id, version: got.Version,
+			cooldown: time.Duration(got.CircuitCooldownMs) * time.Millisecond}
+	}
+	return out
+}
+
+func (g jmGate) String() string {
+	return fmt.Sprintf("{v%d paused=%v max=%d rate=%d window=%s+%d threshold=%d cooldown=%s open=%v opened=%s probe=%s failures=%d}",
+		g.version, g.paused, g.maxConcurrent, g.rate, g.windowStart.Format("15:04"), g.windowCount, g.threshold,
+		g.cooldown, g.open, g.openedAt.Format("15:04:05"), g.probeAt.Format("15:04:05"), g.failures)
+}
