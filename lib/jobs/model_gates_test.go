@@ -431,8 +431,55 @@ func orZero(p *int) int {
 
 // jmCharge is the tool that runs under a contract; its contracts: 1 ACTIVE
 // for its version (the one implicitly selected), 2 FORBIDDEN for it, 3
-// ACTIVE for another handler version.
+// ACTIVE for another handler version, jmChargeV2, which only the second
+// key's worker serves.
 const jmCharge = 2
+
+var jmChargeV2 = jmTool{"mdl_charge", "2"}
+
+// serves is what worker w's registration serves: jmWorkers' set, or for
+// the second key's worker every tool and jmChargeV2.
+func (m *jobsModel) serves(w int) []jmTool {
+	if w >= len(jmWorkers) {
+		return append(slices.Clone(jmTools), jmChargeV2)
+	}
+	var out []jmTool
+	for _, i := range jmWorkers[w] {
+		out = append(out, jmTools[i])
+	}
+	return out
+}
+
+// jmUpgrade is what a replay's body asks of a contract change: the handler
+// version it moves the job to ("" for none), or a FORBIDDEN target.
+type jmUpgrade struct {
+	to        string
+	forbidden bool
+}
+
+// replayUpgrade makes half of an mdl_charge step's replays change its
+// contract (README "Tool contracts and replay"): onto the other handler
+// version's ACTIVE contract (3 from version 1, 1 from version 2), naming
+// the step's current handler version and acknowledging the change, or now
+// and then onto the FORBIDDEN one (409 invalid_state, nothing changed).
+// Only workers of the new exact version claim the job then.
+func (m *jobsModel) replayUpgrade(s *jmStep, body map[string]any) jmUpgrade {
+	if s.spec.tool != jmCharge || m.rng.IntN(2) == 0 {
+		return jmUpgrade{}
+	}
+	cur := s.handler().version
+	body["expectedHandlerVersion"], body["acknowledgeVersionChange"] = cur, true
+	if m.rng.IntN(5) == 0 {
+		body["targetContractVersion"] = 2
+		return jmUpgrade{forbidden: true}
+	}
+	if cur == "1" {
+		body["targetContractVersion"] = 3
+		return jmUpgrade{to: "2"}
+	}
+	body["targetContractVersion"] = 1
+	return jmUpgrade{to: "1"}
+}
 
 // jmContracts publishes mdl_charge's contracts, before any enqueue: the
 // ACTIVE one's timeout and retry policy equal the endpoint's (they replace
@@ -480,9 +527,11 @@ func (m *jobsModel) refusedEnqueue(run *jmRun) {
 	}
 }
 
-// jmKey is a WORKER key: its secret and id, and whether it was revoked.
+// jmKey is a WORKER key: its secret and id, the tools it lists, and
+// whether it was revoked.
 type jmKey struct {
 	secret, id string
+	tools      []jmTool
 	revoked    bool
 }
 
@@ -526,18 +575,38 @@ func (m *jobsModel) refusedRevoked(what string, status int, code string, body []
 	}
 }
 
-// jmSecondKey mints the second WORKER key (for every tool) and registers a
-// worker serving them all under it.
+// refusedKey says whether the key may not heartbeat or report the step's
+// job, checking the refusal: a revoked key is 401; a key that does not list
+// the job's handler version (one a replay moved it to) is 403 forbidden
+// naming it, even with the job's lease token (README "Durable jobs":
+// Work). The caller changes nothing then.
+func (m *jobsModel) refusedKey(k *jmKey, s *jmStep, what string, status int, code string, body []byte) bool {
+	switch {
+	case k.revoked:
+		m.refusedRevoked(what, status, code, body)
+	case !slices.Contains(k.tools, s.handler()):
+		m.seen["model: a key not listing the job's version refused"]++
+		if status != http.StatusForbidden || code != "forbidden" || !strings.Contains(string(body), "tool:"+s.handler().ref()) {
+			m.fail("%s of %s with a key not listing it: %d %s", what, s.name(), status, body)
+		}
+	default:
+		return false
+	}
+	return true
+}
+
+// jmSecondKey mints the second WORKER key (for every tool and jmChargeV2)
+// and registers a worker serving them all under it.
 func jmSecondKey(env *apitest.Env, ws apitest.Workspace) (jmKey, string) {
 	var refs []string
 	var tools []map[string]any
-	for _, tl := range jmTools {
+	for _, tl := range append(slices.Clone(jmTools), jmChargeV2) {
 		refs = append(refs, tl.ref())
 		tools = append(tools, map[string]any{"name": tl.name, "version": tl.version})
 	}
 	k := env.Must(http.StatusCreated, "POST", "/api/v1/keys", ws.Key, map[string]any{"name": "worker b",
 		"preset": "WORKER", "tools": refs}).JSON()
-	key := jmKey{secret: k["secret"].(string), id: k["id"].(string)}
+	key := jmKey{secret: k["secret"].(string), id: k["id"].(string), tools: append(slices.Clone(jmTools), jmChargeV2)}
 	r := env.Must(http.StatusCreated, "POST", "/api/v1/workers/register", key.secret, map[string]any{"tools": tools})
 	return key, r.JSON()["workerId"].(string)
 }

@@ -32,7 +32,16 @@ import (
 // retry's due time, past the sweeper's requeue delay), sweeps and reads (a
 // run, a step, the list of runs), over two runs of a dozen steps of three
 // handlers on two endpoints (one CUSTOM policy without jitter, one STANDARD
-// with its 20 %, the jitter's draw fixed per seed). Every answer is
+// with its 20 %, the jitter's draw fixed per seed), and among them the
+// operations of model_gates_test.go: endpoint policy PUTs setting
+// maxConcurrent, rateLimitPerMinute and the circuit breaker (whose room
+// decides each claim's grants, and a requeued job's revival), circuit
+// closes and endpoint reads; mdl_charge's contracts (its outputs checked,
+// enqueues its contracts refuse, replays onto another handler version,
+// whose jobs only that version's worker claims and only a key listing it
+// heartbeats and reports); and a second WORKER key revoked and minted
+// again (a revoked key's claims, heartbeats and reports 401, changing
+// nothing). Every answer is
 // compared with what a plain Go model of API.md §3 and §5 and README
 // "Durable jobs" predicts: the status code and error code (and lease_lost's
 // and invalid_state's detail), a step's and its job's status, attempt,
@@ -172,6 +181,9 @@ type jmStep struct {
 	// both until the next claim.
 	requeued, replayed bool
 	output             string // the last success's output (canonical JSON), "" for none
+	// upgraded is the handler version a replay onto another contract
+	// made the job's, "" for none.
+	upgraded string
 }
 
 type jmRun struct {
@@ -253,7 +265,7 @@ func newJobsModel(t *testing.T, seed uint64, ops int) *jobsModel {
 	worker, workers, endpoints := jmWorkspace(env, m.ws)
 	m.gates = jmGates(env, m.ws, endpoints)
 	second, workerB := jmSecondKey(env, m.ws)
-	m.keys, m.workers = []jmKey{{secret: worker}, second}, append(workers, workerB)
+	m.keys, m.workers = []jmKey{{secret: worker, tools: jmTools}, second}, append(workers, workerB)
 	m.workerKey = append(make([]int, len(workers)), 1)
 	for i := range 2 {
 		r := env.Must(http.StatusCreated, "POST", "/api/v1/runs", m.ws.Key, map[string]any{"name": fmt.Sprintf("model %d", i)})
@@ -313,7 +325,16 @@ func (m *jobsModel) log(format string, args ...any) {
 
 func (m *jobsModel) now() time.Time { return m.clock.Now() }
 
-func (s *jmStep) name() string { return fmt.Sprintf("step %d (%s)", s.i, jmTools[s.spec.tool].ref()) }
+func (s *jmStep) name() string { return fmt.Sprintf("step %d (%s)", s.i, s.handler().ref()) }
+
+// handler is the name@version the step's job runs as: its enqueue's, or
+// the one a replay onto another contract made it (model_gates_test.go).
+func (s *jmStep) handler() jmTool {
+	if s.upgraded != "" {
+		return jmTool{jmTools[s.spec.tool].name, s.upgraded}
+	}
+	return jmTools[s.spec.tool]
+}
 
 func (s *jmStep) latest() *jmAttempt {
 	if len(s.atts) == 0 {
@@ -565,16 +586,10 @@ type jmClaimed struct {
 
 func (m *jobsModel) claim(w, limit int) {
 	now := m.now()
-	serves := map[int]bool{0: true, 1: true, 2: true} // the second key's worker serves every tool
-	if w < len(jmWorkers) {
-		serves = map[int]bool{}
-		for _, i := range jmWorkers[w] {
-			serves[i] = true
-		}
-	}
 	var cands []*jmStep
 	for _, s := range m.steps {
-		if _, ok := s.claimable(now); ok && serves[s.spec.tool] && m.admits(s, now) {
+		// Only exact name@version jobs are claimed (API.md §3.1).
+		if _, ok := s.claimable(now); ok && slices.Contains(m.serves(w), s.handler()) && m.admits(s, now) {
 			cands = append(cands, s)
 		}
 	}
@@ -643,13 +658,16 @@ func (m *jobsModel) claim(w, limit int) {
 			a := s.atts[s.held-1]
 			a.outcome, a.lapsed = jobs.OutcomeFailed, true
 		}
+		if s.upgraded != "" {
+			m.seen["model: claim of a job replayed onto handler version "+s.upgraded]++
+		}
 		s.held, s.requeued, s.replayed = 0, false, false
 		s.status, s.attempt = jobs.StatusRunning, s.attempt+1
 		s.atts = append(s.atts, &jmAttempt{token: j.LeaseToken, exp: now.Add(s.lease), started: now})
 		if claimID != "" {
 			m.claimed[claimID] = append(m.claimed[claimID], jmLeased{s: s, attempt: s.attempt})
 		}
-		tl := jmTools[s.spec.tool]
+		tl := s.handler()
 		if j.StepID != s.stepID || j.RunID != s.run.id || j.Name != tl.name || j.Version != tl.version ||
 			j.Attempt != s.attempt || j.MaxAttempts != s.max || !j.LeaseExpiresAt.Equal(now.Add(s.lease)) ||
 			j.LeaseMs != s.lease.Milliseconds() || j.TimeoutMs != (s.lease-jmGrace).Milliseconds() ||
@@ -786,8 +804,7 @@ func (m *jobsModel) heartbeat(s *jmStep) {
 	}
 	_ = json.Unmarshal(r.Body, &got)
 	m.log("heartbeat %s token of attempt %d -> %d %s cancel=%v", s.name(), i+1, r.Status, r.ErrorCode(), got.CancelRequested)
-	if key.revoked {
-		m.refusedRevoked("heartbeat", r.Status, r.ErrorCode(), r.Body)
+	if m.refusedKey(key, s, "heartbeat", r.Status, r.ErrorCode(), r.Body) {
 		return
 	}
 	if r.Status != status || r.ErrorCode() != code {
@@ -962,8 +979,7 @@ func (m *jobsModel) report(s *jmStep) {
 	got := r.answer
 	m.log("report %s token of attempt %d %s refused=%v retryable=%v after=%v batch=%v -> %d %s %s", s.name(), i+1, sent,
 		refused, fmtPtr(retryable), fmtPtr(retryAfter), batch, r.status, r.code, got.Status)
-	if key.revoked {
-		m.refusedRevoked("report", r.status, r.code, r.body)
+	if m.refusedKey(key, s, "report", r.status, r.code, r.body) {
 		return
 	}
 	if r.status != status || r.code != code {
@@ -1036,7 +1052,7 @@ func (m *jobsModel) sendReport(key, jobID string, body map[string]any, batch boo
 	_ = json.Unmarshal(out.body, &out.answer)
 	if e := slot.Error; e != nil {
 		out.status, out.code, out.detail = map[string]int{"lease_lost": http.StatusConflict,
-			"invalid_state": http.StatusConflict}[e.Code], e.Code, e.Detail
+			"invalid_state": http.StatusConflict, "forbidden": http.StatusForbidden}[e.Code], e.Code, e.Detail
 		if out.detail == nil {
 			out.detail = map[string]any{}
 		}
@@ -1117,9 +1133,14 @@ func (m *jobsModel) replay(s *jmStep) {
 	if d := m.dep(s); d != nil && !(ended(d.status) && afterHolds(s.spec.afterStatus, d.status)) {
 		status, code = http.StatusConflict, "invalid_state"
 	}
-	r := m.env.Do("POST", "/api/v1/steps/"+s.stepID+"/replay", m.ws.Key,
-		map[string]any{"acknowledgeDuplicateRisk": true, "maxAttempts": more, "reason": "model"})
-	m.log("replay %s (%s) +%d -> %d %s", s.name(), s.status, more, r.Status, r.ErrorCode())
+	body := map[string]any{"acknowledgeDuplicateRisk": true, "maxAttempts": more, "reason": "model"}
+	upgrade := m.replayUpgrade(s, body)
+	if upgrade.forbidden && status == http.StatusOK {
+		status, code = http.StatusConflict, "invalid_state"
+	}
+	r := m.env.Do("POST", "/api/v1/steps/"+s.stepID+"/replay", m.ws.Key, body)
+	m.log("replay %s (%s) +%d onto %v -> %d %s", s.name(), s.status, more, body["targetContractVersion"], r.Status,
+		r.ErrorCode())
 	if r.Status != status || r.ErrorCode() != code {
 		m.fail("replay %s: %d %q, model %d %q: %s", s.name(), r.Status, r.ErrorCode(), status, code, r.Body)
 		return
@@ -1129,6 +1150,10 @@ func (m *jobsModel) replay(s *jmStep) {
 	}
 	s.status, s.max, s.replayed, s.requeued = jobs.StatusQueued, s.attempt+more, true, false
 	s.due = now
+	if upgrade.to != "" {
+		s.upgraded = upgrade.to
+		m.seen["model: a replay onto handler version "+upgrade.to]++
+	}
 	m.unskip(s)
 	if s.held > 0 && s.atts[s.held-1].exp.After(now) {
 		s.due = s.atts[s.held-1].exp // it waits for the cancelled attempt (README)
@@ -1146,7 +1171,7 @@ func (m *jobsModel) replay(s *jmStep) {
 	}
 	_ = json.Unmarshal(r.Body, &got)
 	if got.StepID != s.stepID || got.JobID != s.jobID || got.Status != jobs.StatusQueued || got.Attempt != s.attempt ||
-		got.MaxAttempts != s.max || got.HandlerVersion != jmTools[s.spec.tool].version {
+		got.MaxAttempts != s.max || got.HandlerVersion != s.handler().version {
 		m.fail("replay %s: %s, model attempt %d maxAttempts %d", s.name(), r.Body, s.attempt, s.max)
 	}
 }
