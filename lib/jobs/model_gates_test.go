@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/getratchet/ratchet/lib/apitest"
@@ -627,4 +628,99 @@ func (g jmGate) String() string {
 	return fmt.Sprintf("{v%d paused=%v max=%d rate=%d window=%s+%d threshold=%d cooldown=%s open=%v opened=%s probe=%s failures=%d}",
 		g.version, g.paused, g.maxConcurrent, g.rate, g.windowStart.Format("15:04"), g.windowCount, g.threshold,
 		g.cooldown, g.open, g.openedAt.Format("15:04:05"), g.probeAt.Format("15:04:05"), g.failures)
+}
+
+// --- the concurrent model's gates and revocation
+
+// cjLimited is the endpoint the concurrent model gives a maxConcurrent of
+// cjMaxConcurrent.
+const (
+	cjLimited       = "mdl_send"
+	cjMaxConcurrent = 2
+)
+
+// limitEndpoints sets cjLimited's maxConcurrent before any claim.
+func (c *concurrentJobs) limitEndpoints(ids map[string]string) {
+	env := c.envs[0]
+	var e jobs.Endpoint
+	env.Must(http.StatusOK, "GET", "/api/v1/endpoints/"+ids[cjLimited]+"/policy", c.ws.Key, nil).Decode(c.t, &e)
+	env.Must(http.StatusOK, "PUT", "/api/v1/endpoints/"+e.ID+"/policy", c.ws.Key,
+		map[string]any{"expectedVersion": e.Version, "maxConcurrent": cjMaxConcurrent})
+}
+
+// checkLimits reads the run (its steps as of one moment, README) and checks
+// that no more of cjLimited's jobs run than its maxConcurrent allows:
+// claims never hand out more, whatever the interleaving.
+func (c *concurrentJobs) checkLimits(g int, env *apitest.Env) {
+	var run struct {
+		Steps []struct{ Endpoint, Status string }
+	}
+	res := env.Do("GET", "/api/v1/runs/"+c.run, c.ws.Key, nil)
+	if res.Status != http.StatusOK || json.Unmarshal(res.Body, &run) != nil {
+		c.fail(g, "read run: %d %s", res.Status, res.Body)
+		return
+	}
+	n := 0
+	for _, s := range run.Steps {
+		if s.Endpoint == cjLimited && s.Status == jobs.StatusRunning {
+			n++
+		}
+	}
+	c.mu.Lock()
+	c.peak = max(c.peak, n)
+	c.mu.Unlock()
+	if n > cjMaxConcurrent {
+		c.fail(g, "%d of %s's jobs RUNNING at once, maxConcurrent %d", n, cjLimited, cjMaxConcurrent)
+	}
+}
+
+// cjRevocation is the second worker key's revocation: started when its
+// DELETE is sent, done once answered.
+type cjRevocation struct {
+	id            string
+	started, done atomic.Bool
+}
+
+// keyOf is the key worker w registered under: the second key's worker is
+// the last.
+func (c *concurrentJobs) keyOf(w int) string {
+	if w == len(c.workers)-1 {
+		return c.keys[1]
+	}
+	return c.keys[0]
+}
+
+// revokeSecond revokes the second key, on the first instance.
+func (c *concurrentJobs) revokeSecond() {
+	c.revoke.started.Store(true)
+	res := c.envs[0].Do("DELETE", "/api/v1/keys/"+c.revoke.id, c.ws.Key, nil)
+	if res.Status != http.StatusOK {
+		c.fail(0, "revoke: %d %s", res.Status, res.Body)
+	}
+	c.revoke.done.Store(true)
+}
+
+// revokedAnswer checks a call's answer for the key's revocation and says
+// whether it was refused for it (nothing else to check: it changed
+// nothing). A 401 only once the revocation was sent; once it was answered
+// before the call (revoked), the call must be refused when mustRefuse: a
+// claim on any instance (its statement checks the key), a heartbeat or
+// report on the revoking instance, which forgets the key at once; another
+// instance may still accept those for KEY_CACHE_TTL (README "Key cache and
+// revocation bound").
+func (c *concurrentJobs) revokedAnswer(g int, key, what string, res *apitest.Response, revoked, mustRefuse bool) bool {
+	if key != c.keys[1] {
+		return false
+	}
+	if res.Status == http.StatusUnauthorized {
+		if !c.revoke.started.Load() || res.ErrorCode() != "unauthorized" {
+			c.fail(g, "%s with the second key before its revocation: %d %s", what, res.Status, res.Body)
+		}
+		return true
+	}
+	if revoked && mustRefuse {
+		c.fail(g, "%s with the revoked key: %d %s, want 401 unauthorized", what, res.Status, res.Body)
+		return true
+	}
+	return false
 }

@@ -1526,7 +1526,13 @@ func fmtPtr[T any](p *T) string {
 // no attempt began before the one before it ended (reported, or its lease,
 // as heartbeats left it, expired): no job is held by two live leases; and
 // every report answered 200 reads, at the end, as recorded on its attempt
-// with the outcome sent (no acknowledged report lost). The seed fixes each
+// with the outcome sent (no acknowledged report lost). mdl_send has a
+// maxConcurrent of 2, and no read of the run (its steps as of one moment)
+// finds more of its jobs RUNNING; a second WORKER key, whose worker claims,
+// heartbeats and reports with the others, is revoked halfway: from its
+// revocation's answer on its claims are 401 on both instances, and its
+// heartbeats and reports on the revoking one (model_gates_test.go). The
+// seed fixes each
 // goroutine's operations, not their interleaving; MODEL_SEED, MODEL_SEEDS
 // and MODEL_OPS (each goroutine's) work as for TestJobsModelSequential.
 //
@@ -1556,18 +1562,23 @@ type cjJob struct {
 }
 
 type concurrentJobs struct {
-	t       *testing.T
-	seed    uint64
-	envs    []*apitest.Env
-	ws      apitest.Workspace
-	worker  string
-	workers []string // worker ids, jmWorkers' sets
+	t    *testing.T
+	seed uint64
+	envs []*apitest.Env
+	ws   apitest.Workspace
+	// keys are the WORKER keys' secrets, the second revoked halfway
+	// (model_gates_test.go's cjRevocation); workers the worker ids,
+	// jmWorkers' sets under the first key, then one under the second.
+	keys    []string
+	workers []string
+	revoke  cjRevocation
 	clock   *apitest.Clock
 	mu      sync.Mutex
 	jobs    map[string]*cjJob
 	order   []*cjJob
 	acked   []cjReport
 	answers map[string]int // what the goroutines were answered, for -v
+	peak    int            // the most of cjLimited's jobs a read found RUNNING
 	run     string
 }
 
@@ -1621,7 +1632,10 @@ func runConcurrentJobsModel(t *testing.T, seed uint64, goroutines, ops int) {
 	env2 := apitest.Start(t, apitest.WithNow(clock.Now))
 	c := &concurrentJobs{t: t, seed: seed, envs: []*apitest.Env{env1, env2}, ws: env1.Signup(), clock: clock,
 		jobs: map[string]*cjJob{}, answers: map[string]int{}}
-	c.worker, c.workers, _ = jmWorkspace(env1, c.ws)
+	worker, workers, endpoints := jmWorkspace(env1, c.ws)
+	second, workerB := jmSecondKey(env1, c.ws)
+	c.keys, c.workers, c.revoke.id = []string{worker, second.secret}, append(workers, workerB), second.id
+	c.limitEndpoints(endpoints)
 	c.run = env1.Must(http.StatusCreated, "POST", "/api/v1/runs", c.ws.Key, map[string]any{"name": "concurrent"}).JSON()["id"].(string)
 	for range 12 {
 		c.enqueue(-1, env1)
@@ -1634,7 +1648,10 @@ func runConcurrentJobsModel(t *testing.T, seed uint64, goroutines, ops int) {
 			rng := rand.New(rand.NewPCG(seed, uint64(g)))
 			w := g % len(c.workers)
 			var held []cjHeld // the leases this goroutine's worker holds, as it knows them
-			for range ops {
+			for i := range ops {
+				if g == 0 && i == ops/2 {
+					c.revokeSecond()
+				}
 				held = c.step(g, w, rng, held)
 			}
 		}()
@@ -1645,7 +1662,8 @@ func runConcurrentJobsModel(t *testing.T, seed uint64, goroutines, ops int) {
 	for _, j := range c.order {
 		grants += len(j.grants)
 	}
-	t.Logf("%d attempts granted, %d reports acknowledged; answers: %v", grants, len(c.acked), c.answers)
+	t.Logf("%d attempts granted, %d reports acknowledged, at most %d of %s running at once as read; answers: %v", grants,
+		len(c.acked), c.peak, cjLimited, c.answers)
 }
 
 // cjHeld is a lease a goroutine holds (or held: it may have been superseded).
@@ -1669,9 +1687,15 @@ func (c *concurrentJobs) note(what string, res *apitest.Response) {
 
 func (c *concurrentJobs) step(g, w int, rng *rand.Rand, held []cjHeld) []cjHeld {
 	env := c.envs[rng.IntN(len(c.envs))]
+	key := c.keyOf(w)
+	revoked := key == c.keys[1] && c.revoke.done.Load()
 	switch r := rng.IntN(100); {
 	case r < 30 || len(held) == 0 && r < 60:
-		res := env.Do("POST", "/api/v1/workers/"+c.workers[w]+"/claim", c.worker, map[string]any{"limit": 1 + rng.IntN(3)})
+		res := env.Do("POST", "/api/v1/workers/"+c.workers[w]+"/claim", key, map[string]any{"limit": 1 + rng.IntN(3)})
+		c.note("claim", res)
+		if c.revokedAnswer(g, key, "claim", res, revoked, true) {
+			return held
+		}
 		var got struct{ Jobs []jmClaimed }
 		if res.Status != http.StatusOK || json.Unmarshal(res.Body, &got) != nil {
 			c.fail(g, "claim: %d %s", res.Status, res.Body)
@@ -1696,8 +1720,11 @@ func (c *concurrentJobs) step(g, w int, rng *rand.Rand, held []cjHeld) []cjHeld 
 	case r < 45 && len(held) > 0:
 		h := held[rng.IntN(len(held))]
 		superseded := c.superseded(h)
-		res := env.Do("POST", "/api/v1/jobs/"+h.jobID+"/heartbeat", c.worker, map[string]any{"leaseToken": h.token})
+		res := env.Do("POST", "/api/v1/jobs/"+h.jobID+"/heartbeat", key, map[string]any{"leaseToken": h.token})
 		c.note("heartbeat", res)
+		if c.revokedAnswer(g, key, "heartbeat", res, revoked, env == c.envs[0]) {
+			return held
+		}
 		c.checkSuperseded(g, res, superseded, "heartbeat", h)
 		if res.Status != http.StatusOK && !(res.Status == http.StatusConflict && slices.Contains(cjLeaseCodes, res.ErrorCode())) {
 			c.fail(g, "heartbeat %s attempt %d: %d %s", h.jobID, h.attempt, res.Status, res.Body)
@@ -1714,8 +1741,11 @@ func (c *concurrentJobs) step(g, w int, rng *rand.Rand, held []cjHeld) []cjHeld 
 				"error": map[string]any{"message": "model", "retryable": rng.IntN(3) != 0}}
 		}
 		superseded := c.superseded(h)
-		res := env.Do("POST", "/api/v1/jobs/"+h.jobID+"/report", c.worker, body)
+		res := env.Do("POST", "/api/v1/jobs/"+h.jobID+"/report", key, body)
 		c.note("report", res)
+		if c.revokedAnswer(g, key, "report", res, revoked, env == c.envs[0]) {
+			return held
+		}
 		c.checkSuperseded(g, res, superseded, "report", h)
 		switch {
 		case res.Status == http.StatusOK:
@@ -1756,11 +1786,13 @@ func (c *concurrentJobs) step(g, w int, rng *rand.Rand, held []cjHeld) []cjHeld 
 		if res.Status != http.StatusOK && !(res.Status == http.StatusConflict && res.ErrorCode() == "invalid_state") {
 			c.fail(g, "replay %s: %d %s", j.stepID, res.Status, res.Body)
 		}
-	default:
+	case r < 98:
 		j := c.pick(rng)
 		if res := env.Do("GET", "/api/v1/steps/"+j.stepID, c.ws.Key, nil); res.Status != http.StatusOK {
 			c.fail(g, "read %s: %d %s", j.stepID, res.Status, res.Body)
 		}
+	default:
+		c.checkLimits(g, env)
 	}
 	return held
 }
@@ -1782,6 +1814,7 @@ func (c *concurrentJobs) checkSuperseded(g int, res *apitest.Response, supersede
 
 // checkFinal reads every step once the goroutines are done.
 func (c *concurrentJobs) checkFinal() {
+	c.checkLimits(-1, c.envs[0])
 	reads := map[string]jmReadStepFull{}
 	for _, j := range c.order {
 		var st jmReadStepFull
