@@ -546,6 +546,9 @@ func (m *jobsModel) revokeKey() {
 	if k.revoked {
 		key, worker := jmSecondKey(m.env, m.ws)
 		m.keys, m.workers[w], m.workerKey[w] = append(m.keys, key), worker, len(m.keys)
+		// A claim sent again answers only its own worker's leases (README):
+		// the new worker has sent none.
+		delete(m.lastClaim, w)
 		m.log("new worker key %d", len(m.keys)-1)
 		return
 	}
