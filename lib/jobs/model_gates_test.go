@@ -3,6 +3,7 @@ package jobs_test
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"slices"
 	"strings"
@@ -529,11 +530,36 @@ func (m *jobsModel) refusedEnqueue(run *jmRun) {
 }
 
 // jmKey is a WORKER key: its secret and id, the tools it lists, and
-// whether it was revoked.
+// whether it was revoked; its rate limit (0: none) and the requests it
+// counted in its window's minute.
 type jmKey struct {
 	secret, id string
 	tools      []jmTool
 	revoked    bool
+	rate       int
+	window     time.Time
+	used       int
+}
+
+// jmKeyRate is the second keys' rate_limit_per_minute: a claim past it is
+// 429 rate_limited; heartbeats and reports are not counted (README "Rate
+// limits": they settle what a counted call began).
+const jmKeyRate = 4
+
+// counted counts a request the key's limit counts (a refused one too, as
+// README says), and answers the seconds to wait when it is past the limit
+// (0 when within).
+func (k *jmKey) counted(now time.Time) int {
+	if k.rate == 0 {
+		return 0
+	}
+	if minute := now.Truncate(time.Minute); !minute.Equal(k.window) {
+		k.window, k.used = minute, 0
+	}
+	if k.used++; k.used <= k.rate {
+		return 0
+	}
+	return int(math.Ceil(k.window.Add(time.Minute).Sub(now).Seconds()))
 }
 
 // revokeKey revokes the last worker's key or, when it is revoked
@@ -544,7 +570,8 @@ func (m *jobsModel) revokeKey() {
 	w := len(m.workers) - 1
 	k := &m.keys[m.workerKey[w]]
 	if k.revoked {
-		key, worker := jmSecondKey(m.env, m.ws)
+		key, worker := jmSecondKey(m.env, m.ws, jmKeyRate)
+		key.counted(m.now()) // its worker's registration
 		m.keys, m.workers[w], m.workerKey[w] = append(m.keys, key), worker, len(m.keys)
 		// A claim sent again answers only its own worker's leases (README):
 		// the new worker has sent none.
@@ -599,18 +626,23 @@ func (m *jobsModel) refusedKey(k *jmKey, s *jmStep, what string, status int, cod
 	return true
 }
 
-// jmSecondKey mints the second WORKER key (for every tool and jmChargeV2)
-// and registers a worker serving them all under it.
-func jmSecondKey(env *apitest.Env, ws apitest.Workspace) (jmKey, string) {
+// jmSecondKey mints the second WORKER key (for every tool and jmChargeV2,
+// with a rate limit of rate a minute, 0 for none) and registers a worker
+// serving them all under it (a request the limit counts).
+func jmSecondKey(env *apitest.Env, ws apitest.Workspace, rate int) (jmKey, string) {
 	var refs []string
 	var tools []map[string]any
 	for _, tl := range append(slices.Clone(jmTools), jmChargeV2) {
 		refs = append(refs, tl.ref())
 		tools = append(tools, map[string]any{"name": tl.name, "version": tl.version})
 	}
-	k := env.Must(http.StatusCreated, "POST", "/api/v1/keys", ws.Key, map[string]any{"name": "worker b",
-		"preset": "WORKER", "tools": refs}).JSON()
-	key := jmKey{secret: k["secret"].(string), id: k["id"].(string), tools: append(slices.Clone(jmTools), jmChargeV2)}
+	body := map[string]any{"name": "worker b", "preset": "WORKER", "tools": refs}
+	if rate > 0 {
+		body["rate_limit_per_minute"] = rate
+	}
+	k := env.Must(http.StatusCreated, "POST", "/api/v1/keys", ws.Key, body).JSON()
+	key := jmKey{secret: k["secret"].(string), id: k["id"].(string), tools: append(slices.Clone(jmTools), jmChargeV2),
+		rate: rate}
 	r := env.Must(http.StatusCreated, "POST", "/api/v1/workers/register", key.secret, map[string]any{"tools": tools})
 	return key, r.JSON()["workerId"].(string)
 }

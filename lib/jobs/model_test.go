@@ -264,7 +264,8 @@ func newJobsModel(t *testing.T, seed uint64, ops int) *jobsModel {
 	jmContracts(env, m.ws)
 	worker, workers, endpoints := jmWorkspace(env, m.ws)
 	m.gates = jmGates(env, m.ws, endpoints)
-	second, workerB := jmSecondKey(env, m.ws)
+	second, workerB := jmSecondKey(env, m.ws, jmKeyRate)
+	second.counted(m.now()) // its worker's registration
 	m.keys, m.workers = []jmKey{{secret: worker, tools: jmTools}, second}, append(workers, workerB)
 	m.workerKey = append(make([]int, len(workers)), 1)
 	for i := range 2 {
@@ -627,6 +628,15 @@ func (m *jobsModel) claim(w, limit int) {
 		r.ErrorCode(), len(got.Jobs), names)
 	if key.revoked {
 		m.refusedRevoked("claim", r.Status, r.ErrorCode(), r.Body)
+		return
+	}
+	if wait := key.counted(now); wait > 0 {
+		// Past its key's limit: refused, nothing leased (README "Rate limits").
+		m.seen["model: a claim past its key's rate limit"]++
+		if r.Status != http.StatusTooManyRequests || r.ErrorCode() != "rate_limited" ||
+			jmDetail(r)["retry_after_seconds"] != float64(wait) {
+			m.fail("claim worker %d past its key's limit: %d %s, model 429 rate_limited after %ds", w, r.Status, r.Body, wait)
+		}
 		return
 	}
 	if r.Status != http.StatusOK {
@@ -1024,11 +1034,7 @@ func (m *jobsModel) sendReport(key, jobID string, body map[string]any, batch boo
 		r := m.env.Do("POST", "/api/v1/jobs/"+jobID+"/report", key, body)
 		out.status, out.code, out.body = r.Status, r.ErrorCode(), r.Body
 		_ = json.Unmarshal(r.Body, &out.answer)
-		e, _ := r.JSON()["error"].(map[string]any)
-		out.detail, _ = e["detail"].(map[string]any)
-		if out.detail == nil {
-			out.detail = map[string]any{}
-		}
+		out.detail = jmDetail(r)
 		return out
 	}
 	item := map[string]any{"jobId": jobID}
@@ -1058,6 +1064,16 @@ func (m *jobsModel) sendReport(key, jobID string, body map[string]any, batch boo
 		}
 	}
 	return out
+}
+
+// jmDetail is an error answer's detail (empty for none).
+func jmDetail(r *apitest.Response) map[string]any {
+	e, _ := r.JSON()["error"].(map[string]any)
+	d, _ := e["detail"].(map[string]any)
+	if d == nil {
+		d = map[string]any{}
+	}
+	return d
 }
 
 func (m *jobsModel) record(a *jmAttempt, sent string, retryable *bool, retryAfter *int64, answer jmReport) {
@@ -1633,7 +1649,7 @@ func runConcurrentJobsModel(t *testing.T, seed uint64, goroutines, ops int) {
 	c := &concurrentJobs{t: t, seed: seed, envs: []*apitest.Env{env1, env2}, ws: env1.Signup(), clock: clock,
 		jobs: map[string]*cjJob{}, answers: map[string]int{}}
 	worker, workers, endpoints := jmWorkspace(env1, c.ws)
-	second, workerB := jmSecondKey(env1, c.ws)
+	second, workerB := jmSecondKey(env1, c.ws, 0)
 	c.keys, c.workers, c.revoke.id = []string{worker, second.secret}, append(workers, workerB), second.id
 	c.limitEndpoints(endpoints)
 	c.run = env1.Must(http.StatusCreated, "POST", "/api/v1/runs", c.ws.Key, map[string]any{"name": "concurrent"}).JSON()["id"].(string)
