@@ -141,9 +141,9 @@ type jmGroup struct {
 	reclaim bool
 }
 
-// grants is what the endpoints grant of the candidates: the reclaims
-// within the rate allowance and probe, then the others within what those
-// left and the free slots.
+// grants is what each endpoint grants of the candidates: its reclaims
+// within its rate allowance and probe, then its others within what those
+// left and its free slots.
 func (m *jobsModel) grants(cands []*jmStep, now time.Time) map[jmGroup]int {
 	n := map[jmGroup]int{}
 	for _, s := range cands {
@@ -151,89 +151,104 @@ func (m *jobsModel) grants(cands []*jmStep, now time.Time) map[jmGroup]int {
 	}
 	out := map[jmGroup]int{}
 	for grp := range n {
-		if grp.reclaim {
-			continue
-		}
-		re, fresh := jmGroup{grp.g, true}, grp
 		r := m.room(grp.g, now)
-		gRe := min(n[re], r.rate, r.probe)
-		out[re], out[fresh] = gRe, min(n[fresh], r.rate-gRe, r.conc, r.probe-gRe)
-	}
-	for grp, k := range n {
-		if _, ok := out[grp]; !ok { // an endpoint with reclaims only
-			r := m.room(grp.g, now)
-			out[grp] = min(k, r.rate, r.probe)
-		}
+		re, fresh := jmGroup{grp.g, true}, jmGroup{grp.g, false}
+		out[re] = min(n[re], r.rate, r.probe)
+		out[fresh] = min(n[fresh], r.rate-out[re], r.conc, r.probe-out[re])
 	}
 	return out
 }
 
 // checkGrants checks a claim's jobs against the model's due jobs (cands,
-// those the gates admit): each one of them, at most once, within limit;
-// each group's jobs the longest due of the group; and as many per group as
-// the endpoints grant of the candidates, the limit's longest due. When the
-// candidates tie at the limit across groups (the server breaks ready-time
-// ties its own way), the counts are checked against the endpoints' room
-// only, and one job at least is leased.
+// those the gates admit): each one of them, at most once, within limit,
+// each group's the longest due of the group (claimedGroups); and as many
+// per group as the endpoints grant of the limit's longest due candidates.
+// When the candidates tie at the limit across groups (the server breaks
+// ready-time ties its own way), the counts are checked against the
+// endpoints' room only (withinRoom).
 func (m *jobsModel) checkGrants(w, limit int, cands []*jmStep, got []jmClaimed, body []byte) bool {
 	now := m.now()
-	ready := func(s *jmStep) time.Time { t, _ := s.claimable(now); return t }
+	count, ok := m.claimedGroups(w, limit, cands, got, body)
+	if !ok {
+		return false
+	}
 	sorted := slices.Clone(cands)
-	slices.SortStableFunc(sorted, func(a, b *jmStep) int { return ready(a).Compare(ready(b)) })
+	slices.SortStableFunc(sorted, func(a, b *jmStep) int { return jmReady(a, now).Compare(jmReady(b, now)) })
+	if len(sorted) > limit && jmReady(sorted[limit-1], now).Equal(jmReady(sorted[limit], now)) &&
+		!m.oneGroupAt(sorted, limit, now) {
+		m.seen["model: claim tied at its limit"]++
+		return m.withinRoom(w, count, len(cands), body)
+	}
+	cut := sorted[:min(limit, len(sorted))]
+	if len(got) < len(cut) {
+		m.seen[fmt.Sprintf("model: claim granted %d of %d candidates", len(got), len(cut))]++
+	}
+	for grp, k := range m.grants(cut, now) {
+		if count[grp] != k {
+			m.fail("claim worker %d limit %d: %d of endpoint %s (reclaims %v), model %d of %d due: %s", w, limit,
+				count[grp], grp.g.name, grp.reclaim, k, len(cands), body)
+			return false
+		}
+	}
+	m.seen["model: claim granted exactly"]++
+	return true
+}
+
+// jmReady is the time the step's job has been due since, which orders a
+// claim's candidates.
+func jmReady(s *jmStep, now time.Time) time.Time {
+	t, _ := s.claimable(now)
+	return t
+}
+
+// claimedGroups counts a claim's jobs by group, checking that each is one
+// of the candidates, taken once, no more than limit, and that no candidate
+// was left for a later due one of its group.
+func (m *jobsModel) claimedGroups(w, limit int, cands []*jmStep, got []jmClaimed, body []byte) (map[jmGroup]int, bool) {
+	now := m.now()
 	taken := map[*jmStep]bool{}
 	count := map[jmGroup]int{}
 	for _, j := range got {
 		s := m.byJob(j.JobID)
 		if s == nil || !slices.Contains(cands, s) || taken[s] {
 			m.fail("claim worker %d: job %s is not one the model has due (or twice): %s", w, j.JobID, body)
-			return false
+			return nil, false
 		}
 		taken[s] = true
 		count[jmGroup{m.gate(s), s.reclaim()}]++
 	}
 	if len(got) > limit {
 		m.fail("claim worker %d limit %d: %d jobs", w, limit, len(got))
-		return false
+		return nil, false
 	}
-	for _, s := range sorted {
-		for _, o := range sorted {
-			if taken[o] && !taken[s] && m.gate(o) == m.gate(s) && o.reclaim() == s.reclaim() && ready(s).Before(ready(o)) {
-				m.fail("claim worker %d: %s (due %v) left for %s due at %v", w, s.name(), ready(s), o.name(), ready(o))
-				return false
+	for _, s := range cands {
+		for _, o := range cands {
+			if taken[o] && !taken[s] && m.gate(o) == m.gate(s) && o.reclaim() == s.reclaim() &&
+				jmReady(s, now).Before(jmReady(o, now)) {
+				m.fail("claim worker %d: %s (due %v) left for %s due at %v", w, s.name(), jmReady(s, now), o.name(),
+					jmReady(o, now))
+				return nil, false
 			}
 		}
 	}
-	if len(sorted) <= limit || !ready(sorted[limit-1]).Equal(ready(sorted[limit])) || m.oneGroupAt(sorted, limit, ready) {
-		cut := sorted[:min(limit, len(sorted))]
-		want := m.grants(cut, now)
-		if n := 0; len(got) < len(cut) {
-			for _, k := range want {
-				n += k
-			}
-			m.seen[fmt.Sprintf("model: claim granted %d of %d candidates", n, len(cut))]++
-		}
-		for grp, k := range want {
-			if count[grp] != k {
-				m.fail("claim worker %d limit %d: %d of endpoint %s (reclaims %v), model %d of %d due: %s", w, limit,
-					count[grp], grp.g.name, grp.reclaim, k, len(cands), body)
-				return false
-			}
-		}
-		m.seen["model: claim granted exactly"]++
-		return true
-	}
-	m.seen["model: claim tied at its limit"]++
-	for grp, k := range count {
-		r := m.room(grp.g, now)
+	return count, true
+}
+
+// withinRoom checks a claim's counts against its endpoints' room, and that
+// it leased one job at least (the longest due candidate's endpoint has
+// room for it, or for a reclaim before it).
+func (m *jobsModel) withinRoom(w int, count map[jmGroup]int, due int, body []byte) bool {
+	for grp := range count {
+		r := m.room(grp.g, m.now())
 		re, fresh := count[jmGroup{grp.g, true}], count[jmGroup{grp.g, false}]
 		if re+fresh > min(r.rate, r.probe) || fresh > r.conc {
-			m.fail("claim worker %d: %d of endpoint %s (reclaims %v), past its room %+v: %s", w, k, grp.g.name,
-				grp.reclaim, r, body)
+			m.fail("claim worker %d: %d reclaims and %d new jobs of endpoint %s, past its room %+v: %s", w, re, fresh,
+				grp.g.name, r, body)
 			return false
 		}
 	}
-	if len(got) == 0 {
-		m.fail("claim worker %d: no job of %d due", w, len(cands))
+	if len(count) == 0 {
+		m.fail("claim worker %d: no job of %d due", w, due)
 		return false
 	}
 	return true
@@ -242,11 +257,11 @@ func (m *jobsModel) checkGrants(w, limit int, cands []*jmStep, got []jmClaimed, 
 // oneGroupAt says whether the candidates tied with the limit's last one
 // are all of one group: which of them the server takes then changes no
 // group's count.
-func (m *jobsModel) oneGroupAt(sorted []*jmStep, limit int, ready func(*jmStep) time.Time) bool {
-	at := ready(sorted[limit-1])
+func (m *jobsModel) oneGroupAt(sorted []*jmStep, limit int, now time.Time) bool {
+	at := jmReady(sorted[limit-1], now)
 	var first *jmStep
 	for _, s := range sorted {
-		if !ready(s).Equal(at) {
+		if !jmReady(s, now).Equal(at) {
 			continue
 		}
 		if first == nil {
