@@ -725,10 +725,29 @@ func (c *concurrentJobs) checkLimits(g int, env *apitest.Env) {
 }
 
 // cjRevocation is the second worker key's revocation: started when its
-// DELETE is sent, done once answered.
+// DELETE is sent; at, once answered, the clock then (UnixNano, 0 before).
 type cjRevocation struct {
-	id            string
-	started, done atomic.Bool
+	id      string
+	started atomic.Bool
+	at      atomic.Int64
+}
+
+// cjKeyCacheTTL is apitest.Config's KeyCacheTTL: how long, by the service's
+// clock, another instance may still accept a revoked key's heartbeats and
+// reports.
+const cjKeyCacheTTL = 5 * time.Second
+
+// revokedBefore says whether the revocation was answered before sent (the
+// clock when a call was sent), and whether every instance must refuse the
+// key's heartbeats and reports by then: its cache, which held the key at
+// most KEY_CACHE_TTL from a look-up made before the revocation, has
+// forgotten it.
+func (r *cjRevocation) revokedBefore(sent time.Time) (revoked, everywhere bool) {
+	at := r.at.Load()
+	if at == 0 {
+		return false, false
+	}
+	return true, sent.After(time.Unix(0, at).Add(cjKeyCacheTTL))
 }
 
 // keyOf is the key worker w registered under: the second key's worker is
@@ -747,7 +766,7 @@ func (c *concurrentJobs) revokeSecond() {
 	if res.Status != http.StatusOK {
 		c.fail(0, "revoke: %d %s", res.Status, res.Body)
 	}
-	c.revoke.done.Store(true)
+	c.revoke.at.Store(c.clock.Now().UnixNano())
 }
 
 // revokedAnswer checks a call's answer for the key's revocation and says
@@ -755,9 +774,9 @@ func (c *concurrentJobs) revokeSecond() {
 // nothing). A 401 only once the revocation was sent; once it was answered
 // before the call (revoked), the call must be refused when mustRefuse: a
 // claim on any instance (its statement checks the key), a heartbeat or
-// report on the revoking instance, which forgets the key at once; another
-// instance may still accept those for KEY_CACHE_TTL (README "Key cache and
-// revocation bound").
+// report on the revoking instance, which forgets the key at once, or on
+// another once KEY_CACHE_TTL has passed (README "Key cache and revocation
+// bound"; revokedBefore).
 func (c *concurrentJobs) revokedAnswer(g int, key, what string, res *apitest.Response, revoked, mustRefuse bool) bool {
 	if key != c.keys[1] {
 		return false

@@ -1704,7 +1704,8 @@ func (c *concurrentJobs) note(what string, res *apitest.Response) {
 func (c *concurrentJobs) step(g, w int, rng *rand.Rand, held []cjHeld) []cjHeld {
 	env := c.envs[rng.IntN(len(c.envs))]
 	key := c.keyOf(w)
-	revoked := key == c.keys[1] && c.revoke.done.Load()
+	revoked, everywhere := c.revoke.revokedBefore(c.clock.Now())
+	revoked = revoked && key == c.keys[1]
 	switch r := rng.IntN(100); {
 	case r < 30 || len(held) == 0 && r < 60:
 		res := env.Do("POST", "/api/v1/workers/"+c.workers[w]+"/claim", key, map[string]any{"limit": 1 + rng.IntN(3)})
@@ -1738,7 +1739,7 @@ func (c *concurrentJobs) step(g, w int, rng *rand.Rand, held []cjHeld) []cjHeld 
 		superseded := c.superseded(h)
 		res := env.Do("POST", "/api/v1/jobs/"+h.jobID+"/heartbeat", key, map[string]any{"leaseToken": h.token})
 		c.note("heartbeat", res)
-		if c.revokedAnswer(g, key, "heartbeat", res, revoked, env == c.envs[0]) {
+		if c.revokedAnswer(g, key, "heartbeat", res, revoked, env == c.envs[0] || everywhere) {
 			return held
 		}
 		c.checkSuperseded(g, res, superseded, "heartbeat", h)
@@ -1759,7 +1760,7 @@ func (c *concurrentJobs) step(g, w int, rng *rand.Rand, held []cjHeld) []cjHeld 
 		superseded := c.superseded(h)
 		res := env.Do("POST", "/api/v1/jobs/"+h.jobID+"/report", key, body)
 		c.note("report", res)
-		if c.revokedAnswer(g, key, "report", res, revoked, env == c.envs[0]) {
+		if c.revokedAnswer(g, key, "report", res, revoked, env == c.envs[0] || everywhere) {
 			return held
 		}
 		c.checkSuperseded(g, res, superseded, "report", h)
