@@ -32,10 +32,11 @@ import (
 //     version, or an input its inputSchema refuses are refused, changing
 //     nothing;
 //   - a second WORKER key, with a worker registered under it, claims,
-//     heartbeats and reports like the first until it is revoked; then each
-//     of those is 401 unauthorized (the instance that revokes a key forgets
-//     it at once, README "Key cache and revocation bound") and changes
-//     nothing.
+//     heartbeats and reports like the first (but its claims count against
+//     its rate_limit_per_minute, README "Rate limits") until it is revoked;
+//     then each of those is 401 unauthorized (the instance that revokes a
+//     key forgets it at once, README "Key cache and revocation bound") and
+//     changes nothing.
 
 // jmGate is the model's view of one endpoint's gates.
 type jmGate struct {

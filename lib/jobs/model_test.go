@@ -39,9 +39,9 @@ import (
 // closes and endpoint reads; mdl_charge's contracts (its outputs checked,
 // enqueues its contracts refuse, replays onto another handler version,
 // whose jobs only that version's worker claims and only a key listing it
-// heartbeats and reports); and a second WORKER key revoked and minted
-// again (a revoked key's claims, heartbeats and reports 401, changing
-// nothing). Every answer is
+// heartbeats and reports); and a second WORKER key, rate limited, revoked
+// and minted again (its claims past its limit 429; a revoked key's claims,
+// heartbeats and reports 401, changing nothing). Every answer is
 // compared with what a plain Go model of API.md §3 and §5 and README
 // "Durable jobs" predicts: the status code and error code (and lease_lost's
 // and invalid_state's detail), a step's and its job's status, attempt,
