@@ -1,11 +1,15 @@
 package webhooks_test
 
 import (
+	"bytes"
+	"cmp"
 	"context"
 	"crypto/md5"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -22,6 +26,7 @@ import (
 	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/config"
 	"github.com/getratchet/ratchet/lib/events"
+	"github.com/getratchet/ratchet/lib/seal"
 	"github.com/getratchet/ratchet/lib/webhooks"
 )
 
@@ -133,6 +138,8 @@ func (m *hookModel) lapsed(effects ...*hmEffect) []string {
 // hmHook is the model's view of one subscription.
 type hmHook struct {
 	id, url    string
+	lostKey    bool // its secret is sealed under a key the instance lacks (lose)
+	prevLost   bool // its previous secret is: left out of the instance's signatures
 	events     []string
 	created    time.Time
 	disabledAt time.Time // zero while enabled
@@ -169,6 +176,9 @@ type hookModel struct {
 	ops       int
 	keyedReqs []*hmKeyed
 	lastKeyed *hmKeyed // the request keyed() sent last, until its answer is known
+	lost      *seal.Sealer
+	withKey   *apitest.Env // an instance configured with lost's key too, once a secret is sealed under it
+	gate      *hmGate      // while hang holds a receiver's sends
 }
 
 // hmKeyed is a request sent with an Idempotency-Key and answered 2xx: the
@@ -185,16 +195,38 @@ type hmKeyed struct {
 	requestID       string
 }
 
+// hmLostKey is the key lose seals secrets under: not the instance's.
+var hmLostKey = bytes.Repeat([]byte{3}, 32)
+
+// hmConfig is the run's configuration: a pool of 3 or 4 connections, as
+// the seed says, so that a pass's claims and records (on its share of
+// DB_MAX_CONNS − 2, at least 1) take turns.
+func hmConfig(seed uint64) func(*config.Config) {
+	return func(cfg *config.Config) {
+		cfg.EventRetentionDays = hmRetentionDays
+		cfg.DBMaxConns = 3 + int32(seed%2)
+	}
+}
+
 func runHookModel(t *testing.T, seed uint64, ops int) {
-	env, clk := start(t, true, apitest.WithConfig(func(cfg *config.Config) { cfg.EventRetentionDays = hmRetentionDays }))
+	env, clk := start(t, true, apitest.WithConfig(hmConfig(seed)))
 	clk.Set(time.Now().Truncate(time.Second))
 	m := &hookModel{t: t, seed: seed, rng: rand.New(rand.NewPCG(seed, 0x686f6f6b)), env: env, ws: hammered(t, env),
 		clock: clk, modes: map[string]hmMode{}, open: map[string]bool{}, seen: map[string]int{}, ops: ops,
 		trace: apitest.NewModelTrace(t, fmt.Sprintf("MODEL_SEED=%d MODEL_OPS=%d go test -run 'TestWebhooksModelSequential' ./lib/webhooks", seed, ops))}
-	m.rcv = newTally(t, func(req *http.Request, _ string, _ int) int {
+	lost, err := seal.New(hmLostKey)
+	require.NoError(t, err)
+	m.lost = lost
+	m.rcv = newTally(t, func(req *http.Request, event string, _ int) int {
 		m.mu.Lock()
 		mode := m.modes[receiverOf(req.URL.Path)]
+		g := m.gate
 		m.mu.Unlock()
+		if g != nil {
+			if failure := g.hold(req, event); failure != "" {
+				return 0 // the client is gone: nothing is written
+			}
+		}
 		if mode.slow {
 			time.Sleep(30 * time.Millisecond) // not a timing assertion: what a slow receiver does
 		}
@@ -209,7 +241,8 @@ func runHookModel(t *testing.T, seed uint64, ops int) {
 	m.other = hammered(t, env)
 	env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", m.other.Key,
 		map[string]any{"url": m.rcv.URL + hmPaths[0] + "/other", "events": events.Types})
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	var l net.Listener
+	l, err = net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	m.dead = "http://" + l.Addr().String() + "/gone"
 	require.NoError(t, l.Close())
@@ -267,9 +300,12 @@ func (m *hookModel) step() {
 	live := m.live()
 	switch r := m.rng.IntN(100); {
 	case r < 6 || len(live) == 0:
-		if len(live) < 4 {
+		switch {
+		case len(live) < 4:
 			m.create()
-		} else {
+		case m.rng.IntN(3) == 0:
+			m.fill()
+		default:
 			m.produce()
 		}
 	case r < 24:
@@ -307,6 +343,10 @@ func (m *hookModel) step() {
 		m.modes[p] = mode
 		m.mu.Unlock()
 		m.log("receiver %s answers %d slow=%v", p, mode.status, mode.slow)
+	case r < 86:
+		m.lose(m.pick(live))
+	case r < 89:
+		m.hang()
 	default:
 		m.read(m.pick(m.hooks))
 	}
@@ -352,6 +392,16 @@ func (m *hookModel) create() {
 	sent, stored := m.eventList()
 	r := m.keyed("create", nil, "/api/v1/webhooks", map[string]any{"url": u, "events": sent})
 	m.log("create %s %v -> %d", u, sent, r.Status)
+	if len(m.live()) >= webhooks.MaxWebhooks {
+		// At most 20 live a workspace: refused, nothing created.
+		if r.Status != http.StatusConflict || r.ErrorCode() != "invalid_state" {
+			m.fail("create past the workspace's %d webhooks: %d %s, want 409 invalid_state", webhooks.MaxWebhooks,
+				r.Status, r.Body)
+			return
+		}
+		m.list()
+		return
+	}
 	if r.Status != http.StatusCreated {
 		m.fail("create: %d %s", r.Status, r.Body)
 		return
@@ -375,7 +425,7 @@ func (m *hookModel) checkHook(h *hmHook, got map[string]any, what string) {
 	m.t.Helper()
 	want := map[string]any{"id": h.id, "url": h.url, "events": h.events, "created_at": stamp(h.created),
 		"disabled": !h.disabledAt.IsZero(), "disabled_at": nil, "previous_secret_expires_at": nil,
-		"secret_unreadable": false}
+		"secret_unreadable": h.lostKey && !h.deleted}
 	if !h.disabledAt.IsZero() {
 		want["disabled_at"] = stamp(h.disabledAt)
 	}
@@ -537,11 +587,13 @@ func (m *hookModel) rotate(h *hmHook) {
 	if !strings.HasPrefix(secret, "whsec_") || secret == h.secret {
 		m.fail("rotate: secret %q", secret)
 	}
-	h.previous, h.prevUntil = "", time.Time{}
+	h.previous, h.prevUntil, h.prevLost = "", time.Time{}, false
 	if ttl > 0 {
-		h.previous, h.prevUntil = h.secret, now.Add(ttl)
+		// The current secret's ciphertext becomes the previous one, under
+		// its key.
+		h.previous, h.prevUntil, h.prevLost = h.secret, now.Add(ttl), h.lostKey
 	}
-	h.secret = secret
+	h.secret, h.lostKey = secret, false
 	m.checkHook(h, got, "rotate")
 }
 
@@ -805,18 +857,25 @@ func deliveryID(hook, event string) string {
 }
 
 // sweep fans out and runs a delivery pass, as the sweeper does, and
-// compares what the receivers were sent and what the deliveries read.
+// compares what the receivers were sent and what the deliveries read. Now
+// and then, while a secret is sealed under the lost key, the pass is an
+// instance's configured with that key too, which sends the deliveries the
+// run's own instance holds.
 func (m *hookModel) sweep() {
 	ctx := context.Background()
 	now := m.now()
+	withKey := m.anyLost() && m.rng.IntN(2) == 0
 	svc := m.env.App.Server.Webhooks
+	if withKey {
+		svc = m.keyedInstance().App.Server.Webhooks
+	}
 	// Now and then the sweeper's whole pass (its tasks in their order:
 	// the effects' lapses first, recording their effect.indeterminate,
 	// the webhooks' fan-out and delivery last, so that the events it
 	// records go out in it), else its two webhook tasks. The model then
 	// fans out and sends what the pass did.
 	n := -1
-	whole := m.rng.IntN(4) == 0
+	whole := !withKey && m.rng.IntN(4) == 0
 	if whole {
 		res := m.env.App.Sweeper.RunOnce(ctx)
 		if len(res.Errors) > 0 {
@@ -827,17 +886,43 @@ func (m *hookModel) sweep() {
 		// lapsed, and none of this workspace's other events.
 		m.recorded(m.lapsed(m.effects...)...)
 	} else {
-		for {
-			n, err := svc.Dispatch(ctx, now)
-			require.NoError(m.t, err)
-			if n < svc.DispatchBatch() {
-				break
-			}
-		}
+		m.dispatch(svc, now)
 		var err error
 		n, err = svc.Deliver(ctx, now)
 		require.NoError(m.t, err)
 	}
+	m.fanOut(now)
+	want := m.due(now, withKey)
+	got := m.rcv.take()
+	m.log("sweep at %s with-key=%v -> %d sent %d received (-1: a whole pass)", stamp(now), withKey, n, len(got))
+	if !m.matchSends(got, want, now, withKey) {
+		return
+	}
+	for _, s := range want {
+		m.sent(s.d, now, m.answer(s), "")
+	}
+	if whole {
+		m.retention(now)
+	}
+	for _, h := range m.hooks {
+		m.readDeliveries(h)
+	}
+}
+
+// dispatch runs the fan-out on svc until it has fanned out every event.
+func (m *hookModel) dispatch(svc *webhooks.Service, now time.Time) {
+	for {
+		n, err := svc.Dispatch(context.Background(), now)
+		require.NoError(m.t, err)
+		if n < svc.DispatchBatch() {
+			return
+		}
+	}
+}
+
+// fanOut is the model's fan-out at now: a pending delivery of each event
+// not fanned out yet to each subscription it matches.
+func (m *hookModel) fanOut(now time.Time) {
 	for _, e := range m.events {
 		if e.dispatched {
 			continue
@@ -850,72 +935,98 @@ func (m *hookModel) sweep() {
 			}
 		}
 	}
-	// What the pass sends: each due delivery of a live, enabled
-	// subscription, once.
-	type send struct {
-		h *hmHook
-		d *hmDelivery
-	}
-	want := map[string]send{} // path + event id
-	var dead []send
+}
+
+// hmSend is a delivery a pass sends: to a receiver of the tally, as key
+// ("path event id"), or to the URL nobody listens on (key "").
+type hmSend struct {
+	h   *hmHook
+	d   *hmDelivery
+	key string
+}
+
+// due answers what a pass at now sends: each due delivery of a live,
+// enabled subscription, once, but none of a subscription whose secret is
+// sealed under the lost key unless withKey (the instance configured with
+// it too): they are held.
+func (m *hookModel) due(now time.Time, withKey bool) []hmSend {
+	var out []hmSend
 	for _, h := range m.live() {
-		if !h.disabledAt.IsZero() {
+		if !h.disabledAt.IsZero() || h.lostKey && !withKey {
 			continue
 		}
 		for _, d := range h.dels {
 			if d.state != "pending" || d.next.After(now) {
 				continue
 			}
-			if h.url == m.dead {
-				dead = append(dead, send{h, d})
-				continue
+			s := hmSend{h: h, d: d}
+			if h.url != m.dead {
+				u, err := url.Parse(h.url)
+				require.NoError(m.t, err)
+				s.key = u.Path + " " + d.ev.id
 			}
-			u, err := url.Parse(h.url)
-			require.NoError(m.t, err)
-			want[u.Path+" "+d.ev.id] = send{h, d}
+			out = append(out, s)
 		}
 	}
-	got := m.rcv.take()
-	m.log("sweep at %s -> %d sent %d received (-1: a whole pass)", stamp(now), n, len(got))
+	return out
+}
+
+// answer is what the receiver of s answers (0: connection refused).
+func (m *hookModel) answer(s hmSend) int {
+	if s.key == "" {
+		return 0
+	}
+	path, _, _ := strings.Cut(s.key, " ")
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.modes[receiverOf(path)].status
+}
+
+// matchSends compares the sends the receivers got with want: each of
+// want's once (none to a dead URL, which no receiver gets), its body the
+// event, signed at at with the current secret, and the previous one while
+// it signs (the current one's v1 first), unless the instance cannot open
+// it (sealed under the lost key, and not withKey).
+func (m *hookModel) matchSends(got []tallySend, want []hmSend, at time.Time, withKey bool) bool {
+	m.t.Helper()
+	left := map[string]hmSend{}
+	for _, s := range want {
+		if s.key != "" {
+			left[s.key] = s
+		}
+	}
 	for _, s := range got {
 		var ev webhooks.Payload
 		if err := json.Unmarshal(s.body, &ev); err != nil {
 			m.fail("a send's body %q: %v", s.body, err)
-			return
+			return false
 		}
-		w, ok := want[s.path+" "+ev.ID]
+		w, ok := left[s.path+" "+ev.ID]
 		if !ok {
 			m.fail("%s was sent %s (%s), which the model does not send now", s.path, ev.ID, ev.Type)
-			return
+			return false
 		}
-		delete(want, s.path+" "+ev.ID)
+		delete(left, s.path+" "+ev.ID)
 		e := w.d.ev
 		if ev.Type != e.typ || ev.SubjectID != e.subject || ev.WorkspaceID != m.ws.ID || !ev.CreatedAt.Equal(e.created) {
 			m.fail("%s was sent %s", s.path, s.body)
+			return false
 		}
 		secrets := []string{w.h.secret}
-		if w.h.signing(now) {
+		if w.h.signing(at) && (withKey || !w.h.prevLost) {
 			secrets = append(secrets, w.h.previous)
 		}
-		if sig := webhooks.Sign(now, s.body, secrets...); s.signature != sig {
+		if sig := webhooks.Sign(at, s.body, secrets...); s.signature != sig {
 			m.fail("%s's send of %s is signed %q, want %q (the current secret's v1, then the previous one's while "+
-				"it signs: %d)", w.h.id, ev.ID, s.signature, sig, len(secrets))
+				"it signs and this instance can open it: %d)", w.h.id, ev.ID, s.signature, sig, len(secrets))
+			return false
 		}
-		m.sent(w.h, w.d, now, m.modes[receiverOf(s.path)].status)
 	}
-	for k := range want {
+	for k := range left {
 		m.fail("not sent %s", k)
-		return
+		return false
 	}
-	for _, s := range dead {
-		m.sent(s.h, s.d, now, 0)
-	}
-	if whole {
-		m.retention(now)
-	}
-	for _, h := range m.hooks {
-		m.readDeliveries(h)
-	}
+	return true
 }
 
 // retention applies a whole pass's last tasks at now: a delivery held by
@@ -954,23 +1065,51 @@ func (m *hookModel) retention(now time.Time) {
 	}
 }
 
-// sent applies an attempt answered code (0: connection refused) at now.
-func (m *hookModel) sent(h *hmHook, d *hmDelivery, now time.Time, code int) {
+// sent applies an attempt claimed and answered at now: code (0: none, and
+// failure says why, "connection refused" when empty).
+func (m *hookModel) sent(d *hmDelivery, now time.Time, code int, failure string) {
+	d.claim(now)
+	d.record(d.attempts, now, code, failure)
+}
+
+// claim is a pass's claim of d at now: an attempt counted, and d held for
+// the claim's minute, so that no other pass sends it meanwhile.
+func (d *hmDelivery) claim(now time.Time) {
 	d.attempts++
-	d.code = code
+	d.next, d.windowed = now.Add(time.Minute), false
+}
+
+// record applies at now the outcome of d's attempt-th attempt, answered
+// code (0: none, failure saying why): delivered on a 2xx (also after a
+// delete or an unsubscription ended it while it was sent), else retried
+// with backoff from that attempt, or failed once d's attempts reach
+// MaxAttempts; an outcome of a delivery that ended meanwhile changes
+// nothing.
+func (d *hmDelivery) record(attempt int, now time.Time, code int, failure string) {
 	if code >= 200 && code < 300 {
-		d.state, d.delivered, d.lastError = "delivered", now, ""
+		if d.state == "pending" || d.state == "failed" && (d.lastError == "webhook deleted" ||
+			d.lastError == "event type unsubscribed") {
+			d.state, d.delivered, d.code, d.lastError = "delivered", now, code, ""
+		}
 		return
 	}
-	d.lastError = "non-2xx response"
+	if d.state != "pending" {
+		return
+	}
+	d.code, d.lastError = code, "non-2xx response"
 	if code == 0 {
-		d.lastError = "connection refused"
+		d.lastError = cmp.Or(failure, "connection refused")
 	}
 	if d.attempts >= webhooks.MaxAttempts {
 		d.state = "failed"
 		return
 	}
-	base := 30 * time.Second << min(d.attempts-1, 10)
+	if attempt >= webhooks.MaxAttempts {
+		// A retry gave its attempts back while it was sent: due at once.
+		d.next = now
+		return
+	}
+	base := 30 * time.Second << min(attempt-1, 10)
 	base = min(base, 6*time.Hour)
 	// ±20 %, and the microsecond a stored time is rounded to.
 	d.window = [2]time.Time{now.Add(base * 8 / 10).Add(-time.Microsecond), now.Add(base * 12 / 10).Add(time.Microsecond)}
@@ -1160,6 +1299,13 @@ func (m *hookModel) read(h *hmHook) {
 	} else {
 		m.checkHook(h, r.JSON(), "read")
 	}
+	m.list()
+	m.readDeliveries(h)
+}
+
+// list compares the workspace's list of subscriptions with the model's
+// live ones.
+func (m *hookModel) list() {
 	var list struct {
 		Data []map[string]any `json:"data"`
 	}
@@ -1173,7 +1319,58 @@ func (m *hookModel) read(h *hmHook) {
 	for i, w := range live {
 		m.checkHook(w, list.Data[i], "list")
 	}
-	m.readDeliveries(h)
+}
+
+// fill creates subscriptions up to the workspace's 20 (webhooks.MaxWebhooks)
+// and one more, refused; now and then a delete then frees room for one.
+func (m *hookModel) fill() {
+	for len(m.live()) < webhooks.MaxWebhooks && !m.trace.Failed() {
+		m.create()
+	}
+	m.create()
+	if m.rng.IntN(2) == 0 && !m.trace.Failed() {
+		m.remove(m.pick(m.live()))
+		m.create()
+	}
+}
+
+// anyLost says whether a live subscription's secret is sealed under the
+// lost key.
+func (m *hookModel) anyLost() bool {
+	return slices.ContainsFunc(m.live(), func(h *hmHook) bool { return h.lostKey })
+}
+
+// keyedInstance is an instance of the server over the package database,
+// on the run's clock and pool size, configured with the lost key besides
+// the run's (RESULT_ENCRYPTION_KEYS): it opens every secret.
+func (m *hookModel) keyedInstance() *apitest.Env {
+	if m.withKey == nil {
+		m.withKey = apitest.Start(m.t, apitest.WithNow(m.clock.Now), apitest.WithConfig(hmConfig(m.seed)),
+			apitest.WithConfig(func(cfg *config.Config) {
+				cfg.WebhookAllowPrivateNetworks = true
+				cfg.ResultEncryptionKeys = []string{base64.StdEncoding.EncodeToString(hmLostKey)}
+			}))
+	}
+	return m.withKey
+}
+
+// lose seals h's current secret under a key the run's instance is not
+// configured with (one taken out of RESULT_ENCRYPTION_KEYS before a
+// reseal): its reads say secret_unreadable, and the instance holds its
+// deliveries, their attempts untouched, until an instance with the key
+// sweeps (keyedInstance) or a rotation seals a new secret.
+func (m *hookModel) lose(h *hmHook) {
+	if h == nil || h.lostKey {
+		m.read(h)
+		return
+	}
+	m.keyedInstance()
+	_, err := m.env.App.Pool.Exec(context.Background(), `UPDATE webhooks SET secret = $2 WHERE id = $1`, h.id,
+		m.lost.Seal([]byte(h.secret), seal.AAD(h.id, "secret")))
+	require.NoError(m.t, err)
+	h.lostKey = true
+	m.log("lose-key %s -> sealed", h.id)
+	m.read(h)
 }
 
 // keyed sends a POST, now and then under an Idempotency-Key, and keeps a
@@ -1329,6 +1526,277 @@ func (m *hookModel) crash() {
 		m.fail("crash: %s is not pending", d.id)
 		return
 	}
-	d.attempts++
-	d.next = now.Add(time.Minute)
+	d.claim(now)
+}
+
+// hmGate holds the sends of the deliveries hang names ("path event id")
+// at their receiver: the first send of each until release[0] closes, a
+// second one (sent again once its claim lapsed) until release[1] does.
+type hmGate struct {
+	mu       sync.Mutex
+	sends    map[string]int // held so far, of each delivery named
+	release  [2]chan struct{}
+	arrived  chan struct{}
+	timedOut map[string][2]bool // a send whose client gave up (10 s) before its release
+}
+
+func newGate(keys []string) *hmGate {
+	g := &hmGate{sends: map[string]int{}, release: [2]chan struct{}{make(chan struct{}), make(chan struct{})},
+		arrived: make(chan struct{}, 2*len(keys)), timedOut: map[string][2]bool{}}
+	for _, k := range keys {
+		g.sends[k] = 0
+	}
+	return g
+}
+
+// hold holds req's send of event if the gate names it: answers a failure
+// when the client gave up first, "" otherwise.
+func (g *hmGate) hold(req *http.Request, event string) string {
+	key := req.URL.Path + " " + event
+	g.mu.Lock()
+	n, ok := g.sends[key]
+	if ok && n < 2 {
+		g.sends[key]++
+	}
+	g.mu.Unlock()
+	if !ok || n >= 2 {
+		return ""
+	}
+	g.arrived <- struct{}{}
+	select {
+	case <-g.release[n]:
+		return ""
+	case <-req.Context().Done():
+		g.mu.Lock()
+		t := g.timedOut[key]
+		t[n] = true
+		g.timedOut[key] = t
+		g.mu.Unlock()
+		return "timed out: no answer within 10s"
+	}
+}
+
+// outcome is the n-th held send of key's answer: status, or none when
+// its client gave up.
+func (g *hmGate) outcome(key string, n, status int) (int, string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.timedOut[key][n] {
+		return 0, "timed out: no answer within " + webhooks.SendTimeout.String()
+	}
+	return status, ""
+}
+
+// hang runs a delivery pass (A) whose sends to one receiver hang while
+// the model goes on (README: a round goes on for the other webhooks while
+// theirs are in flight): a pass (B) while their claims hold, as of up to
+// 59 s later, sends none of them again; now and then the clock then
+// passes the claims' minute and a pass (C) sends them again, the same
+// events under the same ids, counting an attempt (at least once), before
+// the first sends are answered. Each answer is recorded as it comes, the
+// first sends' first. It needs A to send its whole due set in its first
+// round (at most 20 a webhook, 40 a workspace); a larger one is swept.
+func (m *hookModel) hang() {
+	now := m.now()
+	svc := m.env.App.Server.Webhooks
+	m.dispatch(svc, now)
+	m.fanOut(now)
+	want := m.due(now, false)
+	receiver := hmPaths[m.rng.IntN(len(hmPaths))]
+	var hung, rest []hmSend
+	var keys []string
+	perHook := map[*hmHook]int{}
+	for _, s := range want {
+		perHook[s.h]++
+		if path, _, _ := strings.Cut(s.key, " "); s.key != "" && receiverOf(path) == receiver {
+			hung, keys = append(hung, s), append(keys, s.key)
+		} else {
+			rest = append(rest, s)
+		}
+	}
+	if len(hung) == 0 || len(want) > 40 || slices.Max(slices.Collect(maps.Values(perHook))) > 20 {
+		m.sweep()
+		return
+	}
+	status := m.answer(hung[0])
+	g := newGate(keys)
+	m.mu.Lock()
+	m.gate = g
+	m.mu.Unlock()
+	var passes []*hmPass
+	defer func() {
+		// Failed midway, the passes still end.
+		for _, c := range g.release {
+			select {
+			case <-c:
+			default:
+				close(c)
+			}
+		}
+		for _, p := range passes {
+			p.wait()
+		}
+		m.mu.Lock()
+		m.gate = nil
+		m.mu.Unlock()
+	}()
+	deliver := func(at time.Time) *hmPass {
+		p := &hmPass{done: make(chan struct{})}
+		go func() {
+			defer close(p.done)
+			_, p.err = svc.Deliver(context.Background(), at)
+		}()
+		passes = append(passes, p)
+		return p
+	}
+
+	// A: every due send goes, those to the receiver held at it.
+	arrived := m.rcv.arrived.Load()
+	a := deliver(now)
+	m.awaitSends(g, len(hung), arrived, len(want)-len(m.deadOf(want)))
+	m.awaitRecorded(rest, now.Add(time.Minute))
+	got := m.rcv.take()
+	m.log("hang %s at %s -> %d sent %d received %d held", receiver, stamp(now), len(want), len(got), len(hung))
+	if !m.matchSends(got, want, now, false) {
+		return
+	}
+	for _, s := range rest {
+		m.sent(s.d, now, m.answer(s), "")
+	}
+	attempt := map[*hmDelivery][2]int{}
+	for _, s := range hung {
+		s.d.claim(now)
+		attempt[s.d] = [2]int{s.d.attempts}
+	}
+	// Held, an attempt counted, claimed for a minute.
+	for _, h := range m.hooks {
+		m.readDeliveries(h)
+	}
+
+	// B, while the claims hold (its records at the clock's now).
+	b := now.Add(time.Duration(m.rng.IntN(60)) * time.Second)
+	_, err := svc.Deliver(context.Background(), b)
+	require.NoError(m.t, err)
+	wantB := m.due(b, false)
+	got = m.rcv.take()
+	m.log("pass while held at %s -> %d received", stamp(b), len(got))
+	if !m.matchSends(got, wantB, now, false) {
+		return
+	}
+	for _, s := range wantB {
+		m.sent(s.d, now, m.answer(s), "")
+	}
+	for _, h := range m.hooks {
+		m.readDeliveries(h)
+	}
+
+	// C, once the claims' minute has passed: the held ones are sent again
+	// (and held again), with whatever else fell due.
+	var wantC []hmSend
+	lapse := m.rng.IntN(2) == 0 && !m.trace.Failed()
+	if lapse {
+		m.clock.Add(time.Minute + time.Duration(m.rng.IntN(20))*time.Second)
+		wantC = m.due(m.now(), false)
+		arrived = m.rcv.arrived.Load()
+		deliver(m.now())
+		m.awaitSends(g, len(hung), arrived, len(wantC)-len(m.deadOf(wantC)))
+		got = m.rcv.take()
+		m.log("pass once the claims lapsed at %s -> %d received", stamp(m.now()), len(got))
+		if !m.matchSends(got, wantC, m.now(), false) {
+			return
+		}
+		for _, s := range wantC {
+			if a, ok := attempt[s.d]; ok {
+				s.d.claim(m.now())
+				attempt[s.d] = [2]int{a[0], s.d.attempts}
+			}
+		}
+	}
+
+	// The first sends are answered, then the second ones.
+	close(g.release[0])
+	if err := a.wait(); err != nil {
+		m.fail("pass A: %v", err)
+		return
+	}
+	for _, s := range hung {
+		code, failure := g.outcome(s.key, 0, status)
+		s.d.record(attempt[s.d][0], m.now(), code, failure)
+	}
+	if lapse {
+		close(g.release[1])
+		if err := passes[1].wait(); err != nil {
+			m.fail("pass C: %v", err)
+			return
+		}
+		for _, s := range wantC {
+			if a, ok := attempt[s.d]; ok {
+				code, failure := g.outcome(s.key, 1, status)
+				s.d.record(a[1], m.now(), code, failure)
+			} else {
+				m.sent(s.d, m.now(), m.answer(s), "")
+			}
+		}
+	}
+	m.log("hang-answered %s %d -> lapse=%v", receiver, status, lapse)
+	for _, h := range m.hooks {
+		m.readDeliveries(h)
+	}
+}
+
+// hmPass is a delivery pass run aside.
+type hmPass struct {
+	done chan struct{}
+	err  error
+}
+
+// wait waits for the pass to end and answers its error.
+func (p *hmPass) wait() error {
+	<-p.done
+	return p.err
+}
+
+// deadOf answers the sends of want to the URL nobody listens on.
+func (m *hookModel) deadOf(want []hmSend) []hmSend {
+	var out []hmSend
+	for _, s := range want {
+		if s.key == "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// awaitSends waits for held sends to reach g and for the receivers to
+// have been sent n since they had been sent arrived (a bound on failure
+// only).
+func (m *hookModel) awaitSends(g *hmGate, held int, arrived int32, n int) {
+	m.t.Helper()
+	deadline := time.After(30 * time.Second)
+	for range held {
+		select {
+		case <-g.arrived:
+		case <-deadline:
+			m.t.Fatal("held sends never arrived")
+		}
+	}
+	require.Eventually(m.t, func() bool { return int(m.rcv.arrived.Load()-arrived) >= n }, 30*time.Second,
+		time.Millisecond, "the pass's sends arrive")
+}
+
+// awaitRecorded waits for the outcomes of sends to be recorded: none of
+// their deliveries still pending and claimed until until (a bound on
+// failure only).
+func (m *hookModel) awaitRecorded(sends []hmSend, until time.Time) {
+	m.t.Helper()
+	ids := []string{}
+	for _, s := range sends {
+		ids = append(ids, s.d.id)
+	}
+	require.Eventually(m.t, func() bool {
+		var n int
+		require.NoError(m.t, m.env.App.Pool.QueryRow(context.Background(), `SELECT count(*) FROM webhook_deliveries
+			WHERE id = ANY ($1) AND state = 'pending' AND next_attempt_at = $2`, ids, until).Scan(&n))
+		return n == 0
+	}, 30*time.Second, time.Millisecond, "the pass's outcomes are recorded")
 }
