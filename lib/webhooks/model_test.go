@@ -223,8 +223,8 @@ func runHookModel(t *testing.T, seed uint64, ops int) {
 		g := m.gate
 		m.mu.Unlock()
 		if g != nil {
-			if failure := g.hold(req, event); failure != "" {
-				return 0 // the client is gone: nothing is written
+			if status, ok := g.hold(req, event); ok {
+				return status
 			}
 		}
 		if mode.slow {
@@ -1531,27 +1531,30 @@ func (m *hookModel) crash() {
 
 // hmGate holds the sends of the deliveries hang names ("path event id")
 // at their receiver: the first send of each until release[0] closes, a
-// second one (sent again once its claim lapsed) until release[1] does.
+// second one (sent again once its claim lapsed) until release[1] does,
+// each then answered its status.
 type hmGate struct {
 	mu       sync.Mutex
 	sends    map[string]int // held so far, of each delivery named
 	release  [2]chan struct{}
+	status   [2]int
 	arrived  chan struct{}
 	timedOut map[string][2]bool // a send whose client gave up (10 s) before its release
 }
 
-func newGate(keys []string) *hmGate {
+func newGate(keys []string, status [2]int) *hmGate {
 	g := &hmGate{sends: map[string]int{}, release: [2]chan struct{}{make(chan struct{}), make(chan struct{})},
-		arrived: make(chan struct{}, 2*len(keys)), timedOut: map[string][2]bool{}}
+		status: status, arrived: make(chan struct{}, 2*len(keys)), timedOut: map[string][2]bool{}}
 	for _, k := range keys {
 		g.sends[k] = 0
 	}
 	return g
 }
 
-// hold holds req's send of event if the gate names it: answers a failure
-// when the client gave up first, "" otherwise.
-func (g *hmGate) hold(req *http.Request, event string) string {
+// hold holds req's send of event if the gate names it, and answers the
+// status to answer it (any when its client gave up first: none reads
+// it), and whether it held it.
+func (g *hmGate) hold(req *http.Request, event string) (int, bool) {
 	key := req.URL.Path + " " + event
 	g.mu.Lock()
 	n, ok := g.sends[key]
@@ -1560,31 +1563,31 @@ func (g *hmGate) hold(req *http.Request, event string) string {
 	}
 	g.mu.Unlock()
 	if !ok || n >= 2 {
-		return ""
+		return 0, false
 	}
 	g.arrived <- struct{}{}
 	select {
 	case <-g.release[n]:
-		return ""
+		return g.status[n], true
 	case <-req.Context().Done():
 		g.mu.Lock()
 		t := g.timedOut[key]
 		t[n] = true
 		g.timedOut[key] = t
 		g.mu.Unlock()
-		return "timed out: no answer within 10s"
+		return http.StatusServiceUnavailable, true
 	}
 }
 
-// outcome is the n-th held send of key's answer: status, or none when
+// outcome is the n-th held send of key's answer: its status, or none when
 // its client gave up.
-func (g *hmGate) outcome(key string, n, status int) (int, string) {
+func (g *hmGate) outcome(key string, n int) (int, string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.timedOut[key][n] {
 		return 0, "timed out: no answer within " + webhooks.SendTimeout.String()
 	}
-	return status, ""
+	return g.status[n], ""
 }
 
 // hang runs a delivery pass (A) whose sends to one receiver hang while
@@ -1618,8 +1621,10 @@ func (m *hookModel) hang() {
 		m.sweep()
 		return
 	}
-	status := m.answer(hung[0])
-	g := newGate(keys)
+	// The held sends answer as the receiver does, the ones sent again as
+	// it may by then.
+	status := [2]int{m.answer(hung[0]), hmModes[m.rng.IntN(len(hmModes))].status}
+	g := newGate(keys, status)
 	m.mu.Lock()
 	m.gate = g
 	m.mu.Unlock()
@@ -1720,7 +1725,7 @@ func (m *hookModel) hang() {
 		return
 	}
 	for _, s := range hung {
-		code, failure := g.outcome(s.key, 0, status)
+		code, failure := g.outcome(s.key, 0)
 		s.d.record(attempt[s.d][0], m.now(), code, failure)
 	}
 	if lapse {
@@ -1731,14 +1736,14 @@ func (m *hookModel) hang() {
 		}
 		for _, s := range wantC {
 			if a, ok := attempt[s.d]; ok {
-				code, failure := g.outcome(s.key, 1, status)
+				code, failure := g.outcome(s.key, 1)
 				s.d.record(a[1], m.now(), code, failure)
 			} else {
 				m.sent(s.d, m.now(), m.answer(s), "")
 			}
 		}
 	}
-	m.log("hang-answered %s %d -> lapse=%v", receiver, status, lapse)
+	m.log("hang-answered %s %v -> lapse=%v", receiver, status, lapse)
 	for _, h := range m.hooks {
 		m.readDeliveries(h)
 	}
