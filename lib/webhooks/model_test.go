@@ -1598,7 +1598,8 @@ func (g *hmGate) outcome(key string, n int) (int, string) {
 // events under the same ids, counting an attempt (at least once), before
 // the first sends are answered. Each answer is recorded as it comes, the
 // first sends' first. It needs A to send its whole due set in its first
-// round (at most 20 a webhook, 40 a workspace); a larger one is swept.
+// round (at most 20 a webhook, 40 a workspace: 30, so that a pass C
+// sending them again has room for the rest); a larger one is swept.
 func (m *hookModel) hang() {
 	now := m.now()
 	svc := m.env.App.Server.Webhooks
@@ -1617,7 +1618,7 @@ func (m *hookModel) hang() {
 			rest = append(rest, s)
 		}
 	}
-	if len(hung) == 0 || len(want) > 40 || slices.Max(slices.Collect(maps.Values(perHook))) > 20 {
+	if len(hung) == 0 || len(want) > 30 || slices.Max(slices.Collect(maps.Values(perHook))) > 20 {
 		m.sweep()
 		return
 	}
