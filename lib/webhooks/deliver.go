@@ -731,6 +731,13 @@ func (s *Service) record(ctx context.Context, c claimed, code *int, failure stri
 		// Failed on its last attempt, it ends failed, unless a retry gave
 		// its attempts back while it was sent (Retry): it is then due
 		// again at once. Decided by the row's attempts, not the claim's.
+		// An outcome whose claim a later one superseded (the row counts
+		// more attempts: this send outlived its claim's minute, as one of
+		// an instance frozen mid-send and thawed later does) records
+		// nothing: its backoff would cut the later send's claim short, and
+		// on the last attempt end the delivery failed before that send's
+		// answer, even a 2xx, could be recorded (webhooks model QA). A 2xx
+		// is recorded whichever attempt answered it: the event arrived.
 		due := now
 		if c.attempts < MaxAttempts {
 			due = now.Add(Backoff(c.attempts))
@@ -739,7 +746,7 @@ func (s *Service) record(ctx context.Context, c claimed, code *int, failure stri
 			SET state = CASE WHEN attempts >= $5::int THEN 'failed' ELSE 'pending' END,
 			    next_attempt_at = CASE WHEN attempts >= $5::int THEN next_attempt_at ELSE $2::timestamptz END,
 			    last_status_code = $3, last_error = $4
-			WHERE id = $1 AND state = 'pending'`, c.id, due, code, failure, MaxAttempts)
+			WHERE id = $1 AND state = 'pending' AND attempts <= $6::int`, c.id, due, code, failure, MaxAttempts, c.attempts)
 	}
 	if err != nil && err != pgx.ErrNoRows {
 		return fmt.Errorf("record delivery: %w", err)

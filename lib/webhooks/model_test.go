@@ -1083,7 +1083,8 @@ func (d *hmDelivery) claim(now time.Time) {
 // code (0: none, failure saying why): delivered on a 2xx (also after a
 // delete or an unsubscription ended it while it was sent), else retried
 // with backoff from that attempt, or failed once d's attempts reach
-// MaxAttempts; an outcome of a delivery that ended meanwhile changes
+// MaxAttempts; an outcome of a delivery that ended meanwhile, or a failure
+// whose claim a later claim superseded (d counts more attempts), changes
 // nothing.
 func (d *hmDelivery) record(attempt int, now time.Time, code int, failure string) {
 	if code >= 200 && code < 300 {
@@ -1093,7 +1094,7 @@ func (d *hmDelivery) record(attempt int, now time.Time, code int, failure string
 		}
 		return
 	}
-	if d.state != "pending" {
+	if d.state != "pending" || d.attempts > attempt {
 		return
 	}
 	d.code, d.lastError = code, "non-2xx response"
