@@ -6,6 +6,7 @@ import collections
 import inspect
 import math
 import random
+import signal
 import sys
 import threading
 import time
@@ -77,10 +78,11 @@ _MAX_FAILURE_WAIT = 60.0
 # once; this only bounds a change that could come unannounced.
 _CLAIM_CHECK = 1.0
 # How many times _despite_interrupts runs a step again after a
-# KeyboardInterrupt cut it short, before it leaves it as it is and goes on
-# with the next: a Ctrl-C or two cut a step once each (each step takes
-# microseconds), a step cut at every run is a signal storm or raises
-# KeyboardInterrupt itself, and was run again for ever.
+# KeyboardInterrupt cut it short: a Ctrl-C or two cut a step once each (each
+# step takes microseconds), a step cut at every run is a signal storm or
+# raises KeyboardInterrupt itself, and was run again for ever. The last
+# run holds SIGINT's handler off (_holding_sigint), so that a storm of
+# signals cannot leave the step undone.
 _INTERRUPT_RERUNS = 3
 # How often the on_error thread, waiting for something to deliver, looks
 # whether its queue was closed though nothing woke it: a signal storm that
@@ -495,10 +497,10 @@ class Worker:
         (its lease lapses and it runs again), nothing more told after, and
         the KeyboardInterrupt raised again once on_error was told, waited
         for up to a second; a further one cuts short only that wait, none
-        of the giving up, unless it cuts one step of it at every try, as
-        only a storm of signals does: that step is left after a few and the
-        rest done). A start() called while its caller handles a
-        KeyboardInterrupt (in an ``except KeyboardInterrupt:`` block) counts
+        of the giving up: a step of it cut at every try, as only a storm of
+        signals does, is done after a few with SIGINT's handler held off).
+        A start() called while its caller handles a KeyboardInterrupt (in
+        an ``except KeyboardInterrupt:`` block) counts
         that one as no interrupt of the worker's: the worker's first stops it
         as above. With block=False it returns at once. stop_grace
         (seconds, >= 0; 10 by default, as the Go and TypeScript workers')
@@ -1618,23 +1620,75 @@ def _despite_interrupts(*steps: Callable[[], None]) -> None:
     """Runs each of steps (idempotent) to its end in turn, even when a
     KeyboardInterrupt (another Ctrl-C) cuts one short: that step is run
     again, the rest after it, and the first interrupt is raised once the
-    last is done. A step cut short _INTERRUPT_RERUNS times more is left as
-    it is and the rest run all the same: only a storm of signals, or a step
-    that raises KeyboardInterrupt itself, cuts one at every run, and that
-    looped for ever with no Ctrl-C to end it (review). Python runs a
-    signal's handler between any two bytecodes, so one that lands between
-    two steps, outside the try, still escapes; this narrows what it can cut
-    short to those few bytecodes."""
+    last is done. After _INTERRUPT_RERUNS runs cut short, the step is run
+    once more holding SIGINT's handler off (_holding_sigint): a storm of
+    signals that cut every run left the step undone (review), and cuts none
+    of that run. That run is made again only when a signal lands in the few
+    bytecodes around it where the handler is not held off, so the loop ends
+    once signals stop arriving; a step that raises KeyboardInterrupt of its
+    own (which looped for ever: review) is run 1 + _INTERRUPT_RERUNS times,
+    then left as it is, the rest run all the same. Python runs a signal's
+    handler between any two bytecodes, so one that lands between two steps,
+    outside the try, still escapes; this narrows what it can cut short to
+    those few bytecodes."""
     interrupt: Optional[KeyboardInterrupt] = None
     for step in steps:
-        for _ in range(1 + _INTERRUPT_RERUNS):
+        for _ in range(_INTERRUPT_RERUNS):
             try:
                 step()
                 break
             except KeyboardInterrupt as err:
                 interrupt = interrupt or err
+        else:
+            while True:  # again only when a signal lands outside the held run
+                try:
+                    held = _holding_sigint(step)  # run it whatever was cut before
+                    interrupt = interrupt or held
+                    break
+                except KeyboardInterrupt as err:
+                    interrupt = interrupt or err
     if interrupt is not None:
         raise interrupt
+
+
+def _holding_sigint(step: Callable[[], None]) -> Optional[KeyboardInterrupt]:
+    """Runs step with SIGINT's Python handler held off: a SIGINT that comes
+    meanwhile is handled (its handler called) once step is done. Answers
+    the KeyboardInterrupt step raised of its own or that handler raised, if
+    any, raised by neither: a step cut here is not run again. Raises a
+    KeyboardInterrupt that lands before the handler is held off (the
+    caller's loop counts it as another cut). Off the main thread, or when
+    SIGINT has no Python handler, no signal can raise KeyboardInterrupt
+    there, and step is run as it is. Blocking SIGINT with
+    signal.pthread_sigmask would not do: the kernel hands the signal to
+    another of the worker's threads, and Python still runs its handler on
+    the main thread."""
+    handler = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not callable(handler):
+        return _interrupt_of(step)
+    original: Callable[[int, Any], Any] = handler
+    held: List[Tuple[int, Any]] = []
+    try:
+        signal.signal(signal.SIGINT, lambda signum, frame: held.append((signum, frame)))
+    except ValueError:  # not the main interpreter: no signal handler runs here
+        return _interrupt_of(step)
+    try:
+        interrupt = _interrupt_of(step)
+    finally:
+        signal.signal(signal.SIGINT, original)
+    if held:
+        signum, frame = held[0]
+        interrupt = interrupt or _interrupt_of(lambda: original(signum, frame))
+    return interrupt
+
+
+def _interrupt_of(step: Callable[[], object]) -> Optional[KeyboardInterrupt]:
+    """Runs step; answers the KeyboardInterrupt it raised, if any."""
+    try:
+        step()
+    except KeyboardInterrupt as err:
+        return err
+    return None
 
 
 def _jittered(seconds: float) -> float:

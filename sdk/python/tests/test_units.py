@@ -1407,7 +1407,8 @@ class NoticesTest(unittest.TestCase):
     """The on_error queue (_Notices) and the default failure log it feeds,
     against the interrupts that may cut the steps that fill and close it."""
 
-    def deliver(self, worker) -> threading.Thread:
+    @staticmethod
+    def deliver(worker) -> threading.Thread:
         """Starts the worker's on_error thread, as start() does, and answers
         it once it waits for something to deliver."""
         thread = threading.Thread(target=worker._deliver_errors, daemon=True)
@@ -4231,6 +4232,44 @@ class FullReportQueueTest(unittest.TestCase):
         # a few times, and the worker still ends (the steps after it done).
         calls = self.interrupted_a_third_time_in("close_idle", times=100)
         self.assertEqual(calls, 1 + getratchet.worker._INTERRUPT_RERUNS, "run again without bound")
+
+    def test_a_step_cut_by_a_signal_at_every_run_is_still_done(self) -> None:
+        # A storm of real SIGINTs that cut every run of a step before its
+        # effect left it undone once the reruns ran out: the last run holds
+        # the handler off, and the interrupt is raised once the steps are done.
+        self.default_sigint()
+        done: List[str] = []
+
+        def stormed() -> None:
+            signal.raise_signal(signal.SIGINT)  # its handler runs here, at every run
+            done.append("stormed")
+
+        with self.assertRaises(KeyboardInterrupt):
+            getratchet.worker._despite_interrupts(stormed, lambda: done.append("after"))
+        self.assertEqual(done, ["stormed", "after"])
+        self.assertIs(signal.getsignal(signal.SIGINT), signal.default_int_handler, "the handler was not put back")
+
+    def test_a_signal_storm_as_the_stop_ends_still_ends_the_on_error_thread(self) -> None:
+        # The drain's close of the on_error queue, cut by a real SIGINT at
+        # every run, was left undone: its thread waited for ever.
+        self.default_sigint()
+        worker = getratchet.Ratchet("http://127.0.0.1:1", "rk_test").worker
+        self.addCleanup(worker._transport.close)
+        worker._on_error = lambda error: None
+        thread = NoticesTest.deliver(worker)
+        close = worker._errors.close
+
+        def stormed() -> None:
+            signal.raise_signal(signal.SIGINT)
+            close()
+
+        with mock.patch.object(worker._errors, "close", side_effect=stormed):
+            with self.assertRaises(KeyboardInterrupt):
+                worker._drain(None)
+        thread.join(10)  # hang guard
+        self.assertFalse(thread.is_alive(), "the on_error thread was never told to end")
+        self.assertTrue(worker._done.is_set())
+        self.assertIs(signal.getsignal(signal.SIGINT), signal.default_int_handler)
 
     def test_a_start_called_while_its_caller_handles_an_interrupt_drains_on_its_first(self) -> None:
         # start() called in its caller's own `except KeyboardInterrupt:`
