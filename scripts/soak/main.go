@@ -46,6 +46,9 @@ func main() {
 	every := flag.Duration("every", 30*time.Second, "how often to sample")
 	busy := flag.Duration("busy", 90*time.Second, "traffic between idle periods")
 	idle := flag.Duration("idle", 20*time.Second, "each idle period")
+	backlog := flag.Int("backlog", 0, "approval requests made at the start in "+fmt.Sprint(backlogSpaces)+
+		" more workspaces, whose webhooks all fail (answered 500, late, refused), and a twentieth of it again "+
+		"every 5 s of traffic: a backlog of about 6 times as many failing deliveries, retried with backoff")
 	flag.Parse()
 
 	ctx, cancel := context.WithTimeout(context.Background(), *dur)
@@ -58,6 +61,9 @@ func main() {
 		log.Fatal(err)
 	}
 	defer db.Close()
+	if *backlog > 0 {
+		d.setUpBacklog(ctx, *backlog)
+	}
 
 	d.awake.Store(true)
 	var wg sync.WaitGroup
@@ -69,6 +75,10 @@ func main() {
 	wg.Go(func() { d.readLoop(ctx) })
 	wg.Go(func() { d.mcpLoop(ctx) })
 	wg.Go(func() { d.rudeLoop(ctx) })
+	wg.Go(func() { d.watchConns(ctx, db) })
+	if *backlog > 0 {
+		wg.Go(func() { d.backlogLoop(ctx, *backlog/20) })
+	}
 	wg.Go(func() {
 		for ctx.Err() == nil {
 			sleep(ctx, *busy)
@@ -118,6 +128,13 @@ type driver struct {
 	keys   []string                   // gate keys used, for duplicates
 	seq    atomic.Int64
 	hooked atomic.Int64 // webhook deliveries received
+
+	receiver string            // the webhook receivers' host:port
+	backlog  []*ratchet.Client // the backlog workspaces' agents (-backlog)
+	// peakPass and peakBusy are the most of the server's connections seen
+	// at once (watchConns) since the last sample running a delivery pass's
+	// statements, and running any.
+	peakPass, peakBusy atomic.Int64
 }
 
 // RoundTrip times every call the SDK clients make and counts its status.
@@ -226,13 +243,10 @@ func (d *driver) setUp(ctx context.Context) {
 			}
 		}))
 	}()
-	events := []string{"effect.indeterminate", "approval.requested", "approval.decided", "run.finished", "step.exhausted"}
-	closed, err := net.Listen("tcp", "127.0.0.1:0")
-	must(err)
-	must(closed.Close()) // nothing listens there: connection refused
-	for _, url := range []string{"http://" + ln.Addr().String() + "/ok", "http://" + ln.Addr().String() + "/fail",
-		"http://" + ln.Addr().String() + "/slow", "http://" + closed.Addr().String() + "/gone"} {
-		_, err := d.operator.CreateWebhook(ctx, url, events)
+	d.receiver = ln.Addr().String()
+	for _, url := range []string{"http://" + d.receiver + "/ok", "http://" + d.receiver + "/fail",
+		"http://" + d.receiver + "/slow", refused() + "/gone"} {
+		_, err := d.operator.CreateWebhook(ctx, url, hookEvents)
 		must(err)
 	}
 
@@ -252,6 +266,102 @@ func (d *driver) setUp(ctx context.Context) {
 		}}))
 	must(d.worker.Start(context.Background(), ratchet.StartOptions{Concurrency: 4, WaitSeconds: 5,
 		PollInterval: time.Second, OnError: func(error) {}}))
+}
+
+var hookEvents = []string{"effect.indeterminate", "approval.requested", "approval.decided", "run.finished", "step.exhausted"}
+
+// refused is a URL's scheme and host where nothing listens: connection refused.
+func refused() string {
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	must(err)
+	must(closed.Close())
+	return "http://" + closed.Addr().String()
+}
+
+// backlogSpaces is how many workspaces -backlog signs up: a pass sends at
+// most 40 of one workspace's deliveries at once, and 100 in all.
+const backlogSpaces = 3
+
+// setUpBacklog signs up backlogSpaces workspaces, each with six webhooks
+// that fail (two answered 500, two late past the server's send timeout, two
+// refused) and a type every begin of which asks for approval, and makes n
+// approval requests among them: 6n failing deliveries.
+func (d *driver) setUpBacklog(ctx context.Context, n int) {
+	for range backlogSpaces {
+		res, err := http.Post(d.base+"/api/v1/workspaces", "application/json", strings.NewReader(`{"name":"soak backlog"}`))
+		must(err)
+		var signup struct {
+			Key struct {
+				Secret string `json:"secret"`
+			} `json:"key"`
+		}
+		must(json.NewDecoder(res.Body).Decode(&signup))
+		res.Body.Close()
+		op := d.sdk(signup.Key.Secret)
+		must(op.Request(ctx, "PUT", "/policies/soak.backlog", map[string]any{
+			"on_indeterminate": "block", "max_cost_micros": 1000, "approval_above_micros": 0}, nil, ratchet.RequestOptions{}))
+		for _, url := range []string{"http://" + d.receiver + "/fail?n=1", "http://" + d.receiver + "/fail?n=2",
+			"http://" + d.receiver + "/slow?n=1", "http://" + d.receiver + "/slow?n=2", refused() + "/gone", refused() + "/gone"} {
+			_, err := op.CreateWebhook(ctx, url, hookEvents)
+			must(err)
+		}
+		k, err := op.CreateKey(ctx, ratchet.KeySpec{Name: "agent", Preset: "AGENT"})
+		must(err)
+		d.backlog = append(d.backlog, d.sdk(k.Secret))
+	}
+	t0 := time.Now()
+	d.askApprovals(ctx, n)
+	fmt.Printf("# backlog: %d approval requests in %d workspaces in %s\n", n, backlogSpaces, time.Since(t0).Round(time.Millisecond))
+}
+
+// askApprovals begins n soak.backlog effects, 8 at a time, in turn among
+// the backlog workspaces: each asks for approval.
+func (d *driver) askApprovals(ctx context.Context, n int) {
+	var wg sync.WaitGroup
+	next := atomic.Int64{}
+	for range 8 {
+		wg.Go(func() {
+			for i := next.Add(1); i <= int64(n) && ctx.Err() == nil; i = next.Add(1) {
+				_, _ = d.backlog[i%backlogSpaces].Begin(ctx, ratchet.BeginRequest{EffectType: "soak.backlog",
+					IdempotencyKey: fmt.Sprint("backlog:", d.seq.Add(1)), Payload: map[string]any{}, CostMicros: ratchet.Micros(1)})
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// backlogLoop keeps the backlog growing: n more approval requests every 5 s
+// of traffic.
+func (d *driver) backlogLoop(ctx context.Context, n int) {
+	for ctx.Err() == nil {
+		sleep(ctx, 5*time.Second)
+		d.pause(ctx)
+		d.askApprovals(ctx, max(1, n))
+	}
+}
+
+// watchConns samples the server's connections every 100 ms, between the
+// sample lines' snapshots: the most at once running a webhook delivery
+// pass's statements (its claim, its records of outcomes, its check of held
+// secrets), and running any statement.
+func (d *driver) watchConns(ctx context.Context, db *sql.DB) {
+	for ctx.Err() == nil {
+		var pass, busy int64
+		err := db.QueryRowContext(ctx, `SELECT
+			count(*) FILTER (WHERE ltrim(query, E' \t\n') LIKE 'UPDATE webhook\_deliveries%'
+			                    OR ltrim(query, E' \t\n') LIKE 'WITH busy AS%'
+			                    OR ltrim(query, E' \t\n') LIKE 'SELECT w.id, substring(w.secret%'),
+			count(*)
+			FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'ratchet'
+			  AND state <> 'idle'`).Scan(&pass, &busy)
+		if err == nil {
+			for p := d.peakPass.Load(); pass > p && !d.peakPass.CompareAndSwap(p, pass); p = d.peakPass.Load() {
+			}
+			for p := d.peakBusy.Load(); busy > p && !d.peakBusy.CompareAndSwap(p, busy); p = d.peakBusy.Load() {
+			}
+		}
+		sleep(ctx, 100*time.Millisecond)
+	}
 }
 
 // gateLoop begins effects: most succeed, some heartbeat through a slow
@@ -450,18 +560,22 @@ func (d *driver) sample(ctx context.Context, db *sql.DB, pprof string, pid int, 
 		rows.Close()
 	}
 	d.mu.Lock()
-	kinds := make([]string, 0, len(d.lat))
 	var all []time.Duration
+	var slowest string // the route kind of the window's slowest call, top its time
+	var top time.Duration
 	for k, l := range d.lat {
-		kinds = append(kinds, k)
 		all = append(all, l...)
+		if m := slices.Max(l); m > top {
+			top, slowest = m, k
+		}
 	}
 	slices.Sort(all)
 	if len(all) > 0 {
-		fmt.Fprintf(&b, " calls=%d p50=%s p95=%s p99=%s max=%s", len(all), all[len(all)/2], all[len(all)*95/100],
-			all[len(all)*99/100], all[len(all)-1])
+		fmt.Fprintf(&b, " calls=%d p50=%s p95=%s p99=%s max=%s max_route=%q", len(all), all[len(all)/2], all[len(all)*95/100],
+			all[len(all)*99/100], all[len(all)-1], slowest)
 	}
-	fmt.Fprintf(&b, " hooks=%d errs=%v", d.hooked.Load(), d.status)
+	fmt.Fprintf(&b, " hooks=%d peak_pass_conns=%d peak_busy_conns=%d errs=%v", d.hooked.Load(),
+		d.peakPass.Swap(0), d.peakBusy.Swap(0), d.status)
 	d.lat = map[string][]time.Duration{}
 	d.mu.Unlock()
 	fmt.Println(b.String())
