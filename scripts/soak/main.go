@@ -563,7 +563,12 @@ func (d *driver) sample(ctx context.Context, db *sql.DB, pprof string, pid int, 
 	var all []time.Duration
 	var slowest string // the route kind of the window's slowest call, top its time
 	var top time.Duration
+	claims := 0
 	for k, l := range d.lat {
+		if strings.HasSuffix(k, "/claim") {
+			claims += len(l) // long polls: they wait for a job up to their wait_seconds
+			continue
+		}
 		all = append(all, l...)
 		if m := slices.Max(l); m > top {
 			top, slowest = m, k
@@ -571,8 +576,8 @@ func (d *driver) sample(ctx context.Context, db *sql.DB, pprof string, pid int, 
 	}
 	slices.Sort(all)
 	if len(all) > 0 {
-		fmt.Fprintf(&b, " calls=%d p50=%s p95=%s p99=%s max=%s max_route=%q", len(all), all[len(all)/2], all[len(all)*95/100],
-			all[len(all)*99/100], all[len(all)-1], slowest)
+		fmt.Fprintf(&b, " calls=%d p50=%s p95=%s p99=%s max=%s max_route=%q claims=%d", len(all), all[len(all)/2],
+			all[len(all)*95/100], all[len(all)*99/100], all[len(all)-1], slowest, claims)
 	}
 	fmt.Fprintf(&b, " hooks=%d peak_pass_conns=%d peak_busy_conns=%d errs=%v", d.hooked.Load(),
 		d.peakPass.Swap(0), d.peakBusy.Swap(0), d.status)
