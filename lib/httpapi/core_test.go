@@ -2,6 +2,7 @@ package httpapi_test
 
 import (
 	"context"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -125,6 +126,21 @@ func TestHealthOutlivesAnEndedConnection(t *testing.T) {
 	srv.ServeHTTP(rec, httptest.NewRequest("GET", "/api/v1/health", nil))
 	require.True(t, metDead, "the health check was handed the ended connection")
 	require.Equal(t, http.StatusOK, rec.Code, "%s", rec.Body)
+}
+
+// A health check its caller gave up on is not an outage: it is not logged
+// as "database unavailable" (soak QA: every reader cut at the end of a run
+// logged one, with "context canceled").
+func TestHealthCutByItsCallerIsNotAnOutage(t *testing.T) {
+	t.Parallel()
+	var logged apitest.LockedBuffer
+	env := apitest.Start(t, apitest.WithLogger(slog.New(slog.NewTextHandler(&logged, nil))))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	rec := httptest.NewRecorder()
+	env.App.Server.ServeHTTP(rec, httptest.NewRequest("GET", "/api/v1/health", nil).WithContext(ctx))
+	require.NotContains(t, logged.String(), "database unavailable")
+	require.NotEqual(t, http.StatusOK, rec.Code, "%s", rec.Body)
 }
 
 // Answers are JSON, never HTML: <, > and & are written as they are. A
