@@ -81,7 +81,9 @@ func main() {
 	}
 	wg.Go(func() {
 		for ctx.Err() == nil {
-			sleep(ctx, *busy)
+			if sleep(ctx, *busy); ctx.Err() != nil {
+				break // the run's end is no idle period
+			}
 			d.awake.Store(false)
 			fmt.Println("# idle")
 			sleep(ctx, *idle)
@@ -196,21 +198,28 @@ func (d *driver) sdk(key string) *ratchet.Client {
 	return c
 }
 
-// setUp signs a workspace up with its keys, policies, an endpoint, two
-// webhooks (one receiver answers 200, the other 500) and a worker.
-func (d *driver) setUp(ctx context.Context) {
-	d.client = http.DefaultTransport.(*http.Transport).Clone()
-	d.client.MaxIdleConnsPerHost = 32
-	res, err := http.Post(d.base+"/api/v1/workspaces", "application/json", strings.NewReader(`{"name":"soak"}`))
+// signUp signs a workspace named name up and answers its first key.
+func (d *driver) signUp(name string) string {
+	body, err := json.Marshal(map[string]string{"name": name})
 	must(err)
+	res, err := http.Post(d.base+"/api/v1/workspaces", "application/json", bytes.NewReader(body))
+	must(err)
+	defer res.Body.Close()
 	var signup struct {
 		Key struct {
 			Secret string `json:"secret"`
 		} `json:"key"`
 	}
 	must(json.NewDecoder(res.Body).Decode(&signup))
-	res.Body.Close()
-	d.operatorKey = signup.Key.Secret
+	return signup.Key.Secret
+}
+
+// setUp signs a workspace up with its keys, policies, an endpoint, two
+// webhooks (one receiver answers 200, the other 500) and a worker.
+func (d *driver) setUp(ctx context.Context) {
+	d.client = http.DefaultTransport.(*http.Transport).Clone()
+	d.client.MaxIdleConnsPerHost = 32
+	d.operatorKey = d.signUp("soak")
 	d.operator = d.sdk(d.operatorKey)
 	key := func(spec ratchet.KeySpec) string {
 		k, err := d.operator.CreateKey(ctx, spec)
@@ -288,16 +297,7 @@ const backlogSpaces = 3
 // approval requests among them: 6n failing deliveries.
 func (d *driver) setUpBacklog(ctx context.Context, n int) {
 	for range backlogSpaces {
-		res, err := http.Post(d.base+"/api/v1/workspaces", "application/json", strings.NewReader(`{"name":"soak backlog"}`))
-		must(err)
-		var signup struct {
-			Key struct {
-				Secret string `json:"secret"`
-			} `json:"key"`
-		}
-		must(json.NewDecoder(res.Body).Decode(&signup))
-		res.Body.Close()
-		op := d.sdk(signup.Key.Secret)
+		op := d.sdk(d.signUp("soak backlog"))
 		must(op.Request(ctx, "PUT", "/policies/soak.backlog", map[string]any{
 			"on_indeterminate": "block", "max_cost_micros": 1000, "approval_above_micros": 0}, nil, ratchet.RequestOptions{}))
 		for _, url := range []string{"http://" + d.receiver + "/fail?n=1", "http://" + d.receiver + "/fail?n=2",
