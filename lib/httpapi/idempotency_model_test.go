@@ -167,24 +167,27 @@ func startIdemRig(t *testing.T) *idemRig {
 	return r
 }
 
-// handle is the test route: it makes a webhook, then answers it (ok,
-// hold: once released), refuses (refuse) or fails (fail).
+// handle is the test route: it makes a webhook (hold: once released),
+// then answers it (ok, hold) or refuses (refuse); or fails (fail).
 func (r *idemRig) handle(ctx context.Context, c *httpapi.Call) (any, error) {
 	outcome := c.R.PathValue("outcome")
 	if outcome == "fail" {
 		return nil, fmt.Errorf("the handler failed")
 	}
+	if outcome == "hold" {
+		// Held before its write: a webhook's create locks its workspace
+		// until the request's transaction ends, which would hold the
+		// others' creates.
+		release := make(chan struct{})
+		r.hold <- release
+		<-release
+	}
 	hook, err := r.env.App.Server.Webhooks.Create(ctx, c.Principal.WorkspaceID, hookBody)
 	if err != nil {
 		return nil, err
 	}
-	switch outcome {
-	case "refuse":
+	if outcome == "refuse" {
 		return nil, apierr.InvalidField("name", "is taken")
-	case "hold":
-		release := make(chan struct{})
-		r.hold <- release
-		<-release
 	}
 	return hook, nil
 }
@@ -447,4 +450,194 @@ func (r *idemRig) deleteResource(m *idemModel, tr *apitest.ModelTrace, rng *rand
 	}
 }
 
-var _ = sync.Mutex{}
+// TestIdempotencyKeyModelConcurrent sends requests under one key together.
+// In a held round the first request holds the key while the others are
+// sent (its handler waits): those of its API key are told 409
+// retry_request (Retry-After as the claim's age says), another API key's
+// acts; with the service's clock moved past the claim's 30 seconds the
+// first of them takes the key over and acts, and the held request, once
+// released, rolls its webhook back and is told 409 retry_request. In a
+// free round they race: exactly one acts, each other one is told
+// retry_request or given the actor's answer (same request) or
+// idempotency_key_reuse (another). Either way the workspaces hold the
+// webhooks of the requests that acted, and nothing more.
+func TestIdempotencyKeyModelConcurrent(t *testing.T) {
+	t.Parallel()
+	apitest.ModelRuns(t, 3, 10, func(t *testing.T, seed uint64, rounds int) {
+		r := startIdemRig(t)
+		rng := rand.New(rand.NewPCG(seed, 0xc0c))
+		tr := apitest.NewModelTrace(t, fmt.Sprintf("MODEL_SEED=%d MODEL_OPS=%d go test -run 'TestIdempotencyKeyModelConcurrent$' ./lib/httpapi/", seed, rounds))
+		hooks := []int{0, 0}
+		for round := range rounds {
+			if tr.Failed() {
+				return
+			}
+			key := fmt.Sprintf("c%d", round)
+			if rng.IntN(2) == 0 {
+				r.heldRound(tr, rng, key, hooks)
+			} else {
+				r.freeRound(tr, rng, key, hooks)
+			}
+			for ws := range hooks {
+				if got := r.liveHooks(ws); got != hooks[ws] {
+					tr.Fail("workspace %d holds %d webhooks, model %d", ws, got, hooks[ws])
+				}
+			}
+			r.clock.Add(time.Minute)
+		}
+	})
+}
+
+// followers are requests sent under a held key: another body, another
+// path, or the same request.
+func followers(rng *rand.Rand, caller int, key string) []idemSend {
+	var out []idemSend
+	for range 1 + rng.IntN(4) {
+		s := idemSend{caller: caller, key: key, path: "/api/v1/test/ok", body: `{}`}
+		switch rng.IntN(4) {
+		case 0:
+			s.body = `{ }`
+		case 1:
+			s.path = "/api/v1/webhooks"
+			s.body = `{"url":"https://example.com/a","events":["run.finished"]}`
+		case 2:
+			s.caller = 1 - caller // the other API key of workspace a: a key of its own
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+func (r *idemRig) heldRound(tr *apitest.ModelTrace, rng *rand.Rand, key string, hooks []int) {
+	caller := rng.IntN(2) // workspace a's API keys
+	held := idemSend{caller: caller, key: key, path: "/api/v1/test/hold", body: `{}`}
+	start := r.clock.Now()
+	done := make(chan *httptest.ResponseRecorder, 1)
+	go func() { done <- r.send(held) }()
+	release := <-r.hold // its handler runs: the key is claimed
+	age := []time.Duration{0, 25 * time.Second, idempotency.ClaimTTL + time.Second}[rng.IntN(3)]
+	r.clock.Add(age)
+	tr.Add(fmt.Sprintf("held %s, clock +%s", held, age))
+	var taker *idemSend // the follower that took a lapsed claim over
+	var other *idemSend // the other API key's first request, which acted
+	var takerAnswer, otherAnswer *httptest.ResponseRecorder
+	for _, f := range followers(rng, caller, key) {
+		rec := r.send(f)
+		tr.Add(fmt.Sprintf("  %s -> %d %s", f, rec.Code, rec.Header().Get(httpapi.ReplayedHeader)))
+		if f.caller != caller {
+			// Another API key's: a key of its own, free at first.
+			if other == nil {
+				check(tr, rec, 201, "", "")
+				hooks[0]++
+				other, otherAnswer = &f, rec
+			} else {
+				r.checkAfterActor(tr, rec, f, *other, otherAnswer)
+			}
+			continue
+		}
+		switch {
+		case age > idempotency.ClaimTTL && taker == nil:
+			check(tr, rec, 201, "", "")
+			hooks[0]++
+			taker, takerAnswer = &f, rec
+		case taker != nil:
+			r.checkAfterActor(tr, rec, f, *taker, takerAnswer)
+		default:
+			check(tr, rec, 409, apierr.CodeRetryRequest, "")
+			want := retryAfter(start.Add(idempotency.ClaimTTL), r.clock.Now())
+			if _, after := errorOf(rec.Body.Bytes()); after != want || rec.Header().Get("Retry-After") != fmt.Sprint(want) {
+				tr.Fail("retry after %d (header %q), model %d", after, rec.Header().Get("Retry-After"), want)
+			}
+		}
+	}
+	close(release)
+	rec := <-done
+	tr.Add(fmt.Sprintf("  released %s -> %d", held, rec.Code))
+	if taker != nil {
+		check(tr, rec, 409, apierr.CodeRetryRequest, "") // outlived its claim: rolled back
+		if _, after := errorOf(rec.Body.Bytes()); after != 1 {
+			tr.Fail("the held request's retry after %d, want 1", after)
+		}
+		again := r.send(held)
+		check(tr, again, 409, apierr.CodeIdempotencyKeyReuse, "")
+		return
+	}
+	check(tr, rec, 201, "", "")
+	hooks[0]++
+	again := r.send(held)
+	check(tr, again, 201, "", rec.Header().Get("X-Request-Id"))
+	if again.Body.String() != rec.Body.String() {
+		tr.Fail("replayed body differs from the held request's answer")
+	}
+}
+
+func (r *idemRig) freeRound(tr *apitest.ModelTrace, rng *rand.Rand, key string, hooks []int) {
+	caller := rng.IntN(len(r.callers))
+	n := 2 + rng.IntN(4)
+	sends := make([]idemSend, n)
+	for i := range sends {
+		sends[i] = idemSend{caller: caller, key: key, path: "/api/v1/test/ok", body: `{}`}
+		switch rng.IntN(3) {
+		case 0:
+			sends[i].body = `{ }`
+		case 1:
+			sends[i].path = "/api/v1/webhooks"
+			sends[i].body = `{"url":"https://example.com/a","events":["run.finished"]}`
+		}
+	}
+	recs := make([]*httptest.ResponseRecorder, n)
+	var wg sync.WaitGroup
+	gate := make(chan struct{})
+	for i := range sends {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-gate
+			recs[i] = r.send(sends[i])
+		}()
+	}
+	close(gate)
+	wg.Wait()
+	actor := -1
+	for i, rec := range recs {
+		tr.Add(fmt.Sprintf("  together %s -> %d %s", sends[i], rec.Code, rec.Header().Get(httpapi.ReplayedHeader)))
+		if rec.Code == 201 && rec.Header().Get(httpapi.ReplayedHeader) == "" {
+			if actor >= 0 {
+				tr.Fail("two requests acted under one key")
+			}
+			actor = i
+		}
+	}
+	if actor < 0 {
+		tr.Fail("no request acted")
+		return
+	}
+	hooks[r.callers[caller].ws]++
+	for i, rec := range recs {
+		switch code, after := errorOf(rec.Body.Bytes()); {
+		case i == actor:
+		case code == apierr.CodeRetryRequest:
+			check(tr, rec, 409, code, "")
+			if after != 1 {
+				tr.Fail("retry after %d, want 1 (a fresh claim)", after)
+			}
+		default:
+			r.checkAfterActor(tr, rec, sends[i], sends[actor], recs[actor])
+		}
+	}
+}
+
+// checkAfterActor checks the answer to s, sent under a key that actor's
+// request answered (answer): the same request is given that answer again,
+// another is 409 idempotency_key_reuse.
+func (r *idemRig) checkAfterActor(tr *apitest.ModelTrace, rec *httptest.ResponseRecorder, s, actor idemSend,
+	answer *httptest.ResponseRecorder) {
+	if s != actor {
+		check(tr, rec, 409, apierr.CodeIdempotencyKeyReuse, "")
+		return
+	}
+	check(tr, rec, answer.Code, "", answer.Header().Get("X-Request-Id"))
+	if rec.Body.String() != answer.Body.String() {
+		tr.Fail("replayed body differs from the answer kept: %s", apitest.Canonical(rec.Body.Bytes()))
+	}
+}
