@@ -77,3 +77,10 @@ var SQLListRuns = sqlListRuns
 // SetJitter fixes the uniform value retry jitter draws (in [0,1)), so that
 // a test can predict a retry's due time.
 func SetJitter(s *Service, u float64) { s.jitter = func() float64 { return u } }
+
+// SQLRetiredRuns and SQLDeleteRuns are PurgeRetired's first and last
+// statements, so a test can hold a pass open in a transaction of its own.
+const (
+	SQLRetiredRuns = sqlRetiredRuns
+	SQLDeleteRuns  = sqlDeleteRuns
+)
