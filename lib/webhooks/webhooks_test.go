@@ -2037,3 +2037,52 @@ func TestASecretThatCannotBeOpenedReadsSecretUnreadable(t *testing.T) {
 	deleted := env.Must(http.StatusOK, "DELETE", "/api/v1/webhooks/"+hooks["lost"], ws.Key, nil).JSON()
 	require.Equal(t, false, deleted["secret_unreadable"], "the subscription as the delete left it")
 }
+
+// The other order: a retry of a delivery a purge has deleted (its
+// statement done, not yet committed) waits for it and answers 404 once it
+// commits, as for any delivery unknown (never a 500, nor a delivery
+// without its event); rolled back, the retry makes it pending again.
+func TestARetryWaitingForAPurgeAnswersNotFound(t *testing.T) {
+	for _, commit := range []bool{true, false} {
+		t.Run(map[bool]string{true: "committed", false: "rolled back"}[commit], func(t *testing.T) {
+			env, clk := start(t, true)
+			ctx := context.Background()
+			ws := env.Signup()
+			rcv := newReceiver(t)
+			id := env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
+				map[string]any{"url": rcv.URL, "events": []string{events.RunFinished}}).JSON()["id"].(string)
+			record(t, env, ws.ID, events.RunFinished, clk.Now())
+			env.App.Sweeper.RunOnce(ctx)
+			dlv := deliveries(t, env, ws.Key, id)[0]["id"].(string)
+
+			pool := env.App.Pool
+			tx, err := pool.Begin(ctx)
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+			var pid int
+			require.NoError(t, tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid))
+			tag, err := tx.Exec(ctx, webhooks.SQLPurgeDelivered, clk.Now().Add(time.Hour), 1_000_000)
+			require.NoError(t, err)
+			require.Positive(t, tag.RowsAffected())
+			retried := make(chan *apitest.Response, 1)
+			go func() { retried <- retry(env, ws.Key, id, dlv) }()
+			require.Eventually(t, func() bool {
+				var waiting bool
+				require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+					WHERE wait_event_type = 'Lock' AND $1::int = ANY (pg_blocking_pids(pid)))`, pid).Scan(&waiting))
+				return waiting
+			}, 10*time.Second, 5*time.Millisecond, "the retry waits for the purge")
+			if !commit {
+				require.NoError(t, tx.Rollback(ctx))
+				r := <-retried
+				require.Equal(t, http.StatusOK, r.Status, string(r.Body))
+				require.Equal(t, "pending", deliveries(t, env, ws.Key, id)[0]["state"])
+				return
+			}
+			require.NoError(t, tx.Commit(ctx))
+			r := <-retried
+			require.Equal(t, "not_found", r.ErrorCode(), string(r.Body))
+			require.Empty(t, deliveries(t, env, ws.Key, id))
+		})
+	}
+}
