@@ -154,3 +154,148 @@ func requestsRacingARetentionPass(t *testing.T, year int, commit bool) {
 		require.Positive(t, left)
 	}
 }
+
+// Requests on an ended group a retention pass is deleting (its statements
+// done, not yet committed) wait for it or answer from before it, never a
+// 500: once it commits, unwinding, committing, reading or joining the
+// group is 404, a replayed begin of a step's key finds no group (404) and
+// a create under the group's idempotency_key opens a new group (or, read
+// before the pass, answers the old one deduplicated); rolled back, each
+// answers the group as it was. No step outlives its group. Not parallel,
+// in its own era (1948, then 1949).
+func TestGroupRequestsRacingARetentionPass(t *testing.T) {
+	for i, commit := range []bool{true, false} {
+		name := map[bool]string{true: "committed", false: "rolled back"}[commit]
+		t.Run(name, func(t *testing.T) { groupRequestsRacingARetentionPass(t, 1948+i, commit) })
+	}
+}
+
+func groupRequestsRacingARetentionPass(t *testing.T, year int, commit bool) {
+	b, _ := inEra(t, year)
+	ctx := context.Background()
+	pool := b.env.App.Pool
+	b.putPolicy("email.send", map[string]any{"retention_days": 1})
+	b.putPolicy("email.retract", map[string]any{"retention_days": 1})
+	gk := key("order")
+	g := str(b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key,
+		map[string]any{"name": "order", "idempotency_key": gk}).JSON()["id"])
+	step := email(key("step"))
+	step["group_id"], step["compensation"] = g, map[string]any{"effect_type": "email.retract"}
+	done := b.executedAs("succeeded", step)
+	b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+g+"/commit", b.ws.Key, nil)
+	b.clock.Add(49 * time.Hour)
+
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	var pid int
+	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid))
+	groups, err := gate.PurgeKeptGroups(ctx, tx, b.clock.Now(), 100, 1000)
+	require.NoError(t, err)
+	require.Contains(t, groups, g)
+	_, err = tx.Exec(ctx, gate.PurgeExpiredSQL, b.clock.Now(), 1000, groups)
+	require.NoError(t, err)
+
+	answers := b.racingPass(pid, map[string]func() *apitest.Response{
+		"unwind": func() *apitest.Response {
+			return b.env.Do("POST", "/api/v1/groups/"+g+"/unwind", b.ws.Key, nil)
+		},
+		"commit": func() *apitest.Response {
+			return b.env.Do("POST", "/api/v1/groups/"+g+"/commit", b.ws.Key, nil)
+		},
+		"join": func() *apitest.Response {
+			s := email(key("late"))
+			s["group_id"], s["compensation"] = g, map[string]any{"effect_type": "email.retract"}
+			return b.begin(s)
+		},
+		"replay": func() *apitest.Response { return b.begin(step) },
+		"create": func() *apitest.Response {
+			return b.env.Do("POST", "/api/v1/groups", b.ws.Key, map[string]any{"name": "order", "idempotency_key": gk})
+		},
+	}, func() {
+		if commit {
+			require.NoError(t, tx.Commit(ctx))
+		} else {
+			require.NoError(t, tx.Rollback(ctx))
+		}
+	})
+
+	for what, r := range answers {
+		body := string(r.Body)
+		require.Less(t, r.Status, 500, "%s: %s", what, body)
+		switch what {
+		case "create":
+			d := r.JSON()
+			if d["id"] == g {
+				require.Equal(t, true, d["deduplicated"], body)
+			} else {
+				require.True(t, commit, "a new group only once the old one is gone: %s", body)
+				require.Equal(t, http.StatusCreated, r.Status, body)
+			}
+		case "replay":
+			if commit {
+				errCode(t, r, http.StatusNotFound, "not_found")
+			} else if r.Status == http.StatusConflict {
+				// the unwind, racing it once the pass rolled back, began first
+				errCode(t, r, http.StatusConflict, "group_unwinding")
+			} else {
+				require.Equal(t, "duplicate", r.JSON()["decision"], body)
+				require.Equal(t, done["effect_id"], r.JSON()["effect_id"])
+			}
+		default:
+			if commit {
+				errCode(t, r, http.StatusNotFound, "not_found")
+			}
+		}
+	}
+	var steps, groupsLeft int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM effects WHERE group_id = $1),
+		(SELECT count(*) FROM effect_groups WHERE id = $1)`, g).Scan(&steps, &groupsLeft))
+	if commit {
+		require.Zero(t, steps+groupsLeft, "the group went whole")
+	} else {
+		require.Equal(t, 1, groupsLeft)
+		require.Positive(t, steps)
+	}
+	// A group the key opened anew is there, alone under its key.
+	var underKey int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM effect_groups WHERE workspace_id = $1 AND idempotency_key = $2`,
+		b.ws.ID, gk).Scan(&underKey))
+	require.Equal(t, 1, underKey)
+}
+
+// racingPass sends each request alone, lets it run until it answers or
+// waits for a lock the transaction of backend pid holds
+// (pg_blocking_pids), then ends that transaction (end) and answers every
+// request's response.
+func (b *bundle) racingPass(pid int, requests map[string]func() *apitest.Response, end func()) map[string]*apitest.Response {
+	b.t.Helper()
+	type answer struct {
+		what string
+		r    *apitest.Response
+	}
+	answers := make(chan answer, len(requests))
+	for what, do := range requests {
+		done := make(chan struct{})
+		go func() { defer close(done); answers <- answer{what, do()} }()
+		require.Eventually(b.t, func() bool {
+			select {
+			case <-done:
+				return true
+			default:
+			}
+			var waiting bool
+			require.NoError(b.t, b.env.App.Pool.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+				WHERE wait_event_type = 'Lock' AND $1::int = ANY (pg_blocking_pids(pid)))`, pid).Scan(&waiting))
+			return waiting
+		}, 10*time.Second, 5*time.Millisecond, "%s neither answered nor waited for the pass", what)
+	}
+	end()
+	out := map[string]*apitest.Response{}
+	for range requests {
+		a := <-answers
+		b.t.Logf("%s: %d", a.what, a.r.Status)
+		out[a.what] = a.r
+	}
+	return out
+}
