@@ -2,7 +2,9 @@ package gate_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
+	"sync"
 	"testing"
 	"time"
 
@@ -298,4 +300,138 @@ func (b *bundle) racingPass(pid int, requests map[string]func() *apitest.Respons
 		out[a.what] = a.r
 	}
 	return out
+}
+
+// A hammer: begins of keys whose effects have passed their retention, two
+// of each key at once over two instances, race retention passes of both
+// instances (small batches, so passes and begins interleave). Each begin
+// answers duplicate (of the old effect, or of the new one once it
+// succeeded), in_flight while the new one is leased, or execute, at most
+// once a key (409 retry_request is retried at once, as API.md says); every
+// execute's report lands; and once a last pass ran, each key has the one
+// effect its execute made, or none. Not parallel, in its own era (1951).
+func TestBeginsOfExpiringKeysRaceRetentionPasses(t *testing.T) {
+	b, _ := inEra(t, 1951)
+	other := apitest.Start(t, apitest.WithNow(b.clock.Now))
+	ctx := context.Background()
+	b.putPolicy("sms.send", map[string]any{"retention_days": 1})
+	const keys = 24
+	old := map[string]string{}
+	for range keys {
+		k := key("expiring")
+		old[k] = str(b.executedAs("succeeded", sms(k))["effect_id"])
+	}
+	b.clock.Add(25 * time.Hour)
+
+	var (
+		mu       sync.Mutex
+		executed = map[string]string{}
+		answered = map[string][]string{}
+		fail     []string
+	)
+	failf := func(format string, args ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		fail = append(fail, fmt.Sprintf(format, args...))
+	}
+	stop := make(chan struct{})
+	var sweepers sync.WaitGroup
+	for _, env := range []*apitest.Env{b.env, other} {
+		sweepers.Add(1)
+		go func() {
+			defer sweepers.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if _, err := env.App.Server.Gate.SweepRetention(ctx, b.clock.Now(), 3); err != nil {
+					failf("pass: %v", err)
+					return
+				}
+			}
+		}()
+	}
+	var begins sync.WaitGroup
+	for k, was := range old {
+		for _, env := range []*apitest.Env{b.env, other} {
+			begins.Add(1)
+			go func() {
+				defer begins.Done()
+				for {
+					r := env.Do("POST", "/api/v1/effects/begin", b.ws.Key, sms(k))
+					if r.Status == http.StatusConflict && r.ErrorCode() == "retry_request" {
+						continue
+					}
+					if r.Status != http.StatusOK {
+						failf("begin: %d %s", r.Status, r.ErrorCode())
+						return
+					}
+					d := r.JSON()
+					id := str(d["effect_id"])
+					switch d["decision"] {
+					case "execute":
+						mu.Lock()
+						first := executed[k] == ""
+						executed[k] = id
+						mu.Unlock()
+						if !first || id == was {
+							failf("a second execute of one key, or of its old effect")
+							return
+						}
+						rep := env.Do("POST", "/api/v1/effects/"+id+"/report", b.ws.Key,
+							map[string]any{"lease_token": d["lease_token"], "outcome": "succeeded"})
+						if rep.Status != http.StatusOK {
+							failf("report: %d %s", rep.Status, rep.ErrorCode())
+						}
+					case "duplicate", "in_flight":
+						// checked once every answer is in: an in_flight
+						// may come before its execute's answer
+						mu.Lock()
+						answered[k] = append(answered[k], id)
+						mu.Unlock()
+					default:
+						failf("decision %v", d["decision"])
+					}
+					return
+				}
+			}()
+		}
+	}
+	begins.Wait()
+	close(stop)
+	sweepers.Wait()
+	require.Empty(t, fail)
+	for k, ids := range answered {
+		for _, id := range ids {
+			require.Contains(t, []string{old[k], executed[k]}, id, "an answer of an effect neither old nor executed")
+		}
+	}
+
+	for {
+		n, err := b.env.App.Server.Gate.SweepRetention(ctx, b.clock.Now(), 1000)
+		require.NoError(t, err)
+		if n == 0 {
+			break
+		}
+	}
+	for k := range old {
+		var ids []string
+		rows, err := b.env.App.Pool.Query(ctx, `SELECT id FROM effects WHERE workspace_id = $1 AND idempotency_key = $2`, b.ws.ID, k)
+		require.NoError(t, err)
+		for rows.Next() {
+			var id string
+			require.NoError(t, rows.Scan(&id))
+			ids = append(ids, id)
+		}
+		require.NoError(t, rows.Err())
+		if e := executed[k]; e != "" {
+			require.Equal(t, []string{e}, ids, "the key's one effect is its execute's")
+			require.Equal(t, "succeeded", b.get(e)["state"])
+		} else {
+			require.Empty(t, ids, "the old effect went")
+		}
+	}
+	t.Logf("%d of %d keys executed again", len(executed), keys)
 }
