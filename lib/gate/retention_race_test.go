@@ -435,3 +435,56 @@ func TestBeginsOfExpiringKeysRaceRetentionPasses(t *testing.T) {
 	}
 	t.Logf("%d of %d keys executed again", len(executed), keys)
 }
+
+// A reconciliation posted while a retention pass deletes an effect of its
+// window (the pass's statement done, not yet committed) answers 200, never
+// a 500: the deleted effect's vendor record matched (read before the pass
+// committed) or unknown_to_ratchet (after), and a lapsed effect of the
+// window, which retention never deletes, resolved by its record. Not
+// parallel, in its own era (1953).
+func TestAReconciliationRacingARetentionPass(t *testing.T) {
+	b, _ := inEra(t, 1953)
+	ctx := context.Background()
+	pool := b.env.App.Pool
+	b.putPolicy("sms.send", map[string]any{"retention_days": 1})
+	from := b.clock.Now()
+	gone := key("gone")
+	b.executedAs("succeeded", sms(gone))
+	lapsedKey := key("lapsed")
+	lapsed := b.mustBegin("execute", sms(lapsedKey))
+	b.clock.Add(25 * time.Hour)
+
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	var pid int
+	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid))
+	_, err = tx.Exec(ctx, gate.PurgeExpiredSQL, b.clock.Now(), 1000, []string(nil))
+	require.NoError(t, err)
+	answers := b.racingPass(pid, map[string]func() *apitest.Response{
+		"reconcile": func() *apitest.Response {
+			return b.env.Do("POST", "/api/v1/reconcile", b.ws.Key, map[string]any{"effect_type": "sms.send",
+				"from": from.Format(time.RFC3339Nano), "to": b.clock.Now().Format(time.RFC3339Nano),
+				"records": []map[string]any{{"idempotency_key": gone, "status": "succeeded"},
+					{"idempotency_key": lapsedKey, "status": "succeeded"}}})
+		},
+	}, func() { require.NoError(t, tx.Commit(ctx)) })
+	r := answers["reconcile"]
+	require.Equal(t, http.StatusOK, r.Status, string(r.Body))
+	out := r.JSON()
+	keysIn := func(list string) []string {
+		var ks []string
+		items, _ := out[list].([]any)
+		for _, it := range items {
+			ks = append(ks, str(it.(map[string]any)["idempotency_key"]))
+		}
+		return ks
+	}
+	require.Equal(t, []string{lapsedKey}, keysIn("resolved"))
+	if matched := keysIn("matched"); len(matched) == 0 {
+		require.Equal(t, []string{gone}, keysIn("unknown_to_ratchet"))
+	} else {
+		require.Equal(t, []string{gone}, matched)
+	}
+	require.Equal(t, "succeeded", b.get(str(lapsed["effect_id"]))["state"])
+}
