@@ -488,3 +488,52 @@ func TestAReconciliationRacingARetentionPass(t *testing.T) {
 	}
 	require.Equal(t, "succeeded", b.get(str(lapsed["effect_id"]))["state"])
 }
+
+// The other order than TestRetentionSkipsAGroupWhoseApprovalADecideHolds:
+// decisions on the pending approval of a step of an ended rollback, sent
+// while a pass deletes the group (its statements done, not yet committed),
+// wait for it and answer 404 once it commits (an approve refused
+// group_unwinding from the group as it was before is allowed too), never
+// a 500, and leave no approval behind. Not parallel, in its own era (1955).
+func TestADecisionWaitingForARetentionPassAnswersNotFound(t *testing.T) {
+	b, _ := inEra(t, 1955)
+	ctx := context.Background()
+	pool := b.env.App.Pool
+	b.putPolicy("wire.send", map[string]any{"mode": "require_approval", "retention_days": 1})
+	g := str(b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key, map[string]any{"name": "payout"}).JSON()["id"])
+	w := wire(key("wire"))
+	w["group_id"] = g
+	asked := b.mustBegin("approval_required", w)
+	require.Equal(t, "unwound", b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+g+"/unwind", b.ws.Key, nil).JSON()["state"])
+	b.clock.Add(49 * time.Hour)
+
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	var pid int
+	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid))
+	groups, err := gate.PurgeKeptGroups(ctx, tx, b.clock.Now(), 100, 1000)
+	require.NoError(t, err)
+	require.Contains(t, groups, g)
+	_, err = tx.Exec(ctx, gate.PurgeExpiredSQL, b.clock.Now(), 1000, groups)
+	require.NoError(t, err)
+	approval := "/api/v1/approvals/" + str(asked["approval_id"])
+	answers := b.racingPass(pid, map[string]func() *apitest.Response{
+		"approve": func() *apitest.Response { return b.env.Do("POST", approval+"/approve", b.ws.Key, nil) },
+		"reject":  func() *apitest.Response { return b.env.Do("POST", approval+"/reject", b.ws.Key, nil) },
+	}, func() { require.NoError(t, tx.Commit(ctx)) })
+	for what, r := range answers {
+		require.Less(t, r.Status, 500, "%s: %s", what, r.Body)
+		if what == "approve" && r.Status == http.StatusConflict {
+			// refused from the group's state as read before the pass
+			// committed, as before it began
+			errCode(t, r, http.StatusConflict, "group_unwinding")
+			continue
+		}
+		errCode(t, r, http.StatusNotFound, "not_found")
+	}
+	b.requireKept(false, "/api/v1/groups/"+g, "/api/v1/effects/"+str(asked["effect_id"]), approval)
+	var left int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM approvals WHERE effect_id = $1`, str(asked["effect_id"])).Scan(&left))
+	require.Zero(t, left)
+}
