@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/jobs"
 )
@@ -153,4 +154,35 @@ func requestsRacingARunsRetentionPass(t *testing.T, commit bool) {
 		require.Equal(t, 1, steps)
 		require.Equal(t, "QUEUED", b.step(t, st.StepID).Status, "queued again by the replay")
 	}
+}
+
+// A worker marked seen (by a claim or a heartbeat, after a long quiet)
+// while a pass deletes idle workers is kept: the pass's delete met the
+// row the mark held, and rechecked it only against the ids its snapshot
+// had read as idle, so it deleted a worker seen just now (retention QA),
+// whose next claim answered 404. Its delete now rechecks last_seen_at on
+// the row as the mark left it.
+func TestRetentionKeepsAWorkerSeenWhileItDeletes(t *testing.T) {
+	b := setup(t)
+	w := b.register(t)
+	b.clock.Add(91 * 24 * time.Hour)
+	pool := b.env.App.Pool
+
+	seen, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = seen.Rollback(ctx) })
+	_, err = seen.Exec(ctx, `UPDATE job_workers SET last_seen_at = $2 WHERE id = $1`, w, b.clock.Now())
+	require.NoError(t, err)
+	purged := make(chan error, 1)
+	go func() {
+		_, err := b.svc.PurgeRetired(ctx, b.clock.Now().AddDate(0, 0, -90), 100)
+		purged <- err
+	}()
+	apitest.WaitForLock(t, pool, "%DELETE FROM job_workers%", "%", "the pass waits for the worker's row")
+	require.NoError(t, seen.Commit(ctx))
+	require.NoError(t, <-purged)
+
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM job_workers WHERE id = $1`, w), "seen: kept")
+	_, err = b.svc.Claim(ctx, b.worker, w, jobs.ClaimRequest{Limit: ptr(1)})
+	require.NoError(t, err, "the worker claims on")
 }

@@ -1103,7 +1103,13 @@ DELETE FROM job_runs r WHERE r.id = ANY($1::text[])`
 // $1 (through job_workers_last_seen_idx, migration 0058): a running worker
 // is marked seen once a minute by its claims, long polls included, or its
 // heartbeats, so these are workers long gone (a claim under a deleted id
-// answers 404, and the SDK registers again at start).
+// answers 404, and the SDK registers again at start). The delete checks
+// last_seen_at again itself: a claim or heartbeat that marks the worker
+// seen while the delete waits for its row leaves a version the delete
+// rechecks, and only its own conditions are rechecked (the subquery's ids
+// stand as its snapshot read them), so without it a worker seen just now
+// was deleted (retention QA).
 const sqlDeleteIdleWorkers = `
 DELETE FROM job_workers WHERE id IN (
-    SELECT id FROM job_workers WHERE last_seen_at < $1::timestamptz LIMIT $2::int)`
+    SELECT id FROM job_workers WHERE last_seen_at < $1::timestamptz LIMIT $2::int)
+  AND last_seen_at < $1::timestamptz`
