@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apitest"
@@ -26,10 +27,7 @@ import (
 // (pg_blocking_pids), then the pass ends. Not parallel, in its own era
 // (1946, then 1947).
 func TestRequestsRacingARetentionPass(t *testing.T) {
-	for i, commit := range []bool{true, false} {
-		name := map[bool]string{true: "committed", false: "rolled back"}[commit]
-		t.Run(name, func(t *testing.T) { requestsRacingARetentionPass(t, 1946+i, commit) })
-	}
+	eitherEnd(t, 1946, requestsRacingARetentionPass)
 }
 
 func requestsRacingARetentionPass(t *testing.T, year int, commit bool) {
@@ -49,88 +47,55 @@ func requestsRacingARetentionPass(t *testing.T, year int, commit bool) {
 	b.env.Must(http.StatusOK, "POST", "/api/v1/approvals/"+approval+"/reject", b.ws.Key, nil)
 	b.clock.Add(25 * time.Hour)
 
-	tx, err := pool.Begin(ctx)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
-	var pid int
-	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid))
-	tag, err := tx.Exec(ctx, gate.PurgeExpiredSQL, b.clock.Now(), 1000, []string(nil))
-	require.NoError(t, err)
-	require.GreaterOrEqual(t, tag.RowsAffected(), int64(4), "this era's four ended effects, and earlier eras' the other tests left")
+	tx, pid, deleted := b.heldPass("")
+	require.GreaterOrEqual(t, deleted, int64(4), "this era's four ended effects, and earlier eras' the other tests left")
 
-	// send runs do alone until it answers or waits for the pass.
-	type answer struct {
-		what string
-		r    *apitest.Response
-	}
-	answers := make(chan answer, 8)
-	sent := 0
-	send := func(what string, do func() *apitest.Response) {
-		sent++
-		done := make(chan struct{})
-		go func() { defer close(done); answers <- answer{what, do()} }()
-		require.Eventually(t, func() bool {
-			select {
-			case <-done:
-				return true
-			default:
-			}
-			var waiting bool
-			require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-				WHERE wait_event_type = 'Lock' AND $1::int = ANY (pg_blocking_pids(pid)))`, pid).Scan(&waiting))
-			return waiting
-		}, 10*time.Second, 5*time.Millisecond, "%s neither answered nor waited for the pass", what)
-	}
-	send("begin", func() *apitest.Response { return b.begin(sms(k)) })
-	send("report", func() *apitest.Response {
-		return b.report(str(replayed["effect_id"]), str(replayed["lease_token"]), "succeeded", nil)
-	})
-	send("resolve", func() *apitest.Response {
-		return b.env.Do("POST", "/api/v1/effects/"+str(resolved["effect_id"])+"/resolve", b.ws.Key,
-			map[string]any{"outcome": "succeeded"})
-	})
-	send("approve", func() *apitest.Response {
-		return b.env.Do("POST", "/api/v1/approvals/"+approval+"/approve", b.ws.Key, nil)
-	})
-	if commit {
-		require.NoError(t, tx.Commit(ctx))
-	} else {
-		require.NoError(t, tx.Rollback(ctx))
-	}
+	answers := b.racingPass(pid, map[string]func() *apitest.Response{
+		"begin": func() *apitest.Response { return b.begin(sms(k)) },
+		"report": func() *apitest.Response {
+			return b.report(str(replayed["effect_id"]), str(replayed["lease_token"]), "succeeded", nil)
+		},
+		"resolve": func() *apitest.Response {
+			return b.env.Do("POST", "/api/v1/effects/"+str(resolved["effect_id"])+"/resolve", b.ws.Key,
+				map[string]any{"outcome": "succeeded"})
+		},
+		"approve": func() *apitest.Response {
+			return b.env.Do("POST", "/api/v1/approvals/"+approval+"/approve", b.ws.Key, nil)
+		},
+	}, ending(t, tx, commit))
 
-	for range sent {
-		a := <-answers
-		body := string(a.r.Body)
-		t.Logf("%s: %d", a.what, a.r.Status)
-		switch a.what {
+	for what, r := range answers {
+		body := string(r.Body)
+		switch what {
 		case "begin":
-			d := a.r.JSON()
+			d := r.JSON()
 			if !commit {
-				require.Equal(t, http.StatusOK, a.r.Status, body)
+				require.Equal(t, http.StatusOK, r.Status, body)
 				require.Equal(t, "duplicate", d["decision"], body)
 				require.Equal(t, old["effect_id"], d["effect_id"])
 				break
 			}
-			if a.r.Status == http.StatusConflict {
-				errCode(t, a.r, http.StatusConflict, "retry_request")
+			if r.Status == http.StatusConflict {
+				errCode(t, r, http.StatusConflict, "retry_request")
 				d = b.mustBegin("execute", sms(k))
+			} else {
+				require.Equal(t, http.StatusOK, r.Status, body)
 			}
-			require.Equal(t, http.StatusOK, a.r.Status, body)
 			require.Equal(t, "execute", d["decision"], "the key is new again: %s", body)
 			require.NotEqual(t, old["effect_id"], d["effect_id"])
 			require.Equal(t, http.StatusOK, b.report(str(d["effect_id"]), str(d["lease_token"]), "succeeded", nil).Status)
 		case "report":
 			// The replay of the report that ended it, or the effect gone.
-			require.Contains(t, []int{http.StatusOK, http.StatusNotFound}, a.r.Status, body)
+			require.Contains(t, []int{http.StatusOK, http.StatusNotFound}, r.Status, body)
 			if !commit {
-				require.Equal(t, http.StatusOK, a.r.Status, body)
+				require.Equal(t, http.StatusOK, r.Status, body)
 			}
 		case "resolve", "approve":
 			// An ended effect takes no resolve, a decided approval no
 			// other decision; once deleted, either is unknown.
-			require.Contains(t, []int{http.StatusConflict, http.StatusNotFound}, a.r.Status, "%s: %s", a.what, body)
+			require.Contains(t, []int{http.StatusConflict, http.StatusNotFound}, r.Status, "%s: %s", what, body)
 			if !commit {
-				require.Equal(t, http.StatusConflict, a.r.Status, "%s: %s", a.what, body)
+				require.Equal(t, http.StatusConflict, r.Status, "%s: %s", what, body)
 			}
 		}
 	}
@@ -166,10 +131,7 @@ func requestsRacingARetentionPass(t *testing.T, year int, commit bool) {
 // answers the group as it was. No step outlives its group. Not parallel,
 // in its own era (1948, then 1949).
 func TestGroupRequestsRacingARetentionPass(t *testing.T) {
-	for i, commit := range []bool{true, false} {
-		name := map[bool]string{true: "committed", false: "rolled back"}[commit]
-		t.Run(name, func(t *testing.T) { groupRequestsRacingARetentionPass(t, 1948+i, commit) })
-	}
+	eitherEnd(t, 1948, groupRequestsRacingARetentionPass)
 }
 
 func groupRequestsRacingARetentionPass(t *testing.T, year int, commit bool) {
@@ -187,16 +149,7 @@ func groupRequestsRacingARetentionPass(t *testing.T, year int, commit bool) {
 	b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+g+"/commit", b.ws.Key, nil)
 	b.clock.Add(49 * time.Hour)
 
-	tx, err := pool.Begin(ctx)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
-	var pid int
-	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid))
-	groups, err := gate.PurgeKeptGroups(ctx, tx, b.clock.Now(), 100, 1000)
-	require.NoError(t, err)
-	require.Contains(t, groups, g)
-	_, err = tx.Exec(ctx, gate.PurgeExpiredSQL, b.clock.Now(), 1000, groups)
-	require.NoError(t, err)
+	tx, pid, _ := b.heldPass(g)
 
 	answers := b.racingPass(pid, map[string]func() *apitest.Response{
 		"unwind": func() *apitest.Response {
@@ -214,13 +167,7 @@ func groupRequestsRacingARetentionPass(t *testing.T, year int, commit bool) {
 		"create": func() *apitest.Response {
 			return b.env.Do("POST", "/api/v1/groups", b.ws.Key, map[string]any{"name": "order", "idempotency_key": gk})
 		},
-	}, func() {
-		if commit {
-			require.NoError(t, tx.Commit(ctx))
-		} else {
-			require.NoError(t, tx.Rollback(ctx))
-		}
-	})
+	}, ending(t, tx, commit))
 
 	for what, r := range answers {
 		body := string(r.Body)
@@ -280,17 +227,7 @@ func (b *bundle) racingPass(pid int, requests map[string]func() *apitest.Respons
 	for what, do := range requests {
 		done := make(chan struct{})
 		go func() { defer close(done); answers <- answer{what, do()} }()
-		require.Eventually(b.t, func() bool {
-			select {
-			case <-done:
-				return true
-			default:
-			}
-			var waiting bool
-			require.NoError(b.t, b.env.App.Pool.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-				WHERE wait_event_type = 'Lock' AND $1::int = ANY (pg_blocking_pids(pid)))`, pid).Scan(&waiting))
-			return waiting
-		}, 10*time.Second, 5*time.Millisecond, "%s neither answered nor waited for the pass", what)
+		apitest.WaitDoneOrBlockedBy(b.t, b.env.App.Pool, pid, done, what+" neither answered nor waited for the pass")
 	}
 	end()
 	out := map[string]*apitest.Response{}
@@ -444,8 +381,6 @@ func TestBeginsOfExpiringKeysRaceRetentionPasses(t *testing.T) {
 // parallel, in its own era (1953).
 func TestAReconciliationRacingARetentionPass(t *testing.T) {
 	b, _ := inEra(t, 1953)
-	ctx := context.Background()
-	pool := b.env.App.Pool
 	b.putPolicy("sms.send", map[string]any{"retention_days": 1})
 	from := b.clock.Now()
 	gone := key("gone")
@@ -454,13 +389,7 @@ func TestAReconciliationRacingARetentionPass(t *testing.T) {
 	lapsed := b.mustBegin("execute", sms(lapsedKey))
 	b.clock.Add(25 * time.Hour)
 
-	tx, err := pool.Begin(ctx)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
-	var pid int
-	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid))
-	_, err = tx.Exec(ctx, gate.PurgeExpiredSQL, b.clock.Now(), 1000, []string(nil))
-	require.NoError(t, err)
+	tx, pid, _ := b.heldPass("")
 	answers := b.racingPass(pid, map[string]func() *apitest.Response{
 		"reconcile": func() *apitest.Response {
 			return b.env.Do("POST", "/api/v1/reconcile", b.ws.Key, map[string]any{"effect_type": "sms.send",
@@ -468,7 +397,7 @@ func TestAReconciliationRacingARetentionPass(t *testing.T) {
 				"records": []map[string]any{{"idempotency_key": gone, "status": "succeeded"},
 					{"idempotency_key": lapsedKey, "status": "succeeded"}}})
 		},
-	}, func() { require.NoError(t, tx.Commit(ctx)) })
+	}, ending(t, tx, true))
 	r := answers["reconcile"]
 	require.Equal(t, http.StatusOK, r.Status, string(r.Body))
 	out := r.JSON()
@@ -507,21 +436,12 @@ func TestADecisionWaitingForARetentionPassAnswersNotFound(t *testing.T) {
 	require.Equal(t, "unwound", b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+g+"/unwind", b.ws.Key, nil).JSON()["state"])
 	b.clock.Add(49 * time.Hour)
 
-	tx, err := pool.Begin(ctx)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
-	var pid int
-	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid))
-	groups, err := gate.PurgeKeptGroups(ctx, tx, b.clock.Now(), 100, 1000)
-	require.NoError(t, err)
-	require.Contains(t, groups, g)
-	_, err = tx.Exec(ctx, gate.PurgeExpiredSQL, b.clock.Now(), 1000, groups)
-	require.NoError(t, err)
+	tx, pid, _ := b.heldPass(g)
 	approval := "/api/v1/approvals/" + str(asked["approval_id"])
 	answers := b.racingPass(pid, map[string]func() *apitest.Response{
 		"approve": func() *apitest.Response { return b.env.Do("POST", approval+"/approve", b.ws.Key, nil) },
 		"reject":  func() *apitest.Response { return b.env.Do("POST", approval+"/reject", b.ws.Key, nil) },
-	}, func() { require.NoError(t, tx.Commit(ctx)) })
+	}, ending(t, tx, true))
 	for what, r := range answers {
 		require.Less(t, r.Status, 500, "%s: %s", what, r.Body)
 		if what == "approve" && r.Status == http.StatusConflict {
@@ -536,4 +456,45 @@ func TestADecisionWaitingForARetentionPassAnswersNotFound(t *testing.T) {
 	var left int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM approvals WHERE effect_id = $1`, str(asked["effect_id"])).Scan(&left))
 	require.Zero(t, left)
+}
+
+// heldPass runs a retention pass at b's now in a transaction it leaves
+// open (rolled back when the test ends), deleting ended group g too when
+// g is not "" (it must be due), and answers the transaction, its backend's
+// pid and how many effects it deleted.
+func (b *bundle) heldPass(g string) (pgx.Tx, int, int64) {
+	b.t.Helper()
+	ctx := context.Background()
+	tx, err := b.env.App.Pool.Begin(ctx)
+	require.NoError(b.t, err)
+	b.t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	var groups []string
+	if g != "" {
+		groups, err = gate.PurgeKeptGroups(ctx, tx, b.clock.Now(), 100, 1000)
+		require.NoError(b.t, err)
+		require.Contains(b.t, groups, g)
+	}
+	tag, err := tx.Exec(ctx, gate.PurgeExpiredSQL, b.clock.Now(), 1000, groups)
+	require.NoError(b.t, err)
+	return tx, apitest.BackendPID(b.t, tx), tag.RowsAffected()
+}
+
+// eitherEnd runs race twice, in eras year and year+1: with the pass
+// committed, then rolled back.
+func eitherEnd(t *testing.T, year int, race func(t *testing.T, year int, commit bool)) {
+	for i, commit := range []bool{true, false} {
+		name := map[bool]string{true: "committed", false: "rolled back"}[commit]
+		t.Run(name, func(t *testing.T) { race(t, year+i, commit) })
+	}
+}
+
+// ending ends tx: commits it, or rolls it back.
+func ending(t *testing.T, tx pgx.Tx, commit bool) func() {
+	return func() {
+		if commit {
+			require.NoError(t, tx.Commit(context.Background()))
+		} else {
+			require.NoError(t, tx.Rollback(context.Background()))
+		}
+	}
 }

@@ -50,8 +50,7 @@ func requestsRacingARunsRetentionPass(t *testing.T, commit bool) {
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = tx.Rollback(ctx) })
-	var pid int
-	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid))
+	pid := apitest.BackendPID(t, tx)
 	rows, err := tx.Query(ctx, jobs.SQLRetiredRuns, cutoff, 1000)
 	require.NoError(t, err)
 	var due []string
@@ -76,17 +75,7 @@ func requestsRacingARunsRetentionPass(t *testing.T, commit bool) {
 		sent++
 		done := make(chan struct{})
 		go func() { defer close(done); answers <- answer{what, do()} }()
-		require.Eventually(t, func() bool {
-			select {
-			case <-done:
-				return true
-			default:
-			}
-			var waiting bool
-			require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-				WHERE wait_event_type = 'Lock' AND $1::int = ANY (pg_blocking_pids(pid)))`, pid).Scan(&waiting))
-			return waiting
-		}, 10*time.Second, 5*time.Millisecond, "%s neither answered nor waited for the pass", what)
+		apitest.WaitDoneOrBlockedBy(t, pool, pid, done, what+" neither answered nor waited for the pass")
 	}
 	send("replay", func() error {
 		_, err := b.svc.Replay(ctx, b.worker, st.StepID, jobs.ReplayRequest{AcknowledgeDuplicateRisk: ptr(true)})

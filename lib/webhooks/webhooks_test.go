@@ -1394,20 +1394,27 @@ func TestARetrySendsEndedDeliveriesAgain(t *testing.T) {
 	require.Equal(t, "not_found", retry(env, ws.Key, id, dlv).ErrorCode())
 }
 
+// oneDelivered is a workspace whose subscription id (to run.finished, at
+// rcv) was sent one event, its delivery dlv.
+func oneDelivered(t *testing.T) (env *apitest.Env, clk *apitest.Clock, ws apitest.Workspace, rcv *receiver, id, dlv string) {
+	t.Helper()
+	env, clk = start(t, true)
+	ws = env.Signup()
+	rcv = newReceiver(t)
+	id = env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
+		map[string]any{"url": rcv.URL, "events": []string{events.RunFinished}}).JSON()["id"].(string)
+	record(t, env, ws.ID, events.RunFinished, clk.Now())
+	env.App.Sweeper.RunOnce(context.Background())
+	return env, clk, ws, rcv, id, deliveries(t, env, ws.Key, id)[0]["id"].(string)
+}
+
 // Retention met a retry: its statement's snapshot saw the delivery failed
 // and its event purgeable, and deleted both once the retry, which had
 // answered the delivery pending, committed (review). A retry committed
 // while the purge waits for the delivery's row keeps both.
 func TestRetentionKeepsADeliveryRetriedWhileItPurges(t *testing.T) {
-	env, clk := start(t, true)
+	env, clk, ws, rcv, id, dlv := oneDelivered(t)
 	ctx := context.Background()
-	ws := env.Signup()
-	rcv := newReceiver(t)
-	id := env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
-		map[string]any{"url": rcv.URL, "events": []string{events.RunFinished}}).JSON()["id"].(string)
-	record(t, env, ws.ID, events.RunFinished, clk.Now())
-	env.App.Sweeper.RunOnce(ctx)
-	dlv := deliveries(t, env, ws.Key, id)[0]["id"].(string)
 
 	pool := env.App.Pool
 	tx, err := pool.Begin(ctx)
@@ -2045,33 +2052,26 @@ func TestASecretThatCannotBeOpenedReadsSecretUnreadable(t *testing.T) {
 func TestARetryWaitingForAPurgeAnswersNotFound(t *testing.T) {
 	for _, commit := range []bool{true, false} {
 		t.Run(map[bool]string{true: "committed", false: "rolled back"}[commit], func(t *testing.T) {
-			env, clk := start(t, true)
+			env, clk, ws, _, id, dlv := oneDelivered(t)
 			ctx := context.Background()
-			ws := env.Signup()
-			rcv := newReceiver(t)
-			id := env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
-				map[string]any{"url": rcv.URL, "events": []string{events.RunFinished}}).JSON()["id"].(string)
-			record(t, env, ws.ID, events.RunFinished, clk.Now())
-			env.App.Sweeper.RunOnce(ctx)
-			dlv := deliveries(t, env, ws.Key, id)[0]["id"].(string)
 
 			pool := env.App.Pool
 			tx, err := pool.Begin(ctx)
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
-			var pid int
-			require.NoError(t, tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid))
+			pid := apitest.BackendPID(t, tx)
 			tag, err := tx.Exec(ctx, webhooks.SQLPurgeDelivered, clk.Now().Add(time.Hour), 1_000_000)
 			require.NoError(t, err)
 			require.Positive(t, tag.RowsAffected())
 			retried := make(chan *apitest.Response, 1)
-			go func() { retried <- retry(env, ws.Key, id, dlv) }()
-			require.Eventually(t, func() bool {
-				var waiting bool
-				require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-					WHERE wait_event_type = 'Lock' AND $1::int = ANY (pg_blocking_pids(pid)))`, pid).Scan(&waiting))
-				return waiting
-			}, 10*time.Second, 5*time.Millisecond, "the retry waits for the purge")
+			done := make(chan struct{})
+			go func() { defer close(done); retried <- retry(env, ws.Key, id, dlv) }()
+			apitest.WaitDoneOrBlockedBy(t, pool, pid, done, "the retry neither answered nor waited for the purge")
+			select {
+			case <-done:
+				t.Fatal("the retry answered before the purge ended: it must wait for the delivery's row")
+			default:
+			}
 			if !commit {
 				require.NoError(t, tx.Rollback(ctx))
 				r := <-retried
