@@ -31,7 +31,7 @@ func TestRequestsRacingARetentionPass(t *testing.T) {
 }
 
 func requestsRacingARetentionPass(t *testing.T, year int, commit bool) {
-	b, _ := inEra(t, year)
+	b := raceEra(t, year)
 	ctx := context.Background()
 	pool := b.env.App.Pool
 	b.putPolicy("sms.send", map[string]any{"retention_days": 1})
@@ -135,7 +135,7 @@ func TestGroupRequestsRacingARetentionPass(t *testing.T) {
 }
 
 func groupRequestsRacingARetentionPass(t *testing.T, year int, commit bool) {
-	b, _ := inEra(t, year)
+	b := raceEra(t, year)
 	ctx := context.Background()
 	pool := b.env.App.Pool
 	b.putPolicy("email.send", map[string]any{"retention_days": 1})
@@ -248,7 +248,7 @@ func (b *bundle) racingPass(pid int, requests map[string]func() *apitest.Respons
 // execute's report lands; and once a last pass ran, each key has the one
 // effect its execute made, or none. Not parallel, in its own era (1951).
 func TestBeginsOfExpiringKeysRaceRetentionPasses(t *testing.T) {
-	b, _ := inEra(t, 1951)
+	b := raceEra(t, 1951)
 	other := apitest.Start(t, apitest.WithNow(b.clock.Now))
 	ctx := context.Background()
 	b.putPolicy("sms.send", map[string]any{"retention_days": 1})
@@ -380,7 +380,7 @@ func TestBeginsOfExpiringKeysRaceRetentionPasses(t *testing.T) {
 // window, which retention never deletes, resolved by its record. Not
 // parallel, in its own era (1953).
 func TestAReconciliationRacingARetentionPass(t *testing.T) {
-	b, _ := inEra(t, 1953)
+	b := raceEra(t, 1953)
 	b.putPolicy("sms.send", map[string]any{"retention_days": 1})
 	from := b.clock.Now()
 	gone := key("gone")
@@ -425,7 +425,7 @@ func TestAReconciliationRacingARetentionPass(t *testing.T) {
 // group_unwinding from the group as it was before is allowed too), never
 // a 500, and leave no approval behind. Not parallel, in its own era (1955).
 func TestADecisionWaitingForARetentionPassAnswersNotFound(t *testing.T) {
-	b, _ := inEra(t, 1955)
+	b := raceEra(t, 1955)
 	ctx := context.Background()
 	pool := b.env.App.Pool
 	b.putPolicy("wire.send", map[string]any{"mode": "require_approval", "retention_days": 1})
@@ -497,4 +497,21 @@ func ending(t *testing.T, tx pgx.Tx, commit bool) func() {
 			require.NoError(t, tx.Rollback(context.Background()))
 		}
 	}
+}
+
+// raceEra is inEra for a race test, whose passes are its own (held open,
+// or racing): the records it leaves, some past their retention, go when it
+// ends, so that no later era's pass (the retention tests count what theirs
+// delete) meets them.
+func raceEra(t *testing.T, year int) *bundle {
+	b, _ := inEra(t, year)
+	t.Cleanup(func() {
+		_, err := b.env.App.Pool.Exec(context.Background(), `WITH e AS (SELECT id FROM effects WHERE workspace_id = $1),
+			a AS (DELETE FROM effect_attempts WHERE effect_id IN (SELECT id FROM e)),
+			p AS (DELETE FROM approvals WHERE effect_id IN (SELECT id FROM e)),
+			f AS (DELETE FROM effects WHERE id IN (SELECT id FROM e))
+			DELETE FROM effect_groups WHERE workspace_id = $1`, b.ws.ID)
+		require.NoError(t, err)
+	})
+	return b
 }
