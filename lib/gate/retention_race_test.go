@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/gate"
 )
 
@@ -354,15 +355,9 @@ func TestBeginsOfExpiringKeysRaceRetentionPasses(t *testing.T) {
 		}
 	}
 	for k := range old {
-		var ids []string
-		rows, err := b.env.App.Pool.Query(ctx, `SELECT id FROM effects WHERE workspace_id = $1 AND idempotency_key = $2`, b.ws.ID, k)
+		ids, err := db.CollectIDs(b.env.App.Pool.Query(ctx,
+			`SELECT id FROM effects WHERE workspace_id = $1 AND idempotency_key = $2`, b.ws.ID, k))
 		require.NoError(t, err)
-		for rows.Next() {
-			var id string
-			require.NoError(t, rows.Scan(&id))
-			ids = append(ids, id)
-		}
-		require.NoError(t, rows.Err())
 		if e := executed[k]; e != "" {
 			require.Equal(t, []string{e}, ids, "the key's one effect is its execute's")
 			require.Equal(t, "succeeded", b.get(e)["state"])
