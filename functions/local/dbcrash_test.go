@@ -110,6 +110,9 @@ func TestDatabaseCrashesLoseNothingAcknowledged(t *testing.T) {
 	require.Positive(t, watch.writesAfterLast, "writes were acknowledged again after the last restart")
 	require.Empty(t, seen.leaky5xx, "a 5xx carries nothing but its request id")
 	for failure := range seen.failures {
+		if failure == "cancelled by its caller" || failure == "cut by its caller's deadline" {
+			continue // the caller's own doing, not an answer (crashLog.RoundTrip); CI met one
+		}
 		status, _, _ := strings.Cut(failure, " ")
 		require.Contains(t, []string{"503", "409"}, status, "an answer the outage explains: %s", failure)
 		if status == "503" {

@@ -1541,8 +1541,11 @@ func (c *concurrentRun) checkFinal(k *cKey) {
 		prev := e.Attempts[i-1]
 		// A resolve settles every unknown attempt at once, so an earlier
 		// attempt may read succeeded; none began after that was recorded.
+		// The clock stands still between moves, so a resolve at the
+		// instant an attempt began tells no order (CI: seed 3 read one as
+		// after); the begin's own check (succeededBefore) orders them.
 		for _, at := range []*time.Time{prev.ReportedAt, prev.ResolvedAt} {
-			if prev.Outcome != nil && *prev.Outcome == "succeeded" && at != nil && !at.After(a.StartedAt) {
+			if prev.Outcome != nil && *prev.Outcome == "succeeded" && at != nil && at.Before(a.StartedAt) {
 				c.fail(-1, "%s: attempt %d began after attempt %d's success was recorded", k.name, a.Attempt, prev.Attempt)
 			}
 		}
