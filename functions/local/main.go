@@ -60,6 +60,10 @@ func run(ctx context.Context, logOut io.Writer, ready chan<- string) error {
 	if err != nil {
 		return err
 	}
+	profilesAt, profilesOffLoopback, err := pprofAddr() // RATCHET_PPROF_ADDR; off by default
+	if err != nil {
+		return err
+	}
 	cfg.AutoMigrate = true // the local server always brings its schema up to date
 	cfg.SizeForServer()    // one process serves every concurrent request
 	logger := slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: slog.LevelWarn}))
@@ -85,7 +89,7 @@ func run(ctx context.Context, logOut io.Writer, ready chan<- string) error {
 	// body is read, so a long poll's answer is not cut.
 	srv := &http.Server{Handler: a.Server, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: time.Minute,
 		IdleTimeout: 2 * time.Minute}
-	stopProfiles, err := servePprof(logOut) // RATCHET_PPROF_ADDR; off by default
+	stopProfiles, err := servePprof(logOut, profilesAt, profilesOffLoopback)
 	if err != nil {
 		ln.Close()
 		return err

@@ -7,7 +7,10 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"net/netip"
 	"os"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -18,17 +21,75 @@ import (
 // serve profiles, and the API's port never does.
 const pprofAddrEnv = "RATCHET_PPROF_ADDR"
 
-// servePprof serves the profiles on their own listener when
-// RATCHET_PPROF_ADDR is set, and says where on logOut. It answers the
-// function that stops it (a no-op when none is served).
-func servePprof(logOut io.Writer) (stop func(), err error) {
-	addr := os.Getenv(pprofAddrEnv)
+// pprofAllowRemoteEnv, set true (1, true), lets RATCHET_PPROF_ADDR name an
+// address that is not loopback. The profiles show the process's command
+// line, its stacks and its memory (a heap profile's strings), without any
+// key: served on every interface by a slip of the address (":6060"), they
+// were anyone's on the network (hygiene QA: the README only warned).
+const pprofAllowRemoteEnv = "RATCHET_PPROF_ALLOW_REMOTE"
+
+// pprofAddr reads RATCHET_PPROF_ADDR ("" when no profiles are served) and
+// refuses, unless RATCHET_PPROF_ALLOW_REMOTE allows it, an address whose
+// host is not loopback (127.0.0.0/8, ::1, localhost): an empty host, as in
+// ":6060", is every interface. The server stops at start with the error,
+// before it waits on its database.
+func pprofAddr() (addr string, allowRemote bool, err error) {
+	addr = os.Getenv(pprofAddrEnv)
+	if v := os.Getenv(pprofAllowRemoteEnv); v != "" {
+		if allowRemote, err = strconv.ParseBool(v); err != nil {
+			return "", false, fmt.Errorf("%s is malformed (1 to serve profiles off loopback; unset or 0 not to)",
+				pprofAllowRemoteEnv)
+		}
+	}
+	if addr == "" {
+		return "", false, nil
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", false, fmt.Errorf("%s %q is malformed (host:port, e.g. 127.0.0.1:6060)", pprofAddrEnv, addr)
+	}
+	if !allowRemote && !loopbackHost(host) {
+		return "", false, offLoopback(addr, port)
+	}
+	return addr, allowRemote, nil
+}
+
+// loopbackHost says whether host, an address's, is loopback: localhost, or
+// an IP address in 127.0.0.0/8 or ::1. An empty host is every interface.
+func loopbackHost(host string) bool {
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.Unmap().IsLoopback()
+}
+
+// offLoopback is the refusal of a profiles address that is not loopback,
+// saying why and what to do, on one line.
+func offLoopback(addr, port string) error {
+	return fmt.Errorf("%s %q is not a loopback address (an empty host is every interface): the Go profiles show "+
+		"the process's command line, stacks and memory to whoever reaches them; use 127.0.0.1:%s (or [::1]:%s, "+
+		"localhost:%s), or set %s=1 to serve them there anyway", pprofAddrEnv, addr, port, port, port,
+		pprofAllowRemoteEnv)
+}
+
+// servePprof serves the profiles on their own listener at addr (from
+// pprofAddr; none when it is empty), and says where on logOut. A name that
+// resolved off loopback is refused as pprofAddr refuses an address, unless
+// allowRemote. It answers the function that stops it (a no-op when none is
+// served).
+func servePprof(logOut io.Writer, addr string, allowRemote bool) (stop func(), err error) {
 	if addr == "" {
 		return func() {}, nil
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s %q: %w", pprofAddrEnv, addr, err)
+	}
+	if tcp, ok := ln.Addr().(*net.TCPAddr); ok && !allowRemote && !tcp.IP.IsLoopback() {
+		// localhost named another address (/etc/hosts).
+		ln.Close()
+		return nil, offLoopback(addr, strconv.Itoa(tcp.Port))
 	}
 	// A mux of its own, not http.DefaultServeMux, which the package's
 	// import fills for whatever serves it.

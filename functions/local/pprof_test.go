@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"io"
 	"net/http"
 	"os"
@@ -59,6 +60,65 @@ func TestProfilesAreServedOnlyWhenAsked(t *testing.T) {
 	})
 	_, err := http.Get(profiles)
 	require.Error(t, err, "the profiles stop with the server")
+}
+
+// The profiles are served on loopback only (127.0.0.0/8, ::1, localhost)
+// unless RATCHET_PPROF_ALLOW_REMOTE says otherwise: any other address, an
+// empty host (every interface) first, stops the server at start with one
+// line saying why and what to set (hygiene QA: it served them anywhere, the
+// README only warning).
+func TestProfilesStayOnLoopbackUnlessAllowed(t *testing.T) {
+	for _, c := range []struct {
+		addr, allow string
+		refused     bool
+	}{
+		{":6060", "", true}, {"0.0.0.0:6060", "", true}, {"[::]:6060", "", true},
+		{"192.0.2.7:6060", "", true}, {"[2001:db8::7]:6060", "", true}, {"example.com:6060", "", true},
+		{"localhost.example.com:6060", "0", true},
+		{"127.0.0.1:6060", "", false}, {"127.8.9.10:6060", "", false}, {"[::1]:6060", "", false},
+		{"localhost:6060", "", false}, {"LocalHost:6060", "", false},
+		{":6060", "1", false}, {"192.0.2.7:6060", "true", false},
+	} {
+		t.Setenv(pprofAddrEnv, c.addr)
+		t.Setenv(pprofAllowRemoteEnv, c.allow)
+		addr, _, err := pprofAddr()
+		if !c.refused {
+			require.NoError(t, err, "%s (allow %q)", c.addr, c.allow)
+			require.Equal(t, c.addr, addr)
+			continue
+		}
+		require.Error(t, err, "%s (allow %q)", c.addr, c.allow)
+		require.NotContains(t, err.Error(), "\n", "one line")
+		require.Contains(t, err.Error(), pprofAddrEnv+` "`+c.addr+`" is not a loopback address`)
+		require.Contains(t, err.Error(), "use 127.0.0.1:6060")
+		require.Contains(t, err.Error(), "or set "+pprofAllowRemoteEnv+"=1")
+	}
+	t.Setenv(pprofAllowRemoteEnv, "maybe")
+	_, _, err := pprofAddr()
+	require.ErrorContains(t, err, pprofAllowRemoteEnv+" is malformed")
+
+	t.Run("refused at start", func(t *testing.T) {
+		localEnv(t)
+		t.Setenv(pprofAllowRemoteEnv, "")
+		t.Setenv(pprofAddrEnv, ":0")
+		logs := new(apitest.LockedBuffer)
+		err := run(context.Background(), logs, nil)
+		require.ErrorContains(t, err, pprofAddrEnv+` ":0" is not a loopback address`)
+		require.NotContains(t, logs.String(), "listening on", "the server never started")
+	})
+
+	t.Run("served off loopback when allowed", func(t *testing.T) {
+		t.Setenv(pprofAllowRemoteEnv, "1")
+		t.Setenv(pprofAddrEnv, ":0") // every interface, loopback among them
+		logs := new(apitest.LockedBuffer)
+		startOverDatabase(t, apitest.DatabaseURL(t), logs)
+		m := regexp.MustCompile(`Go profiles on http://\S+:(\d+)/debug/pprof/`).FindStringSubmatch(logs.String())
+		require.NotNil(t, m, "the server says where its profiles are: %s", logs.String())
+		res, err := http.Get("http://127.0.0.1:" + m[1] + "/debug/pprof/")
+		require.NoError(t, err)
+		defer res.Body.Close()
+		require.Equal(t, http.StatusOK, res.StatusCode)
+	})
 }
 
 // Only the local server can serve profiles: no deployed function (Lambda's

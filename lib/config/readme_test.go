@@ -53,8 +53,9 @@ func TestReadmeConfigurationTableMatchesConfig(t *testing.T) {
 	}
 	require.NotEmpty(t, rows, "no table rows read from README's Configuration section")
 
-	// functions/local (the first two), scripts/dev
-	read := map[string]bool{"LOG_REQUESTS": true, "RATCHET_PPROF_ADDR": true, "RATCHET_DEV_PGDATA": true}
+	// functions/local (the first three), scripts/dev
+	read := map[string]bool{"LOG_REQUESTS": true, "RATCHET_PPROF_ADDR": true, "RATCHET_PPROF_ALLOW_REMOTE": true,
+		"RATCHET_DEV_PGDATA": true}
 	typ := reflect.TypeOf(Config{})
 	for i := 0; i < typ.NumField(); i++ {
 		f := typ.Field(i)
