@@ -183,12 +183,42 @@ func TestIdempotentRoutes(t *testing.T) {
 		"workers.register", "steps.replay", "webhooks.deliveries.retry", "webhooks.rotate_secret", "reconcile"}, idempotent)
 }
 
+// A route that takes an Idempotency-Key declares the body the key is
+// compared over: one that declared none would have each request's body
+// decoded (nothing, or {}) before the key was claimed, and hashed as empty
+// (hygiene QA, latent: each of the nine declares one). The server refuses
+// such a table at start, as it refuses a protocol endpoint (Raw) marked
+// Idempotent, whose requests never reach the key.
+func TestAnIdempotentRouteDeclaresItsBody(t *testing.T) {
+	t.Parallel()
+	for _, r := range httpapi.Routes() {
+		if r.Idempotent {
+			require.NotNil(t, r.Request, "%s takes an Idempotency-Key: it declares its body", r.Name)
+			require.Nil(t, r.Raw, r.Name)
+		}
+	}
+	handle := func(context.Context, *httpapi.Call) (any, error) { return map[string]any{}, nil }
+	for name, rt := range map[string]httpapi.Route{
+		"bodiless": {Method: "POST", Pattern: "/api/v1/test/bodiless", Name: "test.bodiless", Status: 201,
+			Idempotent: true, Handle: handle},
+		"raw": {Method: "POST", Pattern: "/api/v1/test/raw", Name: "test.raw", Status: 200, Idempotent: true,
+			Request: struct{}{}, Raw: http.NotFoundHandler()},
+	} {
+		require.PanicsWithValue(t, "httpapi: route "+rt.Name+" (POST "+rt.Pattern+") takes an Idempotency-Key "+
+			"but declares no request body to compare it over: set Request (struct{}{} for a body of none), or "+
+			"drop Idempotent", func() { httpapi.NewWithExtraRoutes(httpapi.Deps{}, []httpapi.Route{rt}) }, name)
+	}
+	declared := httpapi.Route{Method: "POST", Pattern: "/api/v1/test/declared", Name: "test.declared", Status: 201,
+		Idempotent: true, Request: struct{}{}, Handle: handle}
+	require.NotPanics(t, func() { httpapi.NewWithExtraRoutes(httpapi.Deps{}, []httpapi.Route{declared}) })
+}
+
 // keyedServer is env's server with a test route, POST
 // /api/v1/test/{outcome}, that takes an Idempotency-Key and runs handle.
 func keyedServer(env *apitest.Env, handle func(ctx context.Context, c *httpapi.Call) (any, error)) *httpapi.Server {
 	return httpapi.NewWithExtraRoutes(env.App.Server.Deps, []httpapi.Route{{
 		Method: "POST", Pattern: "/api/v1/test/{outcome}", Name: "test.create", Status: 201, Idempotent: true,
-		Scopes: []string{auth.ScopeKeysWrite}, Handle: handle,
+		Request: struct{}{}, Scopes: []string{auth.ScopeKeysWrite}, Handle: handle,
 	}})
 }
 

@@ -77,7 +77,9 @@ type Route struct {
 	// Idempotent marks a create with no idempotency key of its own that
 	// takes an Idempotency-Key header: its success is kept a day and given
 	// again to the same request from the same key (lib/idempotency,
-	// Server.runOnce). Other routes ignore the header.
+	// Server.runOnce). Other routes ignore the header. Such a route
+	// declares its Request body, which the key is compared over
+	// (mustKeyABody refuses one that does not).
 	Idempotent bool
 	// Bodiless lists other success statuses the route answers without a
 	// body, with what each means (MCP's 202 to a notification).

@@ -74,6 +74,7 @@ func newWithRoutes(d Deps, table func(*Server) []Route) *Server {
 	}
 	s := &Server{Deps: d, mux: http.NewServeMux(), groups: map[string]*group{}}
 	for _, r := range append(table(s), consoleRoutes()...) {
+		mustKeyABody(r)
 		g, ok := s.groups[r.Pattern]
 		if !ok {
 			g = &group{pattern: r.Pattern, params: r.PathParams(), routes: map[string]*Route{}}
@@ -88,6 +89,20 @@ func newWithRoutes(d Deps, table func(*Server) []Route) *Server {
 		s.serveGroup(w, req, nil)
 	})
 	return s
+}
+
+// mustKeyABody refuses, at start, a route that takes an Idempotency-Key
+// (Idempotent) without declaring the body its key is compared over
+// (Request): Server.run decodes a bodiless route's body (nothing, or {})
+// before runOnce reads it, so every such request would be hashed as an
+// empty body, and a protocol endpoint (Raw) never reaches runOnce at all.
+// None does today; the nine that take the header each declare one.
+func mustKeyABody(r Route) {
+	if r.Idempotent && (r.Request == nil || r.Raw != nil) {
+		panic(fmt.Sprintf("httpapi: route %s (%s %s) takes an Idempotency-Key but declares no request body "+
+			"to compare it over: set Request (struct{}{} for a body of none), or drop Idempotent", r.Name, r.Method,
+			r.Pattern))
+	}
 }
 
 // Routes returns the route table (handlers unbound), for documentation and

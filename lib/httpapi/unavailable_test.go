@@ -205,7 +205,7 @@ func TestADatabaseTooSlowIsSaidSo(t *testing.T) {
 	ws := env.Signup()
 	srv := httpapi.NewWithExtraRoutes(env.App.Server.Deps, []httpapi.Route{{
 		Method: "POST", Pattern: "/api/v1/test/{outcome}", Name: "test.slow", Status: 201, Idempotent: true,
-		Timeout: 2 * time.Second, Scopes: []string{auth.ScopeKeysWrite},
+		Request: struct{}{}, Timeout: 2 * time.Second, Scopes: []string{auth.ScopeKeysWrite},
 		Handle: func(ctx context.Context, c *httpapi.Call) (any, error) {
 			_, err := db.Conn(ctx, env.App.Pool).Exec(ctx, `SELECT pg_sleep(5)`)
 			return nil, err
