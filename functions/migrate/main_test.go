@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -16,7 +15,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/getratchet/ratchet/lib/ids"
 	"github.com/getratchet/ratchet/lib/testpg"
 )
 
@@ -38,7 +36,7 @@ func run(m *testing.M) int {
 // freshDatabase is an empty database, dropped after the test.
 func freshDatabase(t *testing.T) string {
 	t.Helper()
-	name := "ratchet_test_" + strings.ToLower(ids.Random(6))
+	name := testpg.TestDatabaseName(time.Now())
 	url, err := testpg.CreateDatabase(t.Context(), clusterURL, name)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = testpg.DropDatabase(context.Background(), clusterURL, name) })

@@ -27,7 +27,6 @@ import (
 	"github.com/getratchet/ratchet/lib/app"
 	"github.com/getratchet/ratchet/lib/config"
 	"github.com/getratchet/ratchet/lib/db"
-	"github.com/getratchet/ratchet/lib/ids"
 	"github.com/getratchet/ratchet/lib/testpg"
 	"github.com/getratchet/ratchet/migrations"
 )
@@ -39,7 +38,10 @@ var (
 
 // Main provisions Postgres (DATABASE_URL, a throwaway local cluster, or a
 // container), creates and migrates a database for this package, runs the
-// tests and drops the database. Use it from TestMain:
+// tests and drops the database, whether they passed or not. A test binary
+// killed before that (go test's -timeout, a panic, an interrupt) leaves its
+// database behind: on a long-lived server the next run drops those a day old
+// or more (testpg.DropStaleTestDatabases). Use it from TestMain:
 //
 //	func TestMain(m *testing.M) { os.Exit(apitest.Main(m)) }
 func Main(m *testing.M) int {
@@ -50,13 +52,20 @@ func Main(m *testing.M) int {
 		return 1
 	}
 	defer cluster.Close()
-	name := "ratchet_test_" + strings.ToLower(ids.Random(6))
+	if _, err := testpg.DropStaleTestDatabases(ctx, cluster.URL, time.Now()); err != nil {
+		fmt.Fprintln(os.Stderr, "apitest: drop the test databases killed runs left:", err) // and go on
+	}
+	name := testpg.TestDatabaseName(time.Now())
 	url, err := testpg.CreateDatabase(ctx, cluster.URL, name)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "apitest: create database:", err)
 		return 1
 	}
-	defer func() { _ = testpg.DropDatabase(context.Background(), cluster.URL, name) }()
+	defer func() {
+		if err := testpg.DropDatabase(context.Background(), cluster.URL, name); err != nil {
+			fmt.Fprintln(os.Stderr, "apitest: drop database:", err)
+		}
+	}()
 	if _, err := db.MigrateURL(ctx, url, migrations.FS); err != nil {
 		fmt.Fprintln(os.Stderr, "apitest: migrate:", err)
 		return 1

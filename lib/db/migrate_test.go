@@ -17,7 +17,6 @@ import (
 
 	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/db"
-	"github.com/getratchet/ratchet/lib/ids"
 	"github.com/getratchet/ratchet/lib/testpg"
 	"github.com/getratchet/ratchet/migrations"
 )
@@ -27,7 +26,7 @@ func freshDatabase(t *testing.T) string {
 	t.Helper()
 	ctx := context.Background()
 	admin := apitest.DatabaseURL(t)
-	name := "ratchet_mig_" + strings.ToLower(ids.Random(6))
+	name := testpg.TestDatabaseName(time.Now())
 	u, err := testpg.CreateDatabase(ctx, admin, name)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = testpg.DropDatabase(context.Background(), admin, name) })

@@ -346,3 +346,64 @@ func TestSweepStale(t *testing.T) {
 		require.Equal(t, want, err == nil, "%s exists", dir)
 	}
 }
+
+// A test database's name says when it was created, so that a run can drop
+// those a killed run left behind (hygiene QA: leftovers accumulated on a
+// long-lived server): TestDatabaseName writes the time, which
+// testDatabaseCreated reads back; a name it did not write (another
+// project's, or one from before names held a time) has no age and is never
+// taken for stale.
+func TestTestDatabaseNamesTellTheirAge(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(1_796_550_000, 0)
+	name := TestDatabaseName(now)
+	require.Regexp(t, `^ratchet_test_1796550000_[a-z0-9]{6}$`, name)
+	require.NotEqual(t, name, TestDatabaseName(now), "two runs in one second get two names")
+	require.NoError(t, checkDatabaseName(TestDatabaseName(time.Unix(1<<62, 0))), "within 63 bytes")
+	created, ok := testDatabaseCreated(name)
+	require.True(t, ok)
+	require.True(t, created.Equal(now))
+
+	require.False(t, staleTestDatabase(name, now))
+	require.False(t, staleTestDatabase(name, now.Add(StaleAfter-time.Second)))
+	require.True(t, staleTestDatabase(name, now.Add(StaleAfter)))
+	for _, other := range []string{"ratchet_test_k3x9qa", "ratchet_mig_k3x9qa", "postgres", "ratchet_test_",
+		"ratchet_test_1796550000", "ratchet_test_1796550000_K3X9QA", "ratchet_test_1796550000_k3x9qa_x",
+		"ratchet_test_01796550000_k3x9qa", "ratchet_test_-1796550000_k3x9qa", "ratchet_test__k3x9qa",
+		"app_ratchet_test_1796550000_k3x9qa"} {
+		_, ok := testDatabaseCreated(other)
+		require.False(t, ok, other)
+		require.False(t, staleTestDatabase(other, now.Add(100*StaleAfter)), other)
+	}
+}
+
+// DropStaleTestDatabases drops the test databases created a day ago or
+// more, and nothing else: not a younger one (a run in progress), not one
+// whose name holds no time.
+func TestStaleTestDatabasesAreDropped(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	c, err := Provision(ctx, Options{Logf: t.Logf})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, c.Close()) })
+
+	now := time.Now()
+	stale, young := TestDatabaseName(now.Add(-StaleAfter-time.Minute)), TestDatabaseName(now.Add(-time.Hour))
+	ageless := TestDatabasePrefix + fmt.Sprintf("%06d", rand.IntN(1_000_000))
+	for _, name := range []string{stale, young, ageless} {
+		_, err := CreateDatabase(ctx, c.URL, name)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = DropDatabase(context.Background(), c.URL, name) })
+	}
+	dropped, err := DropStaleTestDatabases(ctx, c.URL, now)
+	require.NoError(t, err)
+	for _, name := range dropped {
+		require.True(t, staleTestDatabase(name, now), "only stale ones are dropped: %s", name)
+	}
+	// Another test process may have dropped it first: what counts is that
+	// it is gone.
+	require.False(t, databaseExists(t, ctx, c.URL, stale), "a database a day old is dropped")
+	require.True(t, databaseExists(t, ctx, c.URL, young), "a younger one is a run's in progress")
+	require.True(t, databaseExists(t, ctx, c.URL, ageless), "one whose name holds no time is left alone")
+}
