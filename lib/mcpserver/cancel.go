@@ -50,8 +50,8 @@ func withCarrier(r *http.Request) *http.Request {
 }
 
 // boundToCarrier is ctx, a tool call's, cancelled too when the HTTP request
-// that carried the call ends: its client hung up, or the route's time ran
-// out. The SDK gives a call a context that its request's end never cancels
+// that carried the call ends: its client hung up, or the request's deadline
+// passed (Lambda's invocation deadline; the endpoint sets none of its own). The SDK gives a call a context that its request's end never cancels
 // (under every protocol version, by default), so a call whose client had gone ran on
 // to its end (MCP QA: a ratchet_begin waiting on its group's lock was
 // granted after its client hung up, a lease no one held, and the key
@@ -72,19 +72,32 @@ func boundToCarrier(ctx context.Context) (_ context.Context, stop context.Cancel
 // own, ended, with its message saying so to an MCP client: the REST call's
 // own was written for a REST client, to whom a request_timeout's "the
 // request's body did not arrive… Send it again" is true, and misled through
-// MCP, where the arguments had arrived and the call was cancelled (MCP
-// audit). The code, which README documents, is kept; any other answer is
-// resp as it is.
+// MCP, where the arguments had arrived and the call was stopped (MCP
+// audit). The code, which README documents, is kept.
+//
+// Only a call stopped by the end of the HTTP request that carried it
+// (boundToCarrier) is said stopped, naming that end: its client closed the
+// connection (a client that half-closes it still reads the answer), or its
+// deadline passed (Lambda's invocation deadline; the endpoint sets no time
+// of its own, lib/httpapi). A call its client cancelled
+// (notifications/cancelled) is never answered, over HTTP (LeaveOutCancelled)
+// as over stdio (the binary drops the answer), so no message names that
+// cause; any other answer, a call whose own context ended otherwise among
+// them, is resp as it is.
 func saidStopped(ctx context.Context, resp []byte) []byte {
+	carrier, ok := ctx.Value(carrierKey{}).(context.Context)
+	if !ok || carrier.Err() == nil {
+		return resp
+	}
 	var envelope map[string]map[string]json.RawMessage
 	if json.Unmarshal(resp, &envelope) != nil || envelope["error"] == nil {
 		return resp
 	}
 	var code string
 	_ = json.Unmarshal(envelope["error"]["code"], &code)
-	why := "its MCP request was cancelled (notifications/cancelled)"
-	if carrier, ok := ctx.Value(carrierKey{}).(context.Context); ok && carrier.Err() != nil {
-		why = "its HTTP request ended (the client hung up, or the request's time ran out)"
+	why := "its client closed the connection of the HTTP request that carried it"
+	if errors.Is(carrier.Err(), context.DeadlineExceeded) {
+		why = "the HTTP request that carried it reached its deadline"
 	}
 	var msg string
 	switch code {

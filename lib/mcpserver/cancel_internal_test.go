@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
@@ -20,11 +21,14 @@ func (a answering) Call(context.Context, string, string, string, []byte) (int, [
 	return a.e.Status, body, err
 }
 
-// A tool call stopped by its MCP request's cancellation, or by the end of
-// the HTTP request that carried it, says so, under the code README
-// documents: the REST call's message, written for a REST client ("the
-// request's body did not arrive… Send it again"), misled through MCP (MCP
-// audit). A call not stopped keeps the REST message.
+// A tool call stopped by the end of the HTTP request that carried it says
+// so, under the code README documents, naming what ended it: its client
+// closed the connection, or its deadline passed. The REST call's message,
+// written for a REST client ("the request's body did not arrive… Send it
+// again"), misled through MCP (MCP audit). A call stopped otherwise, its own
+// context cancelled (notifications/cancelled, whose answer no client is
+// sent: hygiene QA, the message named that cause), or not stopped, keeps
+// the REST message.
 func TestAStoppedToolCallSaysItWasStopped(t *testing.T) {
 	message := func(ctx context.Context, e *apierr.Error) (code, msg string) {
 		t.Helper()
@@ -37,25 +41,41 @@ func TestAStoppedToolCallSaysItWasStopped(t *testing.T) {
 		require.Equal(t, wire["message"], text["error"]["message"], "the text says what the structured content says")
 		return wire["code"].(string), wire["message"].(string)
 	}
-	cancelled, cancel := context.WithCancel(context.Background())
-	cancel()
+	carried := func(carrier context.Context) context.Context {
+		ctx, stop := boundToCarrier(context.WithValue(context.Background(), carrierKey{}, carrier))
+		t.Cleanup(stop)
+		return ctx
+	}
 	carrier, hangUp := context.WithCancel(context.Background())
-	hungUp, stop := boundToCarrier(context.WithValue(context.Background(), carrierKey{}, carrier))
-	defer stop()
+	hungUp := carried(carrier)
 	hangUp()
 	<-hungUp.Done()
+	late, cancel := context.WithDeadline(context.Background(), time.Now())
+	defer cancel()
+	pastDeadline := carried(late)
+	<-pastDeadline.Done()
 
-	code, msg := message(cancelled, apierr.RequestTimeout())
+	code, msg := message(hungUp, apierr.RequestTimeout())
 	require.Equal(t, apierr.CodeRequestTimeout, code)
-	require.Equal(t, "This tool call was stopped before its REST call had read its arguments, because its MCP "+
-		"request was cancelled (notifications/cancelled): nothing was done.", msg)
+	require.Equal(t, "This tool call was stopped before its REST call had read its arguments, because its client "+
+		"closed the connection of the HTTP request that carried it: nothing was done.", msg)
 	code, msg = message(hungUp, apierr.ClientClosed())
 	require.Equal(t, apierr.CodeClientClosedRequest, code)
-	require.Contains(t, msg, "This tool call was stopped where it was, because its HTTP request ended (the client "+
-		"hung up, or the request's time ran out): a ratchet_begin not yet granted grants nothing")
+	require.Contains(t, msg, "This tool call was stopped where it was, because its client closed the connection "+
+		"of the HTTP request that carried it: a ratchet_begin not yet granted grants nothing")
+	code, msg = message(pastDeadline, apierr.ClientClosed())
+	require.Equal(t, apierr.CodeClientClosedRequest, code)
+	require.Contains(t, msg, "This tool call was stopped where it was, because the HTTP request that carried it "+
+		"reached its deadline: a ratchet_begin not yet granted grants nothing")
 
-	_, msg = message(context.Background(), apierr.RequestTimeout())
-	require.Equal(t, apierr.RequestTimeout().Message, msg, "a call not stopped is answered as REST answers it")
-	_, msg = message(cancelled, apierr.NotFound("effect"))
+	cancelled, cancelCall := context.WithCancel(carried(context.Background()))
+	cancelCall() // as the SDK cancels a call a notifications/cancelled names
+	for _, ctx := range []context.Context{cancelled, context.Background()} {
+		_, msg = message(ctx, apierr.RequestTimeout())
+		require.Equal(t, apierr.RequestTimeout().Message, msg, "a call its carrier did not stop is answered as REST answers it")
+		_, msg = message(ctx, apierr.ClientClosed())
+		require.Equal(t, apierr.ClientClosed().Message, msg)
+	}
+	_, msg = message(hungUp, apierr.NotFound("effect"))
 	require.Equal(t, apierr.NotFound("effect").Message, msg, "another refusal is answered as REST answers it")
 }

@@ -2,7 +2,6 @@ package mcpserver
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"strings"
 
@@ -136,13 +135,6 @@ func quietData(data json.RawMessage) json.RawMessage {
 	return nil
 }
 
-// CancelledUnrunMessage is the message of a request cancelled before it
-// was handled, which the SDK answers with its context's bare error
-// ("context canceled", uncoded) and never hands to its handler (MCP audit:
-// it said nothing of what happened).
-const CancelledUnrunMessage = "Invalid Request: this request was cancelled (notifications/cancelled, or its HTTP " +
-	"request ended) before it was handled: nothing was done."
-
 // codeOfUncoded is the code of an error the SDK answered without one: its
 // initialize reads its params itself and, unlike every other method's,
 // leaves a params it cannot read uncoded (MCP QA: `"protocolVersion": 5`
@@ -186,10 +178,12 @@ func QuietErrors(answer []byte) []byte {
 		}
 		code := e.Code
 		if code == 0 {
+			// The SDK's bare "context canceled" of a request cancelled
+			// before it was handled is never among them: only a
+			// notifications/cancelled cancels such a request, and a
+			// cancelled request is not answered (LeaveOutCancelled; the
+			// stdio binary drops its answer).
 			code = codeOfUncoded(e.Message)
-			if e.Message == context.Canceled.Error() {
-				e.Message = CancelledUnrunMessage
-			}
 		}
 		quiet, data := QuietMessage(e.Message, code), quietData(e.Data)
 		if code == e.Code && quiet == e.Message && bytes.Equal(data, e.Data) {

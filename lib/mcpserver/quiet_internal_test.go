@@ -57,19 +57,3 @@ func TestQuietErrorsGivesACodelessErrorOne(t *testing.T) {
 	same := []byte(`{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"{\"error\":1}"}]}}`)
 	require.Equal(t, same, QuietErrors(same), "a result is written as it is")
 }
-
-// A request the SDK never handled, its context cancelled first, is answered
-// -32600 with a message that says so, not its context's bare "context
-// canceled" (MCP audit).
-func TestQuietErrorsSaysARequestWasCancelledUnhandled(t *testing.T) {
-	got := QuietErrors([]byte(`[{"jsonrpc":"2.0","id":1,"error":{"code":0,"message":"context canceled"}}]`))
-	var out []struct {
-		Error struct {
-			Code    int64  `json:"code"`
-			Message string `json:"message"`
-		} `json:"error"`
-	}
-	require.NoError(t, json.Unmarshal(got, &out), "%s", got)
-	require.EqualValues(t, jsonrpc.CodeInvalidRequest, out[0].Error.Code)
-	require.Equal(t, CancelledUnrunMessage, out[0].Error.Message)
-}
