@@ -68,14 +68,21 @@ func exerciseCluster(t *testing.T, ctx context.Context, adminURL string) {
 	require.NoError(t, DropDatabase(ctx, adminURL, name), "dropping a missing database is not an error")
 }
 
-func TestProvision(t *testing.T) {
-	t.Parallel()
+// provisioned is a server from Provision, closed when the test ends, and a
+// context that bounds the test's work on it.
+func provisioned(t *testing.T) (context.Context, *Cluster) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-
+	t.Cleanup(cancel)
 	c, err := Provision(ctx, Options{Logf: t.Logf})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, c.Close()) })
+	return ctx, c
+}
+
+func TestProvision(t *testing.T) {
+	t.Parallel()
+	ctx, c := provisioned(t)
 	if os.Getenv("DATABASE_URL") != "" {
 		require.Equal(t, "env", c.source)
 		require.Equal(t, os.Getenv("DATABASE_URL"), c.URL)
@@ -382,11 +389,7 @@ func TestTestDatabaseNamesTellTheirAge(t *testing.T) {
 // whose name holds no time.
 func TestStaleTestDatabasesAreDropped(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	c, err := Provision(ctx, Options{Logf: t.Logf})
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, c.Close()) })
+	ctx, c := provisioned(t)
 
 	now := time.Now()
 	stale, young := TestDatabaseName(now.Add(-StaleAfter-time.Minute)), TestDatabaseName(now.Add(-time.Hour))
