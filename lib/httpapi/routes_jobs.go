@@ -189,8 +189,9 @@ func (s *Server) jobsRoutes() []Route {
 		},
 		{
 			Method: "PUT", Pattern: "/api/v1/endpoints/{id}/policy", Name: "endpoints.policy.put", Tag: "endpoints",
-			Scopes:  endpointsWrite,
-			Summary: "Merge policy fields (expectedVersion required). Existing jobs keep their policy snapshot and dueAt.",
+			Scopes: endpointsWrite,
+			Summary: "Merge policy fields (expectedVersion required). Existing jobs keep their policy snapshot and dueAt. " +
+				"A rateLimitPerMinute set or changed counts the attempts started earlier in its UTC minute.",
 			Request: jobs.UpdatePolicyRequest{}, Response: jobs.Endpoint{}, Status: 200,
 			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeNotFound, apierr.CodeVersionConflict},
 			Handle: s.updatePolicy,

@@ -377,6 +377,7 @@ func (s *Service) UpdatePolicy(ctx context.Context, workspaceID, id string, req 
 		was Circuit // as the update found it: reports open and close it without a version
 	)
 	err = s.txRetrying(ctx, func(tx pgx.Tx) error {
+		now := s.now()
 		// The gate protocol (sql.go): wait for in-flight transitions out of
 		// RUNNING, then recount under the row lock the update takes.
 		if _, err := tx.Exec(ctx, sqlEndpointGateExclusive, id); err != nil {
@@ -387,7 +388,7 @@ func (s *Service) UpdatePolicy(ctx context.Context, workspaceID, id string, req 
 		}
 		e, err = scanEndpoint(tx.QueryRow(ctx, sqlUpdatePolicy, id, workspaceID, pol.Preset, pol.MaxAttempts,
 			pol.InitialDelayMs, pol.Multiplier, pol.MaxDelayMs, pol.JitterPercent, pol.DefaultTimeoutMs,
-			pol.MaxConcurrent, pol.RateLimitPerMinute, s.now(), req.ExpectedVersion.Value,
+			pol.MaxConcurrent, pol.RateLimitPerMinute, now, req.ExpectedVersion.Value,
 			pol.CircuitFailureThreshold, pol.CircuitCooldownMs))
 		if err != nil {
 			return err
@@ -395,10 +396,16 @@ func (s *Service) UpdatePolicy(ctx context.Context, workspaceID, id string, req 
 		if _, err := tx.Exec(ctx, sqlRecountRunning, id); err != nil {
 			return fmt.Errorf("recount running: %w", err)
 		}
+		if pol.RateLimitPerMinute != nil && !reflect.DeepEqual(pol.RateLimitPerMinute, cur.RateLimitPerMinute) {
+			// A limit set or changed holds for the minute it is set in.
+			if _, err := tx.Exec(ctx, sqlRecountRate, id, now.Truncate(time.Minute)); err != nil {
+				return fmt.Errorf("recount rate window: %w", err)
+			}
+		}
 		if was.State == CircuitOpen && e.Circuit.State == CircuitClosed && was.OpenedAt != nil {
 			// The breaker was turned off (null circuitFailureThreshold).
 			return s.recordEvents(ctx, tx, []event{closedEvent(workspaceID, e.ID, e.Name, *was.OpenedAt,
-				s.now(), "policy")})
+				now, "policy")})
 		}
 		return nil
 	})

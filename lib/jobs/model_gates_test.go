@@ -47,10 +47,15 @@ type jmGate struct {
 	maxConcurrent, rate int
 	// The rate window: the UTC minute it counts, and the claims' grants in
 	// it. The server counts them on the endpoint's row only when a claim
-	// writes that row (a limit or an open circuit: README is silent on a
-	// limit set mid-minute; the model follows the server).
-	windowStart time.Time
-	windowCount int
+	// writes that row (a limit, maxConcurrent or an open circuit); a policy
+	// PUT that sets or changes the limit starts it from every attempt
+	// started on the endpoint in its minute (README: the limit holds for the
+	// minute it is set in), which started counts: the attempts granted in
+	// startedMinute.
+	windowStart   time.Time
+	windowCount   int
+	startedMinute time.Time
+	started       int
 	// The breaker: threshold 0 when off.
 	threshold         int
 	cooldown          time.Duration
@@ -287,6 +292,11 @@ func (m *jobsModel) countGrants(leased []*jmStep, now time.Time) {
 		}
 	}
 	for g, n := range all {
+		if minute := now.Truncate(time.Minute); g.startedMinute.Equal(minute) {
+			g.started += n
+		} else {
+			g.startedMinute, g.started = minute, n
+		}
 		if g.maxConcurrent > 0 && fresh[g] > 0 || g.rate > 0 || g.open {
 			g.windowCount = g.windowAt(now) + n
 			if minute := now.Truncate(time.Minute); minute.After(g.windowStart) {
@@ -388,6 +398,17 @@ func (m *jobsModel) setPolicy(name string) {
 	if next.maxConcurrent != g.maxConcurrent || next.rate != g.rate || next.threshold != g.threshold ||
 		next.cooldown != g.cooldown {
 		next.version++ // an update that changes nothing makes no new version (README)
+	}
+	if next.rate > 0 && next.rate != g.rate {
+		// A limit set or changed counts the minute's attempts so far.
+		minute := m.now().Truncate(time.Minute)
+		next.windowStart, next.windowCount = minute, 0
+		if g.startedMinute.Equal(minute) {
+			next.windowCount = g.started
+		}
+		if next.windowCount > 0 {
+			m.seen["model: a limit set counts the minute's earlier attempts"]++
+		}
 	}
 	if next.threshold == 0 {
 		// Turned off (or left off): closed, its count forgotten.

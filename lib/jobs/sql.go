@@ -578,6 +578,24 @@ UPDATE job_endpoints SET running_count = (SELECT count(*) FROM jobs WHERE endpoi
 WHERE id = $1::text AND max_concurrent IS NOT NULL`
 )
 
+// sqlRecountRate starts a rate limit set or changed by a policy write ($1
+// the endpoint) from every attempt started on the endpoint in the minute
+// it is set in ($2, the write's minute; a later one when a claim's clock
+// already counted one), as its executions record them (their endpoint and
+// start, job_executions_endpoint_idx): a claim counts its grants on the
+// endpoint's row only while a limit (or maxConcurrent, or an open circuit)
+// makes it write the row, so without this a limit set mid-minute let that
+// many more start in a minute whose earlier claims went uncounted (README:
+// "the rate counts per UTC minute"). Under the row lock the write holds:
+// every claim of the endpoint's jobs that committed before is counted, and
+// every later one counts on the row as written here.
+const sqlRecountRate = `
+UPDATE job_endpoints e SET rate_window_start = greatest(e.rate_window_start, $2::timestamptz),
+    rate_window_count = (SELECT count(*) FROM job_executions x
+                         WHERE x.endpoint_id = $1::text
+                           AND x.started_at >= greatest(e.rate_window_start, $2::timestamptz))
+WHERE e.id = $1::text AND e.rate_limit_per_minute IS NOT NULL`
+
 const sqlInsertWorker = `
 INSERT INTO job_workers (id, workspace_id, key_id, names, versions, created_at, last_seen_at)
 VALUES ($1::text, $2::text, $3::text, $4::text[], $5::text[], $6::timestamptz, $6::timestamptz)`
