@@ -63,10 +63,13 @@ func answered(t *testing.T, ch <-chan polled) jobs.ClaimResult {
 }
 
 // pollContext is a long poll's context, cancelled after parkedFor (a hang
-// guard: a poll that answers then answers no job, and the test fails).
+// guard: a poll cancelled so answers no job, and the test fails). Without a
+// deadline, as parkClaim's: with one, the poll's last look before it
+// (answerMargin) would find the job whether or not its looks meanwhile did.
 func pollContext(t *testing.T) context.Context {
-	c, cancel := context.WithTimeout(ctx, parkedFor)
-	t.Cleanup(cancel)
+	c, cancel := context.WithCancel(ctx)
+	stop := time.AfterFunc(parkedFor, cancel)
+	t.Cleanup(func() { stop.Stop(); cancel() })
 	return c
 }
 
@@ -323,10 +326,10 @@ func runSharedLongPolls(t *testing.T, seed uint64) {
 					_, err := svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken,
 						Status: jobs.StatusSucceeded})
 					mu.Lock()
-					if e, ok := apierr.As(err); err == nil || ok && e.Code == apierr.CodeLeaseLost {
-						// Reported, or lapsed and claimed again meanwhile.
-						done[j.JobID] = done[j.JobID] || err == nil
-					} else {
+					switch e, ok := apierr.As(err); {
+					case err == nil:
+						done[j.JobID] = true
+					case !ok || e.Code != apierr.CodeLeaseLost: // lease_lost: lapsed, and claimed again meanwhile
 						failed = append(failed, fmt.Sprintf("worker %d: report %s: %v", w, j.JobID, err))
 					}
 					mu.Unlock()
@@ -381,6 +384,12 @@ func runSharedLongPolls(t *testing.T, seed uint64) {
 		t.Error(f)
 	}
 	require.LessOrEqual(t, peak, 2, "the limited endpoint's jobs seen leased at once")
+	n := 0
+	for _, gs := range grants {
+		n += len(gs)
+	}
+	t.Logf("%d jobs, %d attempts granted (the others after lapses), at most %d of %s seen leased at once",
+		len(steps), n, peak, limited)
 	for id, stepID := range steps {
 		gs := grants[id]
 		slices.SortFunc(gs, func(a, b jobs.ClaimedJob) int { return a.Attempt - b.Attempt })
@@ -418,13 +427,8 @@ func TestALongPollWhoseClientWentAwayLosesNoJob(t *testing.T) {
 		c, cancel := context.WithCancel(ctx)
 		poll := b.longPoll(t, c, b.svc, wid, 10, 20)
 		cancel()
-		p := <-poll // nothing, or the error of a statement it was in (its worker's lookup after the first look)
-		require.Empty(t, p.res.Jobs)
-		require.True(t, p.err == nil || errors.Is(p.err, context.Canceled), "%v", p.err)
-
-		st := b.enqueue(t, b.run(t), jobs.EnqueueRequest{})
-		require.Equal(t, 0, b.step(t, st.StepID).DurableJob.Attempt, "the gone claim took nothing")
-		require.Equal(t, 1, b.claimOne(t, b.register(t)).Attempt)
+		gone(t, poll)
+		b.leasedNothing(t, b.enqueue(t, b.run(t), jobs.EnqueueRequest{}).StepID)
 	})
 	t.Run("during its look", func(t *testing.T) {
 		t.Parallel()
@@ -447,13 +451,9 @@ func TestALongPollWhoseClientWentAwayLosesNoJob(t *testing.T) {
 		never := make(chan struct{})
 		apitest.WaitDoneOrBlockedBy(t, b.env.App.Pool, pid, never, "the look waits for the endpoint's row")
 		cancel()
-		p := <-poll // cancelled in its statement: an error or nothing, never a job
-		require.Empty(t, p.res.Jobs)
-		require.True(t, p.err == nil || errors.Is(p.err, context.Canceled), "%v", p.err)
+		gone(t, poll)
 		require.NoError(t, tx.Rollback(ctx))
-
-		require.Equal(t, 0, b.step(t, st.StepID).DurableJob.Attempt, "the gone claim's look leased nothing")
-		require.Equal(t, 1, b.claimOne(t, b.register(t)).Attempt)
+		b.leasedNothing(t, st.StepID)
 	})
 	t.Run("just after its look leased", func(t *testing.T) {
 		t.Parallel()
@@ -488,4 +488,32 @@ func TestALongPollWhoseClientWentAwayLosesNoJob(t *testing.T) {
 		b.succeed(t, again)
 		require.Equal(t, jobs.StatusSucceeded, b.step(t, st.StepID).DurableJob.Status)
 	})
+}
+
+// gone reads the answer of a long poll whose client went away: no job, and
+// no error but the cancellation of a statement it was in (its look's, or
+// its worker's look-up after its first look).
+func gone(t *testing.T, poll <-chan polled) {
+	t.Helper()
+	p := <-poll
+	require.Empty(t, p.res.Jobs)
+	require.True(t, p.err == nil || errors.Is(p.err, context.Canceled), "%v", p.err)
+}
+
+// leasedNothing checks that the step's job was never leased: still at
+// attempt 0, and another worker's claim takes it as attempt 1, once the
+// gone claim's statement has ended (cancelled, its backend may hold the
+// job's row a moment longer, and a claim passes over a locked row).
+func (b *bundle) leasedNothing(t *testing.T, stepID string) {
+	t.Helper()
+	require.Equal(t, 0, b.step(t, stepID).DurableJob.Attempt, "the gone claim leased nothing")
+	wid := b.register(t)
+	var got []jobs.ClaimedJob
+	require.Eventually(t, func() bool {
+		res, err := b.svc.Claim(ctx, b.worker, wid, jobs.ClaimRequest{Limit: ptr(1)})
+		got = res.Jobs
+		return err == nil && len(got) > 0
+	}, 10*time.Second, 5*time.Millisecond, "claimable once the gone claim's statement ended")
+	require.Equal(t, stepID, got[0].StepID)
+	require.Equal(t, 1, got[0].Attempt)
 }

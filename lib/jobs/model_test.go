@@ -1532,8 +1532,9 @@ func fmtPtr[T any](p *T) string {
 	return fmt.Sprint(*p)
 }
 
-// TestJobsModelConcurrent runs workers claiming, heartbeating and reporting
-// at once, through two instances on one clock, with clock moves, sweeps,
+// TestJobsModelConcurrent runs workers claiming (now and then with a long
+// poll, waitSeconds 1), heartbeating and reporting at once, through two
+// instances on one clock, with clock moves, sweeps,
 // cancels and replays among them, and checks what holds whatever the
 // interleaving: every answer is one API.md names; a heartbeat or report
 // with a token a newer claim superseded before it was sent is lease_lost;
@@ -1708,7 +1709,13 @@ func (c *concurrentJobs) step(g, w int, rng *rand.Rand, held []cjHeld) []cjHeld 
 	revoked = revoked && key == c.keys[1]
 	switch r := rng.IntN(100); {
 	case r < 30 || len(held) == 0 && r < 60:
-		res := env.Do("POST", "/api/v1/workers/"+c.workers[w]+"/claim", key, map[string]any{"limit": 1 + rng.IntN(3)})
+		body := map[string]any{"limit": 1 + rng.IntN(3)}
+		if rng.IntN(5) == 0 {
+			// A long poll: its later looks meet what the others did
+			// meanwhile (README "Durable jobs": waitSeconds).
+			body["waitSeconds"] = 1
+		}
+		res := env.Do("POST", "/api/v1/workers/"+c.workers[w]+"/claim", key, body)
 		c.note("claim", res)
 		if c.revokedAnswer(g, key, "claim", res, revoked, true) {
 			return held
