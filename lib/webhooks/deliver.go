@@ -327,6 +327,7 @@ type claimed struct {
 	previous     []byte // the rotated secret, while it still signs
 	webhookID    string
 	attempts     int
+	claims       int // the row's claims as this claim counted them (sqlClaim): the record's fence
 	eventID      string
 	eventType    string
 	eventData    []byte
@@ -574,7 +575,7 @@ func (s *Service) claim(ctx context.Context, now time.Time, limit int, hooks []s
 		for rows.Next() {
 			var c claimed
 			var data string
-			if err := rows.Scan(&c.id, &c.url, &c.secret, &c.previous, &c.webhookID, &c.attempts, &c.eventID,
+			if err := rows.Scan(&c.id, &c.url, &c.secret, &c.previous, &c.webhookID, &c.attempts, &c.claims, &c.eventID,
 				&c.eventType, &data, &c.eventCreated, &c.workspaceID, &c.subjectID); err != nil {
 				return fmt.Errorf("scan delivery: %w", err)
 			}
@@ -589,7 +590,9 @@ func (s *Service) claim(ctx context.Context, now time.Time, limit int, hooks []s
 	return batch, nil
 }
 
-// sqlClaim is claim's statement.
+// sqlClaim is claim's statement. Each claim counts an attempt and a claim
+// (claims, migration 0073): attempts goes back to 0 on a retry, claims only
+// grows, and fences the failure's record (record).
 const sqlClaim = `
 		WITH busy AS (
 		    SELECT * FROM unnest($7::text[], $9::int[]) AS b(workspace_id, n)
@@ -626,11 +629,12 @@ const sqlClaim = `
 		    FOR UPDATE OF d SKIP LOCKED
 		)
 		UPDATE webhook_deliveries d
-		SET next_attempt_at = $1::timestamptz + make_interval(secs => $3::float8), attempts = d.attempts + 1
+		SET next_attempt_at = $1::timestamptz + make_interval(secs => $3::float8), attempts = d.attempts + 1,
+		    claims = d.claims + 1
 		FROM due, webhooks w, events e
 		WHERE d.id = due.id AND w.id = d.webhook_id AND e.id = d.event_id
 		RETURNING d.id, w.url, w.secret, CASE WHEN w.previous_secret_expires_at > $1::timestamptz THEN w.previous_secret END,
-		    w.id, d.attempts, e.id, e.type, e.data::text, e.created_at, e.workspace_id, e.subject_id`
+		    w.id, d.attempts, d.claims, e.id, e.type, e.data::text, e.created_at, e.workspace_id, e.subject_id`
 
 // deliverOne sends one delivery and records the outcome. Only the status code
 // and a short fixed reason are stored, never the receiver's response body.
@@ -731,13 +735,20 @@ func (s *Service) record(ctx context.Context, c claimed, code *int, failure stri
 		// Failed on its last attempt, it ends failed, unless a retry gave
 		// its attempts back while it was sent (Retry): it is then due
 		// again at once. Decided by the row's attempts, not the claim's.
-		// An outcome whose claim a later one superseded (the row counts
-		// more attempts: this send outlived its claim's minute, as one of
-		// an instance frozen mid-send and thawed later does) records
-		// nothing: its backoff would cut the later send's claim short, and
-		// on the last attempt end the delivery failed before that send's
-		// answer, even a 2xx, could be recorded (webhooks model QA). A 2xx
-		// is recorded whichever attempt answered it: the event arrived.
+		// An outcome whose claim a later one superseded (this send
+		// outlived its claim's minute, as one of an instance frozen
+		// mid-send and thawed later does) records nothing: its backoff
+		// would cut the later send's claim short, and on the last attempt
+		// end the delivery failed before that send's answer, even a 2xx,
+		// could be recorded (webhooks model QA). Superseded means the row
+		// counts another claim (claims, migration 0073, which only grows),
+		// or more attempts: attempts alone let a retry, which gives them
+		// back while the last one is in flight, make a later claim count
+		// as few as this one, whose failure then cut that claim short
+		// (webhooks QA). The attempts fence stays for a claim by an
+		// instance of the release before 0073, which counts no claim: at
+		// worst it is fenced as it was then. A 2xx is recorded whichever
+		// attempt answered it: the event arrived.
 		due := now
 		if c.attempts < MaxAttempts {
 			due = now.Add(Backoff(c.attempts))
@@ -746,7 +757,8 @@ func (s *Service) record(ctx context.Context, c claimed, code *int, failure stri
 			SET state = CASE WHEN attempts >= $5::int THEN 'failed' ELSE 'pending' END,
 			    next_attempt_at = CASE WHEN attempts >= $5::int THEN next_attempt_at ELSE $2::timestamptz END,
 			    last_status_code = $3, last_error = $4
-			WHERE id = $1 AND state = 'pending' AND attempts <= $6::int`, c.id, due, code, failure, MaxAttempts, c.attempts)
+			WHERE id = $1 AND state = 'pending' AND attempts <= $6::int AND claims = $7::int`,
+			c.id, due, code, failure, MaxAttempts, c.attempts, c.claims)
 	}
 	if err != nil && err != pgx.ErrNoRows {
 		return fmt.Errorf("record delivery: %w", err)

@@ -102,6 +102,7 @@ type hmDelivery struct {
 	ev        *hmEvent
 	state     string // pending | delivered | failed
 	attempts  int
+	claims    int       // claims so far (migration 0073): a retry gives attempts back, never these
 	next      time.Time // while pending; exact unless window
 	window    [2]time.Time
 	windowed  bool // next is within window (a failure's jittered backoff), read to learn it
@@ -1068,25 +1069,31 @@ func (m *hookModel) retention(now time.Time) {
 // sent applies an attempt claimed and answered at now: code (0: none, and
 // failure says why, "connection refused" when empty).
 func (m *hookModel) sent(d *hmDelivery, now time.Time, code int, failure string) {
-	d.claim(now)
-	d.record(d.attempts, now, code, failure)
+	d.record(d.claim(now), now, code, failure)
 }
 
-// claim is a pass's claim of d at now: an attempt counted, and d held for
-// the claim's minute, so that no other pass sends it meanwhile.
-func (d *hmDelivery) claim(now time.Time) {
+// hmClaim is what one claim of a delivery counted: its attempt, and its
+// claim.
+type hmClaim struct{ attempt, claim int }
+
+// claim is a pass's claim of d at now: an attempt and a claim counted, and
+// d held for the claim's minute, so that no other pass sends it meanwhile.
+func (d *hmDelivery) claim(now time.Time) hmClaim {
 	d.attempts++
+	d.claims++
 	d.next, d.windowed = now.Add(time.Minute), false
+	return hmClaim{d.attempts, d.claims}
 }
 
-// record applies at now the outcome of d's attempt-th attempt, answered
-// code (0: none, failure saying why): delivered on a 2xx (also after a
-// delete or an unsubscription ended it while it was sent), else retried
-// with backoff from that attempt, or failed once d's attempts reach
-// MaxAttempts; an outcome of a delivery that ended meanwhile, or a failure
-// whose claim a later claim superseded (d counts more attempts), changes
-// nothing.
-func (d *hmDelivery) record(attempt int, now time.Time, code int, failure string) {
+// record applies at now the outcome of claim c's send of d, answered code
+// (0: none, failure saying why): delivered on a 2xx (also after a delete
+// or an unsubscription ended it while it was sent), else retried with
+// backoff from c's attempt, or failed once d's attempts reach MaxAttempts;
+// an outcome of a delivery that ended meanwhile, or a failure whose claim
+// a later claim superseded (d counts more claims, also when a retry gave
+// its attempts back in between), changes nothing.
+func (d *hmDelivery) record(c hmClaim, now time.Time, code int, failure string) {
+	attempt := c.attempt
 	if code >= 200 && code < 300 {
 		if d.state == "pending" || d.state == "failed" && (d.lastError == "webhook deleted" ||
 			d.lastError == "event type unsubscribed") {
@@ -1094,7 +1101,7 @@ func (d *hmDelivery) record(attempt int, now time.Time, code int, failure string
 		}
 		return
 	}
-	if d.state != "pending" || d.attempts > attempt {
+	if d.state != "pending" || d.claims != c.claim {
 		return
 	}
 	d.code, d.lastError = code, "non-2xx response"
@@ -1235,12 +1242,18 @@ func (m *hookModel) retry() {
 	for _, i := range m.rng.Perm(len(h.dels))[:1+m.rng.IntN(min(3, len(h.dels)))] {
 		named = append(named, h.dels[i])
 	}
+	m.retryNamed(h, named, m.rng.IntN(6) == 0)
+}
+
+// retryNamed sends deliveries of h again (named), and another
+// subscription's with them when foreign (refused whole, 404).
+func (m *hookModel) retryNamed(h *hmHook, named []*hmDelivery, foreign bool) {
 	ids := []string{}
 	for _, d := range named {
 		ids = append(ids, d.id)
 	}
-	foreign := false
-	if m.rng.IntN(6) == 0 {
+	if foreign {
+		foreign = false
 		for _, o := range m.hooks {
 			if o != h && len(o.dels) > 0 {
 				ids, foreign = append(ids, o.dels[0].id), true
@@ -1257,7 +1270,7 @@ func (m *hookModel) retry() {
 	for _, d := range named {
 		switch {
 		case d.state != "pending":
-			*d = hmDelivery{id: d.id, ev: d.ev, state: "pending", next: now, created: d.created}
+			*d = hmDelivery{id: d.id, ev: d.ev, state: "pending", next: now, created: d.created, claims: d.claims}
 		case d.attempts >= webhooks.MaxAttempts:
 			// Its last attempt may be in flight (a claim whose
 			// sweeper died, crash): its attempts start over, so that
@@ -1520,7 +1533,7 @@ func (m *hookModel) crash() {
 	}
 	d := due[m.rng.IntN(len(due))]
 	tag, err := m.env.App.Pool.Exec(context.Background(), `UPDATE webhook_deliveries SET attempts = attempts + 1,
-		next_attempt_at = $2::timestamptz + interval '60 seconds' WHERE id = $1 AND state = 'pending'`, d.id, now)
+		claims = claims + 1, next_attempt_at = $2::timestamptz + interval '60 seconds' WHERE id = $1 AND state = 'pending'`, d.id, now)
 	require.NoError(m.t, err)
 	m.log("crash %s at attempt %d -> %d", d.id, d.attempts+1, tag.RowsAffected())
 	if tag.RowsAffected() != 1 {
@@ -1670,10 +1683,9 @@ func (m *hookModel) hang() {
 	for _, s := range rest {
 		m.sent(s.d, now, m.answer(s), "")
 	}
-	attempt := map[*hmDelivery][2]int{}
+	attempt := map[*hmDelivery][2]hmClaim{}
 	for _, s := range hung {
-		s.d.claim(now)
-		attempt[s.d] = [2]int{s.d.attempts}
+		attempt[s.d] = [2]hmClaim{s.d.claim(now)}
 	}
 	// Held, an attempt counted, claimed for a minute.
 	for _, h := range m.hooks {
@@ -1697,6 +1709,21 @@ func (m *hookModel) hang() {
 		m.readDeliveries(h)
 	}
 
+	// Now and then a retry of held ones while they are in flight: their
+	// attempts start over when their last one is in flight, so a later
+	// claim (C) may count as few as theirs, yet their failures, superseded,
+	// still record nothing (webhooks QA).
+	if m.rng.IntN(3) == 0 {
+		s := hung[m.rng.IntN(len(hung))]
+		var named []*hmDelivery
+		for _, o := range hung {
+			if o.h == s.h && (o.d == s.d || m.rng.IntN(2) == 0) && len(named) < 3 {
+				named = append(named, o.d)
+			}
+		}
+		m.retryNamed(s.h, named, false)
+	}
+
 	// C, once the claims' minute has passed: the held ones are sent again
 	// (and held again), with whatever else fell due.
 	var wantC []hmSend
@@ -1714,8 +1741,7 @@ func (m *hookModel) hang() {
 		}
 		for _, s := range wantC {
 			if a, ok := attempt[s.d]; ok {
-				s.d.claim(m.now())
-				attempt[s.d] = [2]int{a[0], s.d.attempts}
+				attempt[s.d] = [2]hmClaim{a[0], s.d.claim(m.now())}
 			}
 		}
 	}

@@ -10,9 +10,137 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/events"
 	"github.com/getratchet/ratchet/lib/webhooks"
 )
+
+// heldTwice is a receiver that holds its first two sends: the n-th
+// (0-based) closes arrived[n] when it comes and is answered status[n] once
+// answer[n] is closed (or the test ends); a later one is answered 418 at
+// once, counted in hits with the others.
+type heldTwice struct {
+	srv     *httptest.Server
+	hits    atomic.Int32
+	arrived [2]chan struct{}
+	answer  [2]chan struct{}
+}
+
+func newHeldTwice(t *testing.T, status [2]int) *heldTwice {
+	h := &heldTwice{arrived: [2]chan struct{}{make(chan struct{}), make(chan struct{})},
+		answer: [2]chan struct{}{make(chan struct{}), make(chan struct{})}}
+	h.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := h.hits.Add(1) - 1
+		if n > 1 {
+			w.WriteHeader(http.StatusTeapot)
+			return
+		}
+		close(h.arrived[n])
+		<-h.answer[n]
+		w.WriteHeader(status[n])
+	}))
+	t.Cleanup(h.srv.Close)
+	t.Cleanup(func() { // runs first: the handlers return before the server closes
+		for n := range h.answer {
+			h.release(n)
+		}
+	})
+	return h
+}
+
+// release answers the n-th held send.
+func (h *heldTwice) release(n int) {
+	select {
+	case <-h.answer[n]:
+	default:
+		close(h.answer[n])
+	}
+}
+
+// supersededCase is a delivery one attempt short of MaxAttempts, to a
+// receiver that holds its first two sends: the first answered 500, the
+// second 200.
+type supersededCase struct {
+	t             *testing.T
+	env           *apitest.Env
+	clk           *apitest.Clock
+	ws            apitest.Workspace
+	hook          string
+	rcv           *heldTwice
+	first, second <-chan error // the passes that sent them
+	claimed       time.Time    // the second send's claim's end
+}
+
+func newSupersededCase(t *testing.T) *supersededCase {
+	t.Helper()
+	env, clk := start(t, true)
+	ctx := context.Background()
+	dispatchAll(t, env, clk.Now())
+	c := &supersededCase{t: t, env: env, clk: clk, ws: env.Signup(),
+		rcv: newHeldTwice(t, [2]int{http.StatusInternalServerError, http.StatusOK})}
+	c.hook, _ = subscribe(t, env, c.ws.Key, c.rcv.srv.URL)
+	record(t, env, c.ws.ID, events.RunFinished, clk.Now())
+	dispatchAll(t, env, clk.Now())
+	// One attempt left: the first send is the last one counted.
+	_, err := env.App.Pool.Exec(ctx, `UPDATE webhook_deliveries SET attempts = $2 WHERE webhook_id = $1`,
+		c.hook, webhooks.MaxAttempts-1)
+	require.NoError(t, err)
+	return c
+}
+
+// pass runs a delivery pass at the clock's now, aside.
+func (c *supersededCase) pass() <-chan error {
+	done, at := make(chan error, 1), c.clk.Now()
+	go func() {
+		_, err := c.env.App.Server.Webhooks.Deliver(context.Background(), at)
+		done <- err
+	}()
+	return done
+}
+
+// sendFirst sends the delivery, held at the receiver.
+func (c *supersededCase) sendFirst() {
+	c.first = c.pass()
+	<-c.rcv.arrived[0]
+}
+
+// sendAgain lets the first send's claim lapse and sends the delivery again,
+// held at the receiver too.
+func (c *supersededCase) sendAgain() {
+	c.clk.Add(time.Minute + time.Second)
+	c.second = c.pass()
+	<-c.rcv.arrived[1]
+	_, _, c.claimed = c.row()
+}
+
+// answerFirst answers the first send (500) and checks that it recorded
+// nothing: the delivery still pending, its attempts the second claim's,
+// and that claim kept.
+func (c *supersededCase) answerFirst(attempts int) {
+	c.rcv.release(0)
+	require.NoError(c.t, <-c.first)
+	state, n, next := c.row()
+	require.Equal(c.t, []any{"pending", attempts}, []any{state, n}, "the superseded send's failure ends nothing")
+	require.True(c.t, next.Equal(c.claimed), "the second send keeps its claim: %s, want %s", next, c.claimed)
+}
+
+// answerSecond answers the second send (200): the delivery reads
+// delivered, 200.
+func (c *supersededCase) answerSecond() {
+	c.rcv.release(1)
+	require.NoError(c.t, <-c.second)
+	got := deliveries(c.t, c.env, c.ws.Key, c.hook)
+	require.Len(c.t, got, 1)
+	require.Equal(c.t, "delivered", got[0]["state"])
+	require.EqualValues(c.t, http.StatusOK, got[0]["last_status_code"])
+}
+
+// row reads the delivery's state, attempts and next attempt.
+func (c *supersededCase) row() (state string, attempts int, next time.Time) {
+	require.NoError(c.t, c.env.App.Pool.QueryRow(context.Background(), `SELECT state, attempts, next_attempt_at
+		FROM webhook_deliveries WHERE webhook_id = $1`, c.hook).Scan(&state, &attempts, &next))
+	return state, attempts, next
+}
 
 // A send that outlives its claim's minute (an instance frozen mid-send and
 // thawed later) is sent again by a later pass; the first send's failure,
@@ -22,75 +150,42 @@ import (
 // (webhooks model QA). The second's answer decides.
 func TestASupersededSendsFailureRecordsNothing(t *testing.T) {
 	t.Parallel()
-	env, clk := start(t, true)
+	c := newSupersededCase(t)
+	c.sendFirst()
+	c.sendAgain()
+	c.answerFirst(webhooks.MaxAttempts + 1)
+	c.answerSecond()
+}
+
+// The same with a retry of the delivery while its last attempt is in
+// flight: the retry gives its attempts back, so the later claim counts one
+// attempt, fewer than the first send's claim (12). Fenced by attempts, that
+// send's late failure still recorded: due at once (a retry gave the
+// attempts back), it cut the later send's claim short, and the next pass
+// sent the delivery a third time while the second was in flight (webhooks
+// QA). Each claim counts one more claim (migration 0073), and only the
+// latest claim's failure records. Not parallel: its passes sweep the
+// package's shared deliveries, the other superseded test's among them.
+func TestASupersededSendsFailureRecordsNothingAfterARetry(t *testing.T) {
+	c := newSupersededCase(t)
 	ctx := context.Background()
-	dispatchAll(t, env, clk.Now())
-	ws := env.Signup()
-	// The first send is held and answers 500, the second is held and
-	// answers 200.
-	var hits atomic.Int32
-	arrived := [2]chan struct{}{make(chan struct{}), make(chan struct{})}
-	answer := [2]chan struct{}{make(chan struct{}), make(chan struct{})}
-	status := [2]int{http.StatusInternalServerError, http.StatusOK}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		n := hits.Add(1) - 1
-		if n > 1 {
-			w.WriteHeader(http.StatusTeapot)
-			return
-		}
-		close(arrived[n])
-		<-answer[n]
-		w.WriteHeader(status[n])
-	}))
-	defer srv.Close()
-	defer func() {
-		for _, c := range answer {
-			select {
-			case <-c:
-			default:
-				close(c)
-			}
-		}
-	}()
-	hook, _ := subscribe(t, env, ws.Key, srv.URL)
-	record(t, env, ws.ID, events.RunFinished, clk.Now())
-	dispatchAll(t, env, clk.Now())
-	// One attempt left: the first send is the last one counted.
-	_, err := env.App.Pool.Exec(ctx, `UPDATE webhook_deliveries SET attempts = $2 WHERE webhook_id = $1`,
-		hook, webhooks.MaxAttempts-1)
+	c.sendFirst()
+	var dlv string
+	require.NoError(t, c.env.App.Pool.QueryRow(ctx, `SELECT id FROM webhook_deliveries WHERE webhook_id = $1`,
+		c.hook).Scan(&dlv))
+	c.env.Must(http.StatusOK, "POST", "/api/v1/webhooks/"+c.hook+"/deliveries/retry", c.ws.Key,
+		map[string]any{"delivery_ids": []string{dlv}})
+	state, attempts, _ := c.row()
+	require.Equal(t, []any{"pending", 0}, []any{state, attempts}, "its last attempt in flight, the retry gives it back")
+	c.sendAgain()
+
+	c.answerFirst(1)
+	got := deliveries(t, c.env, c.ws.Key, c.hook)
+	require.Nil(t, got[0]["last_status_code"], "the superseded send's failure records nothing")
+	n, err := c.env.App.Server.Webhooks.Deliver(ctx, c.clk.Now())
 	require.NoError(t, err)
+	require.Zero(t, n, "nothing is sent again while the second send is in flight")
 
-	pass := func(at time.Time) <-chan error {
-		done := make(chan error, 1)
-		go func() {
-			_, err := env.App.Server.Webhooks.Deliver(ctx, at)
-			done <- err
-		}()
-		return done
-	}
-	first := pass(clk.Now())
-	<-arrived[0]
-	clk.Add(time.Minute + time.Second) // the first send's claim lapses
-	second := pass(clk.Now())
-	<-arrived[1]
-	claimEnd := func() (state string, attempts int, next time.Time) {
-		require.NoError(t, env.App.Pool.QueryRow(ctx, `SELECT state, attempts, next_attempt_at
-			FROM webhook_deliveries WHERE webhook_id = $1`, hook).Scan(&state, &attempts, &next))
-		return state, attempts, next
-	}
-	_, _, claimed := claimEnd()
-
-	close(answer[0])
-	require.NoError(t, <-first)
-	state, attempts, next := claimEnd()
-	require.Equal(t, "pending", state, "the superseded send's failure ends nothing")
-	require.Equal(t, webhooks.MaxAttempts+1, attempts)
-	require.True(t, next.Equal(claimed), "the second send keeps its claim: %s, want %s", next, claimed)
-
-	close(answer[1])
-	require.NoError(t, <-second)
-	got := deliveries(t, env, ws.Key, hook)
-	require.Len(t, got, 1)
-	require.Equal(t, "delivered", got[0]["state"])
-	require.EqualValues(t, http.StatusOK, got[0]["last_status_code"])
+	c.answerSecond()
+	require.EqualValues(t, 2, c.rcv.hits.Load())
 }

@@ -1,0 +1,16 @@
+-- claims counts a delivery's claims: each claim of it to be sent (the
+-- sweeper's sqlClaim) adds one and hands the number to its send, and a
+-- failure is recorded only while the row still counts that number, so an
+-- outcome whose claim a later one superseded records nothing. attempts
+-- fenced it before, but a retry (POST .../deliveries/retry) gives attempts
+-- back while the last one is in flight: a claim after it, once the first
+-- one's minute had lapsed, counted as few attempts as the first send's
+-- claim or fewer, and that send's late failure then recorded over the
+-- later claim (its backoff cut the later send's claim short, so another
+-- pass sent the delivery a third time). claims only grows.
+--
+-- A constant default: no table rewrite. The previous release neither
+-- reads nor bumps it; an instance of it still sweeping during the deploy
+-- claims without counting, and the current release's record still fences
+-- by attempts too, so such a claim is fenced as before (README, Upgrading).
+ALTER TABLE webhook_deliveries ADD COLUMN claims integer NOT NULL DEFAULT 0;
