@@ -62,9 +62,15 @@ const (
 	sendTimeout = 10 * time.Second
 	// connectTimeout bounds opening the connection, within sendTimeout.
 	connectTimeout = 5 * time.Second
-	// recordTimeout bounds recording one outcome, which runs even when the
+	// recordTimeout bounds recording an outcome, which runs even when the
 	// pass's own time is up.
 	recordTimeout = 5 * time.Second
+	// recordWait is the longest an ended send's outcome waits for the
+	// pass's other sends to end, so that their outcomes are recorded in one
+	// statement (pass.record): a round's sends to receivers that answer
+	// alike end within moments of each other, and up to 100 outcomes took
+	// a statement and a checkout of the pass's share of the pool each.
+	recordWait = 20 * time.Millisecond
 )
 
 // Backoff is the wait after failed attempt n (1-based): 30 s doubling, capped
@@ -327,7 +333,7 @@ type claimed struct {
 	previous     []byte // the rotated secret, while it still signs
 	webhookID    string
 	attempts     int
-	claims       int // the row's claims as this claim counted them (sqlClaim): the record's fence
+	claims       int // the row's claims as this claim counted them (sqlClaim): the record's fence (sqlRecord)
 	eventID      string
 	eventType    string
 	eventData    []byte
@@ -352,7 +358,7 @@ func (s *Service) Deliver(ctx context.Context, now time.Time) (int, error) {
 	if err := s.reportHeld(ctx, now); err != nil {
 		return 0, err
 	}
-	p := newPass()
+	p := s.newPass()
 	total := 0
 	for rounds := 0; rounds < maxRounds; {
 		// The first round too: one started with less than a send's time
@@ -384,7 +390,7 @@ func (s *Service) Deliver(ctx context.Context, now time.Time) (int, error) {
 		}
 		rounds++
 		total += len(batch)
-		p.await(ctx, p.send(ctx, batch, s.deliverOne), roundWait)
+		p.await(ctx, p.send(ctx, batch), roundWait)
 	}
 	p.wg.Wait()
 	return total, p.err()
@@ -408,8 +414,10 @@ func timeForARound(ctx context.Context) bool {
 
 // pass tracks the sends one Deliver has in flight: by webhook and by
 // workspace, which the next round's claim leaves out while they hold their
-// share, and the first error of any.
+// share, and the first error of any; and the outcomes of those that ended,
+// until they are recorded (record).
 type pass struct {
+	s        *Service
 	wg       sync.WaitGroup
 	ended    chan struct{} // one token per send that ended
 	mu       sync.Mutex
@@ -417,10 +425,23 @@ type pass struct {
 	spaces   map[string]int
 	n        int
 	firstErr error
+	// sending counts the sends started whose outcome is not queued yet;
+	// queue holds the outcomes waiting to be recorded, and ready is closed
+	// when they are to be recorded at once (record).
+	sending int
+	queue   []queued
+	ready   chan struct{}
 }
 
-func newPass() *pass {
-	return &pass{ended: make(chan struct{}, maxInFlight), hooks: map[string]int{}, spaces: map[string]int{}}
+// queued is an outcome waiting in a pass's queue, and where its record's
+// error goes.
+type queued struct {
+	o    outcome
+	done chan error
+}
+
+func (s *Service) newPass() *pass {
+	return &pass{s: s, ended: make(chan struct{}, maxInFlight), hooks: map[string]int{}, spaces: map[string]int{}}
 }
 
 func (p *pass) inFlight() int {
@@ -464,12 +485,13 @@ func (p *pass) err() error {
 // sends short and lost their outcomes: counted attempts never sent,
 // successes sent again.) Outcomes are recorded whatever is left of the
 // pass's time: a delivery that was sent is recorded.
-func (p *pass) send(ctx context.Context, batch []claimed, deliver func(context.Context, claimed) error) <-chan struct{} {
+func (p *pass) send(ctx context.Context, batch []claimed) <-chan struct{} {
 	p.mu.Lock()
 	for _, c := range batch {
 		p.hooks[c.webhookID]++
 		p.spaces[c.workspaceID]++
 		p.n++
+		p.sending++
 	}
 	p.mu.Unlock()
 	var round sync.WaitGroup
@@ -479,7 +501,13 @@ func (p *pass) send(ctx context.Context, batch []claimed, deliver func(context.C
 		go func(c claimed) {
 			defer p.wg.Done()
 			defer round.Done()
-			if err := deliver(ctx, c); err != nil {
+			o, err := p.s.deliverOne(ctx, c)
+			if err == nil && o != nil {
+				err = p.record(ctx, *o)
+			} else {
+				p.unqueued()
+			}
+			if err != nil {
 				p.fail(err)
 			}
 			p.mu.Lock()
@@ -503,6 +531,73 @@ func (p *pass) send(ctx context.Context, batch []claimed, deliver func(context.C
 		close(done)
 	}()
 	return done
+}
+
+// record records o with the outcomes of the pass's other sends that end
+// within recordWait of it, in one statement (Service.recordOutcomes), and
+// answers once it is recorded. The first outcome of a queue waits for the
+// others: at most recordWait, and not at all once every send the pass has
+// started has ended (none is left to wait for) or the queue holds a
+// round's worth. The wait and the record run whatever is left of the
+// pass's time (recordOutcomes), so an ended send's outcome is never lost
+// to a pass that stops; and a pass ends only once each of its sends' is
+// recorded (Deliver waits for the sends, each for its record).
+func (p *pass) record(ctx context.Context, o outcome) error {
+	done := make(chan error, 1)
+	p.mu.Lock()
+	first := len(p.queue) == 0
+	if first {
+		p.ready = make(chan struct{})
+	}
+	p.queue = append(p.queue, queued{o: o, done: done})
+	p.sending--
+	ready := p.ready
+	p.readyIfAllEnded()
+	p.mu.Unlock()
+	if first {
+		t := time.NewTimer(p.s.recordWait)
+		select {
+		case <-ready:
+		case <-t.C:
+		}
+		t.Stop()
+		p.mu.Lock()
+		batch := p.queue
+		p.queue = nil
+		p.mu.Unlock()
+		outs := make([]outcome, len(batch))
+		for i, q := range batch {
+			outs[i] = q.o
+		}
+		err := p.s.recordOutcomes(ctx, outs)
+		for _, q := range batch {
+			q.done <- err
+		}
+	}
+	return <-done
+}
+
+// unqueued counts a send that ended with no outcome to record (abandoned,
+// or failed before it was sent).
+func (p *pass) unqueued() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.sending--
+	p.readyIfAllEnded()
+}
+
+// readyIfAllEnded tells the queue's first outcome to stop waiting once
+// no send of the pass is left that could join it, or it holds a round's
+// worth. Under p.mu.
+func (p *pass) readyIfAllEnded() {
+	if len(p.queue) == 0 || (p.sending > 0 && len(p.queue) < deliverBatch) {
+		return
+	}
+	select {
+	case <-p.ready:
+	default:
+		close(p.ready)
+	}
 }
 
 // await waits for a round's sends to end, at most d.
@@ -551,10 +646,11 @@ func (p *pass) awaitOne(ctx context.Context) bool {
 // workspace with one send short of its share in flight could claim a
 // share more). Each is pushed claimHold into the future in one statement
 // before anything is sent, so concurrent sweepers send disjoint sets; the
-// outcome is then recorded per delivery. It passes over the webhooks
-// whose signing secret this instance cannot open (sqlHeld), and the
-// disabled ones (Update), reading each webhook as it is when the statement
-// starts: a claim that starts after an update committed sends to its url.
+// outcomes are then recorded as the sends end (pass.record). It passes
+// over the webhooks whose signing secret this instance cannot open
+// (sqlHeld), and the disabled ones (Update), reading each webhook as it is
+// when the statement starts: a claim that starts after an update committed
+// sends to its url.
 func (s *Service) claim(ctx context.Context, now time.Time, limit int, hooks []string,
 	workspaces map[string]int) ([]claimed, error) {
 	spaces, inFlight := make([]string, 0, len(workspaces)), make([]int32, 0, len(workspaces))
@@ -592,7 +688,7 @@ func (s *Service) claim(ctx context.Context, now time.Time, limit int, hooks []s
 
 // sqlClaim is claim's statement. Each claim counts an attempt and a claim
 // (claims, migration 0073): attempts goes back to 0 on a retry, claims only
-// grows, and fences the failure's record (record).
+// grows, and fences the failure's record (sqlRecord).
 const sqlClaim = `
 		WITH busy AS (
 		    SELECT * FROM unnest($7::text[], $9::int[]) AS b(workspace_id, n)
@@ -636,9 +732,24 @@ const sqlClaim = `
 		RETURNING d.id, w.url, w.secret, CASE WHEN w.previous_secret_expires_at > $1::timestamptz THEN w.previous_secret END,
 		    w.id, d.attempts, d.claims, e.id, e.type, e.data::text, e.created_at, e.workspace_id, e.subject_id`
 
-// deliverOne sends one delivery and records the outcome. Only the status code
-// and a short fixed reason are stored, never the receiver's response body.
-func (s *Service) deliverOne(ctx context.Context, c claimed) error {
+// outcome is how a send ended, to record (recordOutcomes): at, its end;
+// code, the receiver's status, nil when none answered; failure, why it
+// failed, "" for a 2xx.
+type outcome struct {
+	c       claimed
+	at      time.Time
+	code    *int
+	failure string
+}
+
+// deliverOne sends one delivery and answers its outcome, to record; none
+// when it ended without a send to record (abandoned, recorded here, or an
+// error). Only the status code and a short fixed reason are stored, never
+// the receiver's response body.
+func (s *Service) deliverOne(ctx context.Context, c claimed) (*outcome, error) {
+	ended := func(code *int, failure string) (*outcome, error) {
+		return &outcome{c: c, at: s.now(), code: code, failure: failure}, nil
+	}
 	if len(c.secret) == 0 {
 		// Only a deleted webhook has no secret (sqlDelete erases it, a
 		// CHECK keeps a live one's), and a claim passes over deleted
@@ -647,7 +758,7 @@ func (s *Service) deliverOne(ctx context.Context, c claimed) error {
 		// ends as its webhook's delete ends the pending ones.
 		s.logger.Error("webhook has no signing secret (deleted); delivery not sent",
 			"webhook_id", c.webhookID, "delivery_id", c.id)
-		return s.abandon(ctx, c)
+		return nil, s.abandon(ctx, c)
 	}
 	secret, err := s.sealer.Open(c.secret, seal.AAD(c.webhookID, "secret"))
 	if err != nil {
@@ -657,7 +768,7 @@ func (s *Service) deliverOne(ctx context.Context, c claimed) error {
 		// record alone reaches only its owner.
 		s.logger.Error("webhook signing secret cannot be opened; delivery not sent",
 			"webhook_id", c.webhookID, "delivery_id", c.id, "err", err)
-		return s.record(ctx, c, nil, "cannot open signing secret")
+		return ended(nil, "cannot open signing secret")
 	}
 	secrets := []string{string(secret)}
 	if c.previous != nil {
@@ -674,7 +785,7 @@ func (s *Service) deliverOne(ctx context.Context, c claimed) error {
 	body, err := json.Marshal(Payload{ID: c.eventID, Type: c.eventType, CreatedAt: c.eventCreated.UTC(),
 		WorkspaceID: c.workspaceID, SubjectID: c.subjectID, Data: json.RawMessage(utcZ(c.eventData))})
 	if err != nil {
-		return fmt.Errorf("encode delivery: %w", err)
+		return nil, fmt.Errorf("encode delivery: %w", err)
 	}
 	// A send runs its course (sendTimeout) even when the pass is stopped
 	// (the local server shutting down, a cron caller gone): the receiver may
@@ -686,7 +797,7 @@ func (s *Service) deliverOne(ctx context.Context, c claimed) error {
 	defer cancel()
 	req, err := http.NewRequestWithContext(sendCtx, http.MethodPost, c.url, bytes.NewReader(body))
 	if err != nil {
-		return s.record(ctx, c, nil, "invalid url")
+		return ended(nil, "invalid url")
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "Ratchet-Webhooks/1")
@@ -694,15 +805,15 @@ func (s *Service) deliverOne(ctx context.Context, c claimed) error {
 	req.Header.Set("Ratchet-Signature", Sign(s.now(), body, secrets...))
 	res, err := s.client.Do(req)
 	if err != nil {
-		return s.record(ctx, c, nil, sendFailure(err))
+		return ended(nil, sendFailure(err))
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, 64<<10))
 	res.Body.Close()
 	code := res.StatusCode
 	if code >= 200 && code < 300 {
-		return s.record(ctx, c, &code, "")
+		return ended(&code, "")
 	}
-	return s.record(ctx, c, &code, "non-2xx response")
+	return ended(&code, "non-2xx response")
 }
 
 // abandon ends a claimed delivery that must not be sent, as its webhook's
@@ -717,58 +828,96 @@ func (s *Service) abandon(ctx context.Context, c claimed) error {
 	return nil
 }
 
-func (s *Service) record(ctx context.Context, c claimed, code *int, failure string) error {
+// recordOutcomes records the outcomes of ended sends in one statement
+// (sqlRecord), with recordTimeout to do it whatever is left of the pass's
+// time: a send that ended is recorded even when its pass was stopped. The
+// failures' next attempts are decided here, each by its own claim's
+// attempts (Backoff).
+func (s *Service) recordOutcomes(ctx context.Context, outs []outcome) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
 	defer cancel()
-	now := s.now()
-	var err error
-	switch {
-	case failure == "":
-		// A delivery its webhook's delete abandoned, or an update of its
-		// events ended, while it was being sent did arrive: it is recorded
-		// delivered (QA: it read failed).
-		err = s.exec(ctx, `UPDATE webhook_deliveries SET state = 'delivered', delivered_at = $2,
-			last_status_code = $3, last_error = NULL
-			WHERE id = $1 AND (state = 'pending' OR (state = 'failed' AND last_error IN ('`+abandoned+`', '`+unsubscribed+`')))`,
-			c.id, now, code)
-	default:
-		// Failed on its last attempt, it ends failed, unless a retry gave
-		// its attempts back while it was sent (Retry): it is then due
-		// again at once. Decided by the row's attempts, not the claim's.
-		// An outcome whose claim a later one superseded (this send
-		// outlived its claim's minute, as one of an instance frozen
-		// mid-send and thawed later does) records nothing: its backoff
-		// would cut the later send's claim short, and on the last attempt
-		// end the delivery failed before that send's answer, even a 2xx,
-		// could be recorded (webhooks model QA). Superseded means the row
-		// counts another claim (claims, migration 0073, which only grows),
-		// or more attempts: attempts alone let a retry, which gives them
-		// back while the last one is in flight, make a later claim count
-		// as few as this one, whose failure then cut that claim short
-		// (webhooks QA). The attempts fence stays for a claim by an
-		// instance of the release before 0073, which counts no claim: at
-		// worst it is fenced as it was then. A 2xx is recorded whichever
-		// attempt answered it: the event arrived.
-		due := now
-		if c.attempts < MaxAttempts {
-			due = now.Add(Backoff(c.attempts))
+	n := len(outs)
+	ids, claims, attempts := make([]string, n), make([]int32, n), make([]int32, n)
+	codes, failures := make([]*int32, n), make([]*string, n)
+	at, due := make([]time.Time, n), make([]time.Time, n)
+	for i, o := range outs {
+		ids[i], claims[i], attempts[i], at[i], due[i] = o.c.id, int32(o.c.claims), int32(o.c.attempts), o.at, o.at
+		if o.code != nil {
+			code := int32(*o.code)
+			codes[i] = &code
 		}
-		err = s.exec(ctx, `UPDATE webhook_deliveries
-			SET state = CASE WHEN attempts >= $5::int THEN 'failed' ELSE 'pending' END,
-			    next_attempt_at = CASE WHEN attempts >= $5::int THEN next_attempt_at ELSE $2::timestamptz END,
-			    last_status_code = $3, last_error = $4
-			WHERE id = $1 AND state = 'pending' AND attempts <= $6::int AND claims = $7::int`,
-			c.id, due, code, failure, MaxAttempts, c.attempts, c.claims)
+		if o.failure != "" {
+			failures[i] = &o.failure
+			if o.c.attempts < MaxAttempts {
+				due[i] = o.at.Add(Backoff(o.c.attempts))
+			}
+		}
 	}
-	if err != nil && err != pgx.ErrNoRows {
-		return fmt.Errorf("record delivery: %w", err)
+	// The statement locks its rows in id order, as a retry, a delete and
+	// retention lock theirs; a deadlock no order avoids is tried again
+	// (db.RetryDeadlocks: the statement reads each row anew).
+	err := db.RetryDeadlocks(ctx, func() error {
+		return s.exec(ctx, sqlRecord, ids, claims, attempts, codes, failures, at, due, MaxAttempts)
+	})
+	if err != nil {
+		return fmt.Errorf("record deliveries: %w", err)
 	}
 	return nil
 }
 
-// exec runs one statement of a delivery's outcome on the passes' share of
-// the pool (Service.conns): as a round's sends end, up to 100 of them
-// record at once, and on the pool alone they took every one of its
+// sqlRecord records ended sends' outcomes, one row each of the arrays
+// $1 to $7 (delivery id, its claim's claims and attempts, the status code
+// or NULL, the failure or NULL for a 2xx, the send's end, and the failure's
+// next attempt), by the same rules each outcome had in a statement of its
+// own:
+//
+//   - A 2xx is recorded delivered whichever attempt answered it (the event
+//     arrived), also when its webhook's delete abandoned it or an update of
+//     its events ended it while it was sent (QA: it read failed).
+//   - A failure is retried at its next attempt, or ends failed on the last
+//     one, unless a retry gave its attempts back while it was sent (Retry):
+//     then it is due again at once ($7 is its end). Decided by the row's
+//     attempts, not the claim's.
+//   - A failure whose claim a later one superseded (this send outlived its
+//     claim's minute, as one of an instance frozen mid-send and thawed
+//     later does) records nothing: its backoff would cut the later send's
+//     claim short, and on the last attempt end the delivery failed before
+//     that send's answer, even a 2xx, could be recorded (webhooks model
+//     QA). Superseded means the row counts another claim (claims,
+//     migration 0073, which only grows), or more attempts: attempts alone
+//     let a retry, which gives them back while the last one is in flight,
+//     make a later claim count as few as this one, whose failure then cut
+//     that claim short (webhooks QA). The attempts fence stays for a claim
+//     by an instance of the release before 0073, which counts no claim: at
+//     worst it is fenced as it was then.
+//
+// The rows are locked in id order first, as a retry, a delete and
+// retention lock them (one order: no deadlock), and each is then updated
+// as locked, its newest version (EvalPlanQual), never as the statement's
+// snapshot read it.
+const sqlRecord = `
+WITH o AS (
+    SELECT * FROM unnest($1::text[], $2::int[], $3::int[], $4::int[], $5::text[], $6::timestamptz[], $7::timestamptz[])
+        AS o(id, claims, attempts, code, failure, at, due)
+), locked AS (
+    SELECT d.id FROM webhook_deliveries d WHERE d.id = ANY ($1::text[])
+    ORDER BY d.id
+    FOR UPDATE
+)
+UPDATE webhook_deliveries d
+SET state = CASE WHEN o.failure IS NULL THEN 'delivered' WHEN d.attempts >= $8::int THEN 'failed' ELSE 'pending' END,
+    delivered_at = CASE WHEN o.failure IS NULL THEN o.at ELSE d.delivered_at END,
+    next_attempt_at = CASE WHEN o.failure IS NOT NULL AND d.attempts < $8::int THEN o.due ELSE d.next_attempt_at END,
+    last_status_code = o.code, last_error = o.failure
+FROM o, locked
+WHERE d.id = o.id AND locked.id = o.id AND CASE WHEN o.failure IS NULL
+    THEN d.state = 'pending' OR (d.state = 'failed' AND d.last_error IN ('` + abandoned + `', '` + unsubscribed + `'))
+    ELSE d.state = 'pending' AND d.attempts <= o.attempts AND d.claims = o.claims END`
+
+// exec runs one statement of deliveries' outcomes on the passes' share of
+// the pool (Service.conns): as a round's sends end, their records (a few
+// statements, recordOutcomes) run beside other passes' claims and records,
+// and on the pool alone up to 100 records at once took every one of its
 // connections, the instance's requests queued behind them (soak QA).
 func (s *Service) exec(ctx context.Context, sql string, args ...any) error {
 	return s.conns.Hold(ctx, func() error {

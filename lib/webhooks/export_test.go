@@ -19,8 +19,8 @@ func (s *Service) DeliverRound(ctx context.Context, now time.Time) (int, error) 
 	if err != nil {
 		return 0, err
 	}
-	p := newPass()
-	<-p.send(ctx, batch, s.deliverOne)
+	p := s.newPass()
+	<-p.send(ctx, batch)
 	return len(batch), p.err()
 }
 
@@ -40,10 +40,16 @@ const SQLDeliveriesPage = sqlDeliveriesPage
 // DeliverSealed sends delivery id of webhook webhookID (workspace ws) to
 // url, its secret the sealed one given, as a claim hands a delivery over.
 func (s *Service) DeliverSealed(ctx context.Context, id, webhookID, ws, url string, sealed []byte) error {
-	return s.deliverOne(ctx, claimed{id: id, url: url, secret: sealed, webhookID: webhookID, attempts: 1,
+	p := s.newPass()
+	<-p.send(ctx, []claimed{{id: id, url: url, secret: sealed, webhookID: webhookID, attempts: 1,
 		eventID: "evt_sealed", eventType: "run.finished", eventData: []byte(`{}`), eventCreated: s.now(),
-		subjectID: "run_sealed", workspaceID: ws})
+		subjectID: "run_sealed", workspaceID: ws}})
+	return p.err()
 }
+
+// SetRecordWait sets how long an ended send's outcome waits for the pass's
+// other sends to record with it.
+func SetRecordWait(s *Service, d time.Duration) { s.recordWait = d }
 
 // SQLAbandon is the delete's second statement, for a test of its plan.
 var SQLAbandon = sqlAbandon

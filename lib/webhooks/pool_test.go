@@ -3,6 +3,9 @@ package webhooks_test
 import (
 	"context"
 	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,7 +15,6 @@ import (
 
 	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/config"
-	"github.com/getratchet/ratchet/lib/events"
 )
 
 // A delivery pass leaves the instance's requests room in its pool (soak:
@@ -24,29 +26,18 @@ import (
 // half the pool, leaving two (db.ShareSize; here 2) while it records their outcomes: with those
 // records stuck on a lock, a request's acquire still gets a connection,
 // and gets it while they are stuck, not once they have given up (each
-// record has 5 s: one that ran out is an outcome lost and sent again).
+// record has 5 s: one that ran out is an outcome lost and sent again). The
+// sends are answered one at a time until the records stuck fill the
+// share, each then recorded alone (the pass records the outcomes of sends
+// that end together in one statement), and the rest together.
 func TestADeliveryPassLeavesRequestsRoomInThePool(t *testing.T) {
 	const maxConns, share, sends = 4, 2, 8 // share: db.ShareSize(maxConns)
 	env, clk := start(t, true, apitest.WithConfig(func(c *config.Config) { c.DBMaxConns = maxConns }))
 	ctx := context.Background()
 	pool := env.App.Pool
 	require.EqualValues(t, maxConns, pool.Config().MaxConns)
-	dispatchAll(t, env, clk.Now())
-	ws := env.Signup()
-	srv, _, hits, release := newHeldReceiver(t, http.StatusInternalServerError)
-	hook, _ := subscribe(t, env, ws.Key, srv.URL)
-	for range sends {
-		record(t, env, ws.ID, events.RunFinished, clk.Now())
-	}
-	dispatchAll(t, env, clk.Now())
-
-	done := make(chan error, 1)
-	go func() {
-		_, err := env.App.Server.Webhooks.Deliver(ctx, clk.Now())
-		done <- err
-	}()
-	require.Eventually(t, func() bool { return hits.Load() == sends }, 30*time.Second, 10*time.Millisecond,
-		"every send is in flight")
+	srv, hits, answerOne, answerAll := newTurnReceiver(t, http.StatusInternalServerError)
+	hook, done := sendsInFlight(t, env, clk, srv.URL, hits, sends)
 
 	// The sends wait on their receiver: the pass holds none of the pool.
 	acquireAll(t, pool, maxConns)
@@ -76,9 +67,12 @@ func TestADeliveryPassLeavesRequestsRoomInThePool(t *testing.T) {
 			WHERE $1::int = ANY (pg_blocking_pids(pid))`, blockerPID).Scan(&n))
 		return n
 	}
-	release()
-	require.Eventually(t, func() bool { return blocked(watcher) >= share }, 30*time.Second, 10*time.Millisecond,
-		"the records reach the lock")
+	for k := 1; k <= share; k++ {
+		answerOne()
+		require.Eventually(t, func() bool { return blocked(watcher) >= k }, 30*time.Second, 10*time.Millisecond,
+			"the records reach the lock")
+	}
+	answerAll()
 
 	// A request's connection, while every one of the pass's records is
 	// stuck or waiting for its share (a generous bound on failure only).
@@ -97,6 +91,27 @@ func TestADeliveryPassLeavesRequestsRoomInThePool(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM webhook_deliveries
 		WHERE webhook_id = $1 AND state = 'pending' AND attempts = 1 AND last_status_code = 500`, hook).Scan(&recorded))
 	require.Equal(t, sends, recorded)
+}
+
+// newTurnReceiver answers each request with status, one request each time
+// answerOne is called, or all of them from answerAll on (or once the test
+// ends); hits counts them.
+func newTurnReceiver(t *testing.T, status int) (srv *httptest.Server, hits *atomic.Int32, answerOne, answerAll func()) {
+	turns, all := make(chan struct{}, 1000), make(chan struct{})
+	var once sync.Once
+	answerAll = func() { once.Do(func() { close(all) }) }
+	hits = new(atomic.Int32)
+	srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		select {
+		case <-turns:
+		case <-all:
+		}
+		w.WriteHeader(status)
+	}))
+	t.Cleanup(srv.Close)
+	t.Cleanup(answerAll) // runs first: the handlers return before the server closes
+	return srv, hits, func() { turns <- struct{}{} }, answerAll
 }
 
 // acquireAll acquires n connections of pool at once, and releases them.

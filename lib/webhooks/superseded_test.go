@@ -89,14 +89,7 @@ func newSupersededCase(t *testing.T) *supersededCase {
 }
 
 // pass runs a delivery pass at the clock's now, aside.
-func (c *supersededCase) pass() <-chan error {
-	done, at := make(chan error, 1), c.clk.Now()
-	go func() {
-		_, err := c.env.App.Server.Webhooks.Deliver(context.Background(), at)
-		done <- err
-	}()
-	return done
-}
+func (c *supersededCase) pass() <-chan error { return deliverAside(c.env, c.clk.Now()) }
 
 // sendFirst sends the delivery, held at the receiver.
 func (c *supersededCase) sendFirst() {
@@ -129,10 +122,16 @@ func (c *supersededCase) answerFirst(attempts int) {
 func (c *supersededCase) answerSecond() {
 	c.rcv.release(1)
 	require.NoError(c.t, <-c.second)
-	got := deliveries(c.t, c.env, c.ws.Key, c.hook)
-	require.Len(c.t, got, 1)
-	require.Equal(c.t, "delivered", got[0]["state"])
-	require.EqualValues(c.t, http.StatusOK, got[0]["last_status_code"])
+	requireDeliveredOK(c.t, c.env, c.ws.Key, c.hook)
+}
+
+// requireDeliveredOK checks that hook's one delivery reads delivered, 200.
+func requireDeliveredOK(t *testing.T, env *apitest.Env, key, hook string) {
+	t.Helper()
+	got := deliveries(t, env, key, hook)
+	require.Len(t, got, 1)
+	require.Equal(t, "delivered", got[0]["state"])
+	require.EqualValues(t, http.StatusOK, got[0]["last_status_code"])
 }
 
 // row reads the delivery's state, attempts and next attempt.

@@ -111,6 +111,9 @@ type Service struct {
 	// least two, and on at least one (db.ShareSize), leaving the rest to
 	// requests (Deliver).
 	conns *db.Share
+	// recordWait bounds how long an ended send's outcome waits for others
+	// to record with it (recordWait; tests raise it).
+	recordWait time.Duration
 }
 
 // New returns a Service. allowPrivate permits receivers on loopback and
@@ -121,7 +124,7 @@ func New(pool *pgxpool.Pool, sealer *seal.Sealer, now func() time.Time, allowPri
 	// Postgres keeps microseconds: a write answers the time a read returns.
 	clock := func() time.Time { return now().UTC().Truncate(time.Microsecond) }
 	return &Service{pool: pool, sealer: sealer, now: clock, client: newClient(allowPrivate), allowPrivate: allowPrivate,
-		logger: redact.Logger(logger), dispatchBatch: dispatchBatch, conns: db.ShareOf(pool)}
+		logger: redact.Logger(logger), dispatchBatch: dispatchBatch, conns: db.ShareOf(pool), recordWait: recordWait}
 }
 
 // validate checks the request. Unless allowPrivate, a receiver named by a
@@ -507,7 +510,7 @@ RETURNING ` + readCols("$6")
 // longer list (an update). They are locked in id order first, as a retry
 // and retention lock them (one order: no deadlock; a delete's bare UPDATE
 // locked them in scan order). One being sent meanwhile is recorded
-// delivered if it arrives (record).
+// delivered if it arrives (sqlRecord).
 const sqlEndPending = `
 UPDATE webhook_deliveries d SET state = 'failed', last_error = $3::text
 FROM (
