@@ -123,8 +123,9 @@ type StartOptions struct {
 	// context ended), cancelled handlers have to return and be reported,
 	// and then how much longer the reports are sent: Stop returns within
 	// its deadline plus twice StopGrace and a second. A handler cancelled
-	// for a lost lease or a cancelled job gets it from Stop's call (or its
-	// cancellation, if later), deadline or not. Zero means
+	// for a lost lease or a cancelled job gets it from the deadline too, as
+	// the Python and TypeScript workers give it; from Stop's call (or its
+	// cancellation, if later) when Stop's context has no deadline. Zero means
 	// DefaultStopGrace (10 s); negative means none.
 	StopGrace time.Duration
 }
@@ -147,6 +148,7 @@ type Worker struct {
 	opts     StartOptions
 
 	stopping   chan struct{}           // closed by Stop (under mu): claim no more
+	undated    chan struct{}           // closed by a Stop whose context has no deadline (under mu)
 	cancelPoll context.CancelFunc      // ends a registration or claim in flight, at Stop's deadline
 	slotFreed  chan struct{}           // a handler finished (buffered, 1)
 	loopDone   chan struct{}           // closed when polling ended, or Start gave up before it
@@ -282,7 +284,7 @@ func (w *Worker) Start(ctx context.Context, opts StartOptions) error {
 	// Start goes on to poll with nobody left to stop it.
 	pollCtx, cancelPoll := context.WithCancel(ctx)
 	w.started = true
-	w.stopping, w.loopDone, w.cancelPoll = make(chan struct{}), make(chan struct{}), cancelPoll
+	w.stopping, w.undated, w.loopDone, w.cancelPoll = make(chan struct{}), make(chan struct{}), make(chan struct{}), cancelPoll
 	w.mu.Unlock()
 
 	if opts.Concurrency <= 0 {
@@ -324,7 +326,7 @@ func (w *Worker) Start(ctx context.Context, opts StartOptions) error {
 	if err != nil {
 		cancelPoll()
 		w.started = false // Start may be called again
-		w.stopping, w.loopDone, w.cancelPoll = nil, nil, nil
+		w.stopping, w.undated, w.loopDone, w.cancelPoll = nil, nil, nil, nil
 		notices.stopped() // the worker stops here: nobody need call Stop
 		return err
 	}
@@ -499,11 +501,12 @@ func closed(ch chan struct{}) bool {
 // not waited for past ctx's end; the error counts it apart. A handler that
 // ignores the cancellation of a lost lease (OnError was told a
 // *LeaseLostError) or of a job the server cancelled, before Stop, while it
-// waits or during the grace, gets the same StopGrace from Stop's call (or
-// from that cancellation, if later) and is then left running, nothing
+// waits or during the grace, is waited for as the others are: until ctx's
+// deadline, then the same StopGrace. A ctx without a deadline gives it
+// StopGrace from Stop's call instead (or from that cancellation, if later)
+// rather than wait for it for ever. It is then left running, nothing
 // reported or told (a newer attempt holds its job, or the job runs no
-// more), even by a ctx without a deadline; the error counts it apart too
-// (matching ErrWorkerStopped).
+// more); the error counts it apart too (matching ErrWorkerStopped).
 //
 // Reports are retried until the server answers them, bounded only by ctx
 // (and the grace). If any report of the worker's life was not recorded (given
@@ -553,6 +556,11 @@ func (w *Worker) stop(ctx context.Context) error {
 	stopping, loopDone, cancelPoll := w.stopping, w.loopDone, w.cancelPoll
 	if stopping != nil && !closed(stopping) {
 		close(stopping)
+	}
+	if _, dated := ctx.Deadline(); !dated && w.undated != nil && !closed(w.undated) {
+		// No deadline to wait for: a handler ignoring a lost lease or a
+		// cancel request gets the stop grace from now (await).
+		close(w.undated)
 	}
 	w.mu.Unlock()
 	if stopping == nil {
@@ -1392,11 +1400,13 @@ const timeoutGrace = time.Second
 // finished is false when the handler did not return by then. A cancel
 // request or a lost lease waits for the handler as before (the heartbeats
 // have already stopped, so its lease lapses on its own) until the worker
-// stops (Stop is called, with or without a deadline, or Start's context
-// ends), and then the stop grace at most, as the TypeScript and Python
-// workers wait (sdk QA: Go waited with no bound, so that after Start's
-// context ended the reports were never closed, and a Stop without a
-// deadline never returned).
+// stops (Stop's deadline, the end of Start's context, or the call of a
+// Stop without a deadline), and then the stop grace at most, as the
+// TypeScript and Python workers wait (sdk QA: Go waited with no bound, so
+// that after Start's context ended the reports were never closed, and a
+// Stop without a deadline never returned; then it counted the grace from
+// Stop's call, deadline or not, giving such a handler less time than the
+// TypeScript and Python workers, and less than a handler Stop cancels).
 func (w *Worker) await(hctx, jobsCtx context.Context, done <-chan handlerResult) (res handlerResult, finished bool) {
 	select {
 	case res = <-done:
@@ -1412,8 +1422,8 @@ func (w *Worker) await(hctx, jobsCtx context.Context, done <-chan handlerResult)
 		select {
 		case res = <-done:
 			return res, true
-		case <-jobsCtx.Done():
-		case <-w.stopping: // Stop was called, whatever its deadline
+		case <-jobsCtx.Done(): // Stop's deadline, or Start's context ended
+		case <-w.undated: // a Stop without a deadline was called
 		}
 		grace = w.stopGraceOr()
 	}

@@ -3194,3 +3194,70 @@ func TestWorkerStopWithoutADeadlineGivesUpAHandlerIgnoringALostLeaseOrACancel(t 
 		})
 	}
 }
+
+// A Stop with a deadline waits for a handler that ignores a lost lease or
+// the server's cancel request, cancelled before the Stop, as for any other
+// handler: until the deadline, and only then the stop grace, as the
+// TypeScript and Python workers give it (their grace starts at the stop's
+// deadline). sdk QA: Go began that grace at Stop's call, so that such a
+// handler was given up well before the deadline a handler Stop cancels
+// gets. Every timer of the grace's length (the handler's own and Stop's
+// wait for the handlers) must be asked for once the deadline has passed;
+// the gated clock then decides when the grace ends.
+func TestWorkerStopWithADeadlineGivesAHandlerIgnoringALostLeaseOrACancelTheDeadlineThenTheGrace(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct{ name, cancelledBy string }{
+		{"lease lost before the stop", "lease_lost"}, {"cancel requested before the stop", "cancelRequested"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			j := newSettledJob(t, c.cancelledBy, true)
+			w := j.w
+			clk := &gatedClock{gated: time.Hour, open: make(chan struct{}), asked: make(chan struct{}, 8)}
+			var stopCtx atomic.Pointer[context.Context] // Stop's, once called
+			var early atomic.Int32                      // grace timers asked for before its deadline
+			w.clock = &deadlineClock{gatedClock: clk, before: func() {
+				if ctx := stopCtx.Load(); ctx == nil || (*ctx).Err() == nil {
+					early.Add(1)
+				}
+			}}
+			must(t, w.Start(context.Background(), StartOptions{PollInterval: 20 * time.Millisecond, OnError: j.sink.add,
+				StopGrace: time.Hour}))
+			awaitWithin(t, j.started, "the handler's start")
+			want := ErrLeaseLost
+			if c.cancelledBy == "cancelRequested" {
+				want = ErrCancelRequested
+			}
+			if cause := awaitWithin(t, j.causes, "the handler's cancellation"); !errors.Is(cause, want) {
+				t.Fatalf("cause %v", cause)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second) // Stop's deadline
+			defer cancel()
+			stopCtx.Store(&ctx)
+			stopped := make(chan error, 1)
+			go func() { stopped <- w.Stop(ctx) }()
+			awaitWithin(t, clk.asked, "a grace")
+			awaitWithin(t, clk.asked, "the other grace")
+			if n := early.Load(); n != 0 {
+				t.Fatalf("%d stop grace(s) began before Stop's deadline", n)
+			}
+			close(clk.open) // the stop grace ends
+			j.assertLeftRunning(t, awaitWithin(t, stopped, "Stop"))
+			j.assertNotToldLeftUnreported(t)
+		})
+	}
+}
+
+// deadlineClock is a gatedClock that calls before as each gated timer is
+// asked for.
+type deadlineClock struct {
+	*gatedClock
+	before func()
+}
+
+func (c *deadlineClock) Timer(d time.Duration) (<-chan time.Time, func()) {
+	if d == c.gated {
+		c.before()
+	}
+	return c.gatedClock.Timer(d)
+}
