@@ -604,7 +604,8 @@ class Worker:
         returns, as a ReportNotRecorded naming its job_id and attempt
         (never its input), as the Go and TypeScript workers' are (one whose
         lease was lost or whose job the server cancelled, before or during
-        the grace, is left running after the same grace, nothing told: its
+        the grace, is left running after the same grace, from the deadline
+        too, nothing told: its
         job does not run again for this worker's leaving it); the
         reports are sent until the deadline and twice the grace at most, as
         the Go SDK's Stop. Returns

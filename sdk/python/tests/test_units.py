@@ -2057,22 +2057,8 @@ class WorkerRulesTest(unittest.TestCase):
         moved = mock.patch("getratchet.worker.time", clock)
         moved.start()
         self.addCleanup(moved.stop)
-        waits: List[Optional[float]] = []
-
-        class Wake(threading.Event):
-            def wait(self, timeout: Optional[float] = None) -> bool:
-                waits.append(timeout)  # the supervisor's waits for its handler
-                return super().wait(timeout)
-
-        init = getratchet.worker._Active.__init__
-
-        def active_init(active, *args) -> None:
-            init(active, *args)
-            active.wake = Wake()
-
-        patched = mock.patch.object(getratchet.worker._Active, "__init__", active_init)
-        patched.start()
-        self.addCleanup(patched.stop)
+        waits: List[Optional[float]] = []  # the supervisor's waits for its handler
+        watch_supervisor_waits(self, waits.append)
         for stop_grace, grace in ((None, 10.0), (0.5, 0.5)):
             for returns in (True, False):
                 with self.subTest(grace=grace, returns=returns):
@@ -3564,6 +3550,26 @@ def quick_beats(test: unittest.TestCase) -> None:
     test.addCleanup(quick.stop)
 
 
+def watch_supervisor_waits(test: unittest.TestCase, seen: Callable[[Optional[float]], None]) -> None:
+    """Has each job's supervisor call seen(timeout) as it waits for its
+    handler (its wake's wait), until test ends."""
+
+    class Wake(threading.Event):
+        def wait(self, timeout: Optional[float] = None) -> bool:
+            seen(timeout)
+            return super().wait(timeout)
+
+    init = getratchet.worker._Active.__init__
+
+    def active_init(active, *args) -> None:
+        init(active, *args)
+        active.wake = Wake()
+
+    patched = mock.patch.object(getratchet.worker._Active, "__init__", active_init)
+    patched.start()
+    test.addCleanup(patched.stop)
+
+
 def ignoring_a_settled_job(test: unittest.TestCase, answer: str, refusing: threading.Event):
     """A client of a fake server that hands out job_1 (ten minutes'
     timeout) in its first claim and nothing after, and answers its
@@ -3705,6 +3711,73 @@ class LeftUnreportedTest(unittest.TestCase):
         for answer, before in (("lease_lost", True), ("cancelRequested", True), ("lease_lost", False)):
             with self.subTest(answer=answer, before=before):
                 self.left_running_untold(clock, answer, before)
+
+    def test_a_stop_gives_a_handler_ignoring_a_lost_lease_or_a_cancel_its_deadline_then_the_grace(self) -> None:
+        # A stop with a deadline waits for a handler that ignores a lost
+        # lease or the server's cancel request, cancelled before the stop, as
+        # for the others: until the deadline, and only then the grace, as it
+        # gives a handler it cancels at the deadline (the Go SDK's Stop began
+        # that grace at its call, giving such a handler up before the
+        # deadline; the TypeScript worker waits as this one does). The
+        # worker's clock is frozen and moved on by the test: the supervisor's
+        # wait of exactly the grace comes only once the clock reached the
+        # deadline.
+        quick_beats(self)
+        clock = _MovedClock(frozen=True)
+        moved = mock.patch("getratchet.worker.time", clock)
+        moved.start()
+        self.addCleanup(moved.stop)
+        waits: List[Optional[float]] = []  # when each supervisor's wait ends, by the worker's clock
+        watch_supervisor_waits(self, lambda timeout: waits.append(None if timeout is None else clock.monotonic() + timeout))
+        for answer in ("lease_lost", "cancelRequested"):
+            with self.subTest(answer=answer):
+                del waits[:]
+                self.deadline_then_grace(clock, waits, answer)
+
+    def deadline_then_grace(self, clock: "_MovedClock", waits: List[Optional[float]], answer: str) -> None:
+        grace, timeout = 7.0, 45.0
+        refusing = threading.Event()
+        refusing.set()
+        client, running, cancelled, reasons, reports = ignoring_a_settled_job(self, answer, refusing)
+        errors: List[BaseException] = []
+        client.worker.start(1, poll_interval=0.05, on_error=errors.append, block=False, stop_grace=grace)
+        self.assertTrue(running.wait(10))  # hang guard
+        self.assertTrue(cancelled.wait(10))  # hang guard
+        self.assertEqual(reasons, ["lease_lost" if answer == "lease_lost" else "cancelled"])
+        if answer == "lease_lost":
+            wait_until(lambda: any(isinstance(e, getratchet.LeaseLost) for e in errors))
+        deadline, end = clock.monotonic() + timeout, clock.monotonic() + timeout + grace
+        answers: List[bool] = []
+        stopper = threading.Thread(target=lambda: answers.append(client.worker.stop(timeout)), daemon=True)
+        stopper.start()
+        wait_until(lambda: client.worker._stop_at is not None)
+        with client.worker._lock:
+            pass  # the stop's request is made
+        # The supervisor looks again, now that the stop was asked for: it
+        # still waits for the handler with no end (no grace before the
+        # deadline).
+        (active,) = client.worker._active.values()
+        seen = len(waits)
+        active.wake.set()
+        wait_until(lambda: len(waits) > seen)
+        self.assertEqual(waits[seen:], [None], "a grace began before the deadline")
+        # The deadline: the clock reaches it, and the stop's wait for the
+        # handlers wakes to see it; the supervisor then waits for exactly
+        # the grace from there (a grace begun at stop()'s call would end
+        # before it, and the handler would be given up at once).
+        clock.offset += timeout
+        with client.worker._lock:
+            client.worker._lock.notify_all()
+        wait_until(lambda: any(w is not None and abs(w - end) < 1e-9 for w in waits) or not stopper.is_alive())
+        self.assertTrue(stopper.is_alive(), "the handler was given up at the deadline")
+        self.assertEqual([w for w in waits if w is not None and w < deadline], [], "a grace began before the deadline")
+        clock.offset += grace
+        for active in list(client.worker._active.values()):
+            active.wake.set()
+        stopper.join(30)  # hang guard
+        self.assertEqual(answers, [False], "a handler was left running")
+        self.assertEqual(reports, [])
+        self.assertEqual([e for e in errors if isinstance(e, getratchet.ReportNotRecorded)], [])
 
     def left_running_untold(self, clock: "_MovedClock", answer: str, before: bool) -> None:
         refusing = threading.Event()

@@ -358,7 +358,8 @@ export declare class Worker {
    * unreported (its lease lapses and the job runs again), and onError is
    * told so once, as a ReportNotRecordedError naming the job; one whose
    * lease was lost or whose job the server cancelled (before the stop or
-   * during its grace) is left running after the same grace, nothing told
+   * during its grace) is waited for until the deadline too and left
+   * running after the same grace, nothing told
    * (a newer attempt holds the job, or it runs no more). */
   stop(options?: { timeoutMs?: number | undefined }): Promise<boolean>;
 }

@@ -456,7 +456,7 @@ export class Worker {
    * leases lapse and another worker runs them), each told to onError once
    * as a ReportNotRecordedError naming the job (one whose lease was lost or
    * whose job the server cancelled, before or during the grace, is left
-   * running after the same grace, nothing told: its job does not run again
+   * running after the same grace, from the deadline too, nothing told: its job does not run again
    * for this worker's leaving it); the reports are sent until
    * the deadline and twice the grace at most, as the Go SDK's Stop. Resolves to whether every job this worker claimed ended with its
    * outcome recorded or settled elsewhere (a report refused because a newer

@@ -2606,6 +2606,22 @@ test("a method's timeoutMs bounds the whole call, its retries' waits included", 
   assert.equal(hangs.seen.length, 2);
 });
 
+// Registers tool t@1 on client, its handler ignoring its cancellation
+// until release(); reason() is the cancelReason it saw once cancelled
+// (null before).
+function ignoringTool(client) {
+  let reason = null;
+  let release;
+  const released = new Promise((r) => { release = r; });
+  client.registerTool({ name: 't', version: '1', handler: async (input, ctx) => {
+    await new Promise((r) => ctx.signal.addEventListener('abort', r, { once: true }));
+    reason = ctx.cancelReason;
+    await released; // ignores its cancellation
+    return {};
+  } });
+  return { reason: () => reason, release: () => release() };
+}
+
 // A handler that ignores a cancellation other than the stop's, a lost lease
 // (told to onError as a LeaseLostError) or the server's cancel request (the
 // job is cancelled: it runs no more), whether it came before the stop's
@@ -2624,38 +2640,72 @@ test('a stop leaves a handler ignoring a lost lease or a cancel running, and tel
         if (refusing && answer === 'lease_lost') return [409, error('lease_lost')];
         return [200, { leaseExpiresAt: '2030-01-01T00:00:00Z', cancelRequested: refusing }];
       });
-      let reason = null;
-      let release;
-      const released = new Promise((r) => { release = r; });
-      client.registerTool({ name: 't', version: '1', handler: async (input, ctx) => {
-        await new Promise((r) => ctx.signal.addEventListener('abort', r, { once: true }));
-        reason = ctx.cancelReason;
-        await released; // ignores its cancellation
-        return {};
-      } });
+      const handler = ignoringTool(client);
       quickBeats(t);
       const moveClock = frozenClock(t);
       const timers = watchTimers(t, [graceMs]);
       const errors = [];
       const started = client.worker.start({ concurrency: 1, pollIntervalMs: 50, onError: (err) => errors.push(err), stopGraceMs: graceMs });
       after(t, () => stopWorker(client.worker, started, 0));
-      after(t, () => release());
+      after(t, () => handler.release());
       let stopped;
       if (when === 'before') {
-        await until(() => reason !== null);
-        assert.equal(reason, answer === 'lease_lost' ? 'lease_lost' : 'cancelled');
+        await until(() => handler.reason() !== null);
+        assert.equal(handler.reason(), answer === 'lease_lost' ? 'lease_lost' : 'cancelled');
         stopped = client.worker.stop({ timeoutMs: 0 });
       } else {
         await until(claimed);
         stopped = client.worker.stop({ timeoutMs: 0 });
-        await until(() => reason !== null);
-        assert.equal(reason, 'stopping');
+        await until(() => handler.reason() !== null);
+        assert.equal(handler.reason(), 'stopping');
         refusing = true;
       }
       if (answer === 'lease_lost') await until(() => errors.some((err) => err instanceof LeaseLostError));
       await until(() => timers.length > 0, 60_000); // the grace begun
       moveClock(graceMs);
       timers[0].fire();
+      assert.equal(await hangGuard(stopped, 'the stop never ended'), false, 'a handler was left running');
+      assert.deepEqual(reports, []);
+      assert.deepEqual(errors.filter((err) => err instanceof ReportNotRecordedError), []);
+    });
+  }
+});
+
+// A stop with a deadline waits for a handler that ignores a lost lease or
+// the server's cancel request, cancelled before the stop, as for the others:
+// until the deadline, and only then the stop grace, as it gives a handler it
+// aborts at the deadline (the Go SDK's Stop began that grace at its call,
+// giving such a handler up before the deadline; the Python worker waits as
+// this one does). The worker's clock is frozen and the test fires the
+// deadline's and the grace's timers itself: the grace's is set only once the
+// deadline has passed.
+test('a stop gives a handler ignoring a lost lease or a cancel its deadline, then the grace', async (t) => {
+  const graceMs = 4_567;
+  const stopMs = 7_654;
+  for (const answer of ['lease_lost', 'cancelRequested']) {
+    await t.test(answer, async (t) => {
+      const { client, reports } = await oneJob(t, job(1, 0), () => (answer === 'lease_lost'
+        ? [409, error('lease_lost')] : [200, { leaseExpiresAt: '2030-01-01T00:00:00Z', cancelRequested: true }]));
+      const handler = ignoringTool(client);
+      quickBeats(t);
+      const moveClock = frozenClock(t);
+      const timers = watchTimers(t, [graceMs, stopMs]);
+      const errors = [];
+      const started = client.worker.start({ concurrency: 1, pollIntervalMs: 50, onError: (err) => errors.push(err), stopGraceMs: graceMs });
+      after(t, () => stopWorker(client.worker, started, 0));
+      after(t, () => handler.release());
+      await until(() => handler.reason() !== null);
+      assert.equal(handler.reason(), answer === 'lease_lost' ? 'lease_lost' : 'cancelled');
+      const stopped = client.worker.stop({ timeoutMs: stopMs });
+      // The claim's cut at the deadline, and the wait for the handlers until it.
+      await until(() => timers.filter((timer) => timer.ms === stopMs && !timer.cleared).length >= 2);
+      assert.deepEqual(timers.filter((timer) => timer.ms === graceMs), [], 'a grace began before the deadline');
+      const atDeadline = timers.length;
+      moveClock(stopMs);
+      for (const timer of timers.filter((timer) => timer.ms === stopMs && !timer.cleared)) timer.fire();
+      await until(() => timers.slice(atDeadline).some((timer) => timer.ms === graceMs)); // the grace begins
+      moveClock(graceMs);
+      timers.slice(atDeadline).find((timer) => timer.ms === graceMs).fire();
       assert.equal(await hangGuard(stopped, 'the stop never ended'), false, 'a handler was left running');
       assert.deepEqual(reports, []);
       assert.deepEqual(errors.filter((err) => err instanceof ReportNotRecordedError), []);
