@@ -124,7 +124,7 @@ func resolveRacingBegins(t *testing.T, racers int, apiKey, id, outcome string, b
 		env := envs[i%len(envs)]
 		wg.Go(func() {
 			<-start
-			status, out, err := post(env, "/api/v1/effects/begin", apiKey, body)
+			status, out, err := postBegin(env, apiKey, body)
 			mu.Lock()
 			defer mu.Unlock()
 			decisions[fmt.Sprintf("%d %v %v", status, out["decision"], err)]++

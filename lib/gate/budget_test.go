@@ -356,7 +356,7 @@ func TestConcurrentChargesAndReleasesAgree(t *testing.T) {
 func chargeAndReport(env *apitest.Env, apiKey, outcome string) string {
 	body := charge(key("mix"), 10)
 	body["dimensions"] = map[string]any{"vendor": "acme"}
-	status, out, err := post(env, "/api/v1/effects/begin", apiKey, body)
+	status, out, err := postBegin(env, apiKey, body)
 	switch {
 	case err != nil || status == http.StatusInternalServerError:
 		return fmt.Sprintf("begin error %d %v", status, err)
@@ -681,7 +681,7 @@ func TestCeilingsSetDuringLapsesAndReconciliationsAgree(t *testing.T) {
 		run(func() {
 			body := charge(k, 10)
 			body["dimensions"], body["lease_seconds"] = map[string]any{"vendor": "acme"}, 5
-			status, out, err := post(env, "/api/v1/effects/begin", agent, body)
+			status, out, err := postBegin(env, agent, body)
 			for tries := 0; status == http.StatusConflict && tries < 5; tries++ {
 				// retry_request: a grant slowed past its lease by the load
 				// found the sweeper had lapsed it; clients ask again (API.md §5)
@@ -689,7 +689,7 @@ func TestCeilingsSetDuringLapsesAndReconciliationsAgree(t *testing.T) {
 				if e["code"] != "retry_request" {
 					break
 				}
-				status, out, err = post(env, "/api/v1/effects/begin", agent, body)
+				status, out, err = postBegin(env, agent, body)
 			}
 			switch {
 			case err == nil && status == http.StatusOK && (out["decision"] == "execute" || out["decision"] == "blocked"):

@@ -91,7 +91,7 @@ func TestABudgetSetDuringABurstCountsEveryGrantOfTheDay(t *testing.T) {
 				<-start
 				body := charge(key("burst"), 10)
 				body["effect_type"], body["dimensions"] = typ, map[string]any{"vendor": "acme"}
-				status, out, err := post(env, "/api/v1/effects/begin", ws.Key, body)
+				status, out, err := postBegin(env, ws.Key, body)
 				mu.Lock()
 				defer mu.Unlock()
 				switch {
@@ -213,7 +213,7 @@ func TestAFailedReportRacingLapseResolveReconcileAndRetryReleasesOnce(t *testing
 			<-go_
 			body := charge(g.key, 10)
 			body["dimensions"] = map[string]any{"vendor": "acme"}
-			status, out, err := post(envB, "/api/v1/effects/begin", agent, body)
+			status, out, err := postBegin(envB, agent, body)
 			note("retry", status, out, err)
 			if err == nil && out["decision"] == "execute" && i%2 == 0 {
 				status, out, err = post(envB, "/api/v1/effects/"+g.id+"/report", agent,
@@ -415,7 +415,7 @@ func TestRunWalletUnderFailuresAndRetries(t *testing.T) {
 			<-start
 			body := inRun(run, charge(key("wallet"), 10))
 			for try := 0; try < 3; try++ {
-				status, out, err := post(env, "/api/v1/effects/begin", b.ws.Key, body)
+				status, out, err := postBegin(env, b.ws.Key, body)
 				mu.Lock()
 				if err != nil {
 					codes[err.Error()]++

@@ -47,7 +47,7 @@ func (r ceilingRace) race(t *testing.T, n int, envs ...*apitest.Env) []grantTry 
 		body := r.bodyOf(i, key("ceiling"), tries[i].cost)
 		wg.Go(func() {
 			<-start
-			status, out, err := post(env, "/api/v1/effects/begin", r.apiKey, body)
+			status, out, err := postBegin(env, r.apiKey, body)
 			switch {
 			case err != nil:
 				tries[i].code = err.Error()

@@ -153,7 +153,7 @@ func TestALapsedSurgeBreakerClosedByRacersIsAnnouncedOnce(t *testing.T) {
 			if i < len(refused) {
 				k = refused[i]
 			}
-			status, out, err := post(envs[i%2], "/api/v1/effects/begin", b.ws.Key, sms(k))
+			status, out, err := postBegin(envs[i%2], b.ws.Key, sms(k))
 			if err != nil || (status != http.StatusOK && status != http.StatusForbidden) {
 				mu.Lock()
 				fails = append(fails, fmt.Sprint(status, out, err))

@@ -64,7 +64,7 @@ func TestBeginsBetweenTheStopAndItsReleaseAreRefused(t *testing.T) {
 				body := email(key("stream"))
 				body["effect_type"] = types[(i+n)%len(types)]
 				sent := phase.Load()
-				status, out, err := post(env, "/api/v1/effects/begin", b.ws.Key, body)
+				status, out, err := postBegin(env, b.ws.Key, body)
 				answeredIn := phase.Load()
 				answer := fmt.Sprint(status, " ", out["decision"], " ", err)
 				if e, ok := out["error"].(map[string]any); ok {

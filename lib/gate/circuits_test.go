@@ -924,7 +924,7 @@ func TestACloseWaitsForABeginInTheSurgeTurn(t *testing.T) {
 			}
 			arrival := make(chan answer, 1)
 			go func() {
-				status, out, err := post(b.env, "/api/v1/effects/begin", b.ws.Key, sms(refused[0]))
+				status, out, err := postBegin(b.env, b.ws.Key, sms(refused[0]))
 				arrival <- answer{status, out, err}
 			}()
 			require.Eventually(t, func() bool {

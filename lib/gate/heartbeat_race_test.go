@@ -192,7 +192,7 @@ func TestHeartbeatsRacingARetryOfTheKey(t *testing.T) {
 		for i := 0; i < begins; i++ {
 			wg.Go(func() {
 				<-start
-				status, out, err := post(envLate, "/api/v1/effects/begin", ws.Key, body)
+				status, out, err := postBegin(envLate, ws.Key, body)
 				note("begin", status, out, err)
 			})
 		}
