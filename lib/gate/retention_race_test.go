@@ -494,10 +494,11 @@ func ending(t *testing.T, tx pgx.Tx, commit bool) func() {
 	}
 }
 
-// raceEra is inEra for a race test, whose passes are its own (held open,
-// or racing): the records it leaves, some past their retention, go when it
-// ends, so that no later era's pass (the retention tests count what theirs
-// delete) meets them.
+// raceEra is inEra for a test whose passes are its own (held open, or
+// racing), or that runs none: the records it leaves, some past their
+// retention or leased, go when it ends, so that no later era's pass (the
+// retention tests count what theirs delete, TestSweeperAndLapseRaces the
+// leases its sweep lapses) meets them.
 func raceEra(t *testing.T, year int) *bundle {
 	b, _ := inEra(t, year)
 	t.Cleanup(func() {
