@@ -10,3 +10,7 @@ func AfterClaims(s *Store, f func(error) error) { s.claimed = f }
 
 // SQLUnlinked is LinkAnswers' read, for a test of its plan.
 const SQLUnlinked = sqlUnlinked
+
+// SQLPurge is Purge's statement ($1 the oldest answer kept, $2 limit), for
+// a test that holds a pass open in a transaction of its own.
+const SQLPurge = sqlPurge
