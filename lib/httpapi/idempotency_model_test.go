@@ -141,8 +141,11 @@ type idemRig struct {
 	hold    chan chan struct{} // a test/hold request sends its release channel, then waits on it
 }
 
-func startIdemRig(t *testing.T) *idemRig {
-	clock := apitest.NewClock(time.Now())
+func startIdemRig(t *testing.T) *idemRig { return startIdemRigAt(t, time.Now()) }
+
+// startIdemRigAt is startIdemRig with the service's clock starting at start.
+func startIdemRigAt(t *testing.T, start time.Time) *idemRig {
+	clock := apitest.NewClock(start)
 	env := apitest.Start(t, apitest.WithNow(clock.Now))
 	r := &idemRig{t: t, env: env, clock: clock, hold: make(chan chan struct{})}
 	r.srv = httpapi.NewWithExtraRoutes(env.App.Server.Deps, []httpapi.Route{{
