@@ -391,7 +391,9 @@ func (s *Service) afterSlowGrant(ctx context.Context, q db.Querier, in *beginInp
 // deadlock with a begin crossing the other way, so the begin is done again,
 // with only the key's run's wallet. It also ends a grouped begin that finds
 // its key's run's wallet only once it holds its group (effectWallet), which
-// is begun again with the wallet locked first.
+// is begun again with the wallet locked first, and a begin that finds its
+// wallet's run deleted once it holds the wallet (chargeWallet), which is
+// begun again as one sent after the delete.
 var errWalletMoved = errors.New("begin: the key's effect belongs to another run's wallet")
 
 func (s *Service) begin(ctx context.Context, in *beginInput) (Decision, error) {
@@ -458,6 +460,22 @@ func (s *Service) chargeWallet(ctx context.Context, tx pgx.Tx, in *beginInput, w
 	}
 	if _, err := tx.Exec(ctx, sqlLockWallet, w.runID); err != nil {
 		return fmt.Errorf("begin: lock wallet: %w", err)
+	}
+	// The run is held until tx ends, so that run retention, which deletes
+	// it with what effect retention kept of its spend (run_retired_spend),
+	// skips it or has already gone: a begin that read the run before it
+	// was deleted, and waited for the wallet meanwhile, read the spend
+	// without the kept part and was granted beyond the budget (retention
+	// QA). A run gone by now is begun again (errWalletMoved): as a begin
+	// sent after the delete, a new key is 404, one begun under the run is
+	// charged to no wallet (runWallet).
+	if err := tx.QueryRow(ctx, sqlShareWalletRun, w.runID).Scan(new(*int64)); errors.Is(err, pgx.ErrNoRows) {
+		if in.effectWallet != nil && in.effectWallet.runID == w.runID {
+			in.effectWallet = nil
+		}
+		return errWalletMoved
+	} else if err != nil {
+		return fmt.Errorf("begin: hold wallet's run: %w", err)
 	}
 	in.wallet = &w
 	var spent int64

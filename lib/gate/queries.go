@@ -676,6 +676,14 @@ const sqlWalletBudget = `SELECT budget_micros FROM job_runs WHERE id = $1`
 // business waiting for them.
 const sqlLockWallet = `SELECT pg_advisory_xact_lock(hashtextextended('wallet:' || $1::text, 0))`
 
+// sqlShareWalletRun holds a wallet's run ($1) FOR KEY SHARE until the
+// begin's transaction ends, once the wallet is locked (sqlLockWallet): run
+// retention (lib/jobs, which locks the runs it deletes FOR UPDATE SKIP
+// LOCKED) then skips it, or deleted it already and no row is read. Enqueues
+// and reports take no lock that waits for it (FOR SHARE, or updates that
+// leave the key).
+const sqlShareWalletRun = `SELECT budget_micros FROM job_runs WHERE id = $1 FOR KEY SHARE`
+
 // sqlRunSpend is what a run's wallet ($2, workspace $1) has spent, the
 // attempts of the effect being begun again included: a new attempt adds its
 // cost to theirs. Read after sqlLockWallet, in a later statement, so that

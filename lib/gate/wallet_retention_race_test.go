@@ -1,0 +1,235 @@
+package gate_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apitest"
+)
+
+// A hammer: begins charging runs' wallets (new keys, two instances) race
+// the retention passes of both instances that delete the runs' ended
+// effects (effects.retention, a type's retention_days of 1; small batches)
+// and the finished runs themselves (jobs.retention, 90 days). Each begin
+// answers, as README says, execute (charged to the wallet), 403
+// run_budget_exceeded (the wallet is spent), or 404 (its run is gone);
+// never a 500 (409 retry_request is sent again at once, as API.md says).
+// No wallet grants more than its budget, the spend of the effects
+// retention deleted included (migration 0030); a 404 is answered only for
+// a run that is gone; each granted begin left one attempt and each other
+// none (no charge without a grant); and a run still there reads the spend
+// of what it granted. Not parallel, in its own era (1927).
+func TestWalletBeginsRaceEffectAndRunRetention(t *testing.T) {
+	b := raceEra(t, 1927)
+	other := apitest.Start(t, apitest.WithNow(b.clock.Now))
+	ctx := context.Background()
+	pool := b.env.App.Pool
+	b.putPolicy("api.call", map[string]any{"retention_days": 1})
+	const (
+		runs      = 6
+		budget    = 1000
+		oldSpend  = 300 // an old effect's, succeeded: retention moves it to run_retired_spend
+		cost      = 200
+		fits      = (budget - oldSpend) / cost
+		perRun    = 6
+		retention = 90 * 24 * time.Hour // JOB_RETENTION_DAYS, apitest's default config
+	)
+	var ids []string
+	for range runs {
+		run := b.runWith(budget)
+		b.executedAs("succeeded", inRun(run, charge(key("old"), oldSpend)))
+		b.executedAs("failed", inRun(run, charge(key("failed"), 500))) // gives its cost back
+		b.env.Must(http.StatusOK, "POST", "/api/v1/runs/"+run+"/finish", b.ws.Key, nil)
+		require.Equal(t, oldSpend, b.spent(run))
+		ids = append(ids, run)
+	}
+	t.Cleanup(func() {
+		_, err := pool.Exec(context.Background(), `DELETE FROM job_runs WHERE workspace_id = $1`, b.ws.ID)
+		require.NoError(t, err)
+	})
+	b.clock.Add(retention + 24*time.Hour)
+
+	var (
+		mu       sync.Mutex
+		fail     []string
+		granted  = map[string]int{}
+		refused  = map[string]int{}
+		notFound = map[string]int{}
+		keys     = map[string][]string{} // per run: the keys answered other than execute
+	)
+	failf := func(format string, args ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		fail = append(fail, fmt.Sprintf(format, args...))
+	}
+	envs := []*apitest.Env{b.env, other}
+	stop := make(chan struct{})
+	var passes sync.WaitGroup
+	for _, env := range envs {
+		for _, pass := range []func() error{
+			func() error { _, err := env.App.Server.Gate.SweepRetention(ctx, b.clock.Now(), 1); return err },
+			func() error {
+				_, err := env.App.Server.Jobs.PurgeRetired(ctx, b.clock.Now().Add(-retention), 1)
+				return err
+			},
+		} {
+			passes.Add(1)
+			go func() {
+				defer passes.Done()
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					if err := pass(); err != nil {
+						failf("pass: %v", err)
+						return
+					}
+				}
+			}()
+		}
+	}
+	var begins sync.WaitGroup
+	for _, run := range ids {
+		for i := range perRun {
+			env := envs[i%2]
+			begins.Add(1)
+			go func() {
+				defer begins.Done()
+				k := key("new")
+				for {
+					r := env.Do("POST", "/api/v1/effects/begin", b.ws.Key, inRun(run, charge(k, cost)))
+					switch {
+					case r.Status == http.StatusConflict && r.ErrorCode() == "retry_request":
+						continue
+					case r.Status == http.StatusOK && r.JSON()["decision"] == "execute":
+						d := r.JSON()
+						mu.Lock()
+						granted[run]++
+						mu.Unlock()
+						rep := env.Do("POST", "/api/v1/effects/"+str(d["effect_id"])+"/report", b.ws.Key,
+							map[string]any{"lease_token": d["lease_token"], "outcome": "succeeded"})
+						if rep.Status != http.StatusOK {
+							failf("report: %d %s", rep.Status, rep.Body)
+						}
+					case r.Status == http.StatusForbidden:
+						d := r.JSON()
+						e, _ := d["error"].(map[string]any)
+						if d["decision"] != "denied" || e["code"] != "run_budget_exceeded" {
+							failf("403: %s", r.Body)
+						}
+						mu.Lock()
+						refused[run]++
+						keys[run] = append(keys[run], k)
+						mu.Unlock()
+					case r.Status == http.StatusNotFound && r.ErrorCode() == "not_found":
+						mu.Lock()
+						notFound[run]++
+						keys[run] = append(keys[run], k)
+						mu.Unlock()
+					default:
+						failf("begin: %d %s", r.Status, r.Body)
+					}
+					return
+				}
+			}()
+		}
+	}
+	begins.Wait()
+	close(stop)
+	passes.Wait()
+	require.Empty(t, fail)
+
+	for _, run := range ids {
+		require.LessOrEqual(t, granted[run], fits, "run %s: the wallet granted more than its budget", run)
+		require.Equal(t, perRun, granted[run]+refused[run]+notFound[run])
+		var gone bool
+		require.NoError(t, pool.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM job_runs WHERE id = $1)`, run).Scan(&gone))
+		if notFound[run] > 0 {
+			require.True(t, gone, "run %s: a begin was told 404 while the run is kept", run)
+		}
+		// No charge without a grant: the new keys' attempts are the
+		// executes', and a begin refused for a gone run kept no effect.
+		var attempts, spending, orphans int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT
+			(SELECT count(*) FROM effects e JOIN effect_attempts a ON a.effect_id = e.id
+			  WHERE e.workspace_id = $1 AND e.run_id = $2 AND e.idempotency_key LIKE 'new:%'),
+			(SELECT count(*) FROM effects e JOIN effect_attempts a ON a.effect_id = e.id
+			  WHERE e.workspace_id = $1 AND e.run_id = $2 AND e.idempotency_key = ANY($3) AND a.outcome IS DISTINCT FROM 'failed'),
+			(SELECT count(*) FROM run_retired_spend s WHERE s.run_id = $2 AND NOT EXISTS (SELECT 1 FROM job_runs r WHERE r.id = s.run_id))`,
+			b.ws.ID, run, keys[run]).Scan(&attempts, &spending, &orphans))
+		require.Equal(t, granted[run], attempts, "run %s: one attempt per grant", run)
+		require.Zero(t, spending, "run %s: a refused begin charged the wallet", run)
+		require.Zero(t, orphans)
+		var keptRefused int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM effects WHERE workspace_id = $1 AND idempotency_key = ANY($2)
+			AND run_id = $3 AND state <> 'denied'`, b.ws.ID, keys[run], run).Scan(&keptRefused))
+		require.Zero(t, keptRefused, "run %s: a refused begin left an effect other than its denial", run)
+		if !gone {
+			require.Equal(t, oldSpend+cost*granted[run], b.spent(run), "run %s: the wallet's spend", run)
+		}
+		t.Logf("run %s: %d granted, %d refused, %d not found, gone %v", run, granted[run], refused[run], notFound[run], gone)
+	}
+}
+
+// A begin charging a run's wallet that passed its read of the run, then
+// waited for the wallet's lock (held here by the test, as a begin of the
+// run ahead of it holds it) while run retention deleted the run, and with
+// it what effect retention had kept of its spend (run_retired_spend,
+// migration 0030): it is not granted what the wallet, still there when it
+// read the run, had no room for. It answers 404, as a begin naming a run
+// that is gone. Before, it read the wallet's spend without the kept part
+// and was granted beyond the budget (the hammer above). Not parallel, in
+// its own era (1928).
+func TestAWalletBeginWaitingWhileItsRunIsDeletedGrantsNothing(t *testing.T) {
+	b := raceEra(t, 1928)
+	ctx := context.Background()
+	pool := b.env.App.Pool
+	b.putPolicy("api.call", map[string]any{"retention_days": 1})
+	run := b.runWith(1000)
+	t.Cleanup(func() {
+		_, err := pool.Exec(context.Background(), `DELETE FROM job_runs WHERE workspace_id = $1`, b.ws.ID)
+		require.NoError(t, err)
+	})
+	b.executedAs("succeeded", inRun(run, charge(key("old"), 300)))
+	b.clock.Add(48 * time.Hour)
+	n, err := b.env.App.Server.Gate.SweepRetention(ctx, b.clock.Now(), 1000)
+	require.NoError(t, err)
+	require.Positive(t, n)
+	require.Equal(t, 300, b.spent(run), "the deleted effect's spend is kept on the run")
+	for range 3 {
+		b.executedAs("succeeded", inRun(run, charge(key("new"), 200)))
+	}
+	require.Equal(t, 900, b.spent(run))
+	b.env.Must(http.StatusOK, "POST", "/api/v1/runs/"+run+"/finish", b.ws.Key, nil)
+	b.clock.Add(91 * 24 * time.Hour)
+
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	_, err = tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('wallet:' || $1::text, 0))`, run)
+	require.NoError(t, err)
+	pid := apitest.BackendPID(t, tx)
+	done := make(chan struct{})
+	var r *apitest.Response
+	go func() { defer close(done); r = b.begin(inRun(run, charge(key("late"), 200))) }()
+	apitest.WaitDoneOrBlockedBy(t, pool, pid, done, "the begin neither answered nor waited for the wallet")
+	purged, err := b.env.App.Server.Jobs.PurgeRetired(ctx, b.clock.Now().AddDate(0, 0, -90), 1000)
+	require.NoError(t, err)
+	require.Positive(t, purged)
+	var gone bool
+	require.NoError(t, pool.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM job_runs WHERE id = $1)`, run).Scan(&gone))
+	require.True(t, gone, "run retention deleted the run")
+	require.NoError(t, tx.Commit(ctx))
+	<-done
+
+	require.NotEqual(t, "execute", r.JSON()["decision"], "granted 200 with 900 of 1000 spent: %s", r.Body)
+	errCode(t, r, http.StatusNotFound, "not_found")
+}
