@@ -214,6 +214,30 @@ func groupRequestsRacingARetentionPass(t *testing.T, year int, commit bool) {
 	require.Equal(t, 1, underKey)
 }
 
+// passing runs each of passes in a loop of its own until stop is closed,
+// or the pass fails (said to failf), and answers a wait for the loops.
+func passing(stop <-chan struct{}, failf func(format string, args ...any), passes ...func() error) (wait func()) {
+	var wg sync.WaitGroup
+	for _, pass := range passes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if err := pass(); err != nil {
+					failf("pass: %v", err)
+					return
+				}
+			}
+		}()
+	}
+	return wg.Wait
+}
+
 // racingPass sends each request alone, lets it run until it answers or
 // waits for a lock the transaction of backend pid holds
 // (pg_blocking_pids), then ends that transaction (end) and answers every
@@ -273,24 +297,11 @@ func TestBeginsOfExpiringKeysRaceRetentionPasses(t *testing.T) {
 		fail = append(fail, fmt.Sprintf(format, args...))
 	}
 	stop := make(chan struct{})
-	var sweepers sync.WaitGroup
+	var passes []func() error
 	for _, env := range []*apitest.Env{b.env, other} {
-		sweepers.Add(1)
-		go func() {
-			defer sweepers.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				if _, err := env.App.Server.Gate.SweepRetention(ctx, b.clock.Now(), 3); err != nil {
-					failf("pass: %v", err)
-					return
-				}
-			}
-		}()
+		passes = append(passes, func() error { _, err := env.App.Server.Gate.SweepRetention(ctx, b.clock.Now(), 3); return err })
 	}
+	sweepersDone := passing(stop, failf, passes...)
 	var begins sync.WaitGroup
 	for k, was := range old {
 		for _, env := range []*apitest.Env{b.env, other} {
@@ -339,7 +350,7 @@ func TestBeginsOfExpiringKeysRaceRetentionPasses(t *testing.T) {
 	}
 	begins.Wait()
 	close(stop)
-	sweepers.Wait()
+	sweepersDone()
 	require.Empty(t, fail)
 	for k, ids := range answered {
 		for _, id := range ids {

@@ -70,32 +70,16 @@ func TestWalletBeginsRaceEffectAndRunRetention(t *testing.T) {
 	}
 	envs := []*apitest.Env{b.env, other}
 	stop := make(chan struct{})
-	var passes sync.WaitGroup
+	var passes []func() error
 	for _, env := range envs {
-		for _, pass := range []func() error{
+		passes = append(passes,
 			func() error { _, err := env.App.Server.Gate.SweepRetention(ctx, b.clock.Now(), 1); return err },
 			func() error {
 				_, err := env.App.Server.Jobs.PurgeRetired(ctx, b.clock.Now().Add(-retention), 1)
 				return err
-			},
-		} {
-			passes.Add(1)
-			go func() {
-				defer passes.Done()
-				for {
-					select {
-					case <-stop:
-						return
-					default:
-					}
-					if err := pass(); err != nil {
-						failf("pass: %v", err)
-						return
-					}
-				}
-			}()
-		}
+			})
 	}
+	passesDone := passing(stop, failf, passes...)
 	var begins sync.WaitGroup
 	for _, run := range ids {
 		for i := range perRun {
@@ -144,7 +128,7 @@ func TestWalletBeginsRaceEffectAndRunRetention(t *testing.T) {
 	}
 	begins.Wait()
 	close(stop)
-	passes.Wait()
+	passesDone()
 	require.Empty(t, fail)
 
 	for _, run := range ids {
