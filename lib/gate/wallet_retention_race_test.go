@@ -169,7 +169,10 @@ func TestWalletBeginsRaceEffectAndRunRetention(t *testing.T) {
 // it what effect retention had kept of its spend (run_retired_spend,
 // migration 0030): it is not granted what the wallet, still there when it
 // read the run, had no room for. It answers 404, as a begin naming a run
-// that is gone. Before, it read the wallet's spend without the kept part
+// that is gone; a begin of a key begun under the run (a retry after a
+// failure), waiting the same way, is charged to no wallet, as one sent
+// after the delete, and executes (the wallet had no room for it either).
+// Before, it read the wallet's spend without the kept part
 // and was granted beyond the budget (the hammer above). Not parallel, in
 // its own era (1928).
 func TestAWalletBeginWaitingWhileItsRunIsDeletedGrantsNothing(t *testing.T) {
@@ -188,6 +191,8 @@ func TestAWalletBeginWaitingWhileItsRunIsDeletedGrantsNothing(t *testing.T) {
 	require.NoError(t, err)
 	require.Positive(t, n)
 	require.Equal(t, 300, b.spent(run), "the deleted effect's spend is kept on the run")
+	retried := inRun(run, charge(key("retried"), 200))
+	b.executedAs("failed", retried) // gives its cost back
 	for range 3 {
 		b.executedAs("succeeded", inRun(run, charge(key("new"), 200)))
 	}
@@ -201,10 +206,16 @@ func TestAWalletBeginWaitingWhileItsRunIsDeletedGrantsNothing(t *testing.T) {
 	_, err = tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('wallet:' || $1::text, 0))`, run)
 	require.NoError(t, err)
 	pid := apitest.BackendPID(t, tx)
-	done := make(chan struct{})
-	var r *apitest.Response
-	go func() { defer close(done); r = b.begin(inRun(run, charge(key("late"), 200))) }()
-	apitest.WaitDoneOrBlockedBy(t, pool, pid, done, "the begin neither answered nor waited for the wallet")
+	answers := map[string]*apitest.Response{}
+	var dones []chan struct{}
+	for what, body := range map[string]map[string]any{"late": inRun(run, charge(key("late"), 200)), "retried": retried} {
+		done := make(chan struct{})
+		dones = append(dones, done)
+		r := new(apitest.Response)
+		answers[what] = r
+		go func() { defer close(done); *r = *b.begin(body) }()
+		apitest.WaitDoneOrBlockedBy(t, pool, pid, done, what+" neither answered nor waited for the wallet")
+	}
 	purged, err := b.env.App.Server.Jobs.PurgeRetired(ctx, b.clock.Now().AddDate(0, 0, -90), 1000)
 	require.NoError(t, err)
 	require.Positive(t, purged)
@@ -212,8 +223,14 @@ func TestAWalletBeginWaitingWhileItsRunIsDeletedGrantsNothing(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM job_runs WHERE id = $1)`, run).Scan(&gone))
 	require.True(t, gone, "run retention deleted the run")
 	require.NoError(t, tx.Commit(ctx))
-	<-done
+	for _, done := range dones {
+		<-done
+	}
 
+	r := answers["late"]
 	require.NotEqual(t, "execute", r.JSON()["decision"], "granted 200 with 900 of 1000 spent: %s", r.Body)
 	errCode(t, r, http.StatusNotFound, "not_found")
+	r = answers["retried"]
+	require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+	require.Equal(t, "execute", r.JSON()["decision"], "%s", r.Body)
 }
