@@ -35,7 +35,10 @@ import (
 // the kept answer byte for byte with Idempotent-Replayed and
 // Original-Request, another request under an answered key is 409
 // idempotency_key_reuse, any request under a held claim 409 retry_request
-// with its Retry-After, and an erased answer 404 not_found. Seeds:
+// with its Retry-After, and an erased answer 404 not_found; with purges
+// (TestIdempotencyKeyModelWithPurges), the sweeper's passes delete exactly
+// the answers and claims a day old, and a purged key acts as a new one.
+// Seeds:
 // MODEL_SEED, MODEL_SEEDS, MODEL_OPS (lib/apitest).
 
 // idemCaller is an API key of the model: its secret, id and workspace.
@@ -364,44 +367,86 @@ func idemSends(rng *rand.Rand, callers int) idemSend {
 func TestIdempotencyKeyModel(t *testing.T) {
 	t.Parallel()
 	apitest.ModelRuns(t, 3, 80, func(t *testing.T, seed uint64, ops int) {
-		r := startIdemRig(t)
-		rng := rand.New(rand.NewPCG(seed, 0x1de))
-		m := &idemModel{entries: map[[2]string]*idemEntry{}, hooks: []int{0, 0}, resource: map[string]bool{},
-			hits: map[string]int{}}
-		defer func() { t.Logf("predictions: %v", m.hits) }()
-		tr := apitest.NewModelTrace(t, fmt.Sprintf("MODEL_SEED=%d MODEL_OPS=%d go test -run 'TestIdempotencyKeyModel$' ./lib/httpapi/", seed, ops))
-		var sent []idemSend
-		for range ops {
-			if tr.Failed() {
-				return
-			}
-			switch n := rng.IntN(20); {
-			case n < 10 || len(sent) == 0:
-				s := idemSends(rng, len(r.callers))
-				sent = append(sent, s)
-				r.predictAndSend(m, tr, s)
-			case n < 14:
-				r.predictAndSend(m, tr, sent[rng.IntN(len(sent))]) // sent again as it was
-			case n < 16:
-				d := []time.Duration{5 * time.Second, 12 * time.Second, 31 * time.Second, 10 * time.Minute,
-					12 * time.Hour, idempotency.TTL}[rng.IntN(6)]
-				r.clock.Add(d)
-				tr.Add(fmt.Sprintf("clock +%s", d))
-			case n < 18:
-				r.deadClaim(m, tr, sent[rng.IntN(len(sent))])
-			default:
-				r.deleteResource(m, tr, rng)
-			}
-			if tr.Failed() {
-				return
-			}
-			for ws := range m.hooks {
-				if got := r.liveHooks(ws); got != m.hooks[ws] {
-					tr.Fail("workspace %d holds %d webhooks, model %d", ws, got, m.hooks[ws])
-				}
+		runIdemModel(t, startIdemRig(t), seed, ops, false)
+	})
+}
+
+// TestIdempotencyKeyModelWithPurges is the model with the sweeper's
+// passes among its operations (idempotency.expired, with the rest of the
+// pass): each purges exactly the answers and claims a day old, which the
+// model drops, and what follows is predicted as before, a purged key
+// acting as a new one. Not parallel, in an era of its own (purgeEra): a
+// pass acts on every API key's answers in the database.
+func TestIdempotencyKeyModelWithPurges(t *testing.T) {
+	apitest.ModelRuns(t, 5, 120, func(t *testing.T, seed uint64, ops int) {
+		runIdemModel(t, startPurgeRig(t), seed, ops, true)
+	})
+}
+
+// runIdemModel runs one sequence of the model over r (with sweeper passes
+// among its operations when purges).
+func runIdemModel(t *testing.T, r *idemRig, seed uint64, ops int, purges bool) {
+	rng := rand.New(rand.NewPCG(seed, 0x1de))
+	m := &idemModel{entries: map[[2]string]*idemEntry{}, hooks: []int{0, 0}, resource: map[string]bool{},
+		hits: map[string]int{}}
+	defer func() { t.Logf("predictions: %v", m.hits) }()
+	name := map[bool]string{false: "TestIdempotencyKeyModel", true: "TestIdempotencyKeyModelWithPurges"}[purges]
+	tr := apitest.NewModelTrace(t, fmt.Sprintf("MODEL_SEED=%d MODEL_OPS=%d go test -run '%s$' ./lib/httpapi/", seed, ops, name))
+	var sent []idemSend
+	for range ops {
+		if tr.Failed() {
+			return
+		}
+		switch n := rng.IntN(20); {
+		case n < 10 || len(sent) == 0:
+			s := idemSends(rng, len(r.callers))
+			sent = append(sent, s)
+			r.predictAndSend(m, tr, s)
+		case n < 14:
+			r.predictAndSend(m, tr, sent[rng.IntN(len(sent))]) // sent again as it was
+		case n < 16:
+			d := []time.Duration{5 * time.Second, 12 * time.Second, 31 * time.Second, 10 * time.Minute,
+				12 * time.Hour, idempotency.TTL - time.Minute, idempotency.TTL}[rng.IntN(7)]
+			r.clock.Add(d)
+			tr.Add(fmt.Sprintf("clock +%s", d))
+		case n < 18:
+			r.deadClaim(m, tr, sent[rng.IntN(len(sent))])
+		case purges && n < 19:
+			r.purge(m, tr)
+		default:
+			r.deleteResource(m, tr, rng)
+		}
+		if tr.Failed() {
+			return
+		}
+		for ws := range m.hooks {
+			if got := r.liveHooks(ws); got != m.hooks[ws] {
+				tr.Fail("workspace %d holds %d webhooks, model %d", ws, got, m.hooks[ws])
 			}
 		}
-	})
+	}
+}
+
+// purge runs a sweeper pass: the rows of answers and claims a day old go
+// (an answer, erased or not, or a claim, lapsed since), exactly those the
+// model drops.
+func (r *idemRig) purge(m *idemModel, tr *apitest.ModelTrace) {
+	now := r.clock.Now()
+	want := 0
+	for k, e := range m.entries {
+		if !e.created.After(now.Add(-idempotency.TTL)) {
+			delete(m.entries, k)
+			want++
+		}
+	}
+	got := r.sweep()
+	tr.Add(fmt.Sprintf("sweep -> %d purged", got))
+	if got != want {
+		tr.Fail("the pass purged %d, model %d", got, want)
+	}
+	if want > 0 {
+		m.hits["purged"] += want
+	}
 }
 
 // deadClaim claims s's key for a request that dies at once (lib/idempotency's
