@@ -330,8 +330,12 @@ func (s *Service) Begin(ctx context.Context, p *auth.Principal, req BeginRequest
 		return Decision{}, err
 	}
 	d, err := s.begin(ctx, in)
-	if errors.Is(err, errWalletMoved) {
-		// Rolled back: begin once more, now charged to the key's run.
+	for moves := 1; errors.Is(err, errWalletMoved); moves++ {
+		if moves == maxWalletMoves {
+			return Decision{}, retryRequest()
+		}
+		// Rolled back: begin again, now charged to the key's run (or, its
+		// run deleted meanwhile, to no wallet).
 		in.wallet, in.walletRefused, in.effectKnown, in.risk.refused = nil, false, false, nil
 		d, err = s.begin(ctx, in)
 	}
@@ -395,6 +399,14 @@ func (s *Service) afterSlowGrant(ctx context.Context, q db.Querier, in *beginInp
 // wallet's run deleted once it holds the wallet (chargeWallet), which is
 // begun again as one sent after the delete.
 var errWalletMoved = errors.New("begin: the key's effect belongs to another run's wallet")
+
+// maxWalletMoves bounds the begins one Begin makes when its wallet moves
+// (errWalletMoved). Each move is a change another request committed: the
+// key begun under another run, or a grouped begin's wallet found late,
+// then that wallet's run deleted while the begin waited for it (retention
+// QA: the third begin was never made, and the move escaped as a 500).
+// Past the bound the caller is asked to begin again (409 retry_request).
+const maxWalletMoves = 4
 
 func (s *Service) begin(ctx context.Context, in *beginInput) (Decision, error) {
 	w := in.effectWallet

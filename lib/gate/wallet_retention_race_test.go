@@ -234,3 +234,48 @@ func TestAWalletBeginWaitingWhileItsRunIsDeletedGrantsNothing(t *testing.T) {
 	require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
 	require.Equal(t, "execute", r.JSON()["decision"], "%s", r.Body)
 }
+
+// A grouped begin naming no run finds its key's run's wallet only once it
+// holds its group, and is begun again with that wallet locked first
+// (chargeEffectWallet); when run retention deletes the run while that
+// second begin waits for the wallet (its lock held here by the test), it
+// is begun once more, as one sent after the delete: charged to no wallet,
+// it executes. Before, that third begin was never made and the begin
+// answered 500. Not parallel, in its own era (1929).
+func TestAGroupedBeginWhoseWalletsRunIsDeletedWhileItWaitsExecutes(t *testing.T) {
+	b := raceEra(t, 1929)
+	ctx := context.Background()
+	pool := b.env.App.Pool
+	run := b.runWith(1000)
+	t.Cleanup(func() {
+		_, err := pool.Exec(context.Background(), `DELETE FROM job_runs WHERE workspace_id = $1`, b.ws.ID)
+		require.NoError(t, err)
+	})
+	step := inRun(run, charge(key("step"), 700))
+	step["group_id"] = str(b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key,
+		map[string]any{"name": "g"}).JSON()["id"])
+	b.executedAs("failed", step) // gives its cost back
+	delete(step, "run_id")
+	b.env.Must(http.StatusOK, "POST", "/api/v1/runs/"+run+"/finish", b.ws.Key, nil)
+	b.clock.Add(91 * 24 * time.Hour)
+
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	_, err = tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('wallet:' || $1::text, 0))`, run)
+	require.NoError(t, err)
+	done := make(chan struct{})
+	var r apitest.Response
+	go func() { defer close(done); r = *b.begin(step) }()
+	apitest.WaitDoneOrBlockedBy(t, pool, apitest.BackendPID(t, tx), done,
+		"the grouped begin neither answered nor waited for its key's run's wallet")
+	purged, err := b.env.App.Server.Jobs.PurgeRetired(ctx, b.clock.Now().AddDate(0, 0, -90), 1000)
+	require.NoError(t, err)
+	require.Positive(t, purged, "run retention deleted the run")
+	require.NoError(t, tx.Commit(ctx))
+	<-done
+
+	require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+	require.Equal(t, "execute", r.JSON()["decision"], "%s", r.Body)
+	require.EqualValues(t, 2, r.JSON()["attempt"], "%s", r.Body)
+}
