@@ -24,8 +24,8 @@ import (
 // back; a replayed report, a resolve of the ended effect and a decision
 // on its approval answer the effect as it was, or 404 once it is gone.
 // Afterwards the key has one effect, with one attempt. Each request is
-// sent alone and let run until it ends or waits for the pass's locks
-// (pg_blocking_pids), then the pass ends. Not parallel, in its own era
+// sent alone and let run until it ends or itself waits for the pass's
+// locks (apitest.LockWaits), then the pass ends. Not parallel, in its own era
 // (1946, then 1947).
 func TestRequestsRacingARetentionPass(t *testing.T) {
 	eitherEnd(t, 1946, requestsRacingARetentionPass)
@@ -239,8 +239,8 @@ func passing(stop <-chan struct{}, failf func(format string, args ...any), passe
 }
 
 // racingPass sends each request alone, lets it run until it answers or
-// waits for a lock the transaction of backend pid holds
-// (pg_blocking_pids), then ends that transaction (end) and answers every
+// itself waits for a lock the transaction of backend pid holds
+// (apitest.LockWaits: not an earlier request's wait), then ends that transaction (end) and answers every
 // request's response.
 func (b *bundle) racingPass(pid int, requests map[string]func() *apitest.Response, end func()) map[string]*apitest.Response {
 	b.t.Helper()
@@ -249,10 +249,11 @@ func (b *bundle) racingPass(pid int, requests map[string]func() *apitest.Respons
 		r    *apitest.Response
 	}
 	answers := make(chan answer, len(requests))
+	waits := apitest.NewLockWaits(b.t, b.env.App.Pool, pid)
 	for what, do := range requests {
 		done := make(chan struct{})
 		go func() { defer close(done); answers <- answer{what, do()} }()
-		apitest.WaitDoneOrBlockedBy(b.t, b.env.App.Pool, pid, done, what+" neither answered nor waited for the pass")
+		waits.Wait(done, what+" neither answered nor waited for the pass")
 	}
 	end()
 	out := map[string]*apitest.Response{}

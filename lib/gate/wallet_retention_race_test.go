@@ -208,13 +208,14 @@ func TestAWalletBeginWaitingWhileItsRunIsDeletedGrantsNothing(t *testing.T) {
 	pid := apitest.BackendPID(t, tx)
 	answers := map[string]*apitest.Response{}
 	var dones []chan struct{}
+	waits := apitest.NewLockWaits(t, pool, pid)
 	for what, body := range map[string]map[string]any{"late": inRun(run, charge(key("late"), 200)), "retried": retried} {
 		done := make(chan struct{})
 		dones = append(dones, done)
 		r := new(apitest.Response)
 		answers[what] = r
 		go func() { defer close(done); *r = *b.begin(body) }()
-		apitest.WaitDoneOrBlockedBy(t, pool, pid, done, what+" neither answered nor waited for the wallet")
+		waits.Waiting(done, what+" waits for the wallet")
 	}
 	purged, err := b.env.App.Server.Jobs.PurgeRetired(ctx, b.clock.Now().AddDate(0, 0, -90), 1000)
 	require.NoError(t, err)

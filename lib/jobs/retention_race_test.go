@@ -23,7 +23,8 @@ import (
 // ended job is refused as for any ended job or 404, an enqueue to it 404,
 // and the step's key is new again; rolled back, the replay queues the step
 // again and the run is whole. Each request is let run until it answers or
-// waits for the pass's locks (pg_blocking_pids), then the pass ends.
+// itself waits for the pass's locks (apitest.LockWaits), then the pass
+// ends.
 func TestRequestsRacingARunsRetentionPass(t *testing.T) {
 	for _, commit := range []bool{true, false} {
 		t.Run(map[bool]string{true: "committed", false: "rolled back"}[commit], func(t *testing.T) {
@@ -71,11 +72,12 @@ func requestsRacingARunsRetentionPass(t *testing.T, commit bool) {
 	}
 	answers := make(chan answer, 8)
 	sent := 0
+	waits := apitest.NewLockWaits(t, pool, pid)
 	send := func(what string, do func() error) {
 		sent++
 		done := make(chan struct{})
 		go func() { defer close(done); answers <- answer{what, do()} }()
-		apitest.WaitDoneOrBlockedBy(t, pool, pid, done, what+" neither answered nor waited for the pass")
+		waits.Wait(done, what+" neither answered nor waited for the pass")
 	}
 	send("replay", func() error {
 		_, err := b.svc.Replay(ctx, b.worker, st.StepID, jobs.ReplayRequest{AcknowledgeDuplicateRisk: ptr(true)})
