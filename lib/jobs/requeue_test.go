@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/jobs"
 )
 
@@ -97,11 +98,14 @@ func TestReportRacingTheRequeueIsRecorded(t *testing.T) {
 		err error
 	}
 	got := make(chan answer, 1)
+	waits := apitest.NewLockWaits(t, b.env.App.Pool, apitest.BackendPID(t, tx))
+	done := make(chan struct{})
 	go func() {
+		defer close(done)
 		r, err := b.svc.Report(ctx, b.worker, stale.JobID, jobs.ReportRequest{LeaseToken: stale.LeaseToken, Status: "SUCCEEDED"})
 		got <- answer{r, err}
 	}()
-	time.Sleep(300 * time.Millisecond) // the report waits for the job's row
+	waits.Waiting(done, "the report waits for the job's row")
 	require.NoError(t, tx.Commit(ctx))
 	a := <-got
 	require.NoError(t, a.err)
@@ -178,9 +182,11 @@ func (b *bundle) limitedEndpoint(t *testing.T, name string, max int64) jobs.Endp
 // A batch carrying a late report on a requeued job takes its endpoints in
 // id order, as every batch and claim does: it locked the requeued job's
 // endpoint first, and against another batch one of them deadlocked (500).
-// The endpoint row held below only lines up the two batches' waits.
+// The endpoint row held below only lines up the two batches' waits; the
+// retry of a deadlock's victim is off, so that a deadlock fails a batch.
 func TestLateReportBatchesLockEndpointsInOrder(t *testing.T) {
 	b := setup(t, "send_email@1", "send_email@2")
+	jobs.SetDeadlockRetry(b.svc, false)
 	e1, e2 := b.limitedEndpoint(t, "a", 10), b.limitedEndpoint(t, "b", 10)
 	lo, hi := e1, e2
 	if lo.ID > hi.ID {
@@ -203,6 +209,7 @@ func TestLateReportBatchesLockEndpointsInOrder(t *testing.T) {
 	// two batches' waits (any claim on it holds it the same way).
 	x, err := b.env.App.Pool.Begin(ctx)
 	require.NoError(t, err)
+	defer func() { _ = x.Rollback(ctx) }()
 	_, err = x.Exec(ctx, `SELECT 1 FROM job_endpoints WHERE id = $1 FOR UPDATE`, lo.ID)
 	require.NoError(t, err)
 
@@ -210,16 +217,18 @@ func TestLateReportBatchesLockEndpointsInOrder(t *testing.T) {
 		return jobs.BatchReportItem{JobID: c.JobID, LeaseToken: c.LeaseToken, Status: "SUCCEEDED"}
 	}
 	errs := make(chan error, 2)
-	go func() { // normal reports on lo and hi: apply locks lo, then hi
-		_, err := b.svc.ReportBatch(ctx, b.worker, jobs.BatchReportRequest{Reports: []jobs.BatchReportItem{item(loB), item(hiB)}})
-		errs <- err
-	}()
-	time.Sleep(200 * time.Millisecond)
-	go func() { // late report on hi (rehold locks hi) + normal report on lo
-		_, err := b.svc.ReportBatch(ctx, b.worker, jobs.BatchReportRequest{Reports: []jobs.BatchReportItem{item(late), item(loA)}})
-		errs <- err
-	}()
-	time.Sleep(200 * time.Millisecond)
+	waits := apitest.NewLockWaits(t, b.env.App.Pool, apitest.BackendPID(t, x))
+	batch := func(what string, items ...jobs.BatchReportItem) {
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_, err := b.svc.ReportBatch(ctx, b.worker, jobs.BatchReportRequest{Reports: items})
+			errs <- err
+		}()
+		waits.Waiting(done, what+" waits for the lower endpoint's row")
+	}
+	batch("the normal batch", item(loB), item(hiB)) // apply locks lo, then hi
+	batch("the late batch", item(late), item(loA))  // rehold of hi, then lo: in id order, lo first
 	require.NoError(t, x.Commit(ctx))
 	e1r, e2r := <-errs, <-errs
 	require.NoError(t, e1r)
@@ -238,16 +247,20 @@ func TestConcurrentRevivesOfOneTokenBothSucceed(t *testing.T) {
 
 	x, err := b.env.App.Pool.Begin(ctx)
 	require.NoError(t, err)
+	defer func() { _ = x.Rollback(ctx) }()
 	_, err = x.Exec(ctx, `SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE`, stale.JobID)
 	require.NoError(t, err)
 	errs := make(chan error, 2)
-	for range 2 {
+	waits := apitest.NewLockWaits(t, b.env.App.Pool, apitest.BackendPID(t, x))
+	for range 2 { // both wait for the job's row, so they take it one after the other
+		done := make(chan struct{})
 		go func() {
+			defer close(done)
 			_, err := b.svc.Heartbeat(ctx, b.worker, stale.JobID, jobs.HeartbeatRequest{LeaseToken: stale.LeaseToken})
 			errs <- err
 		}()
+		waits.Waiting(done, "the heartbeat waits for the job's row")
 	}
-	time.Sleep(300 * time.Millisecond)
 	require.NoError(t, x.Rollback(ctx))
 	e1, e2 := <-errs, <-errs
 	require.Equal(t, "RUNNING", b.step(t, st.StepID).Status)
