@@ -93,24 +93,31 @@ func (w *LockWaits) Wait(done <-chan struct{}, why string) (waits bool) {
 			return true
 		default:
 		}
-		known := map[int]bool{}
-		for _, s := range w.sent {
-			select {
-			case <-s.done: // answered: its connection may serve this request
-			default:
-				known[s.backend] = true
-			}
-		}
-		for _, pid := range w.waiting() {
-			if !known[pid] && !w.before[pid] {
-				req.backend = pid
-				return true
-			}
-		}
-		return false
+		req.backend = w.newWaiter()
+		return req.backend != 0
 	}, 10*time.Second, 5*time.Millisecond, why)
 	w.sent = append(w.sent, req)
 	return req.backend != 0
+}
+
+// newWaiter answers a backend waiting for the holder's locks that neither
+// an earlier request still unanswered nor a backend waiting before the
+// first request waits on, or 0.
+func (w *LockWaits) newWaiter() int {
+	known := map[int]bool{}
+	for _, s := range w.sent {
+		select {
+		case <-s.done: // answered: its connection may serve a later request
+		default:
+			known[s.backend] = true
+		}
+	}
+	for _, pid := range w.waiting() {
+		if !known[pid] && !w.before[pid] {
+			return pid
+		}
+	}
+	return 0
 }
 
 // Waiting waits until the request answers or waits for the holder's locks
