@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apitest"
@@ -200,12 +201,7 @@ func TestAWalletBeginWaitingWhileItsRunIsDeletedGrantsNothing(t *testing.T) {
 	b.env.Must(http.StatusOK, "POST", "/api/v1/runs/"+run+"/finish", b.ws.Key, nil)
 	b.clock.Add(91 * 24 * time.Hour)
 
-	tx, err := pool.Begin(ctx)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
-	_, err = tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('wallet:' || $1::text, 0))`, run)
-	require.NoError(t, err)
-	pid := apitest.BackendPID(t, tx)
+	tx, pid := b.holdWallet(run)
 	answers := map[string]*apitest.Response{}
 	var dones []chan struct{}
 	waits := apitest.NewLockWaits(t, pool, pid)
@@ -217,12 +213,7 @@ func TestAWalletBeginWaitingWhileItsRunIsDeletedGrantsNothing(t *testing.T) {
 		go func() { defer close(done); *r = *b.begin(body) }()
 		waits.Waiting(done, what+" waits for the wallet")
 	}
-	purged, err := b.env.App.Server.Jobs.PurgeRetired(ctx, b.clock.Now().AddDate(0, 0, -90), 1000)
-	require.NoError(t, err)
-	require.Positive(t, purged)
-	var gone bool
-	require.NoError(t, pool.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM job_runs WHERE id = $1)`, run).Scan(&gone))
-	require.True(t, gone, "run retention deleted the run")
+	b.purgeRun(run)
 	require.NoError(t, tx.Commit(ctx))
 	for _, done := range dones {
 		<-done
@@ -260,23 +251,44 @@ func TestAGroupedBeginWhoseWalletsRunIsDeletedWhileItWaitsExecutes(t *testing.T)
 	b.env.Must(http.StatusOK, "POST", "/api/v1/runs/"+run+"/finish", b.ws.Key, nil)
 	b.clock.Add(91 * 24 * time.Hour)
 
-	tx, err := pool.Begin(ctx)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
-	_, err = tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('wallet:' || $1::text, 0))`, run)
-	require.NoError(t, err)
+	tx, pid := b.holdWallet(run)
 	done := make(chan struct{})
 	var r apitest.Response
 	go func() { defer close(done); r = *b.begin(step) }()
-	apitest.WaitDoneOrBlockedBy(t, pool, apitest.BackendPID(t, tx), done,
+	apitest.WaitDoneOrBlockedBy(t, pool, pid, done,
 		"the grouped begin neither answered nor waited for its key's run's wallet")
-	purged, err := b.env.App.Server.Jobs.PurgeRetired(ctx, b.clock.Now().AddDate(0, 0, -90), 1000)
-	require.NoError(t, err)
-	require.Positive(t, purged, "run retention deleted the run")
+	b.purgeRun(run)
 	require.NoError(t, tx.Commit(ctx))
 	<-done
 
 	require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
 	require.Equal(t, "execute", r.JSON()["decision"], "%s", r.Body)
 	require.EqualValues(t, 2, r.JSON()["attempt"], "%s", r.Body)
+}
+
+// holdWallet holds run's wallet lock in a transaction of the test's, as a
+// begin of the run ahead holds it, until the test commits it; it answers
+// that transaction and its backend's pid, which the begins sent meanwhile
+// wait for.
+func (b *bundle) holdWallet(run string) (pgx.Tx, int) {
+	b.t.Helper()
+	tx, err := b.env.App.Pool.Begin(context.Background())
+	require.NoError(b.t, err)
+	b.t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	_, err = tx.Exec(context.Background(), `SELECT pg_advisory_xact_lock(hashtextextended('wallet:' || $1::text, 0))`, run)
+	require.NoError(b.t, err)
+	return tx, apitest.BackendPID(b.t, tx)
+}
+
+// purgeRun deletes run, finished and past JOB_RETENTION_DAYS (apitest's 90)
+// on the test's clock, with run retention's own pass.
+func (b *bundle) purgeRun(run string) {
+	b.t.Helper()
+	ctx := context.Background()
+	purged, err := b.env.App.Server.Jobs.PurgeRetired(ctx, b.clock.Now().AddDate(0, 0, -90), 1000)
+	require.NoError(b.t, err)
+	require.Positive(b.t, purged)
+	var gone bool
+	require.NoError(b.t, b.env.App.Pool.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM job_runs WHERE id = $1)`, run).Scan(&gone))
+	require.True(b.t, gone, "run retention deleted the run")
 }
