@@ -331,7 +331,7 @@ func (s *Service) Begin(ctx context.Context, p *auth.Principal, req BeginRequest
 	}
 	d, err := s.begin(ctx, in)
 	for moves := 1; errors.Is(err, errWalletMoved); moves++ {
-		if moves == maxWalletMoves {
+		if moves == s.walletMoves {
 			return Decision{}, retryRequest()
 		}
 		// Rolled back: begin again, now charged to the key's run (or, its

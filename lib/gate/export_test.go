@@ -102,6 +102,10 @@ const MaxNoteRunes = maxNoteRunes
 // test can fill one.
 func SetMaxGroupSteps(s *Service, n int) { s.maxGroupSteps = n }
 
+// SetMaxWalletMoves makes one Begin of s make at most n begins when its
+// wallet moves (maxWalletMoves), so a test can use the bound up.
+func SetMaxWalletMoves(s *Service, n int) { s.walletMoves = n }
+
 // SQLLapseDue and SQLUnwindingDue are the sweeper's picks of lapsed leases
 // and of unwinding groups, for a test of their plans.
 var (

@@ -75,6 +75,8 @@ type Service struct {
 	logger *slog.Logger
 	// maxGroupSteps is MaxGroupSteps (tests make it smaller).
 	maxGroupSteps int
+	// walletMoves is maxWalletMoves (tests make it smaller).
+	walletMoves int
 }
 
 // New returns the gate. hash is the keyed hash used for dimension values
@@ -88,7 +90,8 @@ func New(pool *pgxpool.Pool, sealer *seal.Sealer, hash func(string) []byte, now 
 	if logger == nil {
 		logger = slog.Default()
 	}
-	return &Service{pool: pool, sealer: sealer, hash: hash, now: now, logger: logger, maxGroupSteps: MaxGroupSteps}
+	return &Service{pool: pool, sealer: sealer, hash: hash, now: now, logger: logger, maxGroupSteps: MaxGroupSteps,
+		walletMoves: maxWalletMoves}
 }
 
 // clock is now in UTC at Postgres' precision, so a time written and read back

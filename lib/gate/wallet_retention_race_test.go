@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/gate"
 )
 
 // A hammer: begins charging runs' wallets (new keys, two instances) race
@@ -264,6 +265,56 @@ func TestAGroupedBeginWhoseWalletsRunIsDeletedWhileItWaitsExecutes(t *testing.T)
 	require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
 	require.Equal(t, "execute", r.JSON()["decision"], "%s", r.Body)
 	require.EqualValues(t, 2, r.JSON()["attempt"], "%s", r.Body)
+}
+
+// A Begin makes at most maxWalletMoves begins when its wallet moves; past
+// the bound it answers 409 retry_request, having granted and charged
+// nothing. With the bound made 2, the grouped begin above moves twice (its
+// key's run's wallet found late, then that run deleted while it waited for
+// the wallet), so the third begin that would execute it is not made: the
+// key keeps its one failed attempt, takes no lease and charges no wallet,
+// and the same begin sent again executes it. Without the bound the third
+// begin is made and the begin answers 200. Not parallel, in its own era
+// (1930).
+func TestAGroupedBeginWhoseWalletMovesPastTheBoundIsAskedAgain(t *testing.T) {
+	b := raceEra(t, 1930)
+	gate.SetMaxWalletMoves(b.env.App.Server.Gate, 2)
+	ctx := context.Background()
+	pool := b.env.App.Pool
+	run := b.runWith(1000)
+	t.Cleanup(func() {
+		_, err := pool.Exec(context.Background(), `DELETE FROM job_runs WHERE workspace_id = $1`, b.ws.ID)
+		require.NoError(t, err)
+	})
+	step := inRun(run, charge(key("step"), 700))
+	step["group_id"] = str(b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key,
+		map[string]any{"name": "g"}).JSON()["id"])
+	b.executedAs("failed", step) // gives its cost back
+	delete(step, "run_id")
+	b.env.Must(http.StatusOK, "POST", "/api/v1/runs/"+run+"/finish", b.ws.Key, nil)
+	b.clock.Add(91 * 24 * time.Hour)
+
+	tx, pid := b.holdWallet(run)
+	done := make(chan struct{})
+	var r apitest.Response
+	go func() { defer close(done); r = *b.begin(step) }()
+	apitest.WaitDoneOrBlockedBy(t, pool, pid, done,
+		"the grouped begin neither answered nor waited for its key's run's wallet")
+	b.purgeRun(run)
+	require.NoError(t, tx.Commit(ctx))
+	<-done
+
+	errCode(t, &r, http.StatusConflict, "retry_request")
+	var attempts int
+	var state string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT e.state, (SELECT count(*) FROM effect_attempts a WHERE a.effect_id = e.id)
+		FROM effects e WHERE e.workspace_id = $1 AND e.idempotency_key = $2`,
+		b.ws.ID, step["idempotency_key"]).Scan(&state, &attempts))
+	require.Equal(t, 1, attempts, "the refused begin took an attempt")
+	require.Equal(t, "failed", state, "the refused begin moved the key")
+
+	d := b.mustBegin("execute", step)
+	require.EqualValues(t, 2, d["attempt"], "%v", d)
 }
 
 // holdWallet holds run's wallet lock in a transaction of the test's, as a
