@@ -85,8 +85,7 @@ func TestAReportThatCommittedIsNeverAnsweredNotApplied(t *testing.T) {
 	b := setup(t)
 	h := serverTraced(b, failingAfter{fail: gate.SQLLockUnwinding})
 	body := email(key("grouped-report"))
-	body["group_id"] = str(b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key,
-		map[string]any{"name": "g"}).JSON()["id"])
+	body["group_id"] = b.newGroup("g", "")
 	d := b.mustBegin("execute", body)
 
 	status, out := postTo(t, h, "/api/v1/effects/"+str(d["effect_id"])+"/report", b.ws.Key,

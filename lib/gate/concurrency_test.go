@@ -282,13 +282,9 @@ func concurrentAwaiting(t *testing.T, grouped bool) {
 	k := key("conc")
 	email := email
 	if grouped {
-		group := str(b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key, map[string]any{"name": "g"}).JSON()["id"])
+		group := b.newGroup("g", "")
 		plain := email
-		email = func(k string) map[string]any {
-			body := plain(k)
-			body["group_id"], body["compensation"] = group, map[string]any{"effect_type": "email.retract"}
-			return body
-		}
+		email = func(k string) map[string]any { return groupStep(group, plain(k), nil) }
 	}
 	d := b.mustBegin("execute", email(k))
 	id := str(d["effect_id"])

@@ -78,9 +78,8 @@ func TestPayloadsAndResultsAreSealedAtRest(t *testing.T) {
 	body := email(key("sealed"))
 	body["payload"] = map[string]any{"to": "alice@example.com"}
 	body["dimensions"] = map[string]any{"recipient": "alice@example.com"}
-	body["compensation"] = map[string]any{"effect_type": "email.retract", "payload": map[string]any{"to": "alice@example.com"}}
-	body["group_id"] = b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key,
-		map[string]any{"name": "g"}).JSON()["id"]
+	groupStep(b.newGroup("g", ""), body,
+		map[string]any{"effect_type": "email.retract", "payload": map[string]any{"to": "alice@example.com"}})
 	d := b.mustBegin("execute", body)
 	id := str(d["effect_id"])
 	r := b.report(id, str(d["lease_token"]), "succeeded", map[string]any{"receipt": "rcpt-very-private"})

@@ -18,17 +18,10 @@ import (
 	"github.com/getratchet/ratchet/lib/jsonx"
 )
 
-// groupStep is a forward step of group g with a compensation.
-func groupStep(g string) map[string]any {
-	body := email(key("capped-step"))
-	body["group_id"] = g
-	body["compensation"] = map[string]any{"effect_type": "email.retract", "payload": map[string]any{"why": "undo"}}
-	return body
-}
-
-func (b *bundle) newGroup() string {
-	b.t.Helper()
-	return str(b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key, map[string]any{"name": "g"}).JSON()["id"])
+// cappedStep is a new forward step of group g with a compensation.
+func cappedStep(g string) map[string]any {
+	return groupStep(g, email(key("capped-step")),
+		map[string]any{"effect_type": "email.retract", "payload": map[string]any{"why": "undo"}})
 }
 
 // A group takes at most gate.MaxGroupSteps forward steps (3 here): a begin
@@ -40,8 +33,8 @@ func TestAFullGroupRefusesANewStepAndKeepsNothing(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	gate.SetMaxGroupSteps(b.env.App.Server.Gate, 3)
-	g := b.newGroup()
-	bodies := []map[string]any{groupStep(g), groupStep(g), groupStep(g)}
+	g := b.newGroup("g", "")
+	bodies := []map[string]any{cappedStep(g), cappedStep(g), cappedStep(g)}
 	for _, body := range bodies[:2] {
 		d := b.mustBegin("execute", body)
 		require.Equal(t, http.StatusOK, b.report(str(d["effect_id"]), str(d["lease_token"]), "succeeded", nil).Status)
@@ -49,7 +42,7 @@ func TestAFullGroupRefusesANewStepAndKeepsNothing(t *testing.T) {
 	third := b.mustBegin("execute", bodies[2])
 	require.Equal(t, http.StatusOK, b.report(str(third["effect_id"]), str(third["lease_token"]), "failed", nil).Status)
 
-	extra := groupStep(g)
+	extra := cappedStep(g)
 	r := b.begin(extra)
 	require.Equal(t, http.StatusConflict, r.Status, "%s", r.Body)
 	e := r.JSON()["error"].(map[string]any)
@@ -58,7 +51,7 @@ func TestAFullGroupRefusesANewStepAndKeepsNothing(t *testing.T) {
 	require.Equal(t, map[string]any{"state": "open", "group_steps_max": float64(3)}, e["detail"])
 	got := b.env.Must(http.StatusOK, "GET", "/api/v1/groups/"+g, b.ws.Key, nil).JSON()
 	require.Len(t, got["steps"], 3, "the refused step is not in the group")
-	other := b.newGroup()
+	other := b.newGroup("g", "")
 	extra["group_id"] = other
 	fresh := b.mustBegin("execute", extra)
 	require.Equal(t, float64(1), fresh["attempt"], "its key kept nothing: it joins another group afresh")
@@ -95,7 +88,7 @@ func TestBeginsRacingIntoAGroupFillItExactly(t *testing.T) {
 	const max, racers = 3, 10
 	gate.SetMaxGroupSteps(b.env.App.Server.Gate, max)
 	for round := range 4 {
-		g := b.newGroup()
+		g := b.newGroup("g", "")
 		var (
 			wg       sync.WaitGroup
 			mu       sync.Mutex
@@ -107,7 +100,7 @@ func TestBeginsRacingIntoAGroupFillItExactly(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				<-start
-				r := b.env.Do("POST", "/api/v1/effects/begin", b.ws.Key, groupStep(g))
+				r := b.env.Do("POST", "/api/v1/effects/begin", b.ws.Key, cappedStep(g))
 				mu.Lock()
 				defer mu.Unlock()
 				statuses[r.Status]++

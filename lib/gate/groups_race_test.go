@@ -24,8 +24,8 @@ import (
 func TestABeginRetryRacingItsGroupsCommitAnswersTheStep(t *testing.T) {
 	ctx := context.Background()
 	b := setup(t)
-	g := b.newGroup()
-	body := groupStep(g)
+	g := b.newGroup("g", "")
+	body := cappedStep(g)
 	first := b.mustBegin("execute", body)
 	id := str(first["effect_id"])
 	require.Equal(t, http.StatusOK, b.report(id, str(first["lease_token"]), "succeeded", nil).Status)
@@ -54,5 +54,5 @@ func TestABeginRetryRacingItsGroupsCommitAnswersTheStep(t *testing.T) {
 	r := <-retried
 	require.Equal(t, http.StatusOK, r.Status, "a retry of a step the group took is answered, not refused: %s", r.Body)
 	require.Equal(t, id, str(r.JSON()["effect_id"]))
-	require.Equal(t, http.StatusConflict, b.begin(groupStep(g)).Status, "a new step is refused")
+	require.Equal(t, http.StatusConflict, b.begin(cappedStep(g)).Status, "a new step is refused")
 }

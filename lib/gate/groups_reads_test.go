@@ -92,13 +92,11 @@ func TestGroupReadsLoadOnlyTheCompensationsTheyAnswer(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	const steps, compBytes = 12, 64 << 10
-	g := str(b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key, map[string]any{"name": "big"}).JSON()["id"])
+	g := b.newGroup("big", "")
 	for i := range steps {
 		b.clock.Add(time.Second)
-		body := email(key("big-step"))
-		body["group_id"] = g
-		body["compensation"] = map[string]any{"effect_type": "email.retract",
-			"payload": map[string]any{"i": i, "pad": strings.Repeat("x", compBytes)}}
+		body := groupStep(g, email(key("big-step")), map[string]any{"effect_type": "email.retract",
+			"payload": map[string]any{"i": i, "pad": strings.Repeat("x", compBytes)}})
 		d := b.mustBegin("execute", body)
 		rep := b.report(str(d["effect_id"]), str(d["lease_token"]), "succeeded", nil)
 		require.Equal(t, http.StatusOK, rep.Status, "%s", rep.Body)
@@ -180,14 +178,12 @@ func TestACompensationIsPlannedAtTheSizeItWasSent(t *testing.T) {
 		require.Equal(t, decision, r.JSON()["decision"])
 		return r.JSON()
 	}
-	g := b.newGroup()
+	g := b.newGroup("g", "")
 	// 90 kB shows the same sixfold growth the 900 kB of the finding did,
 	// at a tenth of the work (under -race the escaping and the canonical
 	// comparison of 900 kB took 35 s and failed a CI run's deadline).
 	pad := strings.Repeat("<&>", 30_000)
-	body := email(key("brackets"))
-	body["group_id"] = g
-	body["compensation"] = map[string]any{"effect_type": "email.retract", "payload": map[string]any{"pad": pad}}
+	body := groupStep(g, email(key("brackets")), map[string]any{"effect_type": "email.retract", "payload": map[string]any{"pad": pad}})
 	d := begin("execute", body)
 	require.Equal(t, http.StatusOK, b.report(str(d["effect_id"]), str(d["lease_token"]), "succeeded", nil).Status)
 	var stored int

@@ -80,6 +80,37 @@ func (b *bundle) report(id, token, outcome string, result any) *apitest.Response
 	return b.env.Do("POST", "/api/v1/effects/"+id+"/report", b.ws.Key, body)
 }
 
+// newGroup opens a group named name, under idempotency key k unless k is
+// empty, and answers its id.
+func (b *bundle) newGroup(name, k string) string {
+	b.t.Helper()
+	body := map[string]any{"name": name}
+	if k != "" {
+		body["idempotency_key"] = k
+	}
+	return str(b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key, body).JSON()["id"])
+}
+
+// groupStep makes body a forward step of group g that comp compensates (an
+// email.retract naming no payload when comp is nil), and answers body.
+func groupStep(g string, body, comp map[string]any) map[string]any {
+	if comp == nil {
+		comp = map[string]any{"effect_type": "email.retract"}
+	}
+	body["group_id"], body["compensation"] = g, comp
+	return body
+}
+
+// groupWithStep opens a group (newGroup) and executes in it a new email
+// step that an email.retract compensates (groupStep), reported succeeded.
+// It answers the group's id, the step's begin body and its begin's answer.
+func (b *bundle) groupWithStep(name, k string) (g string, step, begun map[string]any) {
+	b.t.Helper()
+	g = b.newGroup(name, k)
+	step = groupStep(g, email(key("step")), nil)
+	return g, step, b.executedAs("succeeded", step)
+}
+
 func (b *bundle) putPolicy(effectType string, body map[string]any) map[string]any {
 	b.t.Helper()
 	return b.env.Must(http.StatusOK, "PUT", "/api/v1/policies/"+effectType, b.ws.Key, body).JSON()

@@ -446,12 +446,8 @@ func TestApprovalWaitKeepsTheUnknownOutcome(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.putPolicy("email.send", map[string]any{"on_indeterminate": "probe"})
-	group := str(b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key, map[string]any{"name": "g"}).JSON()["id"])
-	step := func(k string) map[string]any {
-		body := email(k)
-		body["group_id"], body["compensation"] = group, map[string]any{"effect_type": "email.retract"}
-		return body
-	}
+	group := b.newGroup("g", "")
+	step := func(k string) map[string]any { return groupStep(group, email(k), nil) }
 	first := b.mustBegin("execute", step(key("one")))
 	require.Equal(t, http.StatusOK, b.report(str(first["effect_id"]), str(first["lease_token"]), "succeeded", nil).Status)
 	k := key("two")

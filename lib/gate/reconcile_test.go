@@ -62,8 +62,7 @@ func testReconcileRoundTrips(t *testing.T, grouped bool) {
 			k := key(fmt.Sprintf("lapsed-%d-%d", n, i))
 			body := map[string]any{"effect_type": typ, "idempotency_key": k}
 			if grouped {
-				g := b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key, map[string]any{"name": k}).JSON()
-				body["group_id"] = g["id"]
+				body["group_id"] = b.newGroup(k, "")
 			}
 			d := b.mustBegin("execute", body)
 			ids = append(ids, d["effect_id"].(string))

@@ -142,11 +142,7 @@ func groupRequestsRacingARetentionPass(t *testing.T, year int, commit bool) {
 	b.putPolicy("email.send", map[string]any{"retention_days": 1})
 	b.putPolicy("email.retract", map[string]any{"retention_days": 1})
 	gk := key("order")
-	g := str(b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key,
-		map[string]any{"name": "order", "idempotency_key": gk}).JSON()["id"])
-	step := email(key("step"))
-	step["group_id"], step["compensation"] = g, map[string]any{"effect_type": "email.retract"}
-	done := b.executedAs("succeeded", step)
+	g, step, done := b.groupWithStep("order", gk)
 	b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+g+"/commit", b.ws.Key, nil)
 	b.clock.Add(49 * time.Hour)
 
@@ -160,9 +156,7 @@ func groupRequestsRacingARetentionPass(t *testing.T, year int, commit bool) {
 			return b.env.Do("POST", "/api/v1/groups/"+g+"/commit", b.ws.Key, nil)
 		},
 		"join": func() *apitest.Response {
-			s := email(key("late"))
-			s["group_id"], s["compensation"] = g, map[string]any{"effect_type": "email.retract"}
-			return b.begin(s)
+			return b.begin(groupStep(g, email(key("late")), nil))
 		},
 		"replay": func() *apitest.Response { return b.begin(step) },
 		"create": func() *apitest.Response {
@@ -436,7 +430,7 @@ func TestADecisionWaitingForARetentionPassAnswersNotFound(t *testing.T) {
 	ctx := context.Background()
 	pool := b.env.App.Pool
 	b.putPolicy("wire.send", map[string]any{"mode": "require_approval", "retention_days": 1})
-	g := str(b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key, map[string]any{"name": "payout"}).JSON()["id"])
+	g := b.newGroup("payout", "")
 	w := wire(key("wire"))
 	w["group_id"] = g
 	asked := b.mustBegin("approval_required", w)

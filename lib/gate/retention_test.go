@@ -115,17 +115,13 @@ func TestRetentionDeletesACommittedGroupOnceAllItsStepsExpired(t *testing.T) {
 	ctx := context.Background()
 	b.putPolicy("email.send", map[string]any{"retention_days": 1})
 	b.putPolicy("charge.card", map[string]any{"retention_days": 3})
-	group := func(k string) string {
-		return str(b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key,
-			map[string]any{"name": "order", "idempotency_key": k}).JSON()["id"])
-	}
 	stepOf := func(g, typ, k string) map[string]any {
-		s := email(key(k))
-		s["effect_type"], s["group_id"], s["compensation"] = typ, g, map[string]any{"effect_type": "email.retract"}
+		s := groupStep(g, email(key(k)), nil)
+		s["effect_type"] = typ
 		return s
 	}
 	sagaKey := key("saga")
-	committed, open := group(sagaKey), group(key("open"))
+	committed, open := b.newGroup("order", sagaKey), b.newGroup("order", key("open"))
 	mail, charge := stepOf(committed, "email.send", "mail"), stepOf(committed, "charge.card", "charge")
 	m, c := b.executedAs("succeeded", mail), b.executedAs("succeeded", charge)
 	o := b.executedAs("succeeded", stepOf(open, "email.send", "open-step"))
@@ -168,7 +164,7 @@ func TestRetentionDeletesACommittedGroupOnceAllItsStepsExpired(t *testing.T) {
 	delete(mail, "group_id")
 	delete(mail, "compensation")
 	b.executedAs("succeeded", mail)
-	require.NotEqual(t, committed, group(sagaKey))
+	require.NotEqual(t, committed, b.newGroup("order", sagaKey))
 }
 
 // What retention deletes of a run's effects stays spent from its wallet,
@@ -261,10 +257,7 @@ func inEra(t *testing.T, year int) (*bundle, func() int) {
 func TestAnEndedRollbackTakesNoCompensationAfterRetention(t *testing.T) {
 	b, sweep := inEra(t, 1962)
 	b.putPolicy("email.retract", map[string]any{"retention_days": 1})
-	g := str(b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key, map[string]any{"name": "order"}).JSON()["id"])
-	step := email(key("step"))
-	step["group_id"], step["compensation"] = g, map[string]any{"effect_type": "email.retract"}
-	s := b.executedAs("succeeded", step)
+	g, _, s := b.groupWithStep("order", "")
 	b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+g+"/unwind", b.ws.Key, nil)
 	comp := map[string]any{"effect_type": "email.retract", "idempotency_key": "compensate:" + str(s["effect_id"]),
 		"compensates_effect_id": s["effect_id"]}
@@ -298,11 +291,7 @@ func TestRetentionDeletesAnEndedRollbackWhole(t *testing.T) {
 	b.putPolicy("email.retract", map[string]any{"retention_days": 3})
 	b.putPolicy("charge.card", map[string]any{"retention_days": 1})
 	groupKey := key("rollback")
-	unwound := str(b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key,
-		map[string]any{"name": "order", "idempotency_key": groupKey}).JSON()["id"])
-	step := email(key("step"))
-	step["group_id"], step["compensation"] = unwound, map[string]any{"effect_type": "email.retract"}
-	s := b.executedAs("succeeded", step)
+	unwound, _, s := b.groupWithStep("order", groupKey)
 	b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+unwound+"/unwind", b.ws.Key, nil)
 	c := b.executedAs("succeeded", map[string]any{"effect_type": "email.retract",
 		"idempotency_key": "compensate:" + str(s["effect_id"]), "compensates_effect_id": s["effect_id"]})
@@ -310,7 +299,7 @@ func TestRetentionDeletesAnEndedRollbackWhole(t *testing.T) {
 	require.Equal(t, "unwound", b.env.Must(http.StatusOK, "GET", "/api/v1/groups/"+unwound, b.ws.Key, nil).JSON()["state"])
 	require.WithinDuration(t, endedAt.Add(72*time.Hour), *b.keepUntil(unwound), time.Second, "the compensation's three days")
 
-	failed := str(b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key, map[string]any{"name": "order"}).JSON()["id"])
+	failed := b.newGroup("order", "")
 	charge := email(key("charge"))
 	charge["effect_type"], charge["group_id"] = "charge.card", failed // no compensation: irreversible
 	ch := b.executedAs("succeeded", charge)
@@ -334,8 +323,7 @@ func TestRetentionDeletesAnEndedRollbackWhole(t *testing.T) {
 	b.clock.Set(endedAt.Add(72*time.Hour + time.Minute))
 	sweep()
 	b.requireKept(false, unwoundPaths...)
-	require.NotEqual(t, unwound, str(b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key,
-		map[string]any{"name": "order", "idempotency_key": groupKey}).JSON()["id"]))
+	require.NotEqual(t, unwound, b.newGroup("order", groupKey))
 }
 
 // A step awaiting an approval when its group's rollback ended never takes
@@ -361,7 +349,7 @@ func TestRetentionDeletesAnEndedRollbackWithAStepAwaitingApproval(t *testing.T) 
 	require.WithinDuration(t, b.clock.Now().Add(90*24*time.Hour), *b.keepUntil(g), time.Second,
 		"the compensation's type has no policy: 90 days from the end")
 
-	pending := str(b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key, map[string]any{"name": "payout"}).JSON()["id"])
+	pending := b.newGroup("payout", "")
 	w := wire(key("wire"))
 	w["group_id"] = pending
 	asked := b.mustBegin("approval_required", w)
@@ -386,7 +374,7 @@ func TestRetentionSkipsAGroupWhoseApprovalADecideHolds(t *testing.T) {
 	b, sweep := inEra(t, 1942)
 	ctx := context.Background()
 	b.putPolicy("wire.send", map[string]any{"mode": "require_approval", "retention_days": 1})
-	g := str(b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key, map[string]any{"name": "payout"}).JSON()["id"])
+	g := b.newGroup("payout", "")
 	w := wire(key("wire"))
 	w["group_id"] = g
 	asked := b.mustBegin("approval_required", w)
@@ -553,11 +541,11 @@ func TestRetentionSkipsACommittedGroupAnUnwindHolds(t *testing.T) {
 // step of each of types, and its steps' effect ids.
 func (b *bundle) committedGroup(types ...string) (string, []string) {
 	b.t.Helper()
-	g := str(b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key, map[string]any{"name": "order"}).JSON()["id"])
+	g := b.newGroup("order", "")
 	var steps []string
 	for _, typ := range types {
-		s := email(key("step"))
-		s["effect_type"], s["group_id"], s["compensation"] = typ, g, map[string]any{"effect_type": "email.retract"}
+		s := groupStep(g, email(key("step")), nil)
+		s["effect_type"] = typ
 		steps = append(steps, str(b.executedAs("succeeded", s)["effect_id"]))
 	}
 	b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+g+"/commit", b.ws.Key, nil)
@@ -646,7 +634,7 @@ func TestRetentionCountsLockedApprovalsOnce(t *testing.T) {
 
 	b.putPolicy("wire.send", map[string]any{"mode": "require_approval", "retention_days": 1})
 	rollback := func() (approval string, paths []string) {
-		g := str(b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key, map[string]any{"name": "payout"}).JSON()["id"])
+		g := b.newGroup("payout", "")
 		w := wire(key("wire"))
 		w["group_id"] = g
 		asked := b.mustBegin("approval_required", w)
@@ -722,7 +710,7 @@ func TestLoweringARetentionShortensTheEndedGroupsOfItsType(t *testing.T) {
 	charges, _ := b.committedGroup("charge.card")
 	mails, _ := b.committedGroup("email.send")
 	others, _ := b.committedGroup("sms.send") // no policy: 90 days
-	failed := str(b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key, map[string]any{"name": "order"}).JSON()["id"])
+	failed := b.newGroup("order", "")
 	charge := email(key("irreversible"))
 	charge["effect_type"], charge["group_id"] = "charge.card", failed
 	b.executedAs("succeeded", charge)
@@ -840,7 +828,7 @@ func TestGroupsInSimpleProtocolMode(t *testing.T) {
 	require.Equal(t, "committed", str(b.env.Must(http.StatusOK, "GET", "/api/v1/groups/"+g, b.ws.Key, nil).JSON()["state"]))
 	unwound := b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+g+"/unwind", b.ws.Key, nil).JSON()
 	require.Equal(t, "unwinding", str(unwound["state"]))
-	empty := str(b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key, map[string]any{"name": "empty"}).JSON()["id"])
+	empty := b.newGroup("empty", "")
 	b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+empty+"/commit", b.ws.Key, nil)
 }
 

@@ -19,9 +19,8 @@ func TestAFailedRetryKeepsTheEarlierUnknownOutcome(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.putPolicy("api.call", map[string]any{"on_indeterminate": "retry", "daily_budget_micros": 2000})
-	group := str(b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key, map[string]any{"name": "g"}).JSON()["id"])
-	body := charge(key("maybe"), 700)
-	body["group_id"], body["compensation"] = group, map[string]any{"effect_type": "api.undo"}
+	group := b.newGroup("g", "")
+	body := groupStep(group, charge(key("maybe"), 700), map[string]any{"effect_type": "api.undo"})
 	b.mustBegin("execute", body)
 	b.clock.Add(2 * time.Minute) // attempt 1 lapses: it may have happened
 	d2 := b.mustBegin("execute", body)
@@ -215,11 +214,9 @@ func TestRollbackOrdersAResolvedStepByItsSucceededAttempt(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.putPolicy("api.call", map[string]any{"on_indeterminate": "retry"})
-	group := str(b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key, map[string]any{"name": "g"}).JSON()["id"])
+	group := b.newGroup("g", "")
 	step := func(k string) map[string]any {
-		body := charge(k, 10)
-		body["group_id"], body["compensation"] = group, map[string]any{"effect_type": "api.undo", "payload": map[string]any{"k": k}}
-		return body
+		return groupStep(group, charge(k, 10), map[string]any{"effect_type": "api.undo", "payload": map[string]any{"k": k}})
 	}
 	a := step(key("A")) // e.g. create the account
 	b.mustBegin("execute", a)

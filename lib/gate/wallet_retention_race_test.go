@@ -245,8 +245,7 @@ func TestAGroupedBeginWhoseWalletsRunIsDeletedWhileItWaitsExecutes(t *testing.T)
 		require.NoError(t, err)
 	})
 	step := inRun(run, charge(key("step"), 700))
-	step["group_id"] = str(b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key,
-		map[string]any{"name": "g"}).JSON()["id"])
+	step["group_id"] = b.newGroup("g", "")
 	b.executedAs("failed", step) // gives its cost back
 	delete(step, "run_id")
 	b.env.Must(http.StatusOK, "POST", "/api/v1/runs/"+run+"/finish", b.ws.Key, nil)
@@ -287,8 +286,7 @@ func TestAGroupedBeginWhoseWalletMovesPastTheBoundIsAskedAgain(t *testing.T) {
 		require.NoError(t, err)
 	})
 	step := inRun(run, charge(key("step"), 700))
-	step["group_id"] = str(b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key,
-		map[string]any{"name": "g"}).JSON()["id"])
+	step["group_id"] = b.newGroup("g", "")
 	b.executedAs("failed", step) // gives its cost back
 	delete(step, "run_id")
 	b.env.Must(http.StatusOK, "POST", "/api/v1/runs/"+run+"/finish", b.ws.Key, nil)

@@ -152,7 +152,7 @@ func TestRunWalletChargesGroupedBegins(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	run := b.runWith(100)
-	group := str(b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key, map[string]any{"name": "g"}).JSON()["id"])
+	group := b.newGroup("g", "")
 	first := inRun(run, charge(key("g1"), 60))
 	first["group_id"] = group
 	b.mustBegin("execute", first)
@@ -256,7 +256,7 @@ func TestRunWalletChargesAGroupedBeginNamingNoRun(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	run := b.runWith(1000)
-	group := str(b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key, map[string]any{"name": "g"}).JSON()["id"])
+	group := b.newGroup("g", "")
 	step := charge(key("step"), 700)
 	step["group_id"] = group
 	a := b.mustBegin("execute", inRun(run, step))
