@@ -237,30 +237,7 @@ func TestAWalletBeginWaitingWhileItsRunIsDeletedGrantsNothing(t *testing.T) {
 // answered 500. Not parallel, in its own era (1929).
 func TestAGroupedBeginWhoseWalletsRunIsDeletedWhileItWaitsExecutes(t *testing.T) {
 	b := raceEra(t, 1929)
-	ctx := context.Background()
-	pool := b.env.App.Pool
-	run := b.runWith(1000)
-	t.Cleanup(func() {
-		_, err := pool.Exec(context.Background(), `DELETE FROM job_runs WHERE workspace_id = $1`, b.ws.ID)
-		require.NoError(t, err)
-	})
-	step := inRun(run, charge(key("step"), 700))
-	step["group_id"] = b.newGroup("g", "")
-	b.executedAs("failed", step) // gives its cost back
-	delete(step, "run_id")
-	b.env.Must(http.StatusOK, "POST", "/api/v1/runs/"+run+"/finish", b.ws.Key, nil)
-	b.clock.Add(91 * 24 * time.Hour)
-
-	tx, pid := b.holdWallet(run)
-	done := make(chan struct{})
-	var r apitest.Response
-	go func() { defer close(done); r = *b.begin(step) }()
-	apitest.WaitDoneOrBlockedBy(t, pool, pid, done,
-		"the grouped begin neither answered nor waited for its key's run's wallet")
-	b.purgeRun(run)
-	require.NoError(t, tx.Commit(ctx))
-	<-done
-
+	r, _ := b.groupedBeginWhileItsRunIsDeleted()
 	require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
 	require.Equal(t, "execute", r.JSON()["decision"], "%s", r.Body)
 	require.EqualValues(t, 2, r.JSON()["attempt"], "%s", r.Body)
@@ -278,6 +255,29 @@ func TestAGroupedBeginWhoseWalletsRunIsDeletedWhileItWaitsExecutes(t *testing.T)
 func TestAGroupedBeginWhoseWalletMovesPastTheBoundIsAskedAgain(t *testing.T) {
 	b := raceEra(t, 1930)
 	gate.SetMaxWalletMoves(b.env.App.Server.Gate, 2)
+	r, step := b.groupedBeginWhileItsRunIsDeleted()
+	errCode(t, r, http.StatusConflict, "retry_request")
+	var attempts int
+	var state string
+	require.NoError(t, b.env.App.Pool.QueryRow(context.Background(), `SELECT e.state,
+		(SELECT count(*) FROM effect_attempts a WHERE a.effect_id = e.id) FROM effects e WHERE e.workspace_id = $1 AND e.idempotency_key = $2`,
+		b.ws.ID, step["idempotency_key"]).Scan(&state, &attempts))
+	require.Equal(t, 1, attempts, "the refused begin took an attempt")
+	require.Equal(t, "failed", state, "the refused begin moved the key")
+
+	d := b.mustBegin("execute", step)
+	require.EqualValues(t, 2, d["attempt"], "%v", d)
+}
+
+// groupedBeginWhileItsRunIsDeleted begins, in a group and naming no run, a
+// key whose one attempt, charged to a run's wallet, failed, while run
+// retention deletes that run (finished, past its days): the begin, which
+// finds the key's wallet only once it holds its group, is begun again with
+// that wallet locked first, and waits for its lock (held by the test)
+// until the run is gone. It answers the begin's answer and body.
+func (b *bundle) groupedBeginWhileItsRunIsDeleted() (*apitest.Response, map[string]any) {
+	b.t.Helper()
+	t := b.t
 	ctx := context.Background()
 	pool := b.env.App.Pool
 	run := b.runWith(1000)
@@ -301,18 +301,7 @@ func TestAGroupedBeginWhoseWalletMovesPastTheBoundIsAskedAgain(t *testing.T) {
 	b.purgeRun(run)
 	require.NoError(t, tx.Commit(ctx))
 	<-done
-
-	errCode(t, &r, http.StatusConflict, "retry_request")
-	var attempts int
-	var state string
-	require.NoError(t, pool.QueryRow(ctx, `SELECT e.state, (SELECT count(*) FROM effect_attempts a WHERE a.effect_id = e.id)
-		FROM effects e WHERE e.workspace_id = $1 AND e.idempotency_key = $2`,
-		b.ws.ID, step["idempotency_key"]).Scan(&state, &attempts))
-	require.Equal(t, 1, attempts, "the refused begin took an attempt")
-	require.Equal(t, "failed", state, "the refused begin moved the key")
-
-	d := b.mustBegin("execute", step)
-	require.EqualValues(t, 2, d["attempt"], "%v", d)
+	return &r, step
 }
 
 // holdWallet holds run's wallet lock in a transaction of the test's, as a
