@@ -377,7 +377,6 @@ func (s *Service) UpdatePolicy(ctx context.Context, workspaceID, id string, req 
 		was Circuit // as the update found it: reports open and close it without a version
 	)
 	err = s.txRetrying(ctx, func(tx pgx.Tx) error {
-		now := s.now()
 		// The gate protocol (sql.go): wait for in-flight transitions out of
 		// RUNNING, then recount under the row lock the update takes.
 		if _, err := tx.Exec(ctx, sqlEndpointGateExclusive, id); err != nil {
@@ -386,6 +385,13 @@ func (s *Service) UpdatePolicy(ctx context.Context, workspaceID, id string, req 
 		if err := tx.QueryRow(ctx, sqlLockCircuit, workspaceID, id).Scan(&was.State, &was.OpenedAt); err != nil {
 			return err
 		}
+		// Read once the locks are held: the rate window recounted is the
+		// minute the write takes effect in (sqlRecountRate). Read before
+		// the waits, a write that waited across a minute's end counted
+		// the new minute's claims, committed meanwhile, into the old one,
+		// and the new minute's first claim then started its window
+		// afresh, those attempts uncounted (review).
+		now := s.now()
 		e, err = scanEndpoint(tx.QueryRow(ctx, sqlUpdatePolicy, id, workspaceID, pol.Preset, pol.MaxAttempts,
 			pol.InitialDelayMs, pol.Multiplier, pol.MaxDelayMs, pol.JitterPercent, pol.DefaultTimeoutMs,
 			pol.MaxConcurrent, pol.RateLimitPerMinute, now, req.ExpectedVersion.Value,

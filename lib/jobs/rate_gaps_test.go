@@ -1,12 +1,14 @@
 package jobs_test
 
 import (
+	"context"
 	"encoding/json"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/jobs"
 )
 
@@ -97,4 +99,53 @@ func TestATakenBackJobIsNotCountedAgainstTheRateLimit(t *testing.T) {
 			require.Empty(t, b.claim(t, w, 10), "the minute's allowance is spent")
 		})
 	}
+}
+
+// A limit set across a minute's end holds for the minute it takes effect
+// in, not the one its write started in: a write that read its clock at
+// 12:00:59 and then waited for the endpoint's gate (a report holding it)
+// while a claim started attempts at 12:01:00 counted them into 12:00, and
+// 12:01's first claim then started its window afresh, those attempts
+// uncounted (review: 2 started at 12:01:00 and a limit of 3 let 3 more
+// start in 12:01).
+func TestARateLimitSetAcrossAMinutesEndCountsTheNewMinutesClaims(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.createEndpoint(t, "send_email", jobs.PolicyFields{})
+	run := b.run(t)
+	for i := range 6 {
+		b.enqueue(t, run, jobs.EnqueueRequest{Input: json.RawMessage([]byte{byte('0' + i)})})
+	}
+	w := b.register(t)
+	eps, err := b.svc.ListEndpoints(ctx, b.ws, "", 10)
+	require.NoError(t, err)
+	ep := eps[0]
+
+	// A report of the endpoint's job in flight holds its gate shared.
+	pool := b.env.App.Pool
+	report, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = report.Rollback(context.Background()) }()
+	_, err = report.Exec(ctx, `SELECT pg_advisory_xact_lock_shared(hashtextextended($1::text, 0))`, ep.ID)
+	require.NoError(t, err)
+	waits := apitest.NewLockWaits(t, pool, apitest.BackendPID(t, report))
+
+	b.clock.Add(59 * time.Second) // 12:00:59
+	var putErr error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, putErr = b.svc.UpdatePolicy(ctx, b.ws, ep.ID, jobs.UpdatePolicyRequest{
+			ExpectedVersion: opt(ep.Version), PolicyFields: jobs.PolicyFields{RateLimitPerMinute: opt[int64](3)}})
+	}()
+	waits.Waiting(done, "the policy write waits for the endpoint's gate")
+
+	b.clock.Add(time.Second) // 12:01:00
+	require.Len(t, b.claim(t, w, 2), 2, "no limit yet: 12:01's first two attempts")
+	require.NoError(t, report.Rollback(ctx))
+	<-done
+	require.NoError(t, putErr)
+
+	require.Len(t, b.claim(t, w, 10), 1, "12:01's third attempt")
+	require.Empty(t, b.claim(t, w, 10), "12:01's allowance is spent")
 }

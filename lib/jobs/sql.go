@@ -580,8 +580,8 @@ WHERE id = $1::text AND max_concurrent IS NOT NULL`
 
 // sqlRecountRate starts a rate limit set or changed by a policy write ($1
 // the endpoint) from every attempt started on the endpoint in the minute
-// it is set in ($2, the write's minute; a later one when a claim's clock
-// already counted one), as its executions record them (their endpoint and
+// it is set in ($2, the write's minute, read once it holds the row; a later
+// one when a claim's clock already counted one), as its executions record them (their endpoint and
 // start, job_executions_endpoint_idx): a claim counts its grants on the
 // endpoint's row only while a limit (or maxConcurrent, or an open circuit)
 // makes it write the row, so without this a limit set mid-minute let that
