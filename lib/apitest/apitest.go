@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/answer"
@@ -41,7 +42,8 @@ var (
 // tests and drops the database, whether they passed or not. A test binary
 // killed before that (go test's -timeout, a panic, an interrupt) leaves its
 // database behind: on a long-lived server the next run drops those a day old
-// or more (testpg.DropStaleTestDatabases). Use it from TestMain:
+// or more that no session uses (testpg.DropStaleTestDatabases; a run holds
+// a session on its own, holdDatabase). Use it from TestMain:
 //
 //	func TestMain(m *testing.M) { os.Exit(apitest.Main(m)) }
 func Main(m *testing.M) int {
@@ -66,6 +68,12 @@ func Main(m *testing.M) int {
 			fmt.Fprintln(os.Stderr, "apitest: drop database:", err)
 		}
 	}()
+	held, err := holdDatabase(ctx, url)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "apitest: hold database:", err)
+		return 1
+	}
+	defer held.Close(context.Background())
 	if _, err := db.MigrateURL(ctx, url, migrations.FS); err != nil {
 		fmt.Fprintln(os.Stderr, "apitest: migrate:", err)
 		return 1
@@ -74,6 +82,25 @@ func Main(m *testing.M) int {
 	databaseURL = url
 	mu.Unlock()
 	return m.Run()
+}
+
+// RunSession is the application_name of the session Main holds on its
+// database for the whole run (holdDatabase).
+const RunSession = "ratchet test run"
+
+// holdDatabase opens a session on the run's database, held until the run
+// ends: a database some session uses is a run's in progress, which
+// testpg.DropStaleTestDatabases leaves whatever the time in its name says
+// (another run's clock a day ahead, or this run past a day), and a killed
+// run's session ends with it. The service's own pools alone leave the
+// database unused between tests.
+func holdDatabase(ctx context.Context, url string) (*pgx.Conn, error) {
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	cfg.RuntimeParams["application_name"] = RunSession
+	return pgx.ConnectConfig(ctx, cfg)
 }
 
 // DatabaseURL is this package's test database.

@@ -410,3 +410,48 @@ func TestStaleTestDatabasesAreDropped(t *testing.T) {
 	require.True(t, databaseExists(t, ctx, c.URL, young), "a younger one is a run's in progress")
 	require.True(t, databaseExists(t, ctx, c.URL, ageless), "one whose name holds no time is left alone")
 }
+
+// A database whose name reads stale but that a session still uses is a
+// run's in progress: its clock a day or more behind the dropping run's
+// (two machines sharing DATABASE_URL), or a run past a day (-timeout 0).
+// It is left, without an error, and a later run drops it once nothing
+// uses it. Dropped WITH (FORCE), the run's sessions were ended and its
+// database taken from under it mid-run.
+func TestAStaleNamedDatabaseInUseIsKept(t *testing.T) {
+	t.Parallel()
+	ctx, c := provisioned(t)
+	now := time.Now()
+	name := TestDatabaseName(now.Add(-StaleAfter - time.Minute))
+	url, err := CreateDatabase(ctx, c.URL, name)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = DropDatabase(context.Background(), c.URL, name) })
+	conn, err := pgx.Connect(ctx, url)
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+
+	dropped, err := DropStaleTestDatabases(ctx, c.URL, now)
+	require.NoError(t, err)
+	require.NotContains(t, dropped, name)
+	require.True(t, databaseExists(t, ctx, c.URL, name), "a database in use is a run's in progress")
+	require.NoError(t, conn.Ping(ctx), "its session goes on")
+
+	require.NoError(t, conn.Close(ctx))
+	require.Eventually(t, func() bool { // the server ends the session's backend once it reads the close
+		var n int
+		require.NoError(t, queryOneErr(ctx, c.URL, `SELECT count(*) FROM pg_stat_activity WHERE datname = $1`, name, &n))
+		return n == 0
+	}, 10*time.Second, 5*time.Millisecond, "the session has ended")
+	_, err = DropStaleTestDatabases(ctx, c.URL, now)
+	require.NoError(t, err)
+	require.False(t, databaseExists(t, ctx, c.URL, name), "dropped once nothing uses it")
+}
+
+// queryOneErr scans the one value of sql (one argument) on adminURL into dest.
+func queryOneErr(ctx context.Context, adminURL, sql string, arg, dest any) error {
+	conn, err := pgx.Connect(ctx, adminURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	return conn.QueryRow(ctx, sql, arg).Scan(dest)
+}
