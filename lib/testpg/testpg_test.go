@@ -27,13 +27,13 @@ func uniqueName(prefix string) string {
 }
 
 // queryOne runs a single-value query against connString.
-func queryOne[T any](t *testing.T, ctx context.Context, connString, sql string) T {
+func queryOne[T any](t *testing.T, ctx context.Context, connString, sql string, args ...any) T {
 	t.Helper()
 	conn, err := pgx.Connect(ctx, connString)
 	require.NoError(t, err)
 	defer conn.Close(context.Background())
 	var v T
-	require.NoError(t, conn.QueryRow(ctx, sql).Scan(&v))
+	require.NoError(t, conn.QueryRow(ctx, sql, args...).Scan(&v))
 	return v
 }
 
@@ -437,21 +437,9 @@ func TestAStaleNamedDatabaseInUseIsKept(t *testing.T) {
 
 	require.NoError(t, conn.Close(ctx))
 	require.Eventually(t, func() bool { // the server ends the session's backend once it reads the close
-		var n int
-		require.NoError(t, queryOneErr(ctx, c.URL, `SELECT count(*) FROM pg_stat_activity WHERE datname = $1`, name, &n))
-		return n == 0
+		return queryOne[int64](t, ctx, c.URL, `SELECT count(*) FROM pg_stat_activity WHERE datname = $1`, name) == 0
 	}, 10*time.Second, 5*time.Millisecond, "the session has ended")
 	_, err = DropStaleTestDatabases(ctx, c.URL, now)
 	require.NoError(t, err)
 	require.False(t, databaseExists(t, ctx, c.URL, name), "dropped once nothing uses it")
-}
-
-// queryOneErr scans the one value of sql (one argument) on adminURL into dest.
-func queryOneErr(ctx context.Context, adminURL, sql string, arg, dest any) error {
-	conn, err := pgx.Connect(ctx, adminURL)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(context.Background())
-	return conn.QueryRow(ctx, sql, arg).Scan(dest)
 }
