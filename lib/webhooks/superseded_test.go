@@ -188,3 +188,23 @@ func TestASupersededSendsFailureRecordsNothingAfterARetry(t *testing.T) {
 	c.answerSecond()
 	require.EqualValues(t, 2, c.rcv.hits.Load())
 }
+
+// An instance of the release before migration 0073, still sweeping during
+// the deploy, claims without counting a claim: its claim counts an attempt
+// only, and that alone tells its send for the later one, so this release's
+// earlier send's failure records nothing over it (README, Upgrading: this
+// release fences by both claims and attempts). Fenced by claims alone, the
+// failure, the delivery's twelfth attempt, ended it failed while the later
+// send was in flight. Not parallel: its pass sweeps the package's shared
+// deliveries.
+func TestAFailureSupersededByAPreviousReleasesClaimRecordsNothing(t *testing.T) {
+	c := newSupersededCase(t)
+	c.sendFirst()
+	c.clk.Add(time.Minute + time.Second)
+	// The previous release's claim (its sqlClaim): an attempt, no claim.
+	c.claimed = c.clk.Now().Add(time.Minute).Truncate(time.Microsecond)
+	_, err := c.env.App.Pool.Exec(context.Background(), `UPDATE webhook_deliveries
+		SET attempts = attempts + 1, next_attempt_at = $2 WHERE webhook_id = $1`, c.hook, c.claimed)
+	require.NoError(t, err)
+	c.answerFirst(webhooks.MaxAttempts + 1)
+}
