@@ -3,6 +3,7 @@ package ratchet
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"time"
@@ -248,15 +249,21 @@ func (a *batchAnswer) reset() { a.Results, a.requestID = nil, "" }
 func (a *batchAnswer) check(h http.Header) error {
 	a.requestID = h.Get("X-Request-Id")
 	if len(a.Results) != len(a.jobIDs) {
-		return fmt.Errorf("%d results for %d reports", len(a.Results), len(a.jobIDs))
+		return fmt.Errorf("%w: %d results for %d reports", errBatchMismatch, len(a.Results), len(a.jobIDs))
 	}
 	for i, r := range a.Results {
 		if r.JobID != a.jobIDs[i] {
-			return fmt.Errorf("result %d is for job %s, not %s", i, r.JobID, a.jobIDs[i])
+			return fmt.Errorf("%w: result %d is for job %s, not %s", errBatchMismatch, i, r.JobID, a.jobIDs[i])
 		}
 	}
 	return nil
 }
+
+// errBatchMismatch marks a batch report's answer that does not line up with
+// the reports it answers (not one result per report, or one naming another
+// job): read as an answer lost, and, twice running, a reason for the
+// worker's reporter to send the batch report by report (splitsBatch).
+var errBatchMismatch = errors.New("the answer does not line up with the reports")
 
 // batchErrorStatus is the status a single report would have answered with
 // code, so errors from a batch read like those of ReportJob.

@@ -286,9 +286,10 @@ func (r *reporter) send(batch []queuedReport) {
 		if len(batch) > 1 && splitsBatch(err) {
 			if splittable {
 				// The batch failed twice running in a way one report
-				// could cause: each report is sent on its own, with its
-				// own retries, so that one report the server chokes on
-				// holds back only itself (see holding) — and not the
+				// (or the batch route) could cause: each report is sent
+				// on its own, with its own retries, on the single-report
+				// route, so that one report the server chokes on holds
+				// back only itself (see holding) — and not the
 				// batch's slot either, which three such reports would
 				// otherwise take for good, stalling every report behind
 				// them. close still waits for them (r.sends, counted
@@ -323,13 +324,19 @@ func (r *reporter) send(batch []queuedReport) {
 }
 
 // splitsBatch says whether a batch's retryable failure could be one of its
-// reports' doing: a 500, the server failing on what it was sent. A 429, a
-// 503 (the server or its database unavailable to every request alike), a
-// proxy's 502 or 504, a timeout or a network failure say the same of every
-// request, and splitting would only multiply them during an outage.
+// reports' doing, or the batch route's: a 500, the server failing on what it
+// was sent; or an answer that does not line up with the reports sent (not
+// one result per report, or results naming other jobs: errBatchMismatch),
+// which says nothing of an outage, and which sending the batch again would
+// meet for ever (the worker held its claims, its reports never drained and
+// Stop waited its deadline out, giving them all up). A 429, a 503 (the
+// server or its database unavailable to every request alike), a proxy's 502
+// or 504, a timeout, a network failure or an answer cut short say the same
+// of every request, and splitting would only multiply them during an
+// outage.
 func splitsBatch(err error) bool {
 	var apiErr *Error
-	return errors.As(err, &apiErr) && apiErr.StatusCode == http.StatusInternalServerError
+	return errors.As(err, &apiErr) && apiErr.StatusCode == http.StatusInternalServerError || errors.Is(err, errBatchMismatch)
 }
 
 // sendOnce makes one delivery of batch, answering each report it settles

@@ -625,6 +625,69 @@ func TestReporterRetriesABatchWhoseAnswerNamesOtherJobs(t *testing.T) {
 	}
 }
 
+// A server whose batch answers never line up with the reports sent (not one
+// result per report, or results naming other jobs: a protocol error, not an
+// outage) gets the batch report by report on the single-report route after
+// two such answers running, as a batch meeting a 500 twice running does:
+// each report is recorded, none is lost, nothing goes to OnError and no
+// report holds the claims. It was sent again whole for ever: the worker
+// claimed nothing more, and close (Stop) waited its deadline out and gave
+// every report up. The reports' order is reversed in one answer and one
+// result is left out of the other; close's deadline is far off, and only
+// the fallback lets close report every report sent.
+func TestReporterSendsABatchWhoseAnswersNeverLineUpReportByReport(t *testing.T) {
+	t.Parallel()
+	for _, answer := range []string{"reversed", "short"} {
+		t.Run(answer, func(t *testing.T) {
+			t.Parallel()
+			f := newFakeJobs()
+			var batches atomic.Int32
+			c, _ := testClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path != "/api/v1/jobs/report" {
+					f.ServeHTTP(w, r)
+					return
+				}
+				var body struct {
+					Reports []struct {
+						JobID string `json:"jobId"`
+					} `json:"reports"`
+				}
+				_ = json.NewDecoder(r.Body).Decode(&body)
+				batches.Add(1)
+				results := []any{}
+				for _, rep := range body.Reports {
+					results = append(results, map[string]any{"jobId": rep.JobID, "status": "SUCCEEDED", "attempt": 1})
+				}
+				if answer == "reversed" {
+					for i, j := 0, len(results)-1; i < j; i, j = i+1, j-1 {
+						results[i], results[j] = results[j], results[i]
+					}
+				} else {
+					results = results[1:]
+				}
+				writeJSON(w, 200, map[string]any{"results": results})
+			}))
+			c.maxRetries = 0 // each delivery one request: the reporter's own rule is tested
+			sink := &errSink{}
+			r := newReporter(context.Background(), c, sink.add, time.Hour)
+			ids := queueReports(r, 4, time.Now().Add(10*time.Minute))
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			if !closeWithin(t, r, ctx) {
+				t.Fatalf("close gave up after %d batch deliveries; OnError %v", batches.Load(), sink.list())
+			}
+			for _, id := range ids {
+				if rep := f.report(t, id); rep["status"] != "SUCCEEDED" || rep["leaseToken"] != "tok_"+id {
+					t.Fatalf("report of %s: %v", id, rep)
+				}
+			}
+			if n := r.lostReports(); n != 0 || len(sink.list()) != 0 || batches.Load() != 2 || r.holding(time.Now()) {
+				t.Fatalf("lost %d after %d batch deliveries, holding %v; OnError %v", n, batches.Load(), r.holding(time.Now()), sink.list())
+			}
+		})
+	}
+}
+
 // A report waiting for room in the full queue is given up when the reporter
 // gives up, whatever the batches ahead of it are doing: enqueue returns (a
 // handler, and so close and Stop, wait for it), and the report goes to
