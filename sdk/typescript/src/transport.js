@@ -183,8 +183,9 @@ export class Transport {
    * every failure worth repeating for as long as mayWait(waitMs) allows the
    * next wait; onAttempt runs before each attempt is sent, onRetry before
    * each wait. Rejects with the last
-   * failure: a refusal, one mayWait gave up on, or a RatchetError worth
-   * repeating that stopOn(err) says to hand back. read as call's.
+   * failure: a refusal, one mayWait gave up on, or a failure worth
+   * repeating (a RatchetError, a ConnectionLostError) that stopOn(err),
+   * told of each, says to hand back. read as call's.
    */
   async callUntil(method, path, body, { mayWait, onRetry = () => {}, onAttempt = () => {}, stopOn = () => false, timeoutMs, signal, read }) {
     let unsure = false; // an attempt may have been applied
@@ -201,6 +202,7 @@ export class Transport {
         } else if (err instanceof ConnectionLostError) {
           unsure = true;
           wait = this.backoff(attempt);
+          if (stopOn(err)) throw err;
         } else throw err;
         if (wait === null || !mayWait(wait)) throw unsure ? markUnconfirmed(err) : err;
       }

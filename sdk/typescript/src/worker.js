@@ -151,7 +151,11 @@ const reportPath = (jobId) => `/jobs/${pathId(jobId)}/report`;
  * that a batch the server refuses whole (an older server, a body it will
  * not read) and one that meets a 500 twice running (which one report could
  * cause) are sent again report by report, each on its own, so that one
- * report the server chokes on holds back only itself.
+ * report the server chokes on holds back only itself; so is one whose
+ * answer twice running does not line up with its reports (batchResults): a
+ * protocol error, not an outage, which the batch sent again whole would
+ * meet for ever (its reports never drained, no claim was made meanwhile,
+ * and a stop gave them all up at its deadline), as in the Go and Python SDKs.
  */
 export class Reporter { // exported for the tests; not by the package
   #transport;
@@ -233,6 +237,8 @@ export class Reporter { // exported for the tests; not by the package
       ? [reportPath(batch[0].jobId), batch[0].body]
       : ['/jobs/report', { reports: batch.map((r) => ({ jobId: r.jobId, ...r.body })) }];
     let failed500 = 0; // 500s running
+    let mismatched = 0; // answers running that do not line up with the reports (batchResults)
+    let misread = false; // the answer to the attempt that just failed did not
     let answer;
     try {
       answer = await this.#transport.callUntil('POST', path, body, {
@@ -244,13 +250,22 @@ export class Reporter { // exported for the tests; not by the package
         onAttempt: () => { for (const r of batch) r.onAttempt(); },
         stopOn: (err) => {
           failed500 = err.status === 500 ? failed500 + 1 : 0;
-          return failed500 >= 2;
+          mismatched = misread ? mismatched + 1 : 0;
+          misread = false;
+          return failed500 >= 2 || mismatched >= 2;
         },
-        read: batch.length === 1 ? undefined : (answer, requestId) => batchResults(answer, batch.map((r) => r.jobId), requestId),
+        read: batch.length === 1 ? undefined : (answer, requestId) => {
+          try {
+            return batchResults(answer, batch.map((r) => r.jobId), requestId);
+          } catch (err) {
+            misread = true; // the transport rejects it as an answer lost
+            throw err;
+          }
+        },
       });
     } catch (err) {
-      if (err instanceof RatchetError
-        && (failed500 >= 2 || (batch.length > 1 && err.status >= 400 && err.status < 500 && err.status !== 429))) {
+      if (mismatched >= 2 || (err instanceof RatchetError
+        && (failed500 >= 2 || (batch.length > 1 && err.status >= 400 && err.status < 500 && err.status !== 429)))) {
         for (const r of batch) r.outcome.alone = true;
         return;
       }
