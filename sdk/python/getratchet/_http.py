@@ -312,7 +312,7 @@ class Transport:
 
     def call_until(self, method: str, path: str, body: Any, *, may_wait: Callable[[float], bool],
                    on_retry: Callable[[], None] = lambda: None,
-                   stop_on: Callable[[RatchetError], bool] = lambda err: False,
+                   stop_on: Callable[[Exception], bool] = lambda err: False,
                    timeout: Optional[float] = None, abort: Optional[Abort] = None,
                    on_attempt: Callable[[], None] = lambda: None,
                    read: Optional[Callable[[Dict[str, Any], str], Any]] = None) -> Any:
@@ -321,7 +321,8 @@ class Transport:
         allows the next wait (seconds) and abort has not fired; on_attempt
         runs before each attempt is sent, on_retry before each wait. Raises the last failure: a refusal, one
         may_wait gave up on, the abort's ConnectionLost, or a failure worth
-        repeating that stop_on(failure) says to hand back. read as call's."""
+        repeating (a RatchetError, a ConnectionLost) that stop_on(failure),
+        told of each, says to hand back. read as call's."""
         attempt = 0
         unsure = False  # an attempt may have been applied
         while True:
@@ -334,10 +335,10 @@ class Transport:
                 if wait is None or stop_on(err) or not may_wait(wait) or (abort is not None and abort.fired):
                     err._unconfirmed = err._unconfirmed or unsure
                     raise
-            except ConnectionLost:
+            except ConnectionLost as lost:
                 unsure = True
                 wait = self.backoff(attempt)
-                if (abort is not None and abort.fired) or not may_wait(wait):
+                if (abort is not None and abort.fired) or stop_on(lost) or not may_wait(wait):
                     raise
             on_retry()
             attempt += 1

@@ -218,7 +218,11 @@ class _Reporter:
     older server, a body it will not read) and one that meets a 500 twice
     running (which one report could cause) are sent again report by report,
     each by its own job's thread, so that one report the server chokes on
-    holds back only itself.
+    holds back only itself; so is one whose answer twice running does not
+    line up with its reports (batch_results): a protocol error, not an
+    outage, which the batch sent again whole would meet for ever (its
+    reports never drained, no claim was made meanwhile, and a stop gave
+    them all up at its deadline), as in the Go and TypeScript SDKs.
     """
 
     def __init__(self, transport: Transport) -> None:
@@ -301,10 +305,14 @@ class _Reporter:
         else:
             path, body = "/jobs/report", {"reports": [{"jobId": r.job_id, **r.body} for r in batch]}
         failed_500 = [0]  # 500s running
+        mismatched = [0]  # answers running that do not line up with the reports (batch_results)
+        misread = [False]  # the answer to the attempt that just failed did not
 
-        def stop_on(err: RatchetError) -> bool:
-            failed_500[0] = failed_500[0] + 1 if err.status == 500 else 0
-            return failed_500[0] >= 2
+        def stop_on(err: Exception) -> bool:
+            failed_500[0] = failed_500[0] + 1 if isinstance(err, RatchetError) and err.status == 500 else 0
+            mismatched[0] = mismatched[0] + 1 if misread[0] else 0
+            misread[0] = False
+            return failed_500[0] >= 2 or mismatched[0] >= 2
 
         def may_wait(wait: float) -> bool:
             return all([r.may_wait(wait) for r in batch])  # every report told: each keeps whether it gave up
@@ -318,15 +326,20 @@ class _Reporter:
                 r.on_attempt()
 
         def read(answer: Dict[str, Any], request_id: str) -> Any:
-            return batch_results(answer, [r.job_id for r in batch], request_id)
+            try:
+                return batch_results(answer, [r.job_id for r in batch], request_id)
+            except ValueError:
+                misread[0] = True  # the transport raises it as an answer lost
+                raise
 
         try:
             answer = self._transport.call_until("POST", path, body, may_wait=may_wait, on_retry=on_retry,
                                                 stop_on=stop_on, timeout=min(self._transport.timeout, _REPORT_TIMEOUT),
                                                 abort=self._abort, on_attempt=on_attempt,
                                                 read=read if len(batch) > 1 else None)
-        except RatchetError as err:
-            if failed_500[0] >= 2 or (len(batch) > 1 and 400 <= err.status < 500 and err.status != 429):
+        except (RatchetError, ConnectionLost) as err:
+            if mismatched[0] >= 2 or (isinstance(err, RatchetError) and (
+                    failed_500[0] >= 2 or (len(batch) > 1 and 400 <= err.status < 500 and err.status != 429))):
                 for r in batch:
                     r.alone = True
                 return
