@@ -246,12 +246,13 @@ test('an aborted signal ends start', async (t) => {
   const shutdown = new AbortController();
   let returned = false;
   const started = client.worker.start({ concurrency: 1, pollIntervalMs: 50, signal: shutdown.signal }).then(() => { returned = true; });
+  after(t, () => stopWorker(client.worker, started, 1000)); // should an assertion fail before the abort
   await new Promise((r) => setTimeout(r, 300));
   assert.equal(returned, false);
   shutdown.abort();
   await hangGuard(started, 'start() never ended');
   assert.equal(returned, true);
-  await assert.rejects(client.worker.start(), /already started/);
+  await assert.rejects(hangGuard(client.worker.start(), 'start() never ended'), /already started/);
 });
 
 // Records, until t ends, each timer set for one of delays (ms) and whether
@@ -308,6 +309,7 @@ test('a stop by start\'s signal leaves none of its timers armed once start resol
   const timers = watchTimers(t, STOP_TIMERS);
   const shutdown = new AbortController();
   const started = client.worker.start({ concurrency: 1, pollIntervalMs: 50, stopGraceMs: STOP_GRACE_MS, signal: shutdown.signal });
+  after(t, () => stopWorker(client.worker, started, 1000)); // should the test fail before the abort
   await until(() => client.worker.workerId !== null);
   shutdown.abort();
   await hangGuard(started, 'start() never ended');
@@ -655,6 +657,7 @@ test('a stop ends start\'s wait for the server', async (t) => {
   let outcome = null;
   const started = client.worker.start({ concurrency: 1, pollIntervalMs: 3_600_000, onError: () => {} })
     .then(() => { outcome = 'resolved'; }, (err) => { outcome = err; });
+  after(t, () => stopWorker(client.worker, started, 1000)); // should the test fail before its stop
   await until(() => server.seen.length > 0 || outcome !== null);
   await new Promise((r) => setTimeout(r, 300));
   assert.equal(outcome, null); // waiting for the server, not failed
@@ -1309,7 +1312,8 @@ test('a stop gives aborted handlers the stop grace, 10 s by default', async (t) 
   }
   const idle = new Ratchet({ baseUrl: 'http://127.0.0.1:9', apiKey: 'rk_test' });
   idle.registerTool({ name: 't', version: '1', handler: () => ({}) });
-  await assert.rejects(idle.worker.start({ stopGraceMs: -1 }), RangeError);
+  after(t, () => hangGuard(idle.worker.stop({ timeoutMs: 0 }), 'stop() never ended')); // should it start
+  await assert.rejects(hangGuard(idle.worker.start({ stopGraceMs: -1 }), 'start() never ended'), RangeError);
 });
 
 test('a report still unanswered when the stop gives reports up is cut, and counted lost', async (t) => {
@@ -1338,6 +1342,7 @@ test('a report still unanswered when the stop gives reports up is cut, and count
   const errors = [];
   client.registerTool({ name: 't', version: '1', handler: () => ({ ok: true }) });
   const started = client.worker.start({ concurrency: 1, pollIntervalMs: 50, onError: (err) => errors.push(err), stopGraceMs: 150 });
+  after(t, () => stopWorker(client.worker, started, 0)); // should the test fail before its stop
   await until(() => server.seen.some((s) => s.path.endsWith('/report')));
   assert.equal(await hangGuard(client.worker.stop({ timeoutMs: 100 }), 'the report in flight was not cut'), false,
     'a report was not recorded');
@@ -1380,6 +1385,7 @@ test('reports queued behind one in flight are not sent after the stop gives repo
     return { ok: true };
   } });
   const started = client.worker.start({ concurrency: 3, pollIntervalMs: 50, onError: () => {}, stopGraceMs: 150 });
+  after(t, () => stopWorker(client.worker, started, 0)); // should the test fail before its stop
   await until(() => finished === 2); // job_2 and job_3 have finished
   assert.equal(await hangGuard(client.worker.stop({ timeoutMs: 200 }), 'a report queued behind the cut one was sent'), false);
   await hangGuard(started, 'start() never ended');
@@ -1632,6 +1638,7 @@ test('a stop asks again under a lost claim\'s id', async (t) => {
   const errors = [];
   client.registerTool({ name: 't', version: '1', handler: () => ({ ok: true }) });
   const started = client.worker.start({ concurrency: 1, pollIntervalMs: 3_600_000, onError: (err) => errors.push(err) });
+  after(t, () => stopWorker(client.worker, started, 1000)); // should the test fail before its stop
   await until(() => ids.length >= 4); // the claim and its three retries, answers lost
   await new Promise((r) => setTimeout(r, 100)); // the worker waits a backoff to ask again, or asks and waits again
   const stopped = client.worker.stop({ timeoutMs: 15_000 });
@@ -1653,6 +1660,8 @@ test('a stop ends a claim\'s rate-limit wait, and cuts a claim still unanswered 
   let errors = [];
   client.registerTool({ name: 't', version: '1', handler: () => null });
   let started = client.worker.start({ concurrency: 1, pollIntervalMs: 3_600_000, onError: (err) => errors.push(err) });
+  const first = { worker: client.worker, started };
+  after(t, () => stopWorker(first.worker, first.started, 1000)); // should the test fail before its stop
   await until(() => limited.seen.some((s) => s.path.endsWith('/claim')));
   // The stop's deadline is an hour, and the claim's waits (a minute each,
   // the most a 429's is waited) three: only the stop ending the wait lets
@@ -1678,6 +1687,8 @@ test('a stop ends a claim\'s rate-limit wait, and cuts a claim still unanswered 
   errors = [];
   client.registerTool({ name: 't', version: '1', handler: () => null });
   started = client.worker.start({ concurrency: 1, pollIntervalMs: 3_600_000, onError: (err) => errors.push(err) });
+  const second = { worker: client.worker, started };
+  after(t, () => stopWorker(second.worker, second.started, 0)); // should the test fail before its stop
   await until(() => hung.seen.some((s) => s.path.endsWith('/claim')));
   assert.equal(await hangGuard(client.worker.stop({ timeoutMs: 300 }), 'the unanswered claim was not cut'), false);
   await hangGuard(started, 'start() never ended');
@@ -2048,6 +2059,7 @@ async function runJobs(t, n, answerItem, { batchRoute = true, pollIntervalMs = 5
   });
   const errors = [];
   const started = client.worker.start({ concurrency: n, pollIntervalMs, onError: (err) => errors.push(err) });
+  after(t, () => stopWorker(client.worker, started, 0)); // should the reports never all be answered
   // Claims go on while the reports are sent (unless one is failing).
   await until(() => answered.size === n);
   const clean = await stopWorker(client.worker, started, 5000);
