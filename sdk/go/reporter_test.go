@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -597,21 +598,11 @@ func eventually(cond func() bool) bool {
 func TestReporterRetriesABatchWhoseAnswerNamesOtherJobs(t *testing.T) {
 	t.Parallel()
 	var calls atomic.Int32
-	c, _ := testClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var body struct {
-			Reports []struct {
-				JobID string `json:"jobId"`
-			} `json:"reports"`
-		}
-		_ = json.NewDecoder(r.Body).Decode(&body)
-		results := []any{}
-		for _, rep := range body.Reports {
-			results = append(results, map[string]any{"jobId": rep.JobID, "status": "SUCCEEDED", "attempt": 1})
-		}
+	c, _ := testClient(t, batchAnswers(newFakeJobs(), func(results []any) []any {
 		if calls.Add(1) == 1 && len(results) > 1 {
 			results[0], results[1] = results[1], results[0]
 		}
-		writeJSON(w, 200, map[string]any{"results": results})
+		return results
 	}))
 	c.maxRetries = 0 // each delivery one request: the reporter's own retry is tested
 	sink := &errSink{}
@@ -642,30 +633,13 @@ func TestReporterSendsABatchWhoseAnswersNeverLineUpReportByReport(t *testing.T) 
 			t.Parallel()
 			f := newFakeJobs()
 			var batches atomic.Int32
-			c, _ := testClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				if r.URL.Path != "/api/v1/jobs/report" {
-					f.ServeHTTP(w, r)
-					return
-				}
-				var body struct {
-					Reports []struct {
-						JobID string `json:"jobId"`
-					} `json:"reports"`
-				}
-				_ = json.NewDecoder(r.Body).Decode(&body)
+			c, _ := testClient(t, batchAnswers(f, func(results []any) []any {
 				batches.Add(1)
-				results := []any{}
-				for _, rep := range body.Reports {
-					results = append(results, map[string]any{"jobId": rep.JobID, "status": "SUCCEEDED", "attempt": 1})
-				}
 				if answer == "reversed" {
-					for i, j := 0, len(results)-1; i < j; i, j = i+1, j-1 {
-						results[i], results[j] = results[j], results[i]
-					}
-				} else {
-					results = results[1:]
+					slices.Reverse(results)
+					return results
 				}
-				writeJSON(w, 200, map[string]any{"results": results})
+				return results[1:]
 			}))
 			c.maxRetries = 0 // each delivery one request: the reporter's own rule is tested
 			sink := &errSink{}
@@ -686,6 +660,29 @@ func TestReporterSendsABatchWhoseAnswersNeverLineUpReportByReport(t *testing.T) 
 			}
 		})
 	}
+}
+
+// batchAnswers answers the batch route by recording nothing and answering
+// each report a success in its slot, the results passed through garble
+// first; f serves every other route.
+func batchAnswers(f *fakeJobs, garble func(results []any) []any) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/api/v1/jobs/report" {
+			f.ServeHTTP(w, r)
+			return
+		}
+		var body struct {
+			Reports []struct {
+				JobID string `json:"jobId"`
+			} `json:"reports"`
+		}
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		results := []any{}
+		for _, rep := range body.Reports {
+			results = append(results, map[string]any{"jobId": rep.JobID, "status": "SUCCEEDED", "attempt": 1})
+		}
+		writeJSON(w, 200, map[string]any{"results": garble(results)})
+	})
 }
 
 // A report waiting for room in the full queue is given up when the reporter
