@@ -873,7 +873,10 @@ func (s *Service) recordOutcomes(ctx context.Context, outs []outcome) error {
 //
 //   - A 2xx is recorded delivered whichever attempt answered it (the event
 //     arrived), also when its webhook's delete abandoned it or an update of
-//     its events ended it while it was sent (QA: it read failed).
+//     its events ended it while it was sent (QA: it read failed), and when
+//     a later claim's send (superseded, below) failed on the last attempt
+//     and ended it failed before this one answered (review: it read failed,
+//     the event arrived).
 //   - A failure is retried at its next attempt, or ends failed on the last
 //     one, unless a retry gave its attempts back while it was sent (Retry):
 //     then it is due again at once ($7 is its end). Decided by the row's
@@ -911,7 +914,8 @@ SET state = CASE WHEN o.failure IS NULL THEN 'delivered' WHEN d.attempts >= $8::
     last_status_code = o.code, last_error = o.failure
 FROM o, locked
 WHERE d.id = o.id AND locked.id = o.id AND CASE WHEN o.failure IS NULL
-    THEN d.state = 'pending' OR (d.state = 'failed' AND d.last_error IN ('` + abandoned + `', '` + unsubscribed + `'))
+    THEN d.state = 'pending' OR (d.state = 'failed' AND (d.last_error IN ('` + abandoned + `', '` + unsubscribed + `')
+        OR d.claims > o.claims OR d.attempts > o.attempts))
     ELSE d.state = 'pending' AND d.attempts <= o.attempts AND d.claims = o.claims END`
 
 // exec runs one statement of deliveries' outcomes on the passes' share of

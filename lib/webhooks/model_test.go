@@ -1087,7 +1087,8 @@ func (d *hmDelivery) claim(now time.Time) hmClaim {
 
 // record applies at now the outcome of claim c's send of d, answered code
 // (0: none, failure saying why): delivered on a 2xx (also after a delete
-// or an unsubscription ended it while it was sent), else retried with
+// or an unsubscription ended it while it was sent, or a later claim's
+// failure ended it), else retried with
 // backoff from c's attempt, or failed once d's attempts reach MaxAttempts;
 // an outcome of a delivery that ended meanwhile, or a failure whose claim
 // a later claim superseded (d counts more claims, also when a retry gave
@@ -1096,7 +1097,7 @@ func (d *hmDelivery) record(c hmClaim, now time.Time, code int, failure string) 
 	attempt := c.attempt
 	if code >= 200 && code < 300 {
 		if d.state == "pending" || d.state == "failed" && (d.lastError == "webhook deleted" ||
-			d.lastError == "event type unsubscribed") {
+			d.lastError == "event type unsubscribed" || d.claims > c.claim) {
 			d.state, d.delivered, d.code, d.lastError = "delivered", now, code, ""
 		}
 		return

@@ -73,11 +73,18 @@ type supersededCase struct {
 
 func newSupersededCase(t *testing.T) *supersededCase {
 	t.Helper()
+	return newSupersededCaseAnswering(t, [2]int{http.StatusInternalServerError, http.StatusOK})
+}
+
+// newSupersededCaseAnswering is newSupersededCase whose receiver answers
+// the first send status[0] and the second status[1].
+func newSupersededCaseAnswering(t *testing.T, status [2]int) *supersededCase {
+	t.Helper()
 	env, clk := start(t, true)
 	ctx := context.Background()
 	dispatchAll(t, env, clk.Now())
 	c := &supersededCase{t: t, env: env, clk: clk, ws: env.Signup(),
-		rcv: newHeldTwice(t, [2]int{http.StatusInternalServerError, http.StatusOK})}
+		rcv: newHeldTwice(t, status)}
 	c.hook, _ = subscribe(t, env, c.ws.Key, c.rcv.srv.URL)
 	record(t, env, c.ws.ID, events.RunFinished, clk.Now())
 	dispatchAll(t, env, clk.Now())
@@ -207,4 +214,24 @@ func TestAFailureSupersededByAPreviousReleasesClaimRecordsNothing(t *testing.T) 
 		SET attempts = attempts + 1, next_attempt_at = $2 WHERE webhook_id = $1`, c.hook, c.claimed)
 	require.NoError(t, err)
 	c.answerFirst(webhooks.MaxAttempts + 1)
+}
+
+// The other order of answers: the later send fails, on the delivery's last
+// attempt, and ends it failed; the earlier send's 2xx, answered after
+// that, is still recorded (README: when the earlier one answers, a 2xx is
+// recorded, the event arrived). It recorded nothing: the delivery read
+// failed, 500, though its event had arrived. Not parallel: its passes
+// sweep the package's shared deliveries.
+func TestASupersededSendsLate2xxIsRecordedAfterTheLaterSendFailed(t *testing.T) {
+	c := newSupersededCaseAnswering(t, [2]int{http.StatusOK, http.StatusInternalServerError})
+	c.sendFirst()
+	c.sendAgain()
+	c.rcv.release(1)
+	require.NoError(t, <-c.second)
+	state, attempts, _ := c.row()
+	require.Equal(t, []any{"failed", webhooks.MaxAttempts + 1}, []any{state, attempts},
+		"the later send's failure, past the last attempt, ends the delivery failed")
+	c.rcv.release(0)
+	require.NoError(t, <-c.first)
+	requireDeliveredOK(t, c.env, c.ws.Key, c.hook)
 }
