@@ -740,3 +740,91 @@ func TestADailyBudgetResetsAtUTCMidnightExactly(t *testing.T) {
 	b.mustBegin("execute", charge(key("first"), 1000))
 	b.denialOf("budget_exceeded", charge(key("second"), 1))
 }
+
+// So is one whose resolution was stamped before the probe's grant: a
+// clock read before the probe was begun (a reconciliation read it before
+// it waited for the effect's row; or the resolving instance's clock lags
+// the one that granted the probe) does not make the probe a second action.
+// The attempt before the probe resolved succeeded says that it was still
+// unknown when the probe was granted: an effect known to have succeeded
+// grants no attempt after it (review: the probe left out only when the
+// resolution's clock read at or after its grant, 1 400 counted of 1 000).
+func TestABudgetSetAfterAProbeIsResolvedByALaggingClockCountsItOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("api.call", map[string]any{"on_indeterminate": "probe"})
+	k := charge(key("probed"), 700)
+	b.mustBegin("execute", k)
+	b.clock.Add(2 * time.Minute)
+	k["lease_seconds"] = 1
+	probe := b.mustBegin("execute", k)
+	require.Equal(t, true, probe["probe"])
+	b.clock.Add(1500 * time.Millisecond)
+	// The probe's holder reports after its lease ended: the lapse is
+	// recorded, the effect durably indeterminate.
+	require.Equal(t, http.StatusConflict,
+		b.report(str(probe["effect_id"]), str(probe["lease_token"]), "succeeded", nil).Status)
+	b.clock.Add(-2 * time.Second) // the resolving instance's clock, 2 s behind the granting one's
+	b.env.Must(http.StatusOK, "POST", "/api/v1/effects/"+str(probe["effect_id"])+"/resolve", b.ws.Key,
+		map[string]any{"outcome": "succeeded"})
+	b.putPolicy("api.call", map[string]any{"daily_budget_micros": 1000})
+	b.mustBegin("execute", charge(key("fits"), 300))
+	b.denialOf("budget_exceeded", charge(key("full"), 1))
+}
+
+// The same through a reconciliation that waited for an effect's row: its
+// clock, read before the wait, stamps the resolution before a probe begun
+// and lapsed meanwhile, which it settles with the attempt it read. Staged
+// by hand: a transaction holds the row of an effect the reconciliation
+// locks first (effect id order), the reconciliation waits for it, the key
+// is probed and the probe lapses, the transaction ends.
+func TestABudgetSetAfterAReconciliationThatWaitedSettledAProbeCountsItOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("api.call", map[string]any{"on_indeterminate": "probe"})
+	heldKey, probedKey := key("held"), key("probed")
+	held := b.mustBegin("execute", charge(heldKey, nil)) // locked first: the lower id
+	b.clock.Add(time.Second)
+	k := charge(probedKey, 700)
+	first := b.mustBegin("execute", k)
+	require.Less(t, str(held["effect_id"]), str(first["effect_id"]))
+	b.clock.Add(2 * time.Minute) // both leases lapse
+	pool := b.env.App.Pool
+	holder, err := pool.Begin(context.Background())
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(context.Background()) }()
+	_, err = holder.Exec(context.Background(), `SELECT 1 FROM effects WHERE id = $1 FOR UPDATE`, held["effect_id"])
+	require.NoError(t, err)
+	waits := apitest.NewLockWaits(t, pool, apitest.BackendPID(t, holder))
+
+	now := b.clock.Now()
+	done := make(chan struct{})
+	var reconciled *apitest.Response
+	go func() {
+		defer close(done)
+		reconciled = b.env.Do("POST", "/api/v1/reconcile", b.ws.Key, map[string]any{"effect_type": "api.call",
+			"from": now.Add(-time.Hour).Format(time.RFC3339), "to": now.Add(time.Hour).Format(time.RFC3339),
+			"records": []map[string]any{
+				{"idempotency_key": heldKey, "status": "succeeded"},
+				{"idempotency_key": probedKey, "status": "succeeded", "amount_micros": 700}}})
+	}()
+	waits.Waiting(done, "the reconciliation, its clock read, waits for the held effect's row")
+
+	b.clock.Add(time.Minute)
+	k["lease_seconds"] = 1
+	probe := b.mustBegin("execute", k)
+	require.Equal(t, true, probe["probe"])
+	b.clock.Add(1500 * time.Millisecond)
+	require.Equal(t, http.StatusConflict,
+		b.report(str(probe["effect_id"]), str(probe["lease_token"]), "succeeded", nil).Status,
+		"reported after its lease: the lapse is recorded")
+	require.NoError(t, holder.Rollback(context.Background()))
+	<-done
+	require.Equal(t, http.StatusOK, reconciled.Status, "%s", reconciled.Body)
+	effect := b.env.Must(http.StatusOK, "GET", "/api/v1/effects/"+str(probe["effect_id"]), b.ws.Key, nil).JSON()
+	require.Equal(t, "succeeded", effect["state"], "the reconciliation settled the probe with the attempt it read")
+
+	b.putPolicy("api.call", map[string]any{"daily_budget_micros": 1000})
+	b.mustBegin("execute", charge(key("fits"), 300))
+	b.denialOf("budget_exceeded", charge(key("full"), 1))
+}

@@ -108,7 +108,13 @@ const maxBackfilledCounter = "8000000000000000000::numeric"
 // of unknown outcome when it was granted (still, or resolved since: a
 // resolution settles both with one outcome) is not charged, as its grant
 // would not have been (one of the two acted; stale-read QA: a probe and
-// its unknown attempt resolved succeeded were counted twice). The effects
+// its unknown attempt resolved succeeded were counted twice). An earlier
+// attempt that succeeded was so resolved: an effect known to have
+// succeeded grants no attempt after it. That is read from the outcome, not
+// by comparing the resolution's clock with the probe's grant: a
+// reconciliation's clock is read before it waits for the effects' rows,
+// and an instance's may lag the granting one's (review: a resolution
+// stamped before the probe's grant counted both). The effects
 // and their attempts are locked first, in effect id order, then the
 // counters in scope order, as a begin,
 // a report, a resolve, the lapse sweep and a reconciliation lock them (a
@@ -137,7 +143,7 @@ WITH day AS (
       AND NOT (a.probe AND EXISTS (
           SELECT 1 FROM effect_attempts u WHERE u.effect_id = a.effect_id AND u.attempt < a.attempt
             AND u.started_at >= $3::timestamptz
-            AND (u.outcome = 'indeterminate' OR u.resolved_at >= a.started_at)))
+            AND u.outcome IN ('indeterminate', 'succeeded')))
     ORDER BY e.id, a.attempt
     FOR UPDATE OF e, a
 ), missing AS (
