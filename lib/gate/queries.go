@@ -696,9 +696,9 @@ var sqlRunSpend = `SELECT ` + money.RunSpendSQL("$1::text", "$2::text")
 const sqlKeyInRun = `SELECT EXISTS (SELECT 1 FROM effects WHERE workspace_id = $2 AND idempotency_key = $3 AND run_id = $1)`
 
 // sqlLockEffectStates locks effects (in id order, so that concurrent
-// reconciliations cannot deadlock) and reads their state as it now is.
-// $1 ids, $2 workspace.
-const sqlLockEffectStates = `SELECT id, state, lease_expires_at FROM effects
+// reconciliations cannot deadlock) and reads their state and attempt as
+// they now are. $1 ids, $2 workspace.
+const sqlLockEffectStates = `SELECT id, state, lease_expires_at, attempt FROM effects
 WHERE id = ANY($1::text[]) AND workspace_id = $2 ORDER BY id FOR UPDATE`
 
 // sqlCompensationTarget reads the effect a compensating begin names, and
@@ -853,7 +853,7 @@ WITH c AS (
     END AS in_window
     FROM c
 )
-SELECT id, idempotency_key, state, lease_expires_at, cost_micros, in_window FROM w
+SELECT id, idempotency_key, state, lease_expires_at, cost_micros, attempt, in_window FROM w
 WHERE in_window OR idempotency_key = ANY($5::text[]) ORDER BY id LIMIT $6`
 
 // sqlReconcilePlan turns JIT compilation and parallel workers off for the
@@ -870,7 +870,8 @@ WHERE in_window OR idempotency_key = ANY($5::text[]) ORDER BY id LIMIT $6`
 const sqlReconcilePlan = `SELECT set_config('jit', 'off', true), set_config('max_parallel_workers_per_gather', '0', true)`
 
 // reconCols are what sqlReconcileEffects reads of an effect e.
-const reconCols = `e.id, e.idempotency_key, e.state, e.lease_expires_at, e.cost_micros, e.created_at, e.attempt_started_at`
+const reconCols = `e.id, e.idempotency_key, e.state, e.lease_expires_at, e.cost_micros, e.attempt, e.created_at,
+    e.attempt_started_at`
 
 // sqlReconcileResolve settles indeterminate effects from the vendor's
 // records, like an operator's resolve (every unknown attempt), releasing the

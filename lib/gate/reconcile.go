@@ -159,6 +159,7 @@ type reconEffect struct {
 	id, key, state string
 	leaseExpiresAt *time.Time
 	cost           *int64
+	attempt        int // the effect's attempt as read, the one its record settles
 	inWindow       bool
 	matched        bool
 }
@@ -243,7 +244,11 @@ func (s *Service) Reconcile(ctx context.Context, p *auth.Principal, req Reconcil
 				out.Unsettled = append(out.Unsettled, item)
 			}
 		}
-		resolved, err := s.reconcileResolve(ctx, tx, p, now, resolving, &out)
+		read := make(map[string]int, len(effects))
+		for _, e := range effects {
+			read[e.id] = e.attempt
+		}
+		resolved, err := s.reconcileResolve(ctx, tx, p, now, resolving, read, &out)
 		if err != nil {
 			return err
 		}
@@ -365,10 +370,15 @@ func (it *ReconcileItem) size() int {
 // first, waiting for whoever holds them: a concurrent resolve, report or
 // reconciliation may have settled one since it was read, and it is then
 // filed by the outcome it now has (a lock-free look could still see its
-// lease and call it unsettled). It answers the groups whose steps it
-// settled.
+// lease and call it unsettled). One begun again since it was read (read,
+// its attempt as read) is left unsettled, whatever that attempt's state:
+// the record was matched with the attempt read, and settling the effect
+// settles every attempt of unknown outcome (review: a probe begun while
+// the reconciliation waited for another effect's row, which lapsed, was
+// settled by a record read before it began; resolved failed, its key
+// executed again). It answers the groups whose steps it settled.
 func (s *Service) reconcileResolve(ctx context.Context, tx pgx.Tx, p *auth.Principal, now time.Time,
-	items []ReconcileItem, out *Reconciliation) ([]string, error) {
+	items []ReconcileItem, read map[string]int, out *Reconciliation) ([]string, error) {
 	if len(items) == 0 {
 		return nil, nil
 	}
@@ -381,14 +391,15 @@ func (s *Service) reconcileResolve(ctx context.Context, tx pgx.Tx, p *auth.Princ
 		return nil, fmt.Errorf("reconcile: lock: %w", err)
 	}
 	type current struct {
-		state string
-		exp   *time.Time
+		state   string
+		exp     *time.Time
+		attempt int
 	}
 	locked := map[string]current{}
 	for rows.Next() {
 		var id string
 		var c current
-		if err := rows.Scan(&id, &c.state, &c.exp); err != nil {
+		if err := rows.Scan(&id, &c.state, &c.exp, &c.attempt); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("reconcile: lock: %w", err)
 		}
@@ -402,15 +413,19 @@ func (s *Service) reconcileResolve(ctx context.Context, tx pgx.Tx, p *auth.Princ
 	var resolving []ReconcileItem
 	for _, it := range items {
 		c := locked[*it.EffectID]
+		unknown := c.state == StateIndeterminate || (c.state == StateLeased && lapsed(c.exp, now))
 		switch {
-		case c.state == StateIndeterminate || (c.state == StateLeased && lapsed(c.exp, now)):
+		case unknown && c.attempt == read[*it.EffectID]:
 			if c.state == StateLeased {
 				lapsedIDs = append(lapsedIDs, *it.EffectID)
 			}
 			resolveIDs, outcomes = append(resolveIDs, *it.EffectID), append(outcomes, *it.Outcome)
 			resolving = append(resolving, it)
-		case c.state == StateLeased: // a new attempt holds it
+		case unknown || c.state == StateLeased: // a new attempt holds it, or was begun since the read
 			state := c.state
+			if unknown {
+				state = StateIndeterminate
+			}
 			it.RatchetState, it.Outcome = &state, nil
 			out.Unsettled = append(out.Unsettled, it)
 		default: // settled meanwhile
@@ -479,7 +494,7 @@ func reconEffects(ctx context.Context, tx pgx.Tx, ws, effectType string, from, t
 	var out []reconEffect
 	for rows.Next() {
 		var e reconEffect
-		if err := rows.Scan(&e.id, &e.key, &e.state, &e.leaseExpiresAt, &e.cost, &e.inWindow); err != nil {
+		if err := rows.Scan(&e.id, &e.key, &e.state, &e.leaseExpiresAt, &e.cost, &e.attempt, &e.inWindow); err != nil {
 			return nil, fmt.Errorf("reconcile: read effects: %w", err)
 		}
 		out = append(out, e)

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/gate"
 	"github.com/getratchet/ratchet/lib/ids"
 )
@@ -220,4 +221,70 @@ func TestReconcileRefusesAnAnswerPastTheBudgetAndChangesNothing(t *testing.T) {
 	require.Len(t, out["resolved"], 1)
 	require.Empty(t, out["missing_at_vendor"])
 	require.Equal(t, "succeeded", b.get(unknown["effect_id"].(string))["state"])
+}
+
+// A reconciliation settles the attempt it read, not one begun since: a
+// record read before a probe began cannot say the probe did not act, and
+// settling the effect settles every attempt of unknown outcome. Staged by
+// hand: a transaction holds the row of an effect the reconciliation locks
+// first (effect id order), and the reconciliation, the key read with its
+// lapsed attempt, waits for it; the key is probed, the probe lapses and its
+// lapse is recorded (the effect indeterminate again, at its new attempt);
+// the transaction ends. The vendor's record says failed: settled failed,
+// the probe, which may have acted since, would have freed its key for
+// another execute (review). It is left unsettled; the held effect, read
+// and locked at one attempt, is resolved.
+func TestAReconciliationLeavesAnAttemptBegunSinceItsReadUnsettled(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("api.call", map[string]any{"on_indeterminate": "probe"})
+	heldKey, probedKey := key("held"), key("probed")
+	held := b.mustBegin("execute", charge(heldKey, nil)) // locked first: the lower id
+	b.clock.Add(time.Second)
+	k := charge(probedKey, 700)
+	first := b.mustBegin("execute", k)
+	require.Less(t, str(held["effect_id"]), str(first["effect_id"]))
+	b.clock.Add(2 * time.Minute) // both leases lapse
+	pool := b.env.App.Pool
+	holder, err := pool.Begin(context.Background())
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(context.Background()) }()
+	_, err = holder.Exec(context.Background(), `SELECT 1 FROM effects WHERE id = $1 FOR UPDATE`, held["effect_id"])
+	require.NoError(t, err)
+	waits := apitest.NewLockWaits(t, pool, apitest.BackendPID(t, holder))
+
+	now := b.clock.Now()
+	done := make(chan struct{})
+	var reconciled *apitest.Response
+	go func() {
+		defer close(done)
+		reconciled = b.env.Do("POST", "/api/v1/reconcile", b.ws.Key, map[string]any{"effect_type": "api.call",
+			"from": now.Add(-time.Hour).Format(time.RFC3339), "to": now.Add(time.Hour).Format(time.RFC3339),
+			"records": []map[string]any{
+				{"idempotency_key": heldKey, "status": "failed"},
+				{"idempotency_key": probedKey, "status": "failed"}}})
+	}()
+	waits.Waiting(done, "the reconciliation, the key read, waits for the held effect's row")
+
+	k["lease_seconds"] = 1
+	probe := b.mustBegin("execute", k)
+	require.Equal(t, true, probe["probe"])
+	b.clock.Add(1500 * time.Millisecond)
+	require.Equal(t, http.StatusConflict,
+		b.report(str(probe["effect_id"]), str(probe["lease_token"]), "succeeded", nil).Status,
+		"reported after its lease: the lapse is recorded")
+	require.NoError(t, holder.Rollback(context.Background()))
+	<-done
+	require.Equal(t, http.StatusOK, reconciled.Status, "%s", reconciled.Body)
+	out := reconciled.JSON()
+	lists := map[string][]string{}
+	for _, list := range []string{"resolved", "unsettled"} {
+		for _, it := range out[list].([]any) {
+			lists[list] = append(lists[list], str(it.(map[string]any)["effect_id"]))
+		}
+	}
+	require.Equal(t, []string{str(held["effect_id"])}, lists["resolved"])
+	require.Equal(t, []string{str(probe["effect_id"])}, lists["unsettled"])
+	effect := b.env.Must(http.StatusOK, "GET", "/api/v1/effects/"+str(probe["effect_id"]), b.ws.Key, nil).JSON()
+	require.Equal(t, "indeterminate", effect["state"], "the probe may have acted: its outcome is still unknown")
 }
