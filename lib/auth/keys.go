@@ -468,11 +468,11 @@ func refuseCappedCreator(creator *Principal) error {
 	return e
 }
 
-// rootKey is true of a key (row of api_keys, $3 every scope) that is live,
+// rootKey is true of a key (row of api_keys, $4 every scope) that is live,
 // uncapped and unrestricted and holds every scope: one that can mint any
 // other key.
 const rootKey = `(revoked_at IS NULL AND daily_spend_ceiling_micros IS NULL AND rate_limit_per_minute IS NULL
-    AND tools IS NULL AND scopes @> $3::text[])`
+    AND tools IS NULL AND scopes @> $4::text[])`
 
 const keyColumns = `id, name, scopes, tools, daily_spend_ceiling_micros, rate_limit_per_minute, created_by_key_id,
     created_at, revoked_at`
@@ -597,104 +597,260 @@ func (s *Service) CurrentKey(ctx context.Context, p *Principal) (Key, error) {
 // RevokeKey revokes a key for good and returns it; revoking twice answers the
 // same key. Another instance may accept the key for reads, reports and
 // heartbeats for up to KEY_CACHE_TTL; every other call reads it afresh or
-// checks it in its own statements.
+// checks it in its own statements. The keys it minted stay live
+// (RevokeKeyTree revokes them with it).
 //
 // A key may revoke only keys whose scopes it holds itself, the rule that
 // bounds the keys it may create: otherwise a key with keys:write alone could
 // revoke the workspace's OPERATOR key and lock its operators out.
 func (s *Service) RevokeKey(ctx context.Context, p *Principal, keyID string) (Key, error) {
+	k, _, err := s.revoke(ctx, p, keyID, false)
+	return k, err
+}
+
+// RevokedKey is what DELETE /api/v1/keys/{id} answers: the revoked key
+// and, for a revoke with ?include_minted=true only, the keys revoked with
+// it (a plain revoke's answer is the Key, byte for byte).
+type RevokedKey struct {
+	Key
+	MintedRevoked *[]string `json:"minted_revoked,omitempty" jsonschema:"with ?include_minted=true only: the ids of the keys this revoke revoked with the key, sorted: every live key it minted, and every live key those minted, down the tree (empty when none was live); keys revoked before are left out"`
+}
+
+// RevokeKeyTree revokes a key and, transitively, every live key minted
+// from it (created_by_key_id: the keys it minted, the keys those minted,
+// and so on, through keys revoked already), in one transaction: for a key
+// found compromised. Every rule RevokeKey applies to its one key holds for
+// each key revoked (the caller holds its scopes, covers its tools when it
+// has jobs:work), and the workspace keeps a root key: a key of the tree
+// that fails one refuses the whole revoke, naming it in detail.key_id, and
+// nothing is revoked. Sent again, it answers the key as RevokeKey does and
+// revokes any of the tree still live.
+func (s *Service) RevokeKeyTree(ctx context.Context, p *Principal, keyID string) (RevokedKey, error) {
+	k, minted, err := s.revoke(ctx, p, keyID, true)
+	if err != nil {
+		return RevokedKey{}, err
+	}
+	return RevokedKey{Key: k, MintedRevoked: &minted}, nil
+}
+
+// sqlLockRevoke locks, in id order in one statement, the keys a revoke of
+// key $1 in workspace $2 may revoke, with $3 the keys minted from it
+// (sqlKeyTree), and every root key (live, uncapped, unrestricted, every
+// scope: what signup hands out, and the only kind that can mint every
+// other; $4 every scope), so that two revokes of the last two roots cannot
+// both see the other one left, and two revokes of overlapping trees, or a
+// revoke and a mint (which holds its minter's row, RequireLive), wait for
+// each other rather than deadlock.
+var sqlLockRevoke = `WITH RECURSIVE ` + sqlKeyTree + `
+SELECT id, scopes, tools, revoked_at IS NULL, ` + rootKey + `, id IN (SELECT id FROM tree) FROM api_keys
+WHERE workspace_id = $2::text AND (id IN (SELECT id FROM tree) OR ` + rootKey + `)
+ORDER BY id FOR UPDATE OF api_keys`
+
+// sqlKeyTree is a recursive query, tree, of key $1 of workspace $2 and,
+// when $3, the keys minted from it, revoked or not (a revoked key's
+// children may live), read from api_keys_created_by_idx (migration 0072).
+const sqlKeyTree = `tree (id) AS (
+    SELECT id FROM api_keys WHERE workspace_id = $2::text AND id = $1::text
+  UNION
+    SELECT k.id FROM api_keys k JOIN tree t ON k.workspace_id = $2::text AND k.created_by_key_id = t.id
+    WHERE $3::bool
+)`
+
+// sqlReadTree reads sqlKeyTree's ids.
+const sqlReadTree = `WITH RECURSIVE ` + sqlKeyTree + ` SELECT id FROM tree`
+
+// lockedKey is a row sqlLockRevoke locked.
+type lockedKey struct {
+	id               string
+	scopes, tools    []string
+	live, root, tree bool
+}
+
+// errTreeGrew is revokeOnce's when a key of the tree minted a key between
+// the lock statement's snapshot and its lock: the revoke runs again, and
+// finds it.
+var errTreeGrew = errors.New("a key of the tree minted a key as it was locked")
+
+// maxTreeLocks bounds how many times a revoke reads and locks its tree
+// again as keys of it go on minting (each time a mint committed as the
+// tree was locked).
+const maxTreeLocks = 5
+
+// revoke revokes keyID and, when withMinted, the live keys minted from
+// it, answering the key and the ids of those (sorted).
+func (s *Service) revoke(ctx context.Context, p *Principal, keyID string, withMinted bool) (Key, []string, error) {
 	if !ids.Valid(ids.Key, keyID) {
-		return Key{}, apierr.NotFound("key")
+		return Key{}, nil, apierr.NotFound("key")
 	}
 	var (
 		k      Key
-		scopes []string
+		minted []string
+		err    error
 	)
-	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
-		// The key and every root key (live, uncapped, unrestricted, every
-		// scope: what signup hands out, and the only kind that can mint
-		// every other), locked in id order in one statement, so that two
-		// revokes of the last two roots cannot both see the other one left.
-		rows, err := tx.Query(ctx, `SELECT id, scopes, tools, `+rootKey+` FROM api_keys
-			WHERE workspace_id = $2 AND (id = $1 OR `+rootKey+`)
-			ORDER BY id FOR UPDATE`, keyID, p.WorkspaceID, AllScopes)
-		if err != nil {
-			return fmt.Errorf("revoke key: %w", err)
-		}
-		var (
-			found, root bool
-			roots       int
-			tools       []string
-		)
-		for rows.Next() {
-			var (
-				id     string
-				sc, tl []string
-				isRoot bool
-			)
-			if err := rows.Scan(&id, &sc, &tl, &isRoot); err != nil {
-				rows.Close()
-				return fmt.Errorf("revoke key: %w", err)
-			}
-			if isRoot {
-				roots++
-			}
-			if id == keyID {
-				found, root, scopes, tools = true, isRoot, sc, tl
-			}
-		}
-		if err := rows.Err(); err != nil {
-			return fmt.Errorf("revoke key: %w", err)
-		}
-		if !found {
-			return apierr.NotFound("key")
-		}
-		if err := p.Require(scopes...); err != nil {
+	for range maxTreeLocks {
+		err = db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
+			k, minted, err = s.revokeIn(ctx, tx, p, keyID, withMinted)
 			return err
+		})
+		if !errors.Is(err, errTreeGrew) {
+			break
 		}
-		if slices.Contains(scopes, ScopeJobsWork) {
-			// As minting: a key restricted to some tools revokes only keys
-			// within them (QA: a key for a@1 revoked a WORKER key for b@1).
-			if err := p.coversTools(tools); err != nil {
-				return err
-			}
-		}
-		if root && roots == 1 {
-			// Only a root mints a root, and a capped or narrower key cannot
-			// mint what it lacks: the workspace would lose keys for good
-			// (QA, review).
-			return apierr.InvalidState("This is the workspace's last key with every scope, no tools list and no " +
-				"ceiling or rate limit; mint another such key before revoking it.")
-		}
-		k, err = scanKey(tx.QueryRow(ctx, sqlRevoke, keyID, s.now()))
-		if err != nil {
-			return fmt.Errorf("revoke key: %w", err)
-		}
-		return nil
-	})
+	}
+	if errors.Is(err, errTreeGrew) {
+		return Key{}, nil, apierr.Conflict(apierr.CodeRetryRequest,
+			"Keys of this key's tree went on minting keys as it was revoked; retry at once.")
+	}
 	if err != nil {
-		return Key{}, err
+		return Key{}, nil, err
 	}
 	s.forget(keyID)
-	return k, nil
+	for _, id := range minted {
+		s.forget(id)
+	}
+	return k, minted, nil
 }
 
-// sqlRevoke revokes key $1 at $2 (kept when it already was, so a revoke
+// revokeIn is revoke's transaction.
+func (s *Service) revokeIn(ctx context.Context, tx pgx.Tx, p *Principal, keyID string, withMinted bool) (Key, []string, error) {
+	rows, err := tx.Query(ctx, sqlLockRevoke, keyID, p.WorkspaceID, withMinted, AllScopes)
+	if err != nil {
+		return Key{}, nil, fmt.Errorf("revoke key: %w", err)
+	}
+	locked, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (lockedKey, error) {
+		var l lockedKey
+		err := r.Scan(&l.id, &l.scopes, &l.tools, &l.live, &l.root, &l.tree)
+		return l, err
+	})
+	if err != nil {
+		return Key{}, nil, fmt.Errorf("revoke key: %w", err)
+	}
+	i := slices.IndexFunc(locked, func(l lockedKey) bool { return l.id == keyID })
+	if i < 0 {
+		return Key{}, nil, apierr.NotFound("key")
+	}
+	// The key first, as RevokeKey checks it alone, then the live keys
+	// minted from it in id order: a revoked one is revoked no more.
+	revoking := []lockedKey{locked[i]}
+	for _, l := range locked {
+		if l.tree && l.live && l.id != keyID {
+			revoking = append(revoking, l)
+		}
+	}
+	for _, l := range revoking {
+		if err := p.mayRevoke(l); err != nil {
+			if e, ok := apierr.As(err); ok && withMinted {
+				err = e.WithDetail("key_id", l.id) // which key of the tree
+			}
+			return Key{}, nil, err
+		}
+	}
+	if err := keepsARoot(locked, revoking, withMinted); err != nil {
+		return Key{}, nil, err
+	}
+	if withMinted {
+		// A key of the tree may have minted a key between the lock
+		// statement's snapshot and its lock (the mint held its row until
+		// it committed): read afresh, the tree must hold no key left
+		// unlocked. None can be minted now: every live key of it is
+		// locked, and a mint holds its minter's row (RequireLive).
+		rows, err := tx.Query(ctx, sqlReadTree, keyID, p.WorkspaceID, true)
+		if err != nil {
+			return Key{}, nil, fmt.Errorf("revoke key: %w", err)
+		}
+		tree, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return Key{}, nil, fmt.Errorf("revoke key: %w", err)
+		}
+		for _, id := range tree {
+			if !slices.ContainsFunc(locked, func(l lockedKey) bool { return l.id == id && l.tree }) {
+				return Key{}, nil, errTreeGrew
+			}
+		}
+	}
+	revokeIDs := make([]string, len(revoking))
+	for j, l := range revoking {
+		revokeIDs[j] = l.id
+	}
+	rows, err = tx.Query(ctx, sqlRevoke, revokeIDs, s.now())
+	if err != nil {
+		return Key{}, nil, fmt.Errorf("revoke key: %w", err)
+	}
+	revoked, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Key, error) { return scanKey(r) })
+	if err != nil {
+		return Key{}, nil, fmt.Errorf("revoke key: %w", err)
+	}
+	var k Key
+	for _, r := range revoked {
+		if r.ID == keyID {
+			k = r
+		}
+	}
+	minted := revokeIDs[1:]
+	slices.Sort(minted)
+	return k, minted, nil
+}
+
+// mayRevoke refuses p the revoke of key l unless p holds its scopes and,
+// for a key with jobs:work, covers its tools.
+func (p *Principal) mayRevoke(l lockedKey) error {
+	if err := p.Require(l.scopes...); err != nil {
+		return err
+	}
+	if slices.Contains(l.scopes, ScopeJobsWork) {
+		// As minting: a key restricted to some tools revokes only keys
+		// within them (QA: a key for a@1 revoked a WORKER key for b@1).
+		return p.coversTools(l.tools)
+	}
+	return nil
+}
+
+// keepsARoot refuses a revoke of the keys revoking (of those locked, which
+// hold every live root key) that would leave the workspace no root key.
+// Only a root mints a root, and a capped or narrower key cannot mint what
+// it lacks: the workspace would lose keys for good (QA, review).
+func keepsARoot(locked, revoking []lockedKey, withMinted bool) error {
+	var kept int
+	var first string
+	for _, l := range locked {
+		switch {
+		case !l.root:
+		case slices.ContainsFunc(revoking, func(r lockedKey) bool { return r.id == l.id }):
+			if first == "" {
+				first = l.id
+			}
+		default:
+			kept++
+		}
+	}
+	if first == "" || kept > 0 {
+		return nil
+	}
+	if !withMinted {
+		return apierr.InvalidState("This is the workspace's last key with every scope, no tools list and no " +
+			"ceiling or rate limit; mint another such key before revoking it.")
+	}
+	return apierr.InvalidState("This would revoke the workspace's last key with every scope, no tools list and no "+
+		"ceiling or rate limit (detail.key_id, minted from the key, or the key itself); mint another such key, not "+
+		"from this key, before revoking them.").WithDetail("key_id", first)
+}
+
+// sqlRevoke revokes keys $1 at $2 (kept when one already was, so a revoke
 // sent again answers what the first did) and erases the answers kept for
-// its create's Idempotency-Key, which show its secret (linked to it by
-// Record; idempotency.EraseAnswers): sent again, that create is answered
-// 404 not_found. It runs after RevokeKey's first statement found and
-// locked the key's row, so its snapshot holds that answer: a create
+// their creates' Idempotency-Keys, which show their secrets (linked to
+// them by Record; idempotency.EraseAnswers): sent again, such a create is
+// answered 404 not_found. It runs after revoke's first statement found and
+// locked the keys' rows, so its snapshot holds those answers: a create
 // commits its key and its answer together, and a revoke whose lock
-// statement began before that commit finds no key (404); were the erasure
-// a statement before the lock, it could miss an answer the lock then
-// found the key of.
+// statement began before that commit finds no key (404; a revoke of its
+// minter's tree finds it, reading the tree again, and locks again); were
+// the erasure a statement before the lock, it could miss an answer the
+// lock then found the key of.
 var sqlRevoke = `
 WITH erased AS (
-    ` + idempotency.EraseAnswers("resource_id = $1::text") + `
+    ` + idempotency.EraseAnswers("resource_id = ANY($1::text[])") + `
 )
 UPDATE api_keys SET revoked_at = coalesce(revoked_at, $2::timestamptz)
-WHERE id = $1::text RETURNING ` + keyColumns
+WHERE id = ANY($1::text[]) RETURNING ` + keyColumns
 
 // EraseRevokedAnswers erases up to limit answers kept for an
 // Idempotency-Key that show a revoked key's secret: a revoke erases them

@@ -98,6 +98,23 @@ func (c *Call) PathID(name, prefix string) (string, error) {
 	return v, nil
 }
 
+// BoolParam parses ?name=, a switch: true or false, false when it is not
+// given. Any other value (an empty one, 1, TRUE) is 400 at name, not read
+// as either: a switch that revokes keys is not guessed at.
+func (c *Call) BoolParam(name string) (bool, error) {
+	q := c.R.URL.Query()
+	if !q.Has(name) {
+		return false, nil
+	}
+	switch q.Get(name) {
+	case "true":
+		return true, nil
+	case "false":
+		return false, nil
+	}
+	return false, apierr.InvalidField(name, "must be true or false")
+}
+
 // ListParams parses ?limit= (1-200, default 50) and ?cursor=. A cursor is
 // what the list's own nextCursor held: valid says whether it can be one
 // (an id of the listed kind, an effect type), so a mistyped cursor is 400

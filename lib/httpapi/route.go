@@ -30,7 +30,7 @@ const (
 type Param struct {
 	Name        string
 	Description string
-	Type        string   // "string" or "integer"
+	Type        string   // "string", "integer" or "boolean" (true or false: Call.BoolParam)
 	Min, Max    *int     // an integer's bounds, when it has them
 	Default     *int     // an integer's value when it is not given, when it has one
 	Enum        []string // a string's values, when it takes only those

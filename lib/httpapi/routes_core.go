@@ -82,8 +82,17 @@ func (s *Server) coreRoutes() []Route {
 			Summary: "Revoke a key for good; returns the revoked key. The answer kept for its create's " +
 				"Idempotency-Key is erased with it (sent again, the create is 404). Every call that changes something honours it " +
 				"at once on every instance; reads, reports and heartbeats within KEY_CACHE_TTL. " +
-				"The workspace's last root key (every scope, no tools, no ceiling) cannot be revoked (409 invalid_state).",
-			Response: auth.Key{}, Status: 200, Errors: []string{apierr.CodeNotFound, apierr.CodeInvalidState},
+				"The workspace's last root key (every scope, no tools, no ceiling) cannot be revoked (409 invalid_state). " +
+				"The keys it minted stay live, unless ?include_minted=true: then every live key minted from it, down " +
+				"the tree (through keys revoked before), is revoked with it in one transaction, listed in minted_revoked; " +
+				"a key of the tree this key may not revoke, or the last root key among them, refuses it all (detail.key_id " +
+				"names which), nothing revoked.",
+			Query: []Param{{Name: "include_minted", Type: "boolean", Description: "true also revokes every live key " +
+				"minted from this one (created_by_key_id), their own minted keys, and so on, answered in " +
+				"minted_revoked; false or left out revokes this key alone"}},
+			Response: auth.RevokedKey{}, Status: 200,
+			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeNotFound, apierr.CodeInvalidState,
+				apierr.CodeRetryRequest},
 			Handle: s.revokeKey,
 		},
 		{
@@ -236,6 +245,13 @@ func (s *Server) revokeKey(ctx context.Context, c *Call) (any, error) {
 	id, err := c.PathID("id", ids.Key)
 	if err != nil {
 		return nil, err
+	}
+	withMinted, err := c.BoolParam("include_minted")
+	if err != nil {
+		return nil, err
+	}
+	if withMinted {
+		return s.Auth.RevokeKeyTree(ctx, c.Principal, id)
 	}
 	return s.Auth.RevokeKey(ctx, c.Principal, id)
 }
