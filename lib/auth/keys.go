@@ -39,8 +39,9 @@ type Key struct {
 	RateLimitPerMinute      *int     `json:"rate_limit_per_minute"`
 	// CreatedByKeyID is read-only: set when the key is minted, never
 	// changed. Revoking a key leaves the keys it minted live; this is how
-	// they are found (GET /api/v1/keys?created_by=, security review).
-	CreatedByKeyID *string    `json:"created_by_key_id" jsonschema:"the key that minted this one (POST /api/v1/keys); null for a workspace's signup key. Revoking a key does not revoke the keys it minted: list them with GET /api/v1/keys?created_by= and revoke each"`
+	// they are found (GET /api/v1/keys?created_by=, security review), and
+	// revoked with it (RevokeKeyTree).
+	CreatedByKeyID *string    `json:"created_by_key_id" jsonschema:"the key that minted this one (POST /api/v1/keys); null for a workspace's signup key. Revoking a key does not revoke the keys it minted (list them with GET /api/v1/keys?created_by=), unless revoked with DELETE /api/v1/keys/{id}?include_minted=true, which revokes every live key minted from it"`
 	CreatedAt      time.Time  `json:"created_at"`
 	RevokedAt      *time.Time `json:"revoked_at"`
 }

@@ -136,7 +136,10 @@ The secret is shown once. Send it as Authorization: Bearer <secret>.
 Give an agent a narrower key: POST /api/v1/keys {"name": "agent", "preset": "AGENT"}.
 GET /api/v1/keys/current tells any key what it is: its scopes, tools, spend ceiling and rate limit.
 Each key names the key that minted it (created_by_key_id). Revoking a key leaves the keys it minted
-live: GET /api/v1/keys?created_by=<key id> lists them, to revoke each.
+live: GET /api/v1/keys?created_by=<key id> lists them. A key found compromised:
+DELETE /api/v1/keys/<key id>?include_minted=true revokes it and every live key minted from it, down the tree,
+at once (answered in "minted_revoked"); refused whole, nothing revoked, if a key of the tree is one yours may
+not revoke (403, error.detail.key_id) or the workspace's last root key (409).
 
 ## Ask before you act
 

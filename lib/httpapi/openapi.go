@@ -179,6 +179,9 @@ func errorDetailSchema() map[string]any {
 			"committed_at": map[string]any{"type": "string", "format": "date-time", "description": "invalid_state " +
 				"(a commit of a group whose unwind began since it was committed): when it was committed, so a " +
 				"retried commit learns the first one landed."},
+			"key_id": str("forbidden, invalid_state (a revoke with ?include_minted=true): the key of the tree that " +
+				"refused it, the revoked key or one minted from it (forbidden: its own revoke's refusal; invalid_state: " +
+				"the first of the workspace's last root keys); nothing was revoked."),
 			"previous_secret_expires_at": map[string]any{"type": "string", "format": "date-time", "description": "invalid_state " +
 				"(a webhook's rotate-secret while a previous secret still signs): when that secret stops signing; " +
 				"send replace_previous: true to stop it at once."},

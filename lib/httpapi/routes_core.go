@@ -60,7 +60,7 @@ func (s *Server) coreRoutes() []Route {
 		{
 			Method: "GET", Pattern: "/api/v1/keys", Name: "keys.list", Tag: "keys", Scopes: []string{auth.ScopeKeysWrite},
 			Summary: "List the workspace's keys oldest first (never their secrets); ?created_by= a key id lists the " +
-				"keys that key minted (revoking a key leaves them live: revoke each).",
+				"keys that key minted (revoking a key leaves them live, unless revoked with ?include_minted=true).",
 			Query: append([]Param{{Name: "created_by", Type: "string", Description: "only the keys this key " +
 				"minted (their created_by_key_id); another workspace's key, or none, lists nothing",
 				Pattern: ids.Pattern(ids.Key), MaxLength: ids.Len(ids.Key)}}, listParams...),

@@ -167,6 +167,33 @@ function action(label, fn, opts = {}) {
 	return out;
 }
 
+// revokeKeyAction is a key's Revoke button, or, withMinted, its "Revoke
+// with minted keys" (DELETE /keys/{id}?include_minted=true: every live key
+// minted from it, down the tree, too; "Revoke minted keys" once it is
+// revoked). The console's own key revoked, itself or in the tree, signs it
+// out, as the confirmation says (console QA: the redraw was refused, and
+// the sign-in read "The service refused this key (revoked, or mistyped)").
+function revokeKeyAction(k, withMinted) {
+	const own = ownKeyId();
+	const label = withMinted ? (k.revoked_at ? 'Revoke minted keys' : 'Revoke with minted keys') : 'Revoke';
+	const what = withMinted
+		? `${k.revoked_at ? 'Revoke every live key minted from' : 'Revoke the key'} ${JSON.stringify(k.name)} (${k.id})` +
+			`${k.revoked_at ? '' : ' and every live key minted from it'}, the keys those minted, and so on, for good?` +
+			' If this console’s key is among them, the console signs out.'
+		: `Revoke the key ${JSON.stringify(k.name)} (${k.id}) for good?` +
+			(k.id === own ? ' It is the key this console is signed in with: the console signs out.' : '');
+	return action(label, () => call('DELETE', `/keys/${seg(k.id)}` + (withMinted ? query({ include_minted: 'true' }) : '')), {
+		danger: true,
+		confirm: what,
+		after: (revoked) => {
+			if (revoked && (revoked.id === own || (revoked.minted_revoked || []).includes(own))) {
+				return signOut(`This console’s key (${own}) is revoked: sign in with another key.`);
+			}
+			return rerender();
+		},
+	});
+}
+
 // keepFocus is called before el (a button) is disabled for a request: a
 // browser moves the focus off a disabled control, to the body, and does not
 // give it back. The function it returns gives it back once el is enabled,
@@ -1137,7 +1164,8 @@ const pages = {
 	},
 
 	// ?created_by= lists the keys one key minted: revoking a key leaves
-	// them live (security review), so each row links to its own.
+	// them live (security review), so each row links to its own, and
+	// offers to revoke them with it.
 	async keys(params) {
 		const columns = [
 			{ title: 'Name', cell: (k) => [k.name, k.id === ownKeyId() ? h('strong', null, ' (this console’s key)') : null] },
@@ -1157,30 +1185,20 @@ const pages = {
 			{ title: 'Created', cell: (k) => time(k.created_at) },
 			{
 				title: '',
+				// A key found compromised is revoked with what it minted
+				// (?include_minted=true); a key revoked alone before may
+				// still have its live minted keys revoked so.
 				cell: (k) =>
 					k.revoked_at
-						? 'revoked ' + time(k.revoked_at)
-						: action('Revoke', () => call('DELETE', `/keys/${seg(k.id)}`), {
-								danger: true,
-								confirm:
-									`Revoke the key ${JSON.stringify(k.name)} (${k.id}) for good?` +
-									(k.id === ownKeyId() ? ' It is the key this console is signed in with: the console signs out.' : ''),
-								// The console's own key revoked signs it out, as the
-								// confirmation says (console QA: the redraw was
-								// refused, and the sign-in read "The service refused
-								// this key (revoked, or mistyped)").
-								after: (revoked) =>
-									revoked && revoked.id === ownKeyId()
-										? signOut(`This console’s key (${revoked.id}) is revoked: sign in with another key.`)
-										: rerender(),
-							}),
+						? ['revoked ' + time(k.revoked_at), ' ', revokeKeyAction(k, true)]
+						: [revokeKeyAction(k, false), ' ', revokeKeyAction(k, true)],
 			},
 		];
 		const createdBy = (params.created_by || '').trim();
 		const list = await pager('/keys', { created_by: createdBy }, columns, createdBy ? `Key ${createdBy} minted no key.` : 'No keys.');
 		return [
 			h('h1', null, 'Keys'),
-			h('p', { class: 'lead' }, 'Give an agent an AGENT key (begin and report only) and a worker a WORKER key for its exact tools, never this console’s key. Revoking a key leaves the keys it minted live: list them (“keys it minted”) and revoke each.'),
+			h('p', { class: 'lead' }, 'Give an agent an AGENT key (begin and report only) and a worker a WORKER key for its exact tools, never this console’s key. Revoking a key leaves the keys it minted live (list them: “keys it minted”); “Revoke with minted keys” revokes them with it, down the tree, for a key found compromised.'),
 			filters('keys', params, [input('Minted by (key id)', 'created_by', { value: createdBy, placeholder: 'key_…' })]),
 			h('h2', null, 'New key'),
 			form(

@@ -719,6 +719,51 @@ test('keys: each names the key that minted it, and what a compromised key minted
 	assert.deepEqual(mine, ['leaky', 'bystander']);
 });
 
+test('keys: a compromised key is revoked with every key minted from it, down the tree', async () => {
+	const key = await signup();
+	const mintBy = async (by, name, scopes) => (await api('POST', '/keys', by, { name, scopes })).body;
+	const leaky = await mintBy(key, 'leaky', ['keys:write', 'effects:begin']);
+	const middle = await mintBy(leaky.secret, 'middle', ['keys:write', 'effects:begin']);
+	const bottom = await mintBy(middle.secret, 'bottom', ['effects:begin']);
+	await api('POST', '/keys', key, { name: 'bystander', preset: 'AGENT' });
+
+	const ui = await mount(key, '#/keys');
+	await click(row(ui, 'bottom'), 'Revoke'); // revoked before: left as it was
+	await click(row(ui, 'leaky'), 'Revoke with minted keys');
+	assert.match(ui.confirms.at(-1), /and every live key minted from it/);
+	assert.deepEqual(alerts(ui), []);
+	const keys = (await api('GET', '/keys', key)).body.data;
+	for (const name of ['leaky', 'middle', 'bottom']) {
+		assert.ok(keys.find((k) => k.name === name).revoked_at, name);
+		assert.match(row(ui, name).textContent, /revoked/, name);
+	}
+	assert.equal(keys.find((k) => k.name === 'bystander').revoked_at, null);
+	assert.equal((await api('GET', '/keys/current', middle.secret)).status, 401);
+	assert.equal(ui.storage.getItem(KEY_ITEM), key, 'still signed in');
+
+	// A key revoked alone before: what it minted, still live, is revoked
+	// from its row.
+	const alone = await mintBy(key, 'alone', ['keys:write', 'effects:begin']);
+	const orphan = await mintBy(alone.secret, 'orphan', ['effects:begin']);
+	const again = await mount(key, '#/keys');
+	await click(row(again, 'alone'), 'Revoke');
+	assert.equal((await api('GET', '/keys/current', orphan.secret)).status, 200, 'a plain revoke leaves it');
+	await click(row(again, 'alone'), 'Revoke minted keys');
+	assert.match(again.confirms.at(-1), /Revoke every live key minted from "alone"/);
+	assert.equal((await api('GET', '/keys/current', orphan.secret)).status, 401);
+
+	// The console's own key in the tree signs it out, as the confirmation
+	// says.
+	const boss = await mintBy(key, 'boss', ['keys:write', 'effects:begin']);
+	const own = await mintBy(boss.secret, 'console', ['keys:write', 'effects:begin']);
+	const mine = await mount(own.secret, '#/keys');
+	await click(row(mine, 'boss'), 'Revoke with minted keys');
+	assert.match(mine.confirms.at(-1), /If this console’s key is among them, the console signs out/);
+	assert.equal(mine.storage.getItem(KEY_ITEM), null);
+	assert.match(mine.root.textContent, new RegExp(`This console’s key \\(${own.id}\\) is revoked: sign in with another key\\.`));
+	assert.doesNotMatch(mine.root.textContent, /refused this key/);
+});
+
 test('a key or subscription made while its list has more pages is listed beside its secret; Load more then adds the rest once', async () => {
 	// Console QA: keys and subscriptions are listed oldest first, so with
 	// more than a page the new one was not listed; and "Load more" on the
