@@ -408,4 +408,21 @@ func TestKeysThroughTheSDK(t *testing.T) {
 	require.NotNil(t, revoked.RevokedAt)
 	_, err = b.client(t, k.Secret, nil).RegisterWorker(ctx, []ratchet.ToolRef{{Name: "send", Version: "1"}})
 	require.Equal(t, http.StatusUnauthorized, requireAPIError(t, err, "unauthorized").StatusCode)
+
+	// A key found compromised is revoked with every key minted from it.
+	leaky, err := b.operator.CreateKey(ctx, ratchet.KeySpec{Name: "leaky", Scopes: []string{"keys:write", "effects:begin"}})
+	require.NoError(t, err)
+	child, err := b.client(t, leaky.Secret, nil).CreateKey(ctx, ratchet.KeySpec{Name: "child", Scopes: []string{"effects:begin"}})
+	require.NoError(t, err)
+	tree, err := b.operator.RevokeKeyWithMinted(ctx, leaky.ID)
+	require.NoError(t, err)
+	require.Equal(t, leaky.ID, tree.ID)
+	require.NotNil(t, tree.RevokedAt)
+	require.Equal(t, []string{child.ID}, tree.MintedRevoked)
+	_, err = b.client(t, child.Secret, nil).CurrentKey(ctx)
+	requireAPIError(t, err, "unauthorized")
+	twice, err := b.operator.RevokeKeyWithMinted(ctx, leaky.ID)
+	require.NoError(t, err)
+	require.Empty(t, twice.MintedRevoked, "sent again: nothing more to revoke")
+	require.Equal(t, tree.APIKey, twice.APIKey)
 }

@@ -1119,9 +1119,6 @@ func TestPrintedConfigAndClientHideTheKey(t *testing.T) {
 	}
 }
 
-// A group and a step say when their lists were cut to fit one answer
-// (steps_truncated; attemptsTruncated, replaysTruncated), and the routes that
-// page those lists whole are read through the SDK, repeated after a lost
 // ListKeysMintedBy sends the key id as created_by beside the page, and an
 // empty one too (the server refuses it) rather than leaving it out, which
 // would list every key as the ones a compromised key minted; the answer's
@@ -1159,6 +1156,53 @@ func TestListKeysMintedBySendsTheKeyID(t *testing.T) {
 	}
 }
 
+// RevokeKeyWithMinted sends include_minted=true (RevokeKey sends nothing
+// more) and reads the ids revoked with the key; a refusal's detail names
+// the key of the tree that refused it.
+func TestRevokeKeyWithMintedSendsIncludeMinted(t *testing.T) {
+	t.Parallel()
+	var (
+		mu   sync.Mutex
+		seen []string
+	)
+	c, _ := testClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen = append(seen, r.Method+" "+r.URL.RequestURI())
+		mu.Unlock()
+		switch {
+		case strings.HasSuffix(r.URL.Path, "/key_refused"):
+			writeJSON(w, 403, map[string]any{"error": map[string]any{"code": "forbidden", "message": "no",
+				"detail": map[string]any{"required": []string{"policies:write"}, "key_id": "key_3"}}})
+		case r.URL.Query().Get("include_minted") == "true":
+			writeJSON(w, 200, map[string]any{"id": "key_1", "revoked_at": "2030-01-01T00:00:00Z",
+				"minted_revoked": []string{"key_2", "key_3"}})
+		default:
+			writeJSON(w, 200, map[string]any{"id": "key_1", "revoked_at": "2030-01-01T00:00:00Z"})
+		}
+	}))
+	ctx := context.Background()
+	k, err := c.RevokeKeyWithMinted(ctx, "key_1")
+	if err != nil || k.ID != "key_1" || k.RevokedAt == nil || !slices.Equal(k.MintedRevoked, []string{"key_2", "key_3"}) {
+		t.Fatalf("revoked %+v, %v", k, err)
+	}
+	if k, err := c.RevokeKey(ctx, "key_1"); err != nil || k.ID != "key_1" {
+		t.Fatalf("revoked %+v, %v", k, err)
+	}
+	_, err = c.RevokeKeyWithMinted(ctx, "key_refused")
+	var apiErr *Error
+	if !errors.As(err, &apiErr) || apiErr.Code != "forbidden" || apiErr.Detail["key_id"] != "key_3" {
+		t.Fatalf("refusal %#v", err)
+	}
+	want := []string{"DELETE /api/v1/keys/key_1?include_minted=true", "DELETE /api/v1/keys/key_1",
+		"DELETE /api/v1/keys/key_refused?include_minted=true"}
+	if !slices.Equal(seen, want) {
+		t.Fatalf("requests %q, want %q", seen, want)
+	}
+}
+
+// A group and a step say when their lists were cut to fit one answer
+// (steps_truncated; attemptsTruncated, replaysTruncated), and the routes that
+// page those lists whole are read through the SDK, repeated after a lost
 // answer as any read (size QA: the flags were dropped unread, so a cut list
 // read as the whole, and nothing paged the rest).
 func TestCutListsAreSaidAndPagedWhole(t *testing.T) {

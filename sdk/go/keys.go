@@ -37,7 +37,8 @@ type APIKey struct {
 	RateLimitPerMinute      *int     `json:"rate_limit_per_minute"`
 	// CreatedByKeyID is the key that minted this one; nil for a
 	// workspace's signup key. Revoking a key leaves the keys it minted
-	// live: ListKeysMintedBy lists them, to revoke each.
+	// live: ListKeysMintedBy lists them; RevokeKeyWithMinted revokes them
+	// with it.
 	CreatedByKeyID *string    `json:"created_by_key_id"`
 	CreatedAt      time.Time  `json:"created_at"`
 	RevokedAt      *time.Time `json:"revoked_at"`
@@ -107,4 +108,28 @@ func (c *Client) CurrentKey(ctx context.Context) (*APIKey, error) {
 // key with another to confirm.
 func (c *Client) RevokeKey(ctx context.Context, keyID string) (*APIKey, error) {
 	return call[APIKey](ctx, c, "DELETE", "/keys/"+pathID(keyID), nil, idempotent)
+}
+
+// RevokedAPIKey is what RevokeKeyWithMinted answers: the revoked key and
+// the ids of the keys revoked with it.
+type RevokedAPIKey struct {
+	APIKey
+	// MintedRevoked are the ids, sorted, of the keys this call revoked with
+	// the key: every live key minted from it, down the tree (through keys
+	// revoked before). Keys revoked before are not listed; empty when
+	// none was live.
+	MintedRevoked []string `json:"minted_revoked"`
+}
+
+// RevokeKeyWithMinted revokes a key found compromised and, at once (one
+// transaction), every live key minted from it, the keys those minted,
+// and so on (DELETE /api/v1/keys/{id}?include_minted=true). If a key of
+// the tree is one this client's key may not revoke (403 forbidden) or
+// the workspace's last root key (409 invalid_state), nothing is revoked,
+// and the error's Detail["key_id"] names that key. Sent again it answers
+// the key as RevokeKey does and revokes any key of the tree still live,
+// so the call is retried, and it revokes the tree of a key revoked alone
+// before.
+func (c *Client) RevokeKeyWithMinted(ctx context.Context, keyID string) (*RevokedAPIKey, error) {
+	return call[RevokedAPIKey](ctx, c, "DELETE", "/keys/"+pathID(keyID)+"?include_minted=true", nil, idempotent)
 }
