@@ -26,7 +26,8 @@ from .types import (ApiKey, ApiKeyPage, Approval, ApprovalPage, BatchJobResult, 
                     EffectPolicyPage, EmergencyStop, Endpoint, EndpointAttemptPage, EndpointPage, EnqueueResult, Group,
                     GroupCommit, GroupStepPage, JobAttemptPage, JobHeartbeat, JobReplayPage, JobReportResult, NewApiKey,
                     NewWebhook, PriorAttempt, QueueHealthPage, Reconciliation, ReplayPreview, ReplayResult,
-                    RetriedDeliveries, Run, RunPage, Step, StepPage, Structuring, ToolTest, Unwind, Webhook,
+                    RetriedDeliveries, RevokedApiKey,
+                    Run, RunPage, Step, StepPage, Structuring, ToolTest, Unwind, Webhook,
                     WebhookDeliveryPage, WebhookPage)
 from .worker import JobContext, Worker, batch_results
 
@@ -1149,13 +1150,23 @@ class Ratchet:
         answer = self._transport.call("GET", "/keys/current", safe=True, call_timeout=timeout)
         return cast(ApiKey, answer)
 
-    def revoke_key(self, key_id: str, *, timeout: Optional[float] = None) -> ApiKey:
+    def revoke_key(self, key_id: str, *, include_minted: bool = False,
+                   timeout: Optional[float] = None) -> RevokedApiKey:
         """Revokes a key for good and answers it; revoking again answers the
         same key, so it is retried. A client revoking its own key whose
         answer was lost is refused (401) when it asks again: read the key
-        with another to confirm."""
-        answer = self._transport.call("DELETE", "/keys/" + path_id(key_id), safe=True, call_timeout=timeout)
-        return cast(ApiKey, answer)
+        with another to confirm.
+
+        include_minted=True (a key found compromised) revokes with it, in one
+        transaction, every live key minted from it, the keys those minted,
+        and so on (?include_minted=true), answered in ``minted_revoked``.
+        A key of the tree this key may not revoke, or the workspace's last
+        root key, refuses it all: nothing is revoked, and the error's
+        detail["key_id"] names that key. Sent again, it answers the key and
+        revokes what of the tree is still live."""
+        path = "/keys/" + path_id(key_id) + ("?include_minted=true" if include_minted else "")
+        answer = self._transport.call("DELETE", path, safe=True, call_timeout=timeout)
+        return cast(RevokedApiKey, answer)
 
     # endpoints (endpoints:write)
 

@@ -403,10 +403,19 @@ class ApiKey(TypedDict):
     rate_limit_per_minute: Optional[int]
     #: The key that minted this one; None for a workspace's signup key.
     #: Revoking a key leaves the keys it minted live: list them with
-    #: ``list_keys(created_by=...)`` and revoke each.
+    #: ``list_keys(created_by=...)``, or revoke them with it:
+    #: ``revoke_key(id, include_minted=True)``.
     created_by_key_id: Optional[str]
     created_at: str
     revoked_at: Optional[str]
+
+
+class RevokedApiKey(ApiKey, total=False):
+    """revoke_key's answer: the revoked key and, with include_minted=True
+    only, ``minted_revoked``: the ids (sorted) of the keys revoked with it,
+    every live key minted from it down the tree (keys revoked before are
+    left out; empty when none was live)."""
+    minted_revoked: List[str]
 
 
 class NewApiKey(ApiKey):
@@ -798,7 +807,8 @@ __all__ = [
     "EnqueueResult", "ErrorBody", "Group", "GroupCommit", "GroupStep", "GroupStepPage", "JobAttempt",
     "JobAttemptPage", "JobHeartbeat", "JobReplay", "JobReplayPage", "JobReportResult", "NewApiKey", "NewWebhook",
     "PlanItem", "PriorAttempt", "QueueHealth", "QueueHealthPage", "ReconcileCounts", "ReconcileItem",
-    "Reconciliation", "ReplayPreview", "ReplayResult", "ReplayUpgrade", "RetriedDeliveries", "RetryPolicySnapshot",
+    "Reconciliation", "ReplayPreview", "ReplayResult", "ReplayUpgrade", "RetriedDeliveries", "RevokedApiKey",
+    "RetryPolicySnapshot",
     "RetrySchedule", "Run", "RunPage", "RunSummary", "Step", "StepPage", "Structuring", "StructuringWindow",
     "ToolTest", "Unwind", "ValidationProblem", "Webhook", "WebhookDelivery", "WebhookDeliveryPage",
     "WebhookEvent", "WebhookPage",

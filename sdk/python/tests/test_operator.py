@@ -186,6 +186,15 @@ class OperatorTest(unittest.TestCase):
         with self.assertRaises(RatchetError) as refused:
             agent.current_key()
         self.assertEqual(refused.exception.status, 401)
+        self.assertNotIn("minted_revoked", revoked)
+        # A key found compromised, revoked with every key minted from it.
+        leaky = self.op.create_key(unique("leaky"), scopes=["keys:write", "effects:begin"])
+        child = getratchet.Ratchet(BASE_URL, leaky["secret"]).create_key(unique("child"), scopes=["effects:begin"])
+        tree = self.op.revoke_key(leaky["id"], include_minted=True)
+        self.assertEqual((tree["id"], tree.get("minted_revoked")), (leaky["id"], [child["id"]]))
+        with self.assertRaises(RatchetError) as refused:
+            getratchet.Ratchet(BASE_URL, child["secret"]).current_key()
+        self.assertEqual(refused.exception.status, 401)
 
     def test_endpoints(self) -> None:
         name = unique("Email service")

@@ -3414,6 +3414,8 @@ class OperatorCallsTest(unittest.TestCase):
             "POST /api/v1/circuits/a%20b/open": lambda c: c.open_circuit("a b", action="deny"),
             "POST /api/v1/circuits/stop": lambda c: c.emergency_stop(),
             "DELETE /api/v1/keys/key_1": lambda c: c.revoke_key("key_1"),
+            "DELETE /api/v1/keys/key_2?include_minted=true": lambda c: c.revoke_key("key_2", include_minted=True),
+            "DELETE /api/v1/keys/key_3": lambda c: c.revoke_key("key_3", include_minted=False),
             "DELETE /api/v1/webhooks/wh_1": lambda c: c.delete_webhook("wh_1"),
             "POST /api/v1/endpoints": lambda c: c.create_endpoint("e", preset="RELAXED"),
             "POST /api/v1/endpoints/ep_1/pause": lambda c: c.pause_endpoint("ep_1"),
