@@ -469,9 +469,20 @@ export class Ratchet {
     return this.#get('/keys/current', options);
   }
 
-  /** Revokes a key for good; answers it with revoked_at. */
+  /** Revokes a key for good; answers it with revoked_at. With
+   * { includeMinted: true } (a key found compromised) every live key minted
+   * from it, down the tree, is revoked with it, in one transaction, listed
+   * in minted_revoked; a key of the tree this key may not revoke, or the
+   * workspace's last root key, refuses it all (error.detail.key_id names
+   * it), nothing revoked. Sent again, it revokes what of the tree is still
+   * live, so it is retried as a revoke is. */
   revokeKey(keyId, options) {
-    return this.#transport.call('DELETE', `/keys/${pathId(keyId)}`, undefined, { ...perCall(options), safe: true });
+    const includeMinted = options?.includeMinted;
+    if (includeMinted !== undefined && typeof includeMinted !== 'boolean') {
+      throw new TypeError('includeMinted must be true or false');
+    }
+    const path = `/keys/${pathId(keyId)}` + (includeMinted ? '?include_minted=true' : '');
+    return this.#transport.call('DELETE', path, undefined, { ...perCall(options), safe: true });
   }
 
   /** Pages the workspace's endpoints. Pass nextCursor as cursor. */

@@ -750,10 +750,26 @@ export interface ApiKey {
   rate_limit_per_minute: number | null;
   /** The key that minted this one; null for a workspace's signup key.
    * Revoking a key leaves the keys it minted live: list them with
-   * listKeys({ createdBy }) and revoke each. */
+   * listKeys({ createdBy }), or revoke them with it:
+   * revokeKey(id, { includeMinted: true }). */
   created_by_key_id: string | null;
   created_at: string;
   revoked_at: string | null;
+}
+
+/** revokeKey's answer: the revoked key and, with { includeMinted: true }
+ * only, minted_revoked: the ids (sorted) of the keys revoked with it, every
+ * live key minted from it down the tree (keys revoked before are left
+ * out; empty when none was live). */
+export interface RevokedApiKey extends ApiKey {
+  minted_revoked?: string[];
+}
+
+/** revokeKey's options: a request's, and includeMinted. */
+export interface RevokeKeyOptions extends RequestOptions {
+  /** true revokes every live key minted from the key with it
+   * (?include_minted=true); false or left out, the key alone. */
+  includeMinted?: boolean | undefined;
 }
 
 /** A key as created: its secret, shown once. */
@@ -1026,7 +1042,7 @@ export declare class Ratchet {
   createKey(spec: KeySpec, requestOptions?: RequestOptions): Promise<NewApiKey>;
   listKeys(query?: ListQuery & { createdBy?: string | undefined }, requestOptions?: RequestOptions): Promise<GatePage<ApiKey>>;
   currentKey(requestOptions?: RequestOptions): Promise<ApiKey>;
-  revokeKey(keyId: string, requestOptions?: RequestOptions): Promise<ApiKey>;
+  revokeKey(keyId: string, requestOptions?: RevokeKeyOptions): Promise<RevokedApiKey>;
   listEndpoints(query?: ListQuery, requestOptions?: RequestOptions): Promise<Page<Endpoint>>;
   createEndpoint(name: string, policy?: EndpointPolicyUpdate, requestOptions?: RequestOptions): Promise<Endpoint>;
   getEndpoint(endpointId: string, requestOptions?: RequestOptions): Promise<Endpoint>;

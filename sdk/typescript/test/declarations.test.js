@@ -125,6 +125,12 @@ test('every Ratchet method that calls the API is declared with a trailing Reques
       assert.match(params, /options\?: RequestOptions & \{/);
       continue;
     }
+    if (name === 'revokeKey') {
+      // A request's options and includeMinted (RevokeKeyOptions extends RequestOptions).
+      assert.match(params, /, requestOptions\?: RevokeKeyOptions$/);
+      assert.match(dts, /export interface RevokeKeyOptions extends RequestOptions \{/);
+      continue;
+    }
     assert.match(params, /(?:^|, )requestOptions\?: RequestOptions$/, `${name} takes no trailing RequestOptions`);
   }
 });

@@ -2292,6 +2292,10 @@ test('operator calls escape their path segments and send list queries', async (t
   await c.listKeys({ createdBy: 'key_1', limit: 2 });
   await c.listKeys({ createdBy: '' }); // sent (and refused), never read as every key
   await c.listEndpointAttempts('end_1', { outcome: 'FAILED' });
+  await c.revokeKey('key_1', { includeMinted: true });
+  await c.revokeKey('key_2', { includeMinted: false });
+  await c.revokeKey('key_3');
+  assert.throws(() => c.revokeKey('key_4', { includeMinted: 'yes' }), TypeError);
   // The pages of what a group's and a step's reads cut (steps_truncated;
   // attemptsTruncated, replaysTruncated).
   await c.listGroupSteps('grp/1', { limit: 200, cursor: 'eff_1' });
@@ -2304,6 +2308,7 @@ test('operator calls escape their path segments and send list queries', async (t
     'GET /api/v1/tools/t%2F..%2Fkeys/contracts?limit=2&cursor=c+1', 'GET /api/v1/approvals?state=pending&limit=5',
     'GET /api/v1/keys?created_by=key_1&limit=2', 'GET /api/v1/keys?created_by=',
     'GET /api/v1/endpoints/end_1/attempts?outcome=FAILED',
+    'DELETE /api/v1/keys/key_1?include_minted=true', 'DELETE /api/v1/keys/key_2', 'DELETE /api/v1/keys/key_3',
     'GET /api/v1/groups/grp%2F1/steps?limit=200&cursor=eff_1', 'GET /api/v1/steps/stp_1/attempts?cursor=50',
     'GET /api/v1/steps/stp_1/replays', 'GET /api/v1/policies/a%2Fb%20c/structuring',
   ]);

@@ -294,6 +294,16 @@ test('webhook and key calls answer the declared fields', needsServer, async (t) 
   matches(revoked, 'ApiKey', 'revokeKey');
   assert.ok(revoked.revoked_at);
   assert.equal((await agent.currentKey().catch((e) => e)).status, 401);
+  assert.equal('minted_revoked' in revoked, false);
+  // A key found compromised, revoked with every key minted from it.
+  const leaky = await op.createKey({ name: 'leaky', scopes: ['keys:write', 'effects:begin'] });
+  const child = await new (op.constructor)({ baseUrl: BASE_URL, apiKey: leaky.secret })
+    .createKey({ name: 'child', scopes: ['effects:begin'] });
+  const tree = await op.revokeKey(leaky.id, { includeMinted: true });
+  assert.equal(tree.id, leaky.id);
+  assert.deepEqual(tree.minted_revoked, [child.id]);
+  const orphan = new (op.constructor)({ baseUrl: BASE_URL, apiKey: child.secret });
+  assert.equal((await orphan.currentKey().catch((e) => e)).status, 401);
 });
 
 test('endpoint, contract, tool test, reconcile and queue health calls answer the declared fields', needsServer, async () => {
