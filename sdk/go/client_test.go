@@ -1125,17 +1125,10 @@ func TestPrintedConfigAndClientHideTheKey(t *testing.T) {
 // keys name their minter.
 func TestListKeysMintedBySendsTheKeyID(t *testing.T) {
 	t.Parallel()
-	var (
-		mu   sync.Mutex
-		seen []string
-	)
-	c, _ := testClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		seen = append(seen, r.URL.RequestURI())
-		mu.Unlock()
+	c, seen := recordingClient(t, func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, 200, map[string]any{"data": []any{map[string]any{"id": "key_2", "created_by_key_id": "key_1"},
 			map[string]any{"id": "key_3", "created_by_key_id": nil}}, "next_cursor": nil})
-	}))
+	})
 	ctx := context.Background()
 	page, err := c.ListKeysMintedBy(ctx, "key_1", ListQuery{Limit: 2, Cursor: "key_0"})
 	if err != nil || len(page.Data) != 2 || page.Data[0].CreatedByKeyID == nil || *page.Data[0].CreatedByKeyID != "key_1" ||
@@ -1150,9 +1143,31 @@ func TestListKeysMintedBySendsTheKeyID(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	want := []string{"/api/v1/keys?created_by=key_1&cursor=key_0&limit=2", "/api/v1/keys?created_by=", "/api/v1/keys"}
-	if !slices.Equal(seen, want) {
-		t.Fatalf("requests %q, want %q", seen, want)
+	want := []string{"GET /api/v1/keys?created_by=key_1&cursor=key_0&limit=2", "GET /api/v1/keys?created_by=",
+		"GET /api/v1/keys"}
+	if got := seen(); !slices.Equal(got, want) {
+		t.Fatalf("requests %q, want %q", got, want)
+	}
+}
+
+// recordingClient is a test client of a server answering with h that
+// records each request's method and URI, read with seen.
+func recordingClient(t *testing.T, h http.HandlerFunc) (c *Client, seen func() []string) {
+	t.Helper()
+	var (
+		mu       sync.Mutex
+		requests []string
+	)
+	c, _ = testClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		requests = append(requests, r.Method+" "+r.URL.RequestURI())
+		mu.Unlock()
+		h(w, r)
+	}))
+	return c, func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(requests)
 	}
 }
 
@@ -1161,14 +1176,7 @@ func TestListKeysMintedBySendsTheKeyID(t *testing.T) {
 // the key of the tree that refused it.
 func TestRevokeKeyWithMintedSendsIncludeMinted(t *testing.T) {
 	t.Parallel()
-	var (
-		mu   sync.Mutex
-		seen []string
-	)
-	c, _ := testClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		seen = append(seen, r.Method+" "+r.URL.RequestURI())
-		mu.Unlock()
+	c, seen := recordingClient(t, func(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case strings.HasSuffix(r.URL.Path, "/key_refused"):
 			writeJSON(w, 403, map[string]any{"error": map[string]any{"code": "forbidden", "message": "no",
@@ -1179,7 +1187,7 @@ func TestRevokeKeyWithMintedSendsIncludeMinted(t *testing.T) {
 		default:
 			writeJSON(w, 200, map[string]any{"id": "key_1", "revoked_at": "2030-01-01T00:00:00Z"})
 		}
-	}))
+	})
 	ctx := context.Background()
 	k, err := c.RevokeKeyWithMinted(ctx, "key_1")
 	if err != nil || k.ID != "key_1" || k.RevokedAt == nil || !slices.Equal(k.MintedRevoked, []string{"key_2", "key_3"}) {
@@ -1195,8 +1203,8 @@ func TestRevokeKeyWithMintedSendsIncludeMinted(t *testing.T) {
 	}
 	want := []string{"DELETE /api/v1/keys/key_1?include_minted=true", "DELETE /api/v1/keys/key_1",
 		"DELETE /api/v1/keys/key_refused?include_minted=true"}
-	if !slices.Equal(seen, want) {
-		t.Fatalf("requests %q, want %q", seen, want)
+	if got := seen(); !slices.Equal(got, want) {
+		t.Fatalf("requests %q, want %q", got, want)
 	}
 }
 
