@@ -667,7 +667,7 @@ type lockedKey struct {
 	live, root, tree bool
 }
 
-// errTreeGrew is revokeOnce's when a key of the tree minted a key between
+// errTreeGrew is revokeIn's when a key of the tree minted a key between
 // the lock statement's snapshot and its lock: the revoke runs again, and
 // finds it.
 var errTreeGrew = errors.New("a key of the tree minted a key as it was locked")
