@@ -9,3 +9,6 @@ var SQLRevoke, SQLEraseRevokedAnswers = sqlRevoke, sqlEraseRevokedAnswers
 
 // ListKeysSQL is ListKeys' statement and its arguments, for a test of its plan.
 var ListKeysSQL = listKeysSQL
+
+// SQLLockRevoke is a revoke's locking statement, for a test of its plan.
+var SQLLockRevoke = sqlLockRevoke

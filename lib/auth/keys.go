@@ -649,11 +649,15 @@ ORDER BY id FOR UPDATE OF api_keys`
 
 // sqlKeyTree is a recursive query, tree, of key $1 of workspace $2 and,
 // when $3, the keys minted from it, revoked or not (a revoked key's
-// children may live), read from api_keys_created_by_idx (migration 0072).
+// children may live), each key's read from api_keys_created_by_idx
+// (migration 0072): a lateral subquery the planner cannot pull up (OFFSET
+// 0), for a join planned as a hash or merge join read the workspace's
+// every key once per level of the tree (TestARevokeLocksItsWorkspacesKeysOnly).
 const sqlKeyTree = `tree (id) AS (
     SELECT id FROM api_keys WHERE workspace_id = $2::text AND id = $1::text
   UNION
-    SELECT k.id FROM api_keys k JOIN tree t ON k.workspace_id = $2::text AND k.created_by_key_id = t.id
+    SELECT m.id FROM tree t CROSS JOIN LATERAL (
+        SELECT k.id FROM api_keys k WHERE k.workspace_id = $2::text AND k.created_by_key_id = t.id OFFSET 0) m
     WHERE $3::bool
 )`
 
