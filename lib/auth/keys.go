@@ -749,7 +749,7 @@ func (s *Service) revokeIn(ctx context.Context, tx pgx.Tx, p *Principal, keyID s
 			return Key{}, nil, err
 		}
 	}
-	if err := keepsARoot(locked, revoking, withMinted); err != nil {
+	if err := keepsARoot(locked, withMinted); err != nil {
 		return Key{}, nil, err
 	}
 	if withMinted {
@@ -766,8 +766,12 @@ func (s *Service) revokeIn(ctx context.Context, tx pgx.Tx, p *Principal, keyID s
 		if err != nil {
 			return Key{}, nil, fmt.Errorf("revoke key: %w", err)
 		}
+		inTree := make(map[string]bool, len(locked))
+		for _, l := range locked {
+			inTree[l.id] = l.tree
+		}
 		for _, id := range tree {
-			if !slices.ContainsFunc(locked, func(l lockedKey) bool { return l.id == id && l.tree }) {
+			if !inTree[id] {
 				return Key{}, nil, errTreeGrew
 			}
 		}
@@ -809,17 +813,18 @@ func (p *Principal) mayRevoke(l lockedKey) error {
 	return nil
 }
 
-// keepsARoot refuses a revoke of the keys revoking (of those locked, which
-// hold every live root key) that would leave the workspace no root key.
+// keepsARoot refuses a revoke of the keys of the tree among locked (which
+// hold every live root key: a root is live, so one of the tree is revoked)
+// that would leave the workspace no root key.
 // Only a root mints a root, and a capped or narrower key cannot mint what
 // it lacks: the workspace would lose keys for good (QA, review).
-func keepsARoot(locked, revoking []lockedKey, withMinted bool) error {
+func keepsARoot(locked []lockedKey, withMinted bool) error {
 	var kept int
 	var first string
 	for _, l := range locked {
 		switch {
 		case !l.root:
-		case slices.ContainsFunc(revoking, func(r lockedKey) bool { return r.id == l.id }):
+		case l.tree: // live, so revoked with the key
 			if first == "" {
 				first = l.id
 			}
