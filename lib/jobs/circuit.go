@@ -154,11 +154,15 @@ func (s *Service) CloseCircuit(ctx context.Context, workspaceID, id string) (End
 		e   Endpoint
 		was Circuit
 	)
-	now := s.now()
 	err := s.txRetrying(ctx, func(tx pgx.Tx) error {
 		if err := tx.QueryRow(ctx, sqlLockCircuit, workspaceID, id).Scan(&was.State, &was.OpenedAt); err != nil {
 			return err
 		}
+		// Read once the row is held, as a report reads its clock: read
+		// before the wait, a close that waited for a report opening the
+		// circuit recorded circuit.closed before its openedAt, and moved
+		// the endpoint's updatedAt back (review).
+		now := s.now()
 		var err error
 		if e, err = scanEndpoint(tx.QueryRow(ctx, sqlCloseCircuit, workspaceID, id, now)); err != nil {
 			return err

@@ -1,6 +1,7 @@
 package jobs_test
 
 import (
+	"context"
 	"encoding/json"
 	"strconv"
 	"sync"
@@ -10,6 +11,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/jobs"
 )
 
@@ -317,4 +320,61 @@ func TestEndpointCircuitConcurrentClaimsLeaseOneProbe(t *testing.T) {
 	}
 	wg.Wait()
 	require.Equal(t, 1, leased)
+}
+
+// An operator's close that waits for a report tripping the circuit closes
+// it after it opened: its clock is read once it holds the endpoint's row,
+// not before. Read before (the close's first act, before its transaction
+// began), a close whose clock read 12:00:00 and that then waited for the
+// row while a report opened the circuit at 12:00:01 recorded circuit.closed
+// with closedAt 12:00:00, before that event's own openedAt, and moved the
+// endpoint's updatedAt back (review). The report runs in a request's
+// transaction (an Idempotency-Key request's, db.BeginRequest) that has
+// locked the row first, as the report's own first statement does, so the
+// close is seen waiting before the report reads its clock.
+func TestACircuitClosedWhileAReportOpensItClosesAfterItOpened(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ep := b.circuitEndpoint(t, 1, 3_600_000)
+	b.enqueueN(t, 1)
+	j := b.claimOne(t, b.register(t))
+
+	pool := b.env.App.Pool
+	reqCtx, report := db.BeginRequest(ctx, pool)
+	defer func() { _ = report.Rollback(context.Background()) }()
+	var pid int
+	require.NoError(t, report.QueryRow(reqCtx, `SELECT pg_backend_pid() FROM job_endpoints WHERE id = $1
+		FOR NO KEY UPDATE`, ep.ID).Scan(&pid))
+	waits := apitest.NewLockWaits(t, pool, pid)
+
+	var (
+		closed   jobs.Endpoint
+		closeErr error
+	)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		closed, closeErr = b.svc.CloseCircuit(ctx, b.ws, ep.ID)
+	}()
+	waits.Waiting(done, "the close waits for the report's hold on the endpoint's row")
+
+	b.clock.Add(time.Second)
+	opened := b.clock.Now()
+	_, err := b.svc.Report(reqCtx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken, Status: "FAILED"})
+	require.NoError(t, err)
+	require.NoError(t, report.Commit(ctx))
+	<-done
+	require.NoError(t, closeErr)
+
+	require.Equal(t, jobs.CircuitClosed, closed.Circuit.State)
+	require.False(t, closed.UpdatedAt.Before(opened), "updatedAt moved back past the report's: %v", closed.UpdatedAt)
+	events := b.circuitEvents(t, ep.ID, "circuit.closed")
+	require.Len(t, events, 1)
+	require.Equal(t, "operator", events[0]["closedBy"])
+	openedAt, err := time.Parse(time.RFC3339Nano, events[0]["openedAt"].(string))
+	require.NoError(t, err)
+	closedAt, err := time.Parse(time.RFC3339Nano, events[0]["closedAt"].(string))
+	require.NoError(t, err)
+	require.True(t, openedAt.Equal(opened), "openedAt %v, want the report's %v", openedAt, opened)
+	require.False(t, closedAt.Before(openedAt), "closedAt %v precedes openedAt %v", closedAt, openedAt)
 }
