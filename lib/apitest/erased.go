@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -104,6 +105,70 @@ func (e *Env) CheckAnswersKeptBeforeTheUpgrade(kind SecretCreates) {
 	kind.End(key, liveID)
 	e.RequireErased(kind.Create(key, "old-live", "live"), live, live.JSON()["secret"].(string), kind.SecretPrefix)
 	require.Empty(e.T, e.KeptSecrets(key))
+}
+
+// CheckErasureLeavesAKeyTakenAgain checks that the sweeper's erasure of
+// the answers of ended resources (erase: the task's pass,
+// idempotency.EraseGoneAnswers) erases a row only while it still holds the
+// answer it chose it for. An ended resource's answer whose 24 hours are
+// over is taken again by a new request under its Idempotency-Key (its row
+// re-claimed in place, before the purge deleted it) and answered with a
+// live resource's secret: a pass whose snapshot predates that, and which
+// reaches the row after it, rechecks the row at its newest version and
+// leaves it. Before, the pass chose the rows by its snapshot (an ended
+// resource's) and erased what the row held when it got there: the live
+// resource's create, sent again, read 404 (ended since), and a client told
+// so created another. The pass is held on the row of an earlier ended
+// answer (the one it reaches first) while the key is taken again; clock
+// is the env's; leaveEnded ends resources as an instance of the release
+// before the erasure does, their answers kept.
+func (e *Env) CheckErasureLeavesAKeyTakenAgain(kind SecretCreates, clock *Clock, leaveEnded func(ids ...string),
+	erase func(context.Context) (int, error)) {
+	e.T.Helper()
+	ctx := context.Background()
+	key := e.Signup().Key
+	early := kind.Create(key, "ended-early", "early")
+	clock.Add(time.Second)
+	first := kind.Create(key, "taken-again", "first")
+	for _, r := range []*Response{early, first} {
+		require.Equal(e.T, http.StatusCreated, r.Status, "%s", r.Body)
+	}
+	leaveEnded(early.JSON()["id"].(string), first.JSON()["id"].(string))
+	clock.Add(idempotency.TTL + time.Minute) // both keys' 24 hours are over
+
+	hold, err := e.App.Pool.Begin(ctx)
+	require.NoError(e.T, err)
+	defer func() { _ = hold.Rollback(ctx) }()
+	_, err = hold.Exec(ctx, `SELECT 1 FROM idempotent_requests WHERE request_id = $1 FOR UPDATE`,
+		early.Header.Get("X-Request-Id"))
+	require.NoError(e.T, err)
+	done := make(chan error, 1)
+	go func() {
+		_, err := erase(ctx)
+		done <- err
+	}()
+	WaitForLock(e.T, e.App.Pool, "%UPDATE idempotent_requests SET answer = NULL%", "%",
+		"the pass waits for the early answer's row, its snapshot taken")
+	// It has not reached the row taken again: that row is free.
+	probe, err := e.App.Pool.Begin(ctx)
+	require.NoError(e.T, err)
+	_, err = probe.Exec(ctx, `SELECT 1 FROM idempotent_requests WHERE request_id = $1 FOR UPDATE NOWAIT`,
+		first.Header.Get("X-Request-Id"))
+	require.NoError(e.T, err, "the pass reaches the row taken again after the early one")
+	require.NoError(e.T, probe.Rollback(ctx))
+
+	second := kind.Create(key, "taken-again", "second")
+	require.Equal(e.T, http.StatusCreated, second.Status, "%s", second.Body)
+	require.NotEqual(e.T, first.JSON()["id"], second.JSON()["id"], "acted again: the key's 24 hours were over")
+	require.NoError(e.T, hold.Rollback(ctx))
+	require.NoError(e.T, <-done)
+
+	var erased bool
+	require.NoError(e.T, e.App.Pool.QueryRow(ctx, `SELECT answer IS NULL FROM idempotent_requests WHERE request_id = $1`,
+		early.Header.Get("X-Request-Id")).Scan(&erased))
+	require.True(e.T, erased, "the ended resource's answer is erased")
+	again := kind.Create(key, "taken-again", "second")
+	require.Equal(e.T, string(second.Body), string(again.Body), "the live resource's answer is kept")
 }
 
 // Statement is a statement with its arguments.

@@ -191,6 +191,25 @@ func TestTheSweeperErasesTheAnswersOfRevokedKeysKeptBeforeTheUpgrade(t *testing.
 	})
 }
 
+// The sweeper's erasure of revoked keys' answers leaves a row whose
+// Idempotency-Key's 24 hours ended and that a new key's create took again
+// after the pass's snapshot: sent again, that create answers the live key,
+// not 404 (apitest.CheckErasureLeavesAKeyTakenAgain).
+func TestTheSweepersErasureLeavesAnAnswerTakenAgainForALiveKey(t *testing.T) {
+	clock := apitest.NewClock(time.Now())
+	env := apitest.Start(t, apitest.WithNow(clock.Now))
+	env.CheckErasureLeavesAKeyTakenAgain(apitest.SecretCreates{
+		Create: func(key, idemKey, name string) *apitest.Response {
+			return env.DoWith("POST", "/api/v1/keys", key, underKey(idemKey), map[string]any{"name": name, "preset": "AGENT"})
+		},
+		SecretPrefix: keySecretPrefix,
+	}, clock, func(ids ...string) { // revoked as the release before 0068 revokes: its answers kept
+		_, err := env.App.Pool.Exec(context.Background(), `UPDATE api_keys SET revoked_at = $2 WHERE id = ANY($1)`,
+			ids, clock.Now())
+		require.NoError(t, err)
+	}, func(ctx context.Context) (int, error) { return env.App.Server.Auth.EraseRevokedAnswers(ctx, 1000) })
+}
+
 // A revoke's erasure and the sweeper's read the answers linked to a key
 // through idempotent_requests_resource_idx, not the day of answers every
 // keyed create left (20,000 here, a few linked), in both plan cache modes.

@@ -170,10 +170,16 @@ func EraseAnswers(where string) string {
 // did not erase: those LinkAnswers linked after it, and those of a
 // resource an instance of a release that erased none deleted.
 // It reads idempotent_requests_resource_idx, the linked answers that
-// still show a secret, whole.
+// still show a secret, whole. A row is erased only while it still names
+// the gone resource it was chosen for: the update rechecks each row it
+// meets at its newest version, but not the choice, made from the
+// statement's snapshot. A key whose 24 hours ended is taken again in its
+// row (Begin), and a create committed after that snapshot linked it to
+// its own, live resource: matched by its key alone, that answer was erased
+// (review: the live key's create, sent again, read 404 "revoked since").
 func EraseGoneAnswers(table, gone, limit string) string {
-	return EraseAnswers(`(key_id, idempotency_key) IN (
-        SELECT r.key_id, r.idempotency_key FROM idempotent_requests r JOIN ` + table + ` x ON x.id = r.resource_id
+	return EraseAnswers(`(key_id, idempotency_key, resource_id) IN (
+        SELECT r.key_id, r.idempotency_key, r.resource_id FROM idempotent_requests r JOIN ` + table + ` x ON x.id = r.resource_id
         WHERE r.resource_id <> '' AND r.answer IS NOT NULL AND ` + gone + `
         LIMIT ` + limit + `)`)
 }

@@ -233,6 +233,28 @@ func TestTheSweeperErasesTheAnswersKeptBeforeTheUpgrade(t *testing.T) {
 	})
 }
 
+// The sweeper's erasure of deleted subscriptions' answers leaves a row
+// whose Idempotency-Key's 24 hours ended and that a new subscription's
+// create took again after the pass's snapshot: sent again, that create
+// answers the live subscription, not 404
+// (apitest.CheckErasureLeavesAKeyTakenAgain).
+func TestTheSweepersErasureLeavesAnAnswerTakenAgainForALiveSubscription(t *testing.T) {
+	env, clock := start(t, false)
+	env.CheckErasureLeavesAKeyTakenAgain(apitest.SecretCreates{
+		Create: func(key, idemKey, name string) *apitest.Response {
+			return env.DoWith("POST", "/api/v1/webhooks", key, underKey(idemKey),
+				map[string]any{"url": "https://example.com/" + name, "events": []string{events.RunFinished}})
+		},
+		SecretPrefix: "whsec_",
+	}, clock, func(ids ...string) { // deleted as the release before 0067 deletes: its answers kept
+		_, err := env.App.Pool.Exec(context.Background(), `UPDATE webhooks SET deleted_at = $2 WHERE id = ANY($1)`,
+			ids, clock.Now())
+		require.NoError(t, err)
+	}, func(ctx context.Context) (int, error) {
+		return env.App.Server.Webhooks.ClearExpiredSecrets(ctx, clock.Now(), 100)
+	})
+}
+
 // A delete's erasure and the sweeper's read the answers linked to a
 // subscription through idempotent_requests_resource_idx, not the day of
 // answers every keyed create left (20,000 here, a few linked), in both
