@@ -182,13 +182,20 @@ func TestARevokeRacingItsKeysCreateLeavesNoSecretReadable(t *testing.T) {
 // linked for its revoke.
 func TestTheSweeperErasesTheAnswersOfRevokedKeysKeptBeforeTheUpgrade(t *testing.T) {
 	env := apitest.Start(t)
-	env.CheckAnswersKeptBeforeTheUpgrade(apitest.SecretCreates{
+	kind := keyCreates(env)
+	kind.End = func(key, id string) { env.Must(http.StatusOK, "DELETE", "/api/v1/keys/"+id, key, nil) }
+	env.CheckAnswersKeptBeforeTheUpgrade(kind)
+}
+
+// keyCreates mints keys under Idempotency-Keys, for the apitest checks of
+// their answers' erasure.
+func keyCreates(env *apitest.Env) apitest.SecretCreates {
+	return apitest.SecretCreates{
 		Create: func(key, idemKey, name string) *apitest.Response {
 			return env.DoWith("POST", "/api/v1/keys", key, underKey(idemKey), map[string]any{"name": name, "preset": "AGENT"})
 		},
-		End:          func(key, id string) { env.Must(http.StatusOK, "DELETE", "/api/v1/keys/"+id, key, nil) },
 		SecretPrefix: keySecretPrefix,
-	})
+	}
 }
 
 // The sweeper's erasure of revoked keys' answers leaves a row whose
@@ -198,12 +205,7 @@ func TestTheSweeperErasesTheAnswersOfRevokedKeysKeptBeforeTheUpgrade(t *testing.
 func TestTheSweepersErasureLeavesAnAnswerTakenAgainForALiveKey(t *testing.T) {
 	clock := apitest.NewClock(time.Now())
 	env := apitest.Start(t, apitest.WithNow(clock.Now))
-	env.CheckErasureLeavesAKeyTakenAgain(apitest.SecretCreates{
-		Create: func(key, idemKey, name string) *apitest.Response {
-			return env.DoWith("POST", "/api/v1/keys", key, underKey(idemKey), map[string]any{"name": name, "preset": "AGENT"})
-		},
-		SecretPrefix: keySecretPrefix,
-	}, clock, func(ids ...string) { // revoked as the release before 0068 revokes: its answers kept
+	env.CheckErasureLeavesAKeyTakenAgain(keyCreates(env), clock, func(ids ...string) { // revoked as the release before 0068 revokes: its answers kept
 		_, err := env.App.Pool.Exec(context.Background(), `UPDATE api_keys SET revoked_at = $2 WHERE id = ANY($1)`,
 			ids, clock.Now())
 		require.NoError(t, err)

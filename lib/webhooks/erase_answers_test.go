@@ -223,14 +223,21 @@ func TestTheSweeperErasesTheAnswersADeleteLeft(t *testing.T) {
 // leaving a live one's linked for its delete.
 func TestTheSweeperErasesTheAnswersKeptBeforeTheUpgrade(t *testing.T) {
 	env, _ := start(t, false)
-	env.CheckAnswersKeptBeforeTheUpgrade(apitest.SecretCreates{
+	kind := hookCreates(env)
+	kind.End = func(key, id string) { env.Must(http.StatusOK, "DELETE", "/api/v1/webhooks/"+id, key, nil) }
+	env.CheckAnswersKeptBeforeTheUpgrade(kind)
+}
+
+// hookCreates creates subscriptions under Idempotency-Keys, for the
+// apitest checks of their answers' erasure.
+func hookCreates(env *apitest.Env) apitest.SecretCreates {
+	return apitest.SecretCreates{
 		Create: func(key, idemKey, name string) *apitest.Response {
 			return env.DoWith("POST", "/api/v1/webhooks", key, underKey(idemKey),
 				map[string]any{"url": "https://example.com/" + name, "events": []string{events.RunFinished}})
 		},
-		End:          func(key, id string) { env.Must(http.StatusOK, "DELETE", "/api/v1/webhooks/"+id, key, nil) },
 		SecretPrefix: "whsec_",
-	})
+	}
 }
 
 // The sweeper's erasure of deleted subscriptions' answers leaves a row
@@ -240,13 +247,7 @@ func TestTheSweeperErasesTheAnswersKeptBeforeTheUpgrade(t *testing.T) {
 // (apitest.CheckErasureLeavesAKeyTakenAgain).
 func TestTheSweepersErasureLeavesAnAnswerTakenAgainForALiveSubscription(t *testing.T) {
 	env, clock := start(t, false)
-	env.CheckErasureLeavesAKeyTakenAgain(apitest.SecretCreates{
-		Create: func(key, idemKey, name string) *apitest.Response {
-			return env.DoWith("POST", "/api/v1/webhooks", key, underKey(idemKey),
-				map[string]any{"url": "https://example.com/" + name, "events": []string{events.RunFinished}})
-		},
-		SecretPrefix: "whsec_",
-	}, clock, func(ids ...string) { // deleted as the release before 0067 deletes: its answers kept
+	env.CheckErasureLeavesAKeyTakenAgain(hookCreates(env), clock, func(ids ...string) { // deleted as the release before 0067 deletes: its answers kept
 		_, err := env.App.Pool.Exec(context.Background(), `UPDATE webhooks SET deleted_at = $2 WHERE id = ANY($1)`,
 			ids, clock.Now())
 		require.NoError(t, err)
