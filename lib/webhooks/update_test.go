@@ -14,8 +14,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/events"
 	"github.com/getratchet/ratchet/lib/ids"
+	"github.com/getratchet/ratchet/lib/jsonx"
 	"github.com/getratchet/ratchet/lib/seal"
 	"github.com/getratchet/ratchet/lib/webhooks"
 )
@@ -333,4 +335,68 @@ func TestADisabledWebhookIsNotLoggedAsHeldForItsKey(t *testing.T) {
 	_, err = env.App.Server.Webhooks.Deliver(ctx, clk.Now())
 	require.NoError(t, err)
 	require.Contains(t, logs.String(), "webhook deliveries held", "enabled, it is held for its key again")
+}
+
+// A disable that waits for an enable holding the subscription's row is
+// disabled from after that enable, not from before it: its clock is read
+// once it holds the row. Read before (the update's first act, before its
+// transaction began), a disable whose clock read 12:00:00 and that then
+// waited while an enable committed at 12:00:01 recorded disabled_at
+// 12:00:00, before the enable, and the events recorded in between, while
+// the subscription was enabled, were skipped as recorded while disabled,
+// never sent (review). The enable runs in a request's transaction
+// (db.BeginRequest) that has locked the row first, so the disable is seen
+// waiting before the enable reads its clock; an event committed with the
+// enable stands for one recorded while it is enabled.
+func TestADisableWaitingForAnEnableSkipsOnlyTheEventsAfterIt(t *testing.T) {
+	env, clk := start(t, true)
+	ws := env.Signup()
+	rcv := newReceiver(t)
+	id, _ := subscribe(t, env, ws.Key, rcv.URL)
+	env.Must(http.StatusOK, "PATCH", "/api/v1/webhooks/"+id, ws.Key, map[string]any{"disabled": true})
+	clk.Add(time.Hour)
+
+	ctx := context.Background()
+	hooks, pool := env.App.Server.Webhooks, env.App.Pool
+	reqCtx, enable := db.BeginRequest(ctx, pool)
+	defer func() { _ = enable.Rollback(context.Background()) }()
+	var pid int
+	require.NoError(t, enable.QueryRow(reqCtx, `SELECT pg_backend_pid() FROM webhooks WHERE id = $1
+		FOR NO KEY UPDATE`, id).Scan(&pid))
+	waits := apitest.NewLockWaits(t, pool, pid)
+
+	var (
+		disabled   webhooks.Webhook
+		disableErr error
+	)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		disabled, disableErr = hooks.Update(ctx, ws.ID, id,
+			webhooks.UpdateRequest{Disabled: jsonx.Optional[bool]{Set: true, Value: true}})
+	}()
+	waits.Waiting(done, "the disable waits for the enable's hold on the webhook's row")
+
+	clk.Add(time.Second)
+	enabledAt := clk.Now()
+	_, err := hooks.Update(reqCtx, ws.ID, id, webhooks.UpdateRequest{Disabled: jsonx.Optional[bool]{Set: true}})
+	require.NoError(t, err)
+	subject := ids.New(ids.Effect)
+	require.NoError(t, events.Record(reqCtx, enable, events.Event{WorkspaceID: ws.ID, Type: events.RunFinished,
+		SubjectID: subject, Data: map[string]any{"effect_id": subject}, At: enabledAt}))
+	clk.Add(time.Second)
+	require.NoError(t, enable.Commit(ctx))
+	<-done
+	require.NoError(t, disableErr)
+
+	require.True(t, disabled.Disabled)
+	require.NotNil(t, disabled.DisabledAt)
+	require.False(t, disabled.DisabledAt.Before(enabledAt), "disabled at %v, before the enable at %v it waited for",
+		*disabled.DisabledAt, enabledAt)
+	_, err = hooks.Dispatch(ctx, clk.Now())
+	require.NoError(t, err)
+	ds := deliveries(t, env, ws.Key, id)
+	require.Len(t, ds, 1, "the event recorded while it was enabled is fanned out, held")
+	require.Equal(t, eventOf(t, env, subject), ds[0]["event_id"])
+	require.Equal(t, "pending", ds[0]["state"])
 }

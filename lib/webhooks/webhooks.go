@@ -491,9 +491,10 @@ func (r *UpdateRequest) validate(allowPrivate bool) error {
 // $6, or since when it was already disabled) or enables it again ($5 false:
 // the period it was disabled is kept as last_disabled, whose events the
 // fan-out skips; NULL: kept). It answers the subscription as a read shows it.
-// An UPDATE waits for a concurrent delete, rotation or fan-out holding the
-// row and then applies to the row as that left it: a deleted one is not
-// updated (404), a rotation's secret is kept.
+// It runs once sqlLockUpdate holds the row, so that $6 is read after any
+// wait for a concurrent delete, rotation, update or fan-out holding it; it
+// applies to the row as that left it: a deleted one is not updated (404),
+// a rotation's secret is kept.
 var sqlUpdate = `
 UPDATE webhooks SET
     url = coalesce($3::text, url),
@@ -504,6 +505,13 @@ UPDATE webhooks SET
         THEN tstzrange(disabled_at, greatest(disabled_at, $6::timestamptz)) ELSE last_disabled END
 WHERE id = $1::text AND workspace_id = $2::text AND deleted_at IS NULL
 RETURNING ` + readCols("$6")
+
+// sqlLockUpdate locks live webhook $1 of workspace $2 for an update
+// (Update), after any transaction holding it: no row when it is unknown,
+// another workspace's, or deleted (a delete it waited for included).
+const sqlLockUpdate = `
+SELECT true FROM webhooks WHERE id = $1::text AND workspace_id = $2::text AND deleted_at IS NULL
+FOR NO KEY UPDATE`
 
 // sqlEndPending ends webhook $1's pending deliveries with last_error $3:
 // all of them (a delete, $2 null), or those of a type its events ($2) no
@@ -541,9 +549,20 @@ func (s *Service) Update(ctx context.Context, workspaceID, id string, req Update
 	if req.Events.Set {
 		evs = eventSet(req.Events.Value)
 	}
-	now := s.now()
 	var w Webhook
 	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
+		// The row is held before the clock is read: read before the wait
+		// for a concurrent enable, a disable recorded disabled_at before
+		// that enable, and the events recorded between the two, while the
+		// subscription was enabled, were skipped as recorded while it was
+		// disabled (review).
+		var live bool
+		if err := tx.QueryRow(ctx, sqlLockUpdate, id, workspaceID).Scan(&live); errors.Is(err, pgx.ErrNoRows) {
+			return apierr.NotFound("webhook")
+		} else if err != nil {
+			return fmt.Errorf("lock webhook: %w", err)
+		}
+		now := s.now()
 		rows, err := tx.Query(ctx, sqlUpdate, id, workspaceID, req.URL.Ptr(), evs, req.Disabled.Ptr(), now)
 		if err != nil {
 			return fmt.Errorf("update webhook: %w", err)
