@@ -1140,6 +1140,11 @@ func (s *Service) admit(ctx context.Context, tx pgx.Tx, in *beginInput) error {
 	if err != nil {
 		return fmt.Errorf("begin: group: %w", err)
 	}
+	// The group is held: what the rollback says of the steps is judged at
+	// a clock read now, not before the wait for it (review: a compensation
+	// of a later step that lapsed unreported meanwhile was read in flight,
+	// and the step behind it was compensated past that maybe).
+	s.lockedAt(in)
 	if !replay && state != GroupOpen {
 		// sqlAdmitGroup may have waited for the group's row behind a
 		// commit or an unwind, itself behind the begin that took the key:

@@ -1101,3 +1101,43 @@ func TestAnUnwindPlanPastTheBudgetHoldsItsFirstItems(t *testing.T) {
 	require.Empty(t, u["plan"])
 	require.Equal(t, "unwound", u["state"])
 }
+
+// A compensating begin that waited for its group's row (behind an unwind
+// holding it) while the compensation of a later step lapsed unreported is
+// refused like one sent after the lapse: the rollback is judged at the
+// clock read once the group is held, not at the one read before the wait
+// (review: the lapse, a maybe, was read as in flight, and the earlier
+// step's compensation executed past it).
+func TestACompensationThatWaitedForItsGroupPastALapseIsRefused(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	g := f.group()
+	a := f.done(g, true)
+	f.done(g, true)
+	u := f.unwind(g)
+	require.Len(t, planIDs(u), 2)
+	mc := f.compensate(u["plan"].([]any)[0].(map[string]any), "") // in flight: holds nothing back
+
+	pool := f.env.App.Pool
+	holder, err := pool.Begin(context.Background())
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(context.Background()) }()
+	_, err = holder.Exec(context.Background(), `SELECT 1 FROM effect_groups WHERE id = $1 FOR UPDATE`, g)
+	require.NoError(t, err)
+	waits := apitest.NewLockWaits(t, pool, apitest.BackendPID(t, holder))
+
+	done := make(chan struct{})
+	var r *apitest.Response
+	go func() {
+		defer close(done)
+		r = f.do("POST", "/api/v1/effects/begin", map[string]any{"effect_type": "payment.refund",
+			"payload": map[string]any{"refund_of": "charge"}, "cost_micros": 0,
+			"idempotency_key": "compensate:" + a, "compensates_effect_id": a})
+	}()
+	waits.Waiting(done, "the compensating begin waits for its group's row")
+	f.clock.Add(70 * time.Second) // mc's lease lapses unreported while it waits
+	require.NoError(t, holder.Rollback(context.Background()))
+	<-done
+	errCode(t, r, http.StatusConflict, "invalid_state")
+	require.Contains(t, string(r.Body), mc, "the lapsed compensation is named unresolved")
+}
