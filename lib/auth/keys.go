@@ -614,7 +614,7 @@ func (s *Service) RevokeKey(ctx context.Context, p *Principal, keyID string) (Ke
 // it (a plain revoke's answer is the Key, byte for byte).
 type RevokedKey struct {
 	Key
-	MintedRevoked *[]string `json:"minted_revoked,omitempty" jsonschema:"with ?include_minted=true only: the ids of the keys this revoke revoked with the key, sorted: every live key it minted, and every live key those minted, down the tree (empty when none was live); keys revoked before are left out"`
+	MintedRevoked *[]string `json:"minted_revoked,omitempty" jsonschema:"with ?include_minted=true only: the ids of the keys this revoke revoked with the key, sorted: every live key it minted, and every live key those minted, down the tree (empty when none was live); keys revoked before are left out; sent again, the same list: the keys an earlier revoke of this key with its minted keys took, and any it takes itself"`
 }
 
 // RevokeKeyTree revokes a key and, transitively, every live key minted
@@ -643,7 +643,8 @@ func (s *Service) RevokeKeyTree(ctx context.Context, p *Principal, keyID string)
 // revoke and a mint (which holds its minter's row, RequireLive), wait for
 // each other rather than deadlock.
 var sqlLockRevoke = `WITH RECURSIVE ` + sqlKeyTree + `
-SELECT id, scopes, tools, revoked_at IS NULL, ` + rootKey + `, id IN (SELECT id FROM tree) FROM api_keys
+SELECT id, scopes, tools, revoked_at IS NULL, ` + rootKey + `, id IN (SELECT id FROM tree),
+    coalesce(revoked_with_key_id = $1::text, false) FROM api_keys
 WHERE workspace_id = $2::text AND (id IN (SELECT id FROM tree) OR ` + rootKey + `)
 ORDER BY id FOR UPDATE OF api_keys`
 
@@ -669,6 +670,9 @@ type lockedKey struct {
 	id               string
 	scopes, tools    []string
 	live, root, tree bool
+	// revokedWith says the key was revoked with the key this revoke
+	// names, by a revoke with its minted keys (revoked_with_key_id).
+	revokedWith bool
 }
 
 // errTreeGrew is revokeIn's when a key of the tree minted a key between
@@ -723,7 +727,7 @@ func (s *Service) revokeIn(ctx context.Context, tx pgx.Tx, p *Principal, keyID s
 	}
 	locked, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (lockedKey, error) {
 		var l lockedKey
-		err := r.Scan(&l.id, &l.scopes, &l.tools, &l.live, &l.root, &l.tree)
+		err := r.Scan(&l.id, &l.scopes, &l.tools, &l.live, &l.root, &l.tree, &l.revokedWith)
 		return l, err
 	})
 	if err != nil {
@@ -780,7 +784,11 @@ func (s *Service) revokeIn(ctx context.Context, tx pgx.Tx, p *Principal, keyID s
 	for j, l := range revoking {
 		revokeIDs[j] = l.id
 	}
-	rows, err = tx.Query(ctx, sqlRevoke, revokeIDs, s.now())
+	var with *string
+	if withMinted {
+		with = &keyID
+	}
+	rows, err = tx.Query(ctx, sqlRevoke, revokeIDs, s.now(), with)
 	if err != nil {
 		return Key{}, nil, fmt.Errorf("revoke key: %w", err)
 	}
@@ -794,7 +802,16 @@ func (s *Service) revokeIn(ctx context.Context, tx pgx.Tx, p *Principal, keyID s
 			k = r
 		}
 	}
+	// The keys it revokes now, and those an earlier revoke of the same
+	// key with its minted keys revoked: sent again, its answer lost, the
+	// request lists what it took again (retry QA: it answered [], as if
+	// the compromised key had minted nothing).
 	minted := revokeIDs[1:]
+	for _, l := range locked {
+		if l.tree && !l.live && l.revokedWith {
+			minted = append(minted, l.id)
+		}
+	}
 	slices.Sort(minted)
 	return k, minted, nil
 }
@@ -845,7 +862,8 @@ func keepsARoot(locked []lockedKey, withMinted bool) error {
 }
 
 // sqlRevoke revokes keys $1 at $2 (kept when one already was, so a revoke
-// sent again answers what the first did) and erases the answers kept for
+// sent again answers what the first did), recording on each but key $3
+// that it was revoked with $3 (NULL for a plain revoke: nothing recorded) and erases the answers kept for
 // their creates' Idempotency-Keys, which show their secrets (linked to
 // them by Record; idempotency.EraseAnswers): sent again, such a create is
 // answered 404 not_found. It runs after revoke's first statement found and
@@ -859,7 +877,8 @@ var sqlRevoke = `
 WITH erased AS (
     ` + idempotency.EraseAnswers("resource_id = ANY($1::text[])") + `
 )
-UPDATE api_keys SET revoked_at = coalesce(revoked_at, $2::timestamptz)
+UPDATE api_keys SET revoked_at = coalesce(revoked_at, $2::timestamptz),
+    revoked_with_key_id = CASE WHEN revoked_at IS NULL AND id <> $3::text THEN $3::text ELSE revoked_with_key_id END
 WHERE id = ANY($1::text[]) RETURNING ` + keyColumns
 
 // EraseRevokedAnswers erases up to limit answers kept for an

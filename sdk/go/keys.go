@@ -117,7 +117,8 @@ type RevokedAPIKey struct {
 	// MintedRevoked are the ids, sorted, of the keys this call revoked with
 	// the key: every live key minted from it, down the tree (through keys
 	// revoked before). Keys revoked before are not listed; empty when
-	// none was live.
+	// none was live. A retry (the first answer lost) lists the keys the
+	// first call took again (a server of migration 0082 or later).
 	MintedRevoked []string `json:"minted_revoked"`
 }
 

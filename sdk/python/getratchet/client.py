@@ -1162,8 +1162,10 @@ class Ratchet:
         and so on (?include_minted=true), answered in ``minted_revoked``.
         A key of the tree this key may not revoke, or the workspace's last
         root key, refuses it all: nothing is revoked, and the error's
-        detail["key_id"] names that key. Sent again, it answers the key and
-        revokes what of the tree is still live."""
+        detail["key_id"] names that key. Sent again, it answers the key,
+        revokes what of the tree is still live, and lists again in
+        ``minted_revoked`` what the first call took (a retry whose first
+        answer was lost learns the tree, not [].)"""
         path = "/keys/" + path_id(key_id) + ("?include_minted=true" if include_minted else "")
         answer = self._transport.call("DELETE", path, safe=True, call_timeout=timeout)
         return cast(RevokedApiKey, answer)

@@ -760,7 +760,8 @@ export interface ApiKey {
 /** revokeKey's answer: the revoked key and, with { includeMinted: true }
  * only, minted_revoked: the ids (sorted) of the keys revoked with it, every
  * live key minted from it down the tree (keys revoked before are left
- * out; empty when none was live). */
+ * out; empty when none was live; sent again, the first call's list
+ * again, with any key it takes itself). */
 export interface RevokedApiKey extends ApiKey {
   minted_revoked?: string[];
 }
