@@ -118,7 +118,7 @@ type RevokedAPIKey struct {
 	// the key: every live key minted from it, down the tree (through keys
 	// revoked before). Keys revoked before are not listed; empty when
 	// none was live. A retry (the first answer lost) lists the keys the
-	// first call took again (a server of migration 0082 or later).
+	// first call took again (a server of migration 0074 or later).
 	MintedRevoked []string `json:"minted_revoked"`
 }
 
