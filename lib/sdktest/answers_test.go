@@ -96,6 +96,7 @@ var goAnswerRoutes = map[string][2]string{
 	"ListKeysMintedBy":              {"GET /keys"},
 	"CurrentKey":                    {"GET /keys/current"},
 	"RevokeKey":                     {"DELETE /keys/{id}"},
+	"RevokeKeyWithMinted":           {"DELETE /keys/{id}"},
 	"ListEndpoints":                 {"GET /endpoints"},
 	"CreateEndpoint":                {"POST /endpoints"},
 	"GetEndpoint":                   {"GET /endpoints/{id}/policy"},
@@ -148,6 +149,8 @@ var goDeliberate = map[string]string{
 	"Step.createdAt pointer": "a *time.Time, kept so code that reads it compiles: never nil",
 	"PlanItem.compensation map": "a map[string]any (effect_type and payload), kept so code that " +
 		"indexes it compiles",
+	"APIKey.minted_revoked": "only a revoke with ?include_minted=true answers it, which RevokeKeyWithMinted " +
+		"sends and reads (RevokedAPIKey); RevokeKey's plain revoke answers the key alone",
 }
 
 // goEnum names the SDK's constants for a field the schema gives an enum:
@@ -194,6 +197,7 @@ var goEnums = map[string]goEnum{
 	"Webhook.events[]":            {prefix: "Event"},
 	"APIKey.scopes[]":             {prefix: "Scope"},
 	"NewAPIKey.scopes[]":          {prefix: "Scope"},
+	"RevokedAPIKey.scopes[]":      {prefix: "Scope"},
 	"NewWebhook.events[]":         {prefix: "Event"},
 	"RotatedWebhook.events[]":     {prefix: "Event"},
 }

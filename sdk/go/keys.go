@@ -119,7 +119,7 @@ type RevokedAPIKey struct {
 	// revoked before). Keys revoked before are not listed; empty when
 	// none was live. A retry (the first answer lost) lists the keys the
 	// first call took again (a server of migration 0074 or later).
-	MintedRevoked []string `json:"minted_revoked"`
+	MintedRevoked []string `json:"minted_revoked,omitempty"`
 }
 
 // RevokeKeyWithMinted revokes a key found compromised and, at once (one
