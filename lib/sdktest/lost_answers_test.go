@@ -215,3 +215,43 @@ DROP FUNCTION register_end_at_commit(); DROP SEQUENCE register_once`)
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// A resolve sent without an Attempt whose answer is lost, retried by the
+// SDK after the resolve to failed freed the key, the key was begun again
+// and that attempt's lease lapsed, must not settle the new attempt, which
+// nobody verified (retry QA: the retry resolved attempt 2 failed, and the
+// next begin would run the action a third time though attempt 2 may have
+// happened). The SDK names the attempt it read unknown, so the retry is
+// refused, saying the first landed.
+func TestResolveRetriedAfterTheKeyRanAgainSettlesOnlyItsAttempt(t *testing.T) {
+	t.Parallel()
+	clock := apitest.NewClock(time.Now().UTC().Truncate(24 * time.Hour).Add(12 * time.Hour))
+	b := setup(t, apitest.WithNow(clock.Now))
+	ctx := context.Background()
+	agent := b.client(t, b.env.Key(b.ws, map[string]any{"name": "agent2", "preset": "AGENT"}), nil)
+	r := req("email.send", "lost-resolve:1")
+	first, err := agent.Begin(ctx, r)
+	require.NoError(t, err)
+	require.Equal(t, ratchet.DecisionExecute, first.Decision)
+	clock.Add(61 * time.Second) // attempt 1 lapses: indeterminate
+
+	operator, lose := b.losingClient(t, b.ws.Key, "/resolve")
+	lose.lost = func() {
+		// While the resolve's answer is lost: the key runs again and that
+		// attempt lapses too.
+		again, err := agent.Begin(ctx, r)
+		require.NoError(t, err)
+		require.Equal(t, ratchet.DecisionExecute, again.Decision)
+		require.Equal(t, 2, again.Attempt)
+		clock.Add(61 * time.Second)
+	}
+	_, err = operator.ResolveEffect(ctx, first.EffectID, ratchet.ResolveRequest{Outcome: ratchet.OutcomeFailed})
+	require.True(t, ratchet.IsCode(err, ratchet.CodeInvalidState), "%v", err)
+	require.EqualValues(t, 2, lose.seen.Load(), "the lost resolve and its retry")
+	eff, err := b.operator.GetEffect(ctx, first.EffectID)
+	require.NoError(t, err)
+	require.Equal(t, ratchet.EffectIndeterminate, eff.State, "attempt 2 is still unknown")
+	require.Len(t, eff.Attempts, 2)
+	require.Equal(t, ratchet.OutcomeFailed, *eff.Attempts[0].Outcome)
+	require.Equal(t, "indeterminate", *eff.Attempts[1].Outcome)
+}

@@ -23,17 +23,46 @@ type ResolveRequest struct {
 	// nothing, its detail naming unresolved_attempt. Send it, so a resolve
 	// retried after its answer was lost can never settle a later attempt
 	// (one begun after a resolve to failed freed the key) nobody checked.
-	// 0 sends none: the resolve settles whatever is unknown when it lands.
+	// 0 lets ResolveEffect name it: it reads the effect first and sends
+	// its latest attempt whose outcome reads indeterminate (none when no
+	// attempt does, or when the key may not read effects: the resolve then
+	// settles whatever is unknown when it lands).
 	Attempt int `json:"attempt,omitempty"`
+}
+
+// latestUnknown is the latest of e's attempts whose outcome reads
+// indeterminate, 0 for none: the attempt a resolve of e settles now.
+func latestUnknown(e *Effect) int {
+	latest := 0
+	for _, a := range e.Attempts {
+		if a.Outcome != nil && *a.Outcome == EffectIndeterminate && a.Attempt > latest {
+			latest = a.Attempt
+		}
+	}
+	return latest
 }
 
 // ResolveEffect records the outcome of an indeterminate effect (POST
 // /api/v1/effects/{id}/resolve, scope effects:resolve) and unblocks its key.
-// It is retried through transient failures: a repeat by the same key with
+// Without req.Attempt it reads the effect first (GET, scope effects:read)
+// to name the attempt unknown now. It is retried through transient failures: a repeat by the same key with
 // the same outcome answers the effect as resolved; another outcome, or an
 // effect another key resolved, answers 409 invalid_state, and so does a
 // resolve whose Attempt is not the one unknown now.
 func (c *Client) ResolveEffect(ctx context.Context, effectID string, req ResolveRequest) (*Effect, error) {
+	if req.Attempt == 0 {
+		// The call is retried: a repeat that landed after the resolve to
+		// failed freed the key, the key ran again and that attempt's
+		// outcome turned unknown would settle that attempt, which nobody
+		// verified (retry QA). Named, the repeat is refused instead.
+		e, err := c.GetEffect(ctx, effectID)
+		switch {
+		case err == nil:
+			req.Attempt = latestUnknown(e)
+		case !IsCode(err, CodeForbidden):
+			return nil, err
+		}
+	}
 	var out Effect
 	if err := c.do(ctx, "POST", "/effects/"+pathID(effectID)+"/resolve", req, &out, idempotent); err != nil {
 		return nil, err
