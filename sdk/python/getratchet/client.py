@@ -404,7 +404,10 @@ class Ratchet:
         effect's latest attempt whose outcome reads "indeterminate", as
         read): sent, the resolve applies only to it, and naming another is
         409 invalid_state (detail["unresolved_attempt"] names the one
-        unknown now), so a retried resolve never settles a later attempt."""
+        unknown now), so a retried resolve never settles a later attempt.
+        Left None, the effect is read first (scope effects:read) and its
+        latest attempt reading "indeterminate" is sent (none when no attempt
+        does, or the key may not read effects)."""
         if outcome not in ("succeeded", "failed"):
             raise ValueError("ratchet: resolve_effect needs outcome 'succeeded' or 'failed'")
         body: Dict[str, Any] = {"outcome": outcome}
@@ -412,6 +415,16 @@ class Ratchet:
             body["result"] = result
         if note is not None:
             body["note"] = note
+        if attempt is None:
+            # The call is retried: without attempt, a repeat landing after
+            # the resolve to failed freed the key, the key ran again and that
+            # attempt lapsed would settle that unverified attempt (retry QA).
+            # Name the attempt unknown now (none if the key may not read).
+            try:
+                attempt = _latest_unknown(self.get_effect(effect_id, timeout=timeout))
+            except RatchetError as err:
+                if err.code != "forbidden":
+                    raise
         if attempt is not None:
             body["attempt"] = attempt
         answer = self._transport.call("POST", "/effects/" + path_id(effect_id) + "/resolve", body, safe=True,
@@ -1364,6 +1377,13 @@ def _check_action(action: Any, name: str, in_loop: bool) -> None:
     if in_loop and is_async(action):
         raise TypeError(f"ratchet: {name} cannot await an async action in a thread that runs an event loop "
                         "without blocking it: use `await client.do_effect_async(...)`")
+
+
+def _latest_unknown(effect: Effect) -> Optional[int]:
+    """The latest of effect's attempts whose outcome reads indeterminate:
+    the attempt a resolve settles now (None for none)."""
+    unknown = [a["attempt"] for a in effect.get("attempts") or [] if a.get("outcome") == "indeterminate"]
+    return max(unknown) if unknown else None
 
 
 def _query(**params: Any) -> str:

@@ -3455,11 +3455,25 @@ class OperatorCallsTest(unittest.TestCase):
     def test_a_resolve_sends_its_attempt_only_when_given(self) -> None:
         # Resolve QA: a resolve names the attempt verified, so a retry can
         # never settle a later one; left out, the body is as before.
-        client, server = self.client([(200, {}, {})] * 2)
+        client, server = self.client([(200, {}, {})] * 3)
         client.resolve_effect("eff_1", "failed", note="n", attempt=2)
         client.resolve_effect("eff_1", "succeeded")
         self.assertEqual([body for _, _, _, body in server.seen],
-                         [{"outcome": "failed", "note": "n", "attempt": 2}, {"outcome": "succeeded"}])
+                         [{"outcome": "failed", "note": "n", "attempt": 2}, None, {"outcome": "succeeded"}])
+
+    def test_a_resolve_without_attempt_names_the_unknown_one(self) -> None:
+        # Retry QA: a resolve is retried; without an attempt a repeat could
+        # settle a later attempt nobody verified, so the attempt unknown now
+        # is read and sent (none when the key may not read effects).
+        effect = {"id": "eff_1", "attempts": [{"attempt": 1, "outcome": "indeterminate"},
+                                              {"attempt": 2, "outcome": "failed"}]}
+        client, server = self.client([(200, effect, {}), (200, {}, {}),
+                                      (403, {"error": {"code": "forbidden", "message": "m"}}, {}), (200, {}, {})])
+        client.resolve_effect("eff_1", "failed")
+        client.resolve_effect("eff_1", "failed")
+        self.assertEqual([(method, body) for method, _, _, body in server.seen],
+                         [("GET", None), ("POST", {"outcome": "failed", "attempt": 1}),
+                          ("GET", None), ("POST", {"outcome": "failed"})])
 
     def test_a_batch_answer_naming_other_jobs_is_asked_again(self) -> None:
         # Parity QA: Go failed report_jobs on a result in a slot naming

@@ -243,9 +243,23 @@ export class Ratchet {
    * Repeating the same resolve answers the effect, so it is retried.
    * attempt, the attempt verified (the effect's latest whose outcome reads
    * 'indeterminate'), makes it apply only to that attempt: naming another
-   * is 409 invalid_state, so a retried resolve never settles a later one. */
+   * is 409 invalid_state, so a retried resolve never settles a later one.
+   * Left out, the effect is read first (scope effects:read) and its latest
+   * attempt reading 'indeterminate' is sent (none when no attempt does, or
+   * the key may not read effects). */
   async resolveEffect(effectId, { outcome, result, note, attempt } = {}, options) {
     if (outcome !== 'succeeded' && outcome !== 'failed') throw new TypeError("ratchet: resolveEffect needs outcome 'succeeded' or 'failed'");
+    if (attempt === undefined) {
+      // The call is retried: without attempt, a repeat landing after the
+      // resolve to failed freed the key, the key ran again and that attempt
+      // lapsed would settle that unverified attempt (retry QA). Name the
+      // attempt unknown now (none when the key may not read effects).
+      try {
+        attempt = latestUnknown(await this.getEffect(effectId, options));
+      } catch (err) {
+        if (!(err instanceof RatchetError) || err.code !== 'forbidden') throw err;
+      }
+    }
     return this.#transport.call('POST', `/effects/${pathId(effectId)}/resolve`, { outcome, ...defined({ result, note, attempt }) }, { ...perCall(options), safe: true });
   }
 
@@ -930,4 +944,14 @@ function placeholderReason(recorded) {
 /** A job report's body, leaving out what was not given. */
 function jobReport(leaseToken, status, output, error) {
   return { leaseToken, status, ...defined({ output, error }) };
+}
+
+// latestUnknown is the latest of effect's attempts whose outcome reads
+// indeterminate: the attempt a resolve settles now (undefined for none).
+function latestUnknown(effect) {
+  let latest;
+  for (const a of effect?.attempts ?? []) {
+    if (a.outcome === 'indeterminate' && (latest === undefined || a.attempt > latest)) latest = a.attempt;
+  }
+  return latest;
 }

@@ -448,7 +448,10 @@ export interface ResolveRequest {
   /** The attempt verified: the effect's latest attempt whose outcome reads
    * 'indeterminate', as read. Sent, the resolve applies only to it; naming
    * another is 409 invalid_state (detail.unresolved_attempt names the one
-   * unknown now), so a retried resolve never settles a later attempt. */
+   * unknown now), so a retried resolve never settles a later attempt.
+   * Left out, resolveEffect reads the effect first and sends its latest
+   * attempt reading 'indeterminate' (none when no attempt does, or the key
+   * may not read effects). */
   attempt?: number | undefined;
 }
 

@@ -2752,9 +2752,22 @@ test('a stop gives a handler ignoring a lost lease or a cancel its deadline, the
 // Resolve QA: a resolve names the attempt verified, so a retry can never
 // settle a later one; left out, the body is as before.
 test('a resolve sends its attempt only when given', async (t) => {
-  const server = await fakeServer(t, [[200, {}], [200, {}]]);
+  const server = await fakeServer(t, [[200, {}], [200, {}], [200, {}]]);
   const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
   await client.resolveEffect('eff_1', { outcome: 'failed', note: 'n', attempt: 2 });
   await client.resolveEffect('eff_1', { outcome: 'succeeded' });
-  assert.deepEqual(server.seen.map((s) => s.body), [{ outcome: 'failed', note: 'n', attempt: 2 }, { outcome: 'succeeded' }]);
+  assert.deepEqual(server.seen.map((s) => s.body), [{ outcome: 'failed', note: 'n', attempt: 2 }, undefined, { outcome: 'succeeded' }]);
+});
+
+// Retry QA: a resolve is retried; without an attempt a repeat could settle
+// a later attempt nobody verified, so the attempt unknown now is read and
+// sent (none when the key may not read effects).
+test('a resolve without attempt names the unknown one', async (t) => {
+  const effect = { id: 'eff_1', attempts: [{ attempt: 1, outcome: 'indeterminate' }, { attempt: 2, outcome: 'failed' }] };
+  const server = await fakeServer(t, [[200, effect], [200, {}], [403, { error: { code: 'forbidden', message: 'm' } }], [200, {}]]);
+  const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
+  await client.resolveEffect('eff_1', { outcome: 'failed' });
+  await client.resolveEffect('eff_1', { outcome: 'failed' });
+  assert.deepEqual(server.seen.map((s) => [s.method, s.body]), [['GET', undefined], ['POST', { outcome: 'failed', attempt: 1 }],
+    ['GET', undefined], ['POST', { outcome: 'failed' }]]);
 });
