@@ -221,7 +221,7 @@ func TestTheKeysErasuresReadTheLinkedAnswersOnly(t *testing.T) {
 		INSERT INTO api_keys (id, workspace_id, name, secret_hash, scopes, created_at, revoked_at)
 		SELECT 'key_plan' || g, 'ws_plan', 'k', '\x00', '{effects:begin}', now(), now()
 		FROM generate_series(1000, 20000, 1000) g`, map[string]apitest.Statement{
-		"revoke":  {SQL: auth.SQLRevoke, Args: []any{[]string{"key_plan1000"}, time.Now()}},
+		"revoke":  {SQL: auth.SQLRevoke, Args: []any{[]string{"key_plan1000"}, time.Now(), "key_plan1000"}},
 		"sweeper": {SQL: auth.SQLEraseRevokedAnswers, Args: []any{1000}},
 	})
 }
