@@ -624,8 +624,9 @@ type RevokedKey struct {
 // each key revoked (the caller holds its scopes, covers its tools when it
 // has jobs:work), and the workspace keeps a root key: a key of the tree
 // that fails one refuses the whole revoke, naming it in detail.key_id, and
-// nothing is revoked. Sent again, it answers the key as RevokeKey does and
-// revokes any of the tree still live.
+// nothing is revoked. Sent again, it answers the key as RevokeKey does,
+// lists again the keys an earlier revoke of its tree took (revoked_with_key_id,
+// migration 0074) and revokes any of the tree still live.
 func (s *Service) RevokeKeyTree(ctx context.Context, p *Principal, keyID string) (RevokedKey, error) {
 	k, minted, err := s.revoke(ctx, p, keyID, true)
 	if err != nil {

@@ -88,8 +88,8 @@ func mintedRevoked(t *testing.T, r *apitest.Response) []string {
 // ids revoked with it, sorted; a sibling outside the tree and another
 // workspace's keys are untouched, and each key revoked has its create's
 // kept answer, which showed its secret, erased (as a revoke erases its
-// key's). Sent again, it answers the key as a revoke sent again does,
-// minted_revoked empty; a key revoked alone before is answered as it was,
+// key's). Sent again, it answers what the first did, byte for byte, the
+// keys it took listed again; a key revoked alone before is answered as it was,
 // its live tree revoked.
 func TestARevokeWithMintedRevokesTheTree(t *testing.T) {
 	t.Parallel()
