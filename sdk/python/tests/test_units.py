@@ -3475,6 +3475,17 @@ class OperatorCallsTest(unittest.TestCase):
                          [("GET", None), ("POST", {"outcome": "failed", "attempt": 1}),
                           ("GET", None), ("POST", {"outcome": "failed"})])
 
+    def test_a_resolve_whose_read_fails_otherwise_sends_nothing(self) -> None:
+        # Only a 403 (the key may not read effects) lets the resolve go
+        # without an attempt; any other failed read (here the effect is not
+        # found) fails the call before a resolve that could settle an
+        # attempt nobody named is sent.
+        client, server = self.client([(404, {"error": {"code": "not_found", "message": "m"}}, {})])
+        with self.assertRaises(RatchetError) as caught:
+            client.resolve_effect("eff_1", "failed")
+        self.assertEqual(caught.exception.code, "not_found")
+        self.assertEqual([method for method, _, _, _ in server.seen], ["GET"])
+
     def test_a_batch_answer_naming_other_jobs_is_asked_again(self) -> None:
         # Parity QA: Go failed report_jobs on a result in a slot naming
         # another job; the worker gave up only that report. An answer that

@@ -2771,3 +2771,13 @@ test('a resolve without attempt names the unknown one', async (t) => {
   assert.deepEqual(server.seen.map((s) => [s.method, s.body]), [['GET', undefined], ['POST', { outcome: 'failed', attempt: 1 }],
     ['GET', undefined], ['POST', { outcome: 'failed' }]]);
 });
+
+// Only a 403 (the key may not read effects) lets the resolve go without an
+// attempt; any other failed read (here the effect is not found) fails the
+// call before a resolve that could settle an attempt nobody named is sent.
+test('a resolve whose read fails otherwise sends nothing', async (t) => {
+  const server = await fakeServer(t, [[404, { error: { code: 'not_found', message: 'm' } }]]);
+  const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
+  await assert.rejects(client.resolveEffect('eff_1', { outcome: 'failed' }), (err) => err.code === 'not_found');
+  assert.deepEqual(server.seen.map((s) => s.method), ['GET']);
+});
