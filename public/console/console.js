@@ -440,10 +440,13 @@ async function call(method, path, body, extraHeaders) {
 		const named = [].concat(Array.isArray(e.detail && e.detail.required) ? e.detail.required : [], Array.isArray(e.detail && e.detail.any_of) ? e.detail.any_of : []);
 		for (const s of named) scopesKnown().lacking.add(String(s));
 	}
-	if (res.status === 401 && k) {
+	if (res.status === 401 && k && k === key()) {
 		// The key was revoked or mistyped: forget it and ask again, on the
 		// page the operator was on, so that signing in with another key
-		// returns there (console QA: it went to the start).
+		// returns there (console QA: it went to the start). Only while it
+		// is still the signed-in one (review: a refusal of a key signed
+		// out since, its page still loading, signed out the key signed in
+		// after it).
 		signOut('The service refused this key (revoked, or mistyped). Sign in again.', true);
 	}
 	throw err;
