@@ -53,3 +53,36 @@ func TestEveryResponseSaysNoSniff(t *testing.T) {
 	httpapi.WriteOutsideError(w, apierr.Unauthorized("no"))
 	require.Equal(t, "nosniff", w.Header().Get("X-Content-Type-Options"))
 }
+
+// TestSecretAnswersAreNotStored: the answers that show a secret once (a
+// workspace's key, a minted key, a subscription's signing secret, a
+// rotation's, and a rotation given again from its Idempotency-Key) say
+// Cache-Control: no-store, so neither a browser showing them in the
+// console nor a proxy keeps a copy; so does a refusal. Nothing held this
+// header before (console review).
+func TestSecretAnswersAreNotStored(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	signup := env.DoWith("POST", "/api/v1/workspaces", "", nil, map[string]any{"name": "no-store"})
+	require.Equal(t, http.StatusCreated, signup.Status, "%s", signup.Body)
+	key, _ := signup.JSON()["key"].(map[string]any)["secret"].(string)
+	minted := env.DoWith("POST", "/api/v1/keys", key, nil, map[string]any{"name": "k", "preset": "AGENT"})
+	hook := env.DoWith("POST", "/api/v1/webhooks", key, nil,
+		map[string]any{"url": "https://example.com/h", "events": []string{"run.finished"}})
+	hookID, _ := hook.JSON()["id"].(string)
+	rotate := func() *apitest.Response {
+		return env.DoWith("POST", "/api/v1/webhooks/"+hookID+"/rotate-secret", key,
+			http.Header{"Idempotency-Key": {"no-store-rotation"}}, map[string]any{})
+	}
+	rotated, again := rotate(), rotate()
+	require.Equal(t, "true", again.Header.Get(httpapi.ReplayedHeader), "given again from its Idempotency-Key")
+	for name, res := range map[string]*apitest.Response{"workspace": signup, "key": minted, "webhook": hook,
+		"rotation": rotated, "rotation again": again} {
+		require.Less(t, res.Status, 300, "%s: %s", name, res.Body)
+		require.Contains(t, string(res.Body), `"secret":"`, name)
+		require.Equal(t, "no-store", res.Header.Get("Cache-Control"), name)
+	}
+	refused := env.DoWith("GET", "/api/v1/keys", "", nil, nil)
+	require.Equal(t, http.StatusUnauthorized, refused.Status)
+	require.Equal(t, "no-store", refused.Header.Get("Cache-Control"))
+}
