@@ -111,10 +111,8 @@ func define[In any](name, description, needs string, route func(In) (method, pat
 var (
 	schemaPath    = regexp.MustCompile(`^(?:/properties/[A-Za-z0-9_]+)+$`)
 	schemaMissing = regexp.MustCompile(`^ missing properties: \[([^\]]*)\]`)
-	schemaRules   = map[string]string{"enum": "is not one of the allowed values", "type": "has the wrong type",
-		"minimum": "is below its minimum", "maximum": "is above its maximum",
-		"minLength": "is shorter than allowed", "maxLength": "is longer than allowed",
-		"pattern": "has characters or a form the tool does not take"}
+	// The rules the tool checks itself (urlArguments): REST checks the rest.
+	schemaRules = map[string]string{"enum": "is not one of the allowed values", "minLength": "is shorter than allowed"}
 )
 
 // schemaRefusal reads the leading chain of a schema refusal: the deepest
@@ -246,22 +244,34 @@ func argumentsError(err error) *mcp.CallToolResult {
 	return errorResult(e.Wire())
 }
 
-// urlArguments is schema restricted to the arguments of In tagged
-// mcp:"url": those that form the REST call's URL (an id or a decision in
-// its path, a list's filters), which only the tool can check (an empty id
-// would name another route, an empty filter would be dropped). The REST
-// route checks the rest.
+// urlArguments is what the tool itself checks of the arguments of In that
+// form the REST call's URL (tagged mcp:"url", or mcp:"route" for one whose
+// value names the route, the decision): what the URL could not carry to the
+// REST route. A required one must be given, and none may be empty (an
+// empty id would name another route, an empty filter would be dropped and
+// list every row); a route's name must be one of its values. Everything
+// else of them (a state filter's values, a limit's range, an effect type's
+// form) the REST route checks, as it checks the body's, so that it is
+// refused in REST's words with every problem of the call listed together
+// (MCP review: the schema answered "limit is below its minimum" where REST
+// answers "limit must be an integer from 1 to 200", and named only the
+// first of two bad filters). The tool's schema still states them all.
 func urlArguments(schema *jsonschema.Schema, t reflect.Type) *jsonschema.Schema {
 	out := &jsonschema.Schema{Type: "object", Properties: map[string]*jsonschema.Schema{}}
 	var walk func(reflect.Type)
 	walk = func(t reflect.Type) {
 		for f := range t.Fields() {
 			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
-			switch {
+			switch tag := f.Tag.Get("mcp"); {
 			case f.Anonymous && name == "":
 				walk(f.Type)
-			case f.Tag.Get("mcp") == "url":
-				out.Properties[name] = schema.Properties[name]
+			case tag == "url" || tag == "route":
+				p := schema.Properties[name]
+				checked := &jsonschema.Schema{MinLength: p.MinLength} // a string's only: a limit's is REST's
+				if tag == "route" {
+					checked.Enum = p.Enum
+				}
+				out.Properties[name] = checked
 				if slices.Contains(schema.Required, name) {
 					out.Required = append(out.Required, name)
 				}
@@ -429,7 +439,7 @@ type ListApprovalsInput struct {
 // DecideInput approves or rejects a held effect.
 type DecideInput struct {
 	ApprovalID string `json:"approval_id" mcp:"url"`
-	Decision   string `json:"decision" jsonschema:"approve or reject" mcp:"url"`
+	Decision   string `json:"decision" jsonschema:"approve or reject" mcp:"route"`
 	Note       string `json:"note,omitempty"`
 }
 
@@ -481,7 +491,7 @@ var tools = []tool{
 			q := in.params()
 			q["state"], q["effect_type"] = in.State, in.EffectType
 			return "GET", "/api/v1/effects" + query(q), nil
-		}, oneOf("state", anys(gate.States)...), nonEmpty("effect_type"), pageLimit, like[ListEffectsInput])),
+		}, oneOf("state", anys(gate.States)...), nonEmpty("state"), nonEmpty("effect_type"), pageLimit, like[ListEffectsInput])),
 	readOnly(define("ratchet_get_policy", "Read the policy that governs an effect type.", "policies:read",
 		func(in PolicyInput) (string, string, any) {
 			return "GET", "/api/v1/policies/" + pathEscape(in.EffectType), nil
@@ -491,7 +501,7 @@ var tools = []tool{
 			q := in.params()
 			q["state"] = in.State
 			return "GET", "/api/v1/approvals" + query(q), nil
-		}, oneOf("state", gate.ApprovalPending, gate.ApprovalApproved, gate.ApprovalRejected), pageLimit)),
+		}, oneOf("state", gate.ApprovalPending, gate.ApprovalApproved, gate.ApprovalRejected), nonEmpty("state"), pageLimit)),
 	idempotent(define("ratchet_decide_approval", "Approve or reject a held effect (operator keys only).", "approvals:write",
 		func(in DecideInput) (string, string, any) {
 			// The decision names the route: nothing but the exact words

@@ -322,6 +322,39 @@ func TestBodyArgumentsAreRefusedAsRESTRefusesThem(t *testing.T) {
 	}
 }
 
+// A URL argument's value (a list's filters and limit, a policy's effect
+// type) is refused by the REST route, in its words, every problem of the
+// call listed together, as the same value sent through REST is (MCP review:
+// the tool's schema answered "limit is below its minimum" and "state is not
+// one of the allowed values", and named only the first of two bad filters).
+func TestURLArgumentsAreRefusedAsRESTRefusesThem(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	cs := connect(t, mcpserver.New(mcpserver.HandlerCaller{Handler: env.App.Server}, "Bearer "+ws.Key))
+	for _, c := range []struct {
+		tool string
+		args map[string]any
+		path string
+	}{
+		{"ratchet_list_effects", map[string]any{"limit": 0}, "/api/v1/effects?limit=0"},
+		{"ratchet_list_effects", map[string]any{"limit": 201}, "/api/v1/effects?limit=201"},
+		{"ratchet_list_effects", map[string]any{"state": "bogus"}, "/api/v1/effects?state=bogus"},
+		{"ratchet_list_effects", map[string]any{"effect_type": "a b"}, "/api/v1/effects?effect_type=a+b"},
+		{"ratchet_list_effects", map[string]any{"state": "bogus", "effect_type": "a b", "limit": -1},
+			"/api/v1/effects?state=bogus&effect_type=a+b&limit=-1"},
+		{"ratchet_list_approvals", map[string]any{"state": "bogus", "limit": 500}, "/api/v1/approvals?state=bogus&limit=500"},
+		{"ratchet_get_policy", map[string]any{"effect_type": "a b"}, "/api/v1/policies/a%20b"},
+		{"ratchet_get_policy", map[string]any{"effect_type": strings.Repeat("x", 101)}, "/api/v1/policies/" + strings.Repeat("x", 101)},
+	} {
+		body, isErr := callJSON(t, cs, c.tool, c.args)
+		require.True(t, isErr, "%s %v", c.tool, c.args)
+		rest := env.Do("GET", c.path, ws.Key, nil)
+		require.Equal(t, http.StatusBadRequest, rest.Status, "%s: %s", c.path, rest.Body)
+		require.Equal(t, rest.JSON()["error"], body["error"], "%s %v", c.tool, c.args)
+	}
+}
+
 // ratchet_resolve passes attempt through: a resolve naming another attempt
 // than the unknown one is refused, naming that one, and changes nothing;
 // naming it, it is recorded (resolve QA: a retried resolve settled a later
