@@ -423,3 +423,32 @@ func TestAHeldLeaseIsGivenBackWhenNoBeginRejoinsIt(t *testing.T) {
 		}
 	}
 }
+
+// A begin without a request_id whose arguments name a member twice is
+// refused by the tool as the HTTP endpoint and REST refuse it, and acts on
+// nothing: sent under a request_id of the binary's own, its arguments were
+// re-encoded, which kept the last of the two and passed a begin of it on
+// (MCP review: granted execute where the HTTP endpoint answers
+// invalid_request; README has the arguments passed on as sent).
+func TestABeginNamingAnArgumentTwiceIsRefusedAsSent(t *testing.T) {
+	b := startStdioBinary(t)
+	b.release() // no answer held
+	b.send(`{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"ratchet_begin",` +
+		`"arguments":{"effect_type":"payment.charge","effect_type":"email.send","idempotency_key":"dup1"}}}`)
+	var answer struct {
+		Result struct {
+			IsError    bool `json:"isError"`
+			Structured struct {
+				Error struct {
+					Code string `json:"code"`
+				} `json:"error"`
+			} `json:"structuredContent"`
+		} `json:"result"`
+	}
+	line := b.waitFor("7")
+	require.NoError(t, json.Unmarshal([]byte(line), &answer), line)
+	require.True(t, answer.Result.IsError, line)
+	require.Equal(t, "invalid_request", answer.Result.Structured.Error.Code, line)
+	require.Empty(t, b.env.Must(http.StatusOK, "GET", "/api/v1/effects", b.operator, nil).JSON()["data"])
+	b.end()
+}

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"time"
 
+	"github.com/getratchet/ratchet/lib/jsonstrict"
 	"github.com/getratchet/ratchet/lib/mcpserver"
 )
 
@@ -51,15 +52,22 @@ type heldLease struct {
 // is held.
 func (d *drainingPipes) underRequestID(line []byte, params json.RawMessage, r *request) []byte {
 	var call struct {
-		Arguments struct {
-			EffectType     string `json:"effect_type"`
-			IdempotencyKey string `json:"idempotency_key"`
-		} `json:"arguments"`
+		Arguments json.RawMessage `json:"arguments"`
 	}
-	if json.Unmarshal(params, &call) != nil || call.Arguments.EffectType == "" || call.Arguments.IdempotencyKey == "" {
+	var args struct {
+		EffectType     string `json:"effect_type"`
+		IdempotencyKey string `json:"idempotency_key"`
+	}
+	// Arguments the tool refuses as REST refuses a body are passed on as
+	// sent: re-encoded (withRequestID), a member named twice was folded
+	// into its last, and the begin ran where the tool refuses it (MCP
+	// review: granted execute, where the HTTP endpoint answers
+	// invalid_request).
+	if json.Unmarshal(params, &call) != nil || jsonstrict.Check(call.Arguments, nil) != nil ||
+		json.Unmarshal(call.Arguments, &args) != nil || args.EffectType == "" || args.IdempotencyKey == "" {
 		return line // refused by the tool: nothing to rejoin
 	}
-	key := beginKey{call.Arguments.EffectType, call.Arguments.IdempotencyKey}
+	key := beginKey{args.EffectType, args.IdempotencyKey}
 	h := d.held[key]
 	var id string
 	if h != nil {
