@@ -196,6 +196,13 @@ func (d *drainingPipes) admit(line []byte) {
 		return
 	}
 	req, _ := msg.(*jsonrpc.Request)
+	if req != nil && !req.ID.IsValid() && mcpserver.NeedsID(req.Method) {
+		// A request without an id (none, or null): the SDK took it for a
+		// notification and left it unanswered, the client waiting for
+		// good; refused as the HTTP endpoint refuses it (MCP review).
+		d.refuseWithID(nil, jsonrpc.CodeInvalidRequest, mcpserver.MissingIDMessage(req.Method))
+		return
+	}
 	if req != nil && !req.ID.IsValid() && req.Method == "notifications/cancelled" {
 		// Marked before the SDK, which cancels the request's handler,
 		// reads it: any answer written after this is the cancelled one's.

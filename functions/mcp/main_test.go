@@ -91,7 +91,18 @@ func TestLinesAreAdmittedOrRefused(t *testing.T) {
 		{`{"jsonrpc":"2.0","id":"a\u0062","method":"ping"}`, []string{"string:ab"}, ""},
 		{`{"jsonrpc":"2.0","id":1.0,"method":"ping"}`, []string{"int64:1"}, ""},
 		{`{"jsonrpc":"2.0","method":"notifications/initialized"}`, nil, ""},
-		{`{"jsonrpc":"2.0","ID":7,"method":"tools/list"}`, nil, ""}, // a notification to the SDK
+		// A request without an id, which the SDK took for a notification
+		// and left unanswered (MCP review): refused, as the HTTP endpoint
+		// refuses it. "ID" is not "id" to the SDK.
+		{`{"jsonrpc":"2.0","ID":7,"method":"tools/list"}`, nil,
+			`{"error":{"code":-32600,"message":"invalid request: missing id for \"tools/list\""},"id":null,"jsonrpc":"2.0"}`},
+		{`{"jsonrpc":"2.0","id":null,"method":"ping"}`, nil,
+			`{"error":{"code":-32600,"message":"invalid request: missing id for \"ping\""},"id":null,"jsonrpc":"2.0"}`},
+		{`{"jsonrpc":"2.0","method":"tools/call","params":{"name":"ratchet_begin","arguments":{}}}`, nil,
+			`{"error":{"code":-32600,"message":"invalid request: missing id for \"tools/call\""},"id":null,"jsonrpc":"2.0"}`},
+		{`{"jsonrpc":"2.0","id":null,"method":"resources/list"}`, nil,
+			`{"error":{"code":-32600,"message":"invalid request: missing id for \"…\""},"id":null,"jsonrpc":"2.0"}`},
+		{`{"jsonrpc":"2.0","id":null,"method":"x/unknown"}`, nil, ""}, // a notification of a method no one serves
 		{`{"jsonrpc":"2.0","id":"a","result":{}}`, nil, ""},
 		{`{oops`, nil, `{"error":{"code":-32700,"message":"Parse error: the message is not JSON"},"id":null,"jsonrpc":"2.0"}`},
 		{`{"jsonrpc":"2.0","id":1}{"jsonrpc":"2.0","id":2}`, nil,

@@ -209,6 +209,23 @@ var servedMethods = map[string]bool{
 	"notifications/roots/list_changed": true,
 }
 
+// NeedsID reports whether method is one the server answers as a request
+// (the tools' own, ping and initialize, and those of the capabilities it
+// does not offer), which a message without an id (none, or null) cannot
+// be: the HTTP endpoint's transport refuses one (-32600, "missing id"),
+// where over stdio the SDK took it for a notification and left it
+// unanswered, the client waiting for good (MCP review).
+func NeedsID(method string) bool {
+	return (servedMethods[method] && !strings.HasPrefix(method, "notifications/")) || notOfferedMethod(method)
+}
+
+// MissingIDMessage is the message of the Invalid Request error refusing a
+// request of method without an id (NeedsID), as the HTTP endpoint's
+// transport words it.
+func MissingIDMessage(method string) string {
+	return QuietMessage(fmt.Sprintf("invalid request: missing id for %q", method), jsonrpc.CodeInvalidRequest)
+}
+
 // AnswerUnknown readies a body CheckEnvelope passed for the SDK's
 // transport, which refuses a whole batch holding one method it does not
 // know (MCP QA: 400 with id null, the batch's other requests neither run nor

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -549,3 +550,28 @@ type failures struct {
 }
 
 func (f *failures) Errorf(string, ...any) { f.failed = true }
+
+// A request without an id (none, or null) is refused by the endpoint's
+// transport with MissingIDMessage, which the stdio binary answers such a
+// line with (MCP review: over stdio it went unanswered); a notification of
+// a method no one serves is not a request.
+func TestARequestWithoutAnIDIsRefusedAsMissingID(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	key := env.Key(env.Signup(), map[string]any{"name": "agent", "preset": "AGENT"})
+	for method, body := range map[string]string{
+		"ping":           `{"jsonrpc":"2.0","method":"ping"}`,
+		"tools/call":     `{"jsonrpc":"2.0","id":null,"method":"tools/call","params":{"name":"ratchet_begin","arguments":{}}}`,
+		"tools/list":     `{"jsonrpc":"2.0","id":null,"method":"tools/list"}`,
+		"resources/list": `{"jsonrpc":"2.0","id":null,"method":"resources/list"}`,
+	} {
+		require.True(t, mcpserver.NeedsID(method), method)
+		status, out := postMCP(t, env, key, body)
+		require.Equal(t, http.StatusBadRequest, status, "%s: %s", body, out)
+		require.JSONEq(t, `{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":`+
+			strconv.Quote(mcpserver.MissingIDMessage(method))+`}}`, string(out), body)
+	}
+	for _, method := range []string{"notifications/initialized", "notifications/cancelled", "x/unknown"} {
+		require.False(t, mcpserver.NeedsID(method), method)
+	}
+}
