@@ -263,9 +263,17 @@ func nestsDeeperThan(doc []byte, max int) bool {
 }
 
 // pathEscape keeps user-supplied path segments inside their segment. A "."
-// or ".." id stays as it is: the router answers a dot segment 404, as any
-// id that names nothing.
-func pathEscape(s string) string { return url.PathEscape(s) }
+// or ".." is sent escaped (%2E), so that it reaches the REST route as the
+// value it is, answered in the route's words (an effect type refused by
+// REST's rule, an id "No such effect"), where a dot segment names no route
+// at all ("No such route"; MCP review: an effect type the tool's schema
+// refused reached it once the REST route checked the URL's values).
+func pathEscape(s string) string {
+	if s == "." || s == ".." {
+		return strings.ReplaceAll(s, ".", "%2E")
+	}
+	return url.PathEscape(s)
+}
 
 // CodeServerUnreachable is the code of a tool call the Ratchet server never
 // answered (the stdio binary could not reach it, or the connection failed):

@@ -346,6 +346,9 @@ func TestURLArgumentsAreRefusedAsRESTRefusesThem(t *testing.T) {
 		{"ratchet_list_approvals", map[string]any{"state": "bogus", "limit": 500}, "/api/v1/approvals?state=bogus&limit=500"},
 		{"ratchet_get_policy", map[string]any{"effect_type": "a b"}, "/api/v1/policies/a%20b"},
 		{"ratchet_get_policy", map[string]any{"effect_type": strings.Repeat("x", 101)}, "/api/v1/policies/" + strings.Repeat("x", 101)},
+		// A dot segment is sent escaped: it would name no route.
+		{"ratchet_get_policy", map[string]any{"effect_type": "."}, "/api/v1/policies/%2E"},
+		{"ratchet_get_policy", map[string]any{"effect_type": ".."}, "/api/v1/policies/%2E%2E"},
 	} {
 		body, isErr := callJSON(t, cs, c.tool, c.args)
 		require.True(t, isErr, "%s %v", c.tool, c.args)
