@@ -192,7 +192,7 @@ func (s *Service) prepare(p *auth.Principal, req BeginRequest) (*beginInput, err
 		// ungrouped effect it would promise an undo nothing performs.
 		pr.Add("compensation", "needs group_id: only an effect group's rollback uses it")
 	}
-	if req.RequestID != nil && (!idemkey.Valid(*req.RequestID) || len(*req.RequestID) < minRequestID) {
+	if req.RequestID != nil && (!idemkey.Valid(*req.RequestID) || utf8.RuneCountInString(*req.RequestID) < minRequestID) {
 		pr.Add("request_id", "must be 16-255 printable characters, random (a UUID, or 16 random bytes in hex), "+
 			"and the same in each retry of this request")
 	}
@@ -737,9 +737,9 @@ func precheckError(ev *eval) error {
 		strings.Join(ev.missingDimensions, ", ")).WithDetail("dimensions", ev.missingDimensions)
 }
 
-// minRequestID is the shortest request_id: one a caller could guess, or
-// that two callers could both choose, would let the second rejoin the
-// first's lease.
+// minRequestID is the shortest request_id, in characters as its schema's
+// minLength and its 255 counts them: one a caller could guess, or that two
+// callers could both choose, would let the second rejoin the first's lease.
 const minRequestID = 16
 
 // leaseToken is the token of an attempt begun by in: random, or, when the

@@ -637,7 +637,9 @@ func TestARetriedBeginGetsTheExecuteItsAnswerLost(t *testing.T) {
 	b.clock.Add(2 * time.Minute)
 	require.Equal(t, "blocked", b.begin(retry).JSON()["decision"])
 
-	for _, bad := range []string{"", "1", "fifteen-chars-x"} {
+	// Characters are counted, as the schema's minLength counts them: eight
+	// two-byte ones are sixteen bytes but eight characters (MCP QA).
+	for _, bad := range []string{"", "1", "fifteen-chars-x", strings.Repeat("é", 8)} {
 		errCode(t, b.begin(map[string]any{"effect_type": "email.send", "idempotency_key": key("bad"),
 			"request_id": bad}), http.StatusBadRequest, "invalid_request")
 	}
