@@ -27,6 +27,11 @@ func SetClaimInputBudget(s *Service, bytes int64) { s.claimInputBudget = bytes }
 // SettleRuns runs the sweeper's run-settling backstop once.
 func SettleRuns(s *Service, limit int) (int, error) { return s.settleRuns(context.Background(), limit) }
 
+// ReleaseStranded runs the sweeper's stranded-dependents backstop once.
+func ReleaseStranded(s *Service, limit int) (int, error) {
+	return s.releaseStranded(context.Background(), limit)
+}
+
 // LapseWait is how long a read waits for a held lapsed job.
 const LapseWait = lapseWait
 

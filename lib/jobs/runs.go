@@ -655,7 +655,8 @@ func (s *Service) FinishRun(ctx context.Context, workspaceID, runID string) (Run
 		} else if err != nil {
 			return fmt.Errorf("finish run: %w", err)
 		}
-		return s.settleRun(ctx, tx, runID)
+		_, err := s.settleRun(ctx, tx, runID)
+		return err
 	})
 	if err != nil {
 		return Run{}, err
@@ -1205,6 +1206,12 @@ func (s *Service) afterEnded(ctx context.Context, tx pgx.Tx, done []endedStep) e
 	if err != nil {
 		return err
 	}
+	return s.settleTouched(ctx, tx, runs)
+}
+
+// settleTouched checks the completion of the runs a release touched, in id
+// order.
+func (s *Service) settleTouched(ctx context.Context, tx pgx.Tx, runs map[string]bool) error {
 	for _, runID := range slices.Sorted(maps.Keys(runs)) {
 		if err := s.lockAndSettle(ctx, tx, runID, true); err != nil {
 			return err
@@ -1268,14 +1275,18 @@ func (s *Service) lockAndSettle(ctx context.Context, tx pgx.Tx, runID string, sh
 	if _, err := tx.Exec(ctx, sqlRunSettleExclusive, runID); err != nil {
 		return fmt.Errorf("lock run: %w", err)
 	}
-	return s.settleRun(ctx, tx, runID)
+	_, err := s.settleRun(ctx, tx, runID)
+	return err
 }
 
-func (s *Service) settleRun(ctx context.Context, tx pgx.Tx, runID string) error {
-	if _, err := tx.Exec(ctx, sqlSettleRun, runID, s.now(), ids.NewAt(ids.Event, s.now())); err != nil {
-		return fmt.Errorf("settle run: %w", err)
+// settleRun finishes the run if its steps decide it (sqlSettleRun), and
+// answers whether this call finished it.
+func (s *Service) settleRun(ctx context.Context, tx pgx.Tx, runID string) (bool, error) {
+	var n int
+	if err := tx.QueryRow(ctx, sqlSettleRun, runID, s.now(), ids.NewAt(ids.Event, s.now())).Scan(&n); err != nil {
+		return false, fmt.Errorf("settle run: %w", err)
 	}
-	return nil
+	return n > 0, nil
 }
 
 type event struct {

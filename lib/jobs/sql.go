@@ -314,7 +314,8 @@ UPDATE job_runs SET completion_requested = true WHERE id = $1::text AND workspac
 // sqlSettleRun finishes a run: FAILED as soon as a step is EXHAUSTED or
 // CANCELLED, whether or not its completion was requested (migration 0019);
 // SUCCEEDED once its completion was requested and every step ended well
-// (SKIPPED counts as well). It records run.finished once.
+// (SKIPPED counts as well). It records run.finished once, and answers
+// whether it finished the run (1) or found it finished or undecided (0).
 const sqlSettleRun = `
 WITH r AS (
     UPDATE job_runs r SET
@@ -323,12 +324,14 @@ WITH r AS (
         finished_at = $2::timestamptz
     WHERE r.id = $1::text AND r.status = 'RUNNING' AND ` + runDecided + `
     RETURNING r.id, r.workspace_id, r.status, r.reopened
+), evt AS (
+    INSERT INTO events (id, workspace_id, type, subject_id, data, created_at, dedupe_key)
+    SELECT $3::text, workspace_id, 'run.finished', id, jsonb_build_object('status', status), $2::timestamptz,
+           -- A run reopened by a replay finishes again: one event per finish.
+           CASE WHEN reopened = 0 THEN '' ELSE 'reopened:' || reopened END FROM r
+    ON CONFLICT DO NOTHING
 )
-INSERT INTO events (id, workspace_id, type, subject_id, data, created_at, dedupe_key)
-SELECT $3::text, workspace_id, 'run.finished', id, jsonb_build_object('status', status), $2::timestamptz,
-       -- A run reopened by a replay finishes again: one event per finish.
-       CASE WHEN reopened = 0 THEN '' ELSE 'reopened:' || reopened END FROM r
-ON CONFLICT DO NOTHING`
+SELECT count(*)::int FROM r`
 
 // runDecided says whether the steps of run r decide it (see sqlSettleRun).
 const runDecided = `(EXISTS (SELECT 1 FROM jobs WHERE run_id = r.id AND status IN ('EXHAUSTED', 'CANCELLED'))

@@ -196,50 +196,67 @@ func (s *Service) freeSlots(ctx context.Context, gates, free string, limit int, 
 }
 
 // releaseStranded releases WAITING steps whose dependency ended without a
-// request releasing them.
+// request releasing them. It answers how many of the dependencies it read
+// had dependents it released itself: a dependency a request or another
+// sweeper released while this one waited for its dependents' rows is not
+// counted again (sweeper review: the dependencies read were counted, so
+// two passes at once counted each release twice). Those it released
+// before an error count too.
 func (s *Service) releaseStranded(ctx context.Context, limit int) (int, error) {
-	rows, err := s.pool.Query(ctx, sqlStrandedDependents, limit)
-	if err != nil {
-		return 0, fmt.Errorf("stranded dependents: %w", err)
-	}
-	deps, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return 0, fmt.Errorf("stranded dependents: %w", err)
-	}
-	for _, d := range deps {
-		err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
+	return s.eachInTx(ctx, sqlStrandedDependents, limit, "stranded dependents",
+		func(tx pgx.Tx, dep string) (bool, error) {
 			// Passing the dependency as an "ended" frontier releases its
-			// dependents and settles their runs; its own status is not used.
-			return s.afterEnded(ctx, tx, []endedStep{{stepID: d}})
+			// dependents; its own status is not used. The runs touched
+			// are those of the steps it released.
+			runs, err := s.release(ctx, tx, []endedStep{{stepID: dep}}, true)
+			if err != nil {
+				return false, err
+			}
+			return len(runs) > 0, s.settleTouched(ctx, tx, runs)
 		})
-		if err != nil {
-			return 0, err
-		}
-	}
-	return len(deps), nil
 }
 
 // settleRuns completes runs whose completion was requested and whose steps
-// decided them, for the cases no request settled.
+// decided them, for the cases no request settled. It answers how many it
+// finished itself, not how many it read: one a request or another sweeper
+// finished while this one waited for its lock is not counted again
+// (sweeper review).
 func (s *Service) settleRuns(ctx context.Context, limit int) (int, error) {
-	rows, err := s.pool.Query(ctx, sqlRunsToSettle, limit)
+	return s.eachInTx(ctx, sqlRunsToSettle, limit, "runs to settle", func(tx pgx.Tx, id string) (bool, error) {
+		if _, err := tx.Exec(ctx, sqlRunLockExclusive, id); err != nil {
+			return false, fmt.Errorf("lock run: %w", err)
+		}
+		return s.settleRun(ctx, tx, id)
+	})
+}
+
+// eachInTx reads up to limit ids with pick (what names the read in its
+// error) and runs do on each in a transaction of its own, in order. It
+// answers how many do changed (true), those before a failing one included.
+func (s *Service) eachInTx(ctx context.Context, pick string, limit int, what string,
+	do func(tx pgx.Tx, id string) (bool, error)) (int, error) {
+	rows, err := s.pool.Query(ctx, pick, limit)
 	if err != nil {
-		return 0, fmt.Errorf("runs to settle: %w", err)
+		return 0, fmt.Errorf("%s: %w", what, err)
 	}
-	runs, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	picked, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		return 0, fmt.Errorf("runs to settle: %w", err)
+		return 0, fmt.Errorf("%s: %w", what, err)
 	}
-	for _, id := range runs {
+	n := 0
+	for _, id := range picked {
+		var changed bool
 		err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, sqlRunLockExclusive, id); err != nil {
-				return fmt.Errorf("lock run: %w", err)
-			}
-			return s.settleRun(ctx, tx, id)
+			var err error
+			changed, err = do(tx, id)
+			return err
 		})
 		if err != nil {
-			return 0, err
+			return n, err
+		}
+		if changed {
+			n++
 		}
 	}
-	return len(runs), nil
+	return n, nil
 }

@@ -1,0 +1,100 @@
+package jobs_test
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/jobs"
+)
+
+// Two sweepers settling and releasing at once (the local loop, the cron
+// route, the Lambda schedule) each count only what they changed: the
+// backstops counted the runs and dependencies they read, so two passes
+// that read the same one, the second waiting while the first settled or
+// released it, counted it twice (sweeper review). Each pass here waits,
+// behind a transaction that holds what it needs (the run's lock, the
+// dependent's row), until both have read the same record; the counts of
+// the two then add up to what changed in the database. Not parallel: the
+// backstops sweep every workspace.
+func TestConcurrentBackstopsCountEachChangeOnce(t *testing.T) {
+	b := setup(t)
+	pool := b.env.App.Pool
+
+	t.Run("jobs.run_completion", func(t *testing.T) {
+		runID := b.run(t)
+		st := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`"settle"`)})
+		// Its step ended and its completion was requested behind the
+		// service's back, as a crash between the two would leave it.
+		_, err := pool.Exec(ctx, `UPDATE jobs SET status = 'SUCCEEDED', finished_at = $2 WHERE step_id = $1`,
+			st.StepID, b.clock.Now())
+		require.NoError(t, err)
+		_, err = pool.Exec(ctx, `UPDATE job_runs SET completion_requested = true WHERE id = $1`, runID)
+		require.NoError(t, err)
+		changed := `SELECT count(*) FROM job_runs WHERE status <> 'RUNNING'`
+		sum, diff := concurrentPasses(t, pool, changed, func(tx pgx.Tx) {
+			_, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1::text, 0))`, runID)
+			require.NoError(t, err)
+		}, func() (int, error) { return jobs.SettleRuns(b.svc, 500) })
+		require.Equal(t, "SUCCEEDED", b.getRun(t, runID).Status)
+		require.Equal(t, 1, diff)
+		require.Equal(t, diff, sum, "the passes' counts against the runs settled")
+	})
+
+	t.Run("jobs.dependencies", func(t *testing.T) {
+		runID := b.run(t)
+		dep := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`"dep"`)})
+		waiting := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`"waiting"`),
+			AfterStepID: &dep.StepID, AfterStatus: ptr("SUCCEEDED")})
+		require.Equal(t, "WAITING", waiting.Status)
+		// Its dependency ended without releasing it, as a crash would leave it.
+		_, err := pool.Exec(ctx, `UPDATE jobs SET status = 'SUCCEEDED', finished_at = $2 WHERE step_id = $1`,
+			dep.StepID, b.clock.Now())
+		require.NoError(t, err)
+		changed := `SELECT -count(*) FROM jobs WHERE status = 'WAITING'`
+		sum, diff := concurrentPasses(t, pool, changed, func(tx pgx.Tx) {
+			_, err := tx.Exec(ctx, `SELECT 1 FROM jobs WHERE step_id = $1 FOR UPDATE`, waiting.StepID)
+			require.NoError(t, err)
+		}, func() (int, error) { return jobs.ReleaseStranded(b.svc, 500) })
+		require.Equal(t, 1, diff)
+		require.Equal(t, diff, sum, "the passes' counts against the dependencies released")
+	})
+}
+
+// concurrentPasses runs two passes of pass, each waiting for the locks a
+// transaction takes with hold, releases them, and answers the sum of the
+// passes' counts and how much the count changed read (database-wide)
+// changed meanwhile.
+func concurrentPasses(t *testing.T, pool *pgxpool.Pool, changed string, hold func(pgx.Tx),
+	pass func() (int, error)) (sum, diff int) {
+	t.Helper()
+	var before, after int
+	require.NoError(t, pool.QueryRow(ctx, changed).Scan(&before))
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	hold(tx)
+	waits := apitest.NewLockWaits(t, pool, apitest.BackendPID(t, tx))
+	counts := make([]int, 2)
+	errs := make([]error, 2)
+	dones := make([]chan struct{}, 2)
+	for i := range dones {
+		dones[i] = make(chan struct{})
+		go func() {
+			defer close(dones[i])
+			counts[i], errs[i] = pass()
+		}()
+		waits.Waiting(dones[i], "each pass waits for the held lock")
+	}
+	require.NoError(t, tx.Commit(ctx))
+	for i, done := range dones {
+		<-done
+		require.NoError(t, errs[i])
+	}
+	require.NoError(t, pool.QueryRow(ctx, changed).Scan(&after))
+	return counts[0] + counts[1], after - before
+}
