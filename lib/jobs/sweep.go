@@ -2,6 +2,7 @@ package jobs
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -24,17 +25,18 @@ const sweepBatch = 500
 // batch is short (sweep.Task.Batch).
 func (s *Service) SweepTasks() []sweep.Task {
 	return []sweep.Task{
+		// Its three backstops each run whatever the one before answered,
+		// and their errors are answered together: a lapsed last attempt
+		// whose ending fails on every pass (a statement timeout over a
+		// large backlog, say) must not keep lapsed leases with attempts
+		// left from being requeued, nor cancelled attempts' slots from
+		// being freed (sweeper review: the first error returned at once,
+		// and the other two never ran).
 		{Name: "jobs.lapsed_leases", Drains: true, Batch: s.batch, Run: func(ctx context.Context, _ time.Time) (int, error) {
-			ended, err := s.exhaustLapsed(ctx, nil, s.sweepBatch)
-			if err != nil {
-				return ended, err
-			}
-			requeued, err := s.requeueLapsed(ctx, s.sweepBatch)
-			if err != nil {
-				return ended + requeued, err
-			}
-			freed, err := s.releaseHeldSlots(ctx, s.sweepBatch)
-			return ended + requeued + freed, err
+			ended, errEnd := s.exhaustLapsed(ctx, nil, s.sweepBatch)
+			requeued, errRequeue := s.requeueLapsed(ctx, s.sweepBatch)
+			freed, errFree := s.releaseHeldSlots(ctx, s.sweepBatch)
+			return ended + requeued + freed, errors.Join(errEnd, errRequeue, errFree)
 		}},
 		{Name: "jobs.dependencies", Drains: true, Batch: s.batch, Run: func(ctx context.Context, _ time.Time) (int, error) {
 			return s.releaseStranded(ctx, s.sweepBatch)

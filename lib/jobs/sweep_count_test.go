@@ -3,6 +3,7 @@ package jobs_test
 import (
 	"encoding/json"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/jobs"
+	"github.com/getratchet/ratchet/lib/sweep"
 )
 
 // Two sweepers settling and releasing at once (the local loop, the cron
@@ -97,4 +99,60 @@ func concurrentPasses(t *testing.T, pool *pgxpool.Pool, changed string, hold fun
 	}
 	require.NoError(t, pool.QueryRow(ctx, changed).Scan(&after))
 	return counts[0] + counts[1], after - before
+}
+
+// The lapsed-lease backstop's three parts each run whatever the one before
+// answered: a lapsed last attempt whose ending fails (here a trigger
+// refuses it, as a statement timeout over a large backlog would on every
+// pass) keeps neither a lapsed lease with attempts left from being
+// requeued nor the task's error from being answered (sweeper review: the
+// requeue never ran). Not parallel: the backstop sweeps every workspace,
+// and the trigger is on the package database's jobs.
+func TestLapsedBackstopRequeuesWhenEndingALastAttemptFails(t *testing.T) {
+	b := setup(t)
+	run := b.run(t)
+	last := b.enqueue(t, run, jobs.EnqueueRequest{Input: json.RawMessage(`"last"`), MaxAttempts: ptr[int64](1),
+		TimeoutMs: ptr[int64](1_000)})
+	again := b.enqueue(t, run, jobs.EnqueueRequest{Input: json.RawMessage(`"again"`), MaxAttempts: ptr[int64](3),
+		TimeoutMs: ptr[int64](1_000)})
+	w := b.register(t)
+	require.Len(t, b.claim(t, w, 2), 2)
+	b.clock.Add(11*time.Second + jobs.RequeueLapsedAfter + time.Second)
+	var lastJob string
+	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT id FROM jobs WHERE step_id = $1`, last.StepID).Scan(&lastJob))
+	conn, err := pgx.Connect(ctx, apitest.DatabaseURL(t))
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, err := conn.Exec(ctx, `DROP TRIGGER IF EXISTS test_refuse_exhaust ON jobs;
+			DROP FUNCTION IF EXISTS test_refuse_exhaust()`)
+		require.NoError(t, err)
+		require.NoError(t, conn.Close(ctx))
+	})
+	_, err = conn.Exec(ctx, `
+		CREATE FUNCTION test_refuse_exhaust() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+		    RAISE EXCEPTION 'test_refuse_exhaust: the test fails this ending';
+		END $$;
+		CREATE TRIGGER test_refuse_exhaust BEFORE UPDATE ON jobs FOR EACH ROW
+		    WHEN (OLD.id = '`+lastJob+`' AND NEW.status = 'EXHAUSTED')
+		    EXECUTE FUNCTION test_refuse_exhaust();`)
+	require.NoError(t, err)
+
+	var task sweep.Task
+	for _, tk := range b.svc.SweepTasks() {
+		if tk.Name == "jobs.lapsed_leases" {
+			task = tk
+		}
+	}
+	n, err := task.Run(ctx, b.clock.Now())
+	require.ErrorContains(t, err, "exhaust lapsed", "the failed ending is answered")
+	require.GreaterOrEqual(t, n, 1)
+	// Read from the table: a read of the run's steps would end the lapsed
+	// last attempt itself, and meet the trigger.
+	status := func(stepID string) (s string) {
+		require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT status FROM jobs WHERE step_id = $1`, stepID).Scan(&s))
+		return s
+	}
+	require.Equal(t, "QUEUED", status(again.StepID), "requeued though the ending before it failed")
+	require.Equal(t, "RUNNING", status(last.StepID))
 }
