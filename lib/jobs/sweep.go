@@ -92,13 +92,16 @@ func (s *Service) PurgeRetired(ctx context.Context, cutoff time.Time, limit int)
 		return nil
 	})
 	if err != nil {
-		return 0, fmt.Errorf("purge runs: %w", err)
+		runs, err = 0, fmt.Errorf("purge runs: %w", err)
 	}
-	tag, err := s.pool.Exec(ctx, sqlDeleteIdleWorkers, cutoff, limit)
-	if err != nil {
-		return runs, fmt.Errorf("purge workers: %w", err)
+	// Whatever the runs' purge answered: one failing on every pass (a
+	// statement timeout over a run of many steps, which goes whole) kept
+	// every idle worker registration for good (sweeper review).
+	tag, errWorkers := s.pool.Exec(ctx, sqlDeleteIdleWorkers, cutoff, limit)
+	if errWorkers != nil {
+		return runs, errors.Join(err, fmt.Errorf("purge workers: %w", errWorkers))
 	}
-	return runs + int(tag.RowsAffected()), nil
+	return runs + int(tag.RowsAffected()), err
 }
 
 // exhaustLapsed ends jobs whose lease lapsed on their last attempt (a lapsed
@@ -233,8 +236,12 @@ func (s *Service) settleRuns(ctx context.Context, limit int) (int, error) {
 }
 
 // eachInTx reads up to limit ids with pick (what names the read in its
-// error) and runs do on each in a transaction of its own, in order. It
-// answers how many do changed (true), those before a failing one included.
+// error) and runs do on each in a transaction of its own, in order. One
+// that fails does not stop those after it: the pick reads the same ones
+// first on every pass, so a record whose handling fails each time kept
+// every one behind it waiting for good (sweeper review). It answers how
+// many do changed (true), and the errors of those that failed, joined
+// (the first only once ctx ended: the rest would fail alike).
 func (s *Service) eachInTx(ctx context.Context, pick string, limit int, what string,
 	do func(tx pgx.Tx, id string) (bool, error)) (int, error) {
 	rows, err := s.pool.Query(ctx, pick, limit)
@@ -246,6 +253,7 @@ func (s *Service) eachInTx(ctx context.Context, pick string, limit int, what str
 		return 0, fmt.Errorf("%s: %w", what, err)
 	}
 	n := 0
+	var errs []error
 	for _, id := range picked {
 		var changed bool
 		err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
@@ -254,11 +262,15 @@ func (s *Service) eachInTx(ctx context.Context, pick string, limit int, what str
 			return err
 		})
 		if err != nil {
-			return n, err
+			errs = append(errs, err)
+			if ctx.Err() != nil {
+				break
+			}
+			continue
 		}
 		if changed {
 			n++
 		}
 	}
-	return n, nil
+	return n, errors.Join(errs...)
 }

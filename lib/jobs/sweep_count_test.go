@@ -2,6 +2,7 @@ package jobs_test
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -118,25 +119,7 @@ func TestLapsedBackstopRequeuesWhenEndingALastAttemptFails(t *testing.T) {
 	w := b.register(t)
 	require.Len(t, b.claim(t, w, 2), 2)
 	b.clock.Add(11*time.Second + jobs.RequeueLapsedAfter + time.Second)
-	var lastJob string
-	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT id FROM jobs WHERE step_id = $1`, last.StepID).Scan(&lastJob))
-	conn, err := pgx.Connect(ctx, apitest.DatabaseURL(t))
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		_, err := conn.Exec(ctx, `DROP TRIGGER IF EXISTS test_refuse_exhaust ON jobs;
-			DROP FUNCTION IF EXISTS test_refuse_exhaust()`)
-		require.NoError(t, err)
-		require.NoError(t, conn.Close(ctx))
-	})
-	_, err = conn.Exec(ctx, `
-		CREATE FUNCTION test_refuse_exhaust() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-		    RAISE EXCEPTION 'test_refuse_exhaust: the test fails this ending';
-		END $$;
-		CREATE TRIGGER test_refuse_exhaust BEFORE UPDATE ON jobs FOR EACH ROW
-		    WHEN (OLD.id = '`+lastJob+`' AND NEW.status = 'EXHAUSTED')
-		    EXECUTE FUNCTION test_refuse_exhaust();`)
-	require.NoError(t, err)
+	refuse(t, "BEFORE UPDATE ON jobs", "OLD.step_id = '"+last.StepID+"' AND NEW.status = 'EXHAUSTED'")
 
 	var task sweep.Task
 	for _, tk := range b.svc.SweepTasks() {
@@ -155,4 +138,78 @@ func TestLapsedBackstopRequeuesWhenEndingALastAttemptFails(t *testing.T) {
 	}
 	require.Equal(t, "QUEUED", status(again.StepID), "requeued though the ending before it failed")
 	require.Equal(t, "RUNNING", status(last.StepID))
+}
+
+// refuse makes the package database refuse, with an error, the row changes
+// event (a trigger's "BEFORE UPDATE ON jobs") of the rows when (a trigger's
+// condition on OLD and NEW), until the test ends.
+func refuse(t *testing.T, event, when string) {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, apitest.DatabaseURL(t))
+	require.NoError(t, err)
+	_, table, _ := strings.Cut(event, " ON ")
+	t.Cleanup(func() {
+		_, err := conn.Exec(ctx, `DROP TRIGGER IF EXISTS test_refuse ON `+table+`;
+			DROP FUNCTION IF EXISTS test_refuse()`)
+		require.NoError(t, err)
+		require.NoError(t, conn.Close(ctx))
+	})
+	_, err = conn.Exec(ctx, `
+		CREATE FUNCTION test_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+		    RAISE EXCEPTION 'test_refuse: the test refuses this change';
+		END $$;
+		CREATE TRIGGER test_refuse `+event+` FOR EACH ROW WHEN (`+when+`) EXECUTE FUNCTION test_refuse();`)
+	require.NoError(t, err)
+}
+
+// A run whose settling fails on every pass holds no run the backstop reads
+// after it (its pick reads the same runs first each pass): each is
+// settled, and the failure answered (sweeper review: the first failure
+// ended the pass). Not parallel: the backstop sweeps every workspace.
+func TestSettleBackstopGoesOnPastARunThatFails(t *testing.T) {
+	b := setup(t)
+	decided := func() string {
+		b.clock.Add(time.Second) // ids follow the clock: read in creation order
+		runID := b.run(t)
+		st := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`"d"`)})
+		// Ended and finished behind the service's back, as a crash leaves it.
+		_, err := b.env.App.Pool.Exec(ctx, `UPDATE jobs SET status = 'SUCCEEDED', finished_at = $2 WHERE step_id = $1`,
+			st.StepID, b.clock.Now())
+		require.NoError(t, err)
+		_, err = b.env.App.Pool.Exec(ctx, `UPDATE job_runs SET completion_requested = true WHERE id = $1`, runID)
+		require.NoError(t, err)
+		return runID
+	}
+	failing, next := decided(), decided()
+	refuse(t, "BEFORE UPDATE ON job_runs", "OLD.id = '"+failing+"'")
+	n, err := jobs.SettleRuns(b.svc, 500)
+	require.ErrorContains(t, err, "test_refuse")
+	require.GreaterOrEqual(t, n, 1)
+	status := func(runID string) (s string) {
+		require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT status FROM job_runs WHERE id = $1`, runID).Scan(&s))
+		return s
+	}
+	require.Equal(t, "SUCCEEDED", status(next), "settled behind the run that fails")
+	require.Equal(t, "RUNNING", status(failing))
+}
+
+// Retention deletes idle worker registrations whatever the runs' purge
+// answered: a run whose purge fails on every pass (a statement timeout
+// over a run of many steps, which goes whole) kept every one of them
+// (sweeper review). Not parallel: retention purges across workspaces.
+func TestRetentionPurgesIdleWorkersWhenRunsFail(t *testing.T) {
+	b := setup(t)
+	w := b.register(t)
+	runID := b.run(t)
+	b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`"w"`)})
+	b.succeed(t, b.claimOne(t, w))
+	_, err := b.svc.FinishRun(ctx, b.ws, runID)
+	require.NoError(t, err)
+	b.clock.Add(91 * 24 * time.Hour)
+	refuse(t, "BEFORE DELETE ON job_runs", "OLD.id = '"+runID+"'")
+	_, err = b.svc.PurgeRetired(ctx, b.clock.Now().AddDate(0, 0, -90), 100)
+	require.ErrorContains(t, err, "purge runs")
+	require.Zero(t, b.count(t, `SELECT count(*) FROM job_workers WHERE id = $1`, w), "the idle worker deleted")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM job_runs WHERE id = $1`, runID))
 }
