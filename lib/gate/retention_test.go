@@ -865,3 +865,48 @@ func TestRetentionSharesEachBatchAmongWorkspaces(t *testing.T) {
 	require.Equal(t, 3, left(backlog...))
 	passes(t, batch, 2, 1, 0) // alone, the backlog fills each batch
 }
+
+// A group whose purge fails holds no ungrouped effect past its retention:
+// the groups' purge is rolled back alone, the ungrouped effects due are
+// deleted in the same pass, and the failure is answered (sweeper review: a
+// group failing on every pass, a statement timeout over a large one say,
+// failed the whole task each time, and no ungrouped effect was deleted
+// again). Not parallel, in its own era (1948); the trigger that fails the
+// group's delete is on the package database.
+func TestRetentionPurgesUngroupedEffectsWhenAGroupFails(t *testing.T) {
+	b, sweep := inEra(t, 1948)
+	ctx := context.Background()
+	b.putPolicy("email.send", map[string]any{"retention_days": 1})
+	g, _, step := b.groupWithStep("order", key("failing"))
+	b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+g+"/commit", b.ws.Key, nil)
+	alone := b.executedAs("succeeded", email(key("alone")))
+	b.clock.Add(100 * 24 * time.Hour) // past every retention here
+
+	conn, err := pgx.Connect(ctx, apitest.DatabaseURL(t))
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, err := conn.Exec(ctx, `DROP TRIGGER IF EXISTS test_refuse_group ON effect_groups;
+			DROP FUNCTION IF EXISTS test_refuse_group()`)
+		require.NoError(t, err)
+		require.NoError(t, conn.Close(ctx))
+	})
+	_, err = conn.Exec(ctx, `
+		CREATE FUNCTION test_refuse_group() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+		    RAISE EXCEPTION 'test_refuse_group: the test fails this purge';
+		END $$;
+		CREATE TRIGGER test_refuse_group BEFORE DELETE ON effect_groups FOR EACH ROW
+		    WHEN (OLD.id = '`+g+`') EXECUTE FUNCTION test_refuse_group();`)
+	require.NoError(t, err)
+
+	n, err := b.env.App.Server.Gate.SweepRetention(ctx, b.clock.Now(), 1000)
+	require.ErrorContains(t, err, "test_refuse_group", "the group's failure is answered")
+	require.GreaterOrEqual(t, n, 1)
+	b.requireKept(false, "/api/v1/effects/"+str(alone["effect_id"]))
+	b.requireKept(true, "/api/v1/groups/"+g, "/api/v1/effects/"+str(step["effect_id"]))
+
+	_, err = conn.Exec(ctx, `DROP TRIGGER test_refuse_group ON effect_groups`)
+	require.NoError(t, err)
+	sweep()
+	b.requireKept(false, "/api/v1/groups/"+g, "/api/v1/effects/"+str(step["effect_id"]))
+}
