@@ -484,23 +484,33 @@ func (s *Service) afterStep(ctx context.Context, workspaceID string, groupID *st
 }
 
 // SweepGroups is the sweeper's backstop: it settles up to limit unwinding
-// groups, least recently checked first.
+// groups, least recently checked first. One that fails does not stop
+// those after it, whose check sqlUnwindingDue has just recorded too (it
+// stamps them all before any is settled): in a batch of fewer than limit,
+// all stamped alike every pass and read in the same order, a group whose
+// settling failed each time kept every one after it unwinding for good
+// (sweeper review). The failures are answered joined (the first only
+// once ctx ended: the rest would fail alike).
 func (s *Service) SweepGroups(ctx context.Context, now time.Time, limit int) (int, error) {
 	groups, err := db.CollectIDs(s.pool.Query(ctx, sqlUnwindingDue, now.UTC(), limit))
 	if err != nil {
 		return 0, fmt.Errorf("sweep groups: %w", err)
 	}
 	changed := 0
+	var errs []error
 	for _, id := range groups {
 		ended, err := s.settleGroup(ctx, "", id, true)
 		if err != nil {
-			return changed, err
+			if errs = append(errs, err); ctx.Err() != nil {
+				break
+			}
+			continue
 		}
 		if ended {
 			changed++
 		}
 	}
-	return changed, nil
+	return changed, errors.Join(errs...)
 }
 
 // settleLocked computes the rollback of a locked group and, when it is

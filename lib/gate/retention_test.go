@@ -882,31 +882,15 @@ func TestRetentionPurgesUngroupedEffectsWhenAGroupFails(t *testing.T) {
 	alone := b.executedAs("succeeded", email(key("alone")))
 	b.clock.Add(100 * 24 * time.Hour) // past every retention here
 
-	conn, err := pgx.Connect(ctx, apitest.DatabaseURL(t))
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		_, err := conn.Exec(ctx, `DROP TRIGGER IF EXISTS test_refuse_group ON effect_groups;
-			DROP FUNCTION IF EXISTS test_refuse_group()`)
-		require.NoError(t, err)
-		require.NoError(t, conn.Close(ctx))
-	})
-	_, err = conn.Exec(ctx, `
-		CREATE FUNCTION test_refuse_group() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-		    RAISE EXCEPTION 'test_refuse_group: the test fails this purge';
-		END $$;
-		CREATE TRIGGER test_refuse_group BEFORE DELETE ON effect_groups FOR EACH ROW
-		    WHEN (OLD.id = '`+g+`') EXECUTE FUNCTION test_refuse_group();`)
-	require.NoError(t, err)
+	allow := apitest.Refuse(t, "BEFORE DELETE ON effect_groups", "OLD.id = '"+g+"'")
 
 	n, err := b.env.App.Server.Gate.SweepRetention(ctx, b.clock.Now(), 1000)
-	require.ErrorContains(t, err, "test_refuse_group", "the group's failure is answered")
+	require.ErrorContains(t, err, "test_refuse", "the group's failure is answered")
 	require.GreaterOrEqual(t, n, 1)
 	b.requireKept(false, "/api/v1/effects/"+str(alone["effect_id"]))
 	b.requireKept(true, "/api/v1/groups/"+g, "/api/v1/effects/"+str(step["effect_id"]))
 
-	_, err = conn.Exec(ctx, `DROP TRIGGER test_refuse_group ON effect_groups`)
-	require.NoError(t, err)
+	allow()
 	sweep()
 	b.requireKept(false, "/api/v1/groups/"+g, "/api/v1/effects/"+str(step["effect_id"]))
 }

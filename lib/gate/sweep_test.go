@@ -322,3 +322,52 @@ func passes(t *testing.T, batch func() (int, error), want ...int) {
 		require.Equal(t, w, n)
 	}
 }
+
+// A rollback whose settling fails on every pass holds none checked after
+// it: each is settled, and the failure answered (sweeper review: the
+// first failure ended the pass, and with fewer rollbacks than a batch,
+// all checked alike each pass and read in the same order, those after it
+// stayed unwinding for good). Not parallel, in its own era (1949): the
+// sweep settles every workspace's rollbacks, and the trigger that fails
+// one is on the package database.
+func TestSweptRollbacksGoOnPastOneThatFails(t *testing.T) {
+	b, _ := inEra(t, 1949)
+	c, ctx, env := b.clock, context.Background(), b.env
+	// What other tests left unwinding is settled or checked now.
+	_, err := env.App.Server.Gate.SweepGroups(ctx, c.Now(), 100_000)
+	require.NoError(t, err)
+	unwinding := func() string {
+		c.Add(time.Second) // ids follow the clock: read in creation order
+		id := ids.NewAt(ids.Group, c.Now())
+		_, err := env.App.Pool.Exec(ctx, `INSERT INTO effect_groups (id, workspace_id, name, state, created_by_key_id,
+			created_at, updated_at, unwind_started_at) VALUES ($1, $2, 'order', 'unwinding', 'key_x', $3, $3, $3)`,
+			id, b.ws.ID, c.Now())
+		require.NoError(t, err)
+		return id
+	}
+	failing := unwinding()
+	rest := []string{unwinding(), unwinding()}
+	allow := apitest.Refuse(t, "BEFORE UPDATE ON effect_groups",
+		"OLD.id = '"+failing+"' AND NEW.state IS DISTINCT FROM OLD.state")
+	state := func(id string) (s string) {
+		require.NoError(t, env.App.Pool.QueryRow(ctx, `SELECT state FROM effect_groups WHERE id = $1`, id).Scan(&s))
+		return s
+	}
+
+	for range 2 { // every pass alike
+		n, err := env.App.Server.Gate.SweepGroups(ctx, c.Now(), 100)
+		require.ErrorContains(t, err, "test_refuse")
+		require.Equal(t, "unwinding", state(failing))
+		if n > 0 {
+			require.Equal(t, len(rest), n)
+		}
+	}
+	for _, id := range rest {
+		require.Equal(t, "unwound", state(id), "settled behind the rollback that fails")
+	}
+	// Leave nothing unwinding for the other eras' sweeps.
+	allow()
+	_, err = env.App.Server.Gate.SweepGroups(ctx, c.Now(), 100)
+	require.NoError(t, err)
+	require.Equal(t, "unwound", state(failing))
+}

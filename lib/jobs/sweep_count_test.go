@@ -2,7 +2,6 @@ package jobs_test
 
 import (
 	"encoding/json"
-	"strings"
 	"testing"
 	"time"
 
@@ -119,7 +118,7 @@ func TestLapsedBackstopRequeuesWhenEndingALastAttemptFails(t *testing.T) {
 	w := b.register(t)
 	require.Len(t, b.claim(t, w, 2), 2)
 	b.clock.Add(11*time.Second + jobs.RequeueLapsedAfter + time.Second)
-	refuse(t, "BEFORE UPDATE ON jobs", "OLD.step_id = '"+last.StepID+"' AND NEW.status = 'EXHAUSTED'")
+	apitest.Refuse(t, "BEFORE UPDATE ON jobs", "OLD.step_id = '"+last.StepID+"' AND NEW.status = 'EXHAUSTED'")
 
 	var task sweep.Task
 	for _, tk := range b.svc.SweepTasks() {
@@ -138,29 +137,6 @@ func TestLapsedBackstopRequeuesWhenEndingALastAttemptFails(t *testing.T) {
 	}
 	require.Equal(t, "QUEUED", status(again.StepID), "requeued though the ending before it failed")
 	require.Equal(t, "RUNNING", status(last.StepID))
-}
-
-// refuse makes the package database refuse, with an error, the row changes
-// event (a trigger's "BEFORE UPDATE ON jobs") of the rows when (a trigger's
-// condition on OLD and NEW), until the test ends.
-func refuse(t *testing.T, event, when string) {
-	t.Helper()
-	conn, err := pgx.Connect(ctx, apitest.DatabaseURL(t))
-	require.NoError(t, err)
-	_, table, _ := strings.Cut(event, " ON ")
-	t.Cleanup(func() {
-		_, err := conn.Exec(ctx, `DROP TRIGGER IF EXISTS test_refuse ON `+table+`;
-			DROP FUNCTION IF EXISTS test_refuse()`)
-		require.NoError(t, err)
-		require.NoError(t, conn.Close(ctx))
-	})
-	_, err = conn.Exec(ctx, `
-		CREATE FUNCTION test_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-		    RAISE EXCEPTION 'test_refuse: the test refuses this change';
-		END $$;
-		CREATE TRIGGER test_refuse `+event+` FOR EACH ROW WHEN (`+when+`) EXECUTE FUNCTION test_refuse();`)
-	require.NoError(t, err)
 }
 
 // A run whose settling fails on every pass holds no run the backstop reads
@@ -182,7 +158,7 @@ func TestSettleBackstopGoesOnPastARunThatFails(t *testing.T) {
 		return runID
 	}
 	failing, next := decided(), decided()
-	refuse(t, "BEFORE UPDATE ON job_runs", "OLD.id = '"+failing+"'")
+	apitest.Refuse(t, "BEFORE UPDATE ON job_runs", "OLD.id = '"+failing+"'")
 	n, err := jobs.SettleRuns(b.svc, 500)
 	require.ErrorContains(t, err, "test_refuse")
 	require.GreaterOrEqual(t, n, 1)
@@ -207,7 +183,7 @@ func TestRetentionPurgesIdleWorkersWhenRunsFail(t *testing.T) {
 	_, err := b.svc.FinishRun(ctx, b.ws, runID)
 	require.NoError(t, err)
 	b.clock.Add(91 * 24 * time.Hour)
-	refuse(t, "BEFORE DELETE ON job_runs", "OLD.id = '"+runID+"'")
+	apitest.Refuse(t, "BEFORE DELETE ON job_runs", "OLD.id = '"+runID+"'")
 	_, err = b.svc.PurgeRetired(ctx, b.clock.Now().AddDate(0, 0, -90), 100)
 	require.ErrorContains(t, err, "purge runs")
 	require.Zero(t, b.count(t, `SELECT count(*) FROM job_workers WHERE id = $1`, w), "the idle worker deleted")
