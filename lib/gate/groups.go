@@ -21,6 +21,7 @@ import (
 	"github.com/getratchet/ratchet/lib/idemkey"
 	"github.com/getratchet/ratchet/lib/ids"
 	"github.com/getratchet/ratchet/lib/jsonx"
+	"github.com/getratchet/ratchet/lib/sweep"
 )
 
 // Effect groups (API.md §2.6): several effects as one unit of work, each
@@ -489,8 +490,7 @@ func (s *Service) afterStep(ctx context.Context, workspaceID string, groupID *st
 // stamps them all before any is settled): in a batch of fewer than limit,
 // all stamped alike every pass and read in the same order, a group whose
 // settling failed each time kept every one after it unwinding for good
-// (sweeper review). The failures are answered joined (the first only
-// once ctx ended: the rest would fail alike).
+// (sweeper review; sweep.GoOn). The failures are answered joined.
 func (s *Service) SweepGroups(ctx context.Context, now time.Time, limit int) (int, error) {
 	groups, err := db.CollectIDs(s.pool.Query(ctx, sqlUnwindingDue, now.UTC(), limit))
 	if err != nil {
@@ -501,7 +501,7 @@ func (s *Service) SweepGroups(ctx context.Context, now time.Time, limit int) (in
 	for _, id := range groups {
 		ended, err := s.settleGroup(ctx, "", id, true)
 		if err != nil {
-			if errs = append(errs, err); ctx.Err() != nil {
+			if errs = append(errs, err); !sweep.GoOn(ctx, err) {
 				break
 			}
 			continue

@@ -237,11 +237,11 @@ func (s *Service) settleRuns(ctx context.Context, limit int) (int, error) {
 
 // eachInTx reads up to limit ids with pick (what names the read in its
 // error) and runs do on each in a transaction of its own, in order. One
-// that fails does not stop those after it: the pick reads the same ones
-// first on every pass, so a record whose handling fails each time kept
-// every one behind it waiting for good (sweeper review). It answers how
-// many do changed (true), and the errors of those that failed, joined
-// (the first only once ctx ended: the rest would fail alike).
+// that fails does not stop those after it (sweep.GoOn): the pick reads
+// the same ones first on every pass, so a record whose handling fails each
+// time kept every one behind it waiting for good (sweeper review). It
+// answers how many do changed (true), and the errors of those that
+// failed, joined.
 func (s *Service) eachInTx(ctx context.Context, pick string, limit int, what string,
 	do func(tx pgx.Tx, id string) (bool, error)) (int, error) {
 	rows, err := s.pool.Query(ctx, pick, limit)
@@ -262,8 +262,7 @@ func (s *Service) eachInTx(ctx context.Context, pick string, limit int, what str
 			return err
 		})
 		if err != nil {
-			errs = append(errs, err)
-			if ctx.Err() != nil {
+			if errs = append(errs, err); !sweep.GoOn(ctx, err) {
 				break
 			}
 			continue

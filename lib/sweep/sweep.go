@@ -299,6 +299,16 @@ func (s *Sweeper) Loop(ctx context.Context, interval time.Duration) {
 	}
 }
 
+// GoOn says whether a task that failed on one record of its batch goes on
+// to the next: yes after a failure of the record's own (a statement
+// timeout over a large one included), which the same record would meet
+// first on every pass and so hold every record after it back for good;
+// no once ctx ended or the database is unreachable, when the rest would
+// fail alike, each perhaps waiting out a connection's timeout.
+func GoOn(ctx context.Context, err error) bool {
+	return ctx.Err() == nil && (!db.IsUnavailable(err) || db.IsCanceled(err))
+}
+
 // Error is returned when a pass had failures.
 func (r Result) Error() error {
 	if len(r.Errors) == 0 {

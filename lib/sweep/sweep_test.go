@@ -366,3 +366,30 @@ func timeLeftTask(name string, needs time.Duration, left *time.Duration) Task {
 		return 1, nil
 	}}
 }
+
+// A task that failed on one record goes on to the next after a failure
+// of that record's own (any error, a statement timeout included), not once
+// its time ended or the database is unreachable, when the rest would fail
+// alike.
+func TestGoOnPastARecordsOwnFailureOnly(t *testing.T) {
+	t.Parallel()
+	live := context.Background()
+	ended, cancel := context.WithCancel(live)
+	cancel()
+	timeout := fmt.Errorf("x: %w", &pgconn.PgError{Code: "57014", Message: "canceling statement due to statement timeout"})
+	for _, c := range []struct {
+		ctx  context.Context
+		err  error
+		goOn bool
+	}{
+		{live, errors.New("boom"), true},
+		{live, timeout, true},
+		{live, fmt.Errorf("x: %w", &pgconn.PgError{Code: "23505"}), true},
+		{live, fmt.Errorf("x: %w", io.ErrUnexpectedEOF), false},
+		{live, fmt.Errorf("x: %w", &pgconn.PgError{Code: "57P01"}), false},
+		{ended, errors.New("boom"), false},
+		{ended, timeout, false},
+	} {
+		require.Equal(t, c.goOn, GoOn(c.ctx, c.err), "%v (context ended: %t)", c.err, c.ctx.Err() != nil)
+	}
+}
