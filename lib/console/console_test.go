@@ -109,3 +109,25 @@ func TestConsoleRetryPresetsAreTheService(t *testing.T) {
 	}
 	require.Equal(t, jobs.Presets, got)
 }
+
+// Every console request to a route that takes an Idempotency-Key goes
+// through idempotent(), which sends one per form fill: without it, a form
+// sent again after its answer was lost made a second key, subscription or
+// job, the first one's secret never seen (review). A call() naming such a
+// route (a create added later, say) fails here; the page tests
+// (lib/console/jstest) check what the key does.
+func TestConsoleSendsAnIdempotencyKeyWhereTaken(t *testing.T) {
+	js := consoleJS(t)
+	param := regexp.MustCompile(`\\\{[^}]*\\\}`)
+	var keyed int
+	for _, r := range httpapi.Routes() {
+		if !r.Idempotent {
+			continue
+		}
+		keyed++
+		path := param.ReplaceAllString(regexp.QuoteMeta(strings.TrimPrefix(r.Pattern, "/api/v1")), `\$\{[^}]*\}`)
+		bare := regexp.MustCompile(`call\('` + r.Method + `', [` + "`'" + `]` + path + `[` + "`'" + `?]`)
+		require.Nil(t, bare.FindStringIndex(js), "the console calls %s %s without its Idempotency-Key: send it through idempotent()", r.Method, r.Pattern)
+	}
+	require.GreaterOrEqual(t, keyed, 9, "the routes taking an Idempotency-Key")
+}

@@ -452,6 +452,27 @@ async function call(method, path, body, extraHeaders) {
 	throw err;
 }
 
+// idempotent is a call that sends an Idempotency-Key (the creates README's
+// "Retrying a call whose answer was lost" lists), for a form or button that
+// may be sent again after its answer was lost: without one the service
+// acts twice, and a second key or secret is made while the first stays
+// live, its secret never seen (review). The same body sent again before
+// an answer was read reuses the key, and is answered what the first made;
+// once a success is read, or the body changes (the form edited: a changed
+// body under a used key is refused, 409 idempotency_key_reuse), the next
+// send has a key of its own. A refusal keeps it: the service frees the key
+// of a request that failed.
+function idempotent(prefix) {
+	let held = null; // {key, body}: the key of the body sent last, not yet answered
+	return async (method, path, body) => {
+		const sent = JSON.stringify(body === undefined ? null : body);
+		if (!held || held.body !== sent) held = { key: prefix + ':' + newNonce(), body: sent };
+		const answer = await call(method, path, body, { 'Idempotency-Key': held.key });
+		held = null;
+		return answer;
+	};
+}
+
 // scopesKnown is what the console knows of the signed-in key's scopes: held
 // (a Set, once read from its own record; null until then or if it cannot be
 // read) and lacking (the scopes a 403 named). It is forgotten when the key
@@ -1052,11 +1073,13 @@ const pages = {
 		// A key known to lack the scope is not offered the forms (console
 		// QA: only the refusal told it).
 		if (await lacksScope('contracts:write')) return [head, lacking('Publishing a contract or testing a handler version', 'contracts:write')];
+		const publish = idempotent('console-contract');
+		const enqueueTest = idempotent('console-tool-test');
 		return [
 			head,
 			h('h2', null, 'Publish a contract version'),
 			h('p', null, 'JSON Schema 2020-12 for inputSchema and outputSchema; status FORBIDDEN stops its handler version from being enqueued or claimed. A contract cannot be changed once published: publish the next version.'),
-			form([area], 'Publish', (v) => call('POST', `/tools/${seg(name)}/contracts`, contractOf(v)), {
+			form([area], 'Publish', (v) => publish('POST', `/tools/${seg(name)}/contracts`, contractOf(v)), {
 				validate: contractOf,
 				confirm: `Publish a new contract version of ${name}? It cannot be changed or removed afterwards.`,
 			}),
@@ -1065,7 +1088,7 @@ const pages = {
 			form(
 				[input('Handler version', 'version', { required: true, maxlength: maxLengths['POST /tools/{name}/test version'], value: newest ? newest.handlerVersion : '' }), h('label', null, 'Input (JSON) ', input_)],
 				'Enqueue test job',
-				(v) => call('POST', `/tools/${seg(name)}/test`, { version: v.version.trim(), input: parseJSONField('The input', v.input) ?? {} }),
+				(v) => enqueueTest('POST', `/tools/${seg(name)}/test`, { version: v.version.trim(), input: parseJSONField('The input', v.input) ?? {} }),
 				{
 					validate: (v) => parseJSONField('The input', v.input),
 					confirm: (v) => `Enqueue a test job of ${name}@${v.version.trim()}? A worker runs it, side effects included.`,
@@ -1199,6 +1222,7 @@ const pages = {
 		];
 		const createdBy = (params.created_by || '').trim();
 		const list = await pager('/keys', { created_by: createdBy }, columns, createdBy ? `Key ${createdBy} minted no key.` : 'No keys.');
+		const createKey = idempotent('console-key');
 		return [
 			h('h1', null, 'Keys'),
 			h('p', { class: 'lead' }, 'Give an agent an AGENT key (begin and report only) and a worker a WORKER key for its exact tools, never this console’s key. Revoking a key leaves the keys it minted live (list them: “keys it minted”); “Revoke with minted keys” revokes them with it, down the tree, for a key found compromised.'),
@@ -1214,7 +1238,7 @@ const pages = {
 				],
 				'Create key',
 				async (v) => {
-					const k = await call('POST', '/keys', {
+					const k = await createKey('POST', '/keys', {
 						name: v.name,
 						preset: v.preset,
 						tools: v.tools.trim() ? v.tools.split(',').map((t) => t.trim()).filter(Boolean) : undefined,
@@ -1253,12 +1277,8 @@ const pages = {
 					// (console QA: a second rotation, confirmed, was answered with
 					// the first one's secret, shown again as new and "shown once",
 					// and never refused while the previous secret still signed).
-					let rotateKey = 'console-rotate:' + w.id + ':' + newNonce();
-					const rotate = async () => {
-						const r = await rotateSecret(w, {}, rotateKey);
-						rotateKey = 'console-rotate:' + w.id + ':' + newNonce();
-						return r;
-					};
+					const rotation = idempotent('console-rotate:' + w.id);
+					const rotate = () => rotateSecret(w, {}, rotation);
 					return [
 						link(['webhooks', w.id], 'Edit, deliveries'),
 						' ',
@@ -1280,6 +1300,7 @@ const pages = {
 			},
 		];
 		const list = await pager('/webhooks', {}, columns, 'No subscriptions.');
+		const subscribe = idempotent('console-webhook');
 		return [
 			h('h1', null, 'Webhooks'),
 			h('h2', null, 'New subscription'),
@@ -1290,7 +1311,7 @@ const pages = {
 				],
 				'Subscribe',
 				async (v) => {
-					const w = await call('POST', '/webhooks', { url: v.url, events: v.events });
+					const w = await subscribe('POST', '/webhooks', { url: v.url, events: v.events });
 					// The list shows the new subscription beside its secret, as the
 					// keys page does (console QA: only once "Done" redrew the page).
 					await refreshList(list, w);
@@ -1305,6 +1326,7 @@ const pages = {
 
 	async reconcile() {
 		const now = new Date();
+		const reconcile = idempotent('console-reconcile');
 		const iso = (d) => d.toISOString().replace(/\.\d+Z$/, 'Z');
 		const lists = [
 			['resolved', 'Resolved now: unknown outcomes the records settle'],
@@ -1342,7 +1364,7 @@ const pages = {
 					),
 				],
 				'Reconcile',
-				(v) => call('POST', '/reconcile', { effect_type: v.effect_type.trim(), from: v.from.trim(), to: v.to.trim(), records: parseRecords(v.records) }),
+				(v) => reconcile('POST', '/reconcile', { effect_type: v.effect_type.trim(), from: v.from.trim(), to: v.to.trim(), records: parseRecords(v.records) }),
 				{
 					validate: (v) => parseRecords(v.records),
 					confirm: (v) => `Reconcile ${v.effect_type.trim()} from ${v.from.trim()} to ${v.to.trim()}? Unknown outcomes the records settle are resolved, which cannot be undone.`,
@@ -1358,6 +1380,7 @@ const pages = {
 
 	async webhook(params, id) {
 		const w = await call('GET', `/webhooks/${seg(id)}`);
+		const resend = idempotent('console-delivery-retry');
 		const columns = [
 			{ title: 'Created', cell: (d) => time(d.created_at) },
 			{ title: 'Event', cell: (d) => d.event_type },
@@ -1374,7 +1397,7 @@ const pages = {
 				cell: (d) =>
 					d.state === 'pending'
 						? ''
-						: action('Send again', () => call('POST', `/webhooks/${seg(id)}/deliveries/retry`, { delivery_ids: [d.id] }), {
+						: action('Send again', () => resend('POST', `/webhooks/${seg(id)}/deliveries/retry`, { delivery_ids: [d.id] }), {
 								confirm: `Send this ${d.event_type} event to ${JSON.stringify(w.url)} again? A receiver that deduplicates by event id skips it if it took it.`,
 							}),
 			},
@@ -1579,12 +1602,13 @@ function redrawSaying(line) {
 	rerender();
 }
 
-// rotateSecret rotates w's signing secret; a refusal because an earlier
+// rotateSecret rotates w's signing secret, sent by send (an idempotent
+// call); a refusal because an earlier
 // rotation's previous secret still signs is answered as {refused}, for the
 // page to offer replacing it.
-async function rotateSecret(w, body, idempotencyKey) {
+async function rotateSecret(w, body, send) {
 	try {
-		return await call('POST', `/webhooks/${seg(w.id)}/rotate-secret`, body, { 'Idempotency-Key': idempotencyKey });
+		return await send('POST', `/webhooks/${seg(w.id)}/rotate-secret`, body);
 	} catch (err) {
 		if (err.code === 'invalid_state' && err.detail && err.detail.previous_secret_expires_at) return { refused: err };
 		throw err;
@@ -1609,11 +1633,11 @@ function rotated(w, r, status) {
 // stops that secret at once.
 function offerReplace(w, err, status) {
 	const until = time(err.detail.previous_secret_expires_at);
-	const replaceKey = 'console-rotate-replace:' + w.id + ':' + newNonce();
+	const replacement = idempotent('console-rotate-replace:' + w.id);
 	status.replaceChildren(
 		errorBox(err),
 		h('p', null, `An earlier rotation's previous secret signs until ${until}, beside the current one. Replacing it stops it at once: a receiver that still verifies with it alone fails every delivery from now on. The current secret then signs beside the new one for a day.`),
-		action('Replace the previous secret now', () => rotateSecret(w, { replace_previous: true }, replaceKey), {
+		action('Replace the previous secret now', () => rotateSecret(w, { replace_previous: true }, replacement), {
 			danger: true,
 			confirm: `Stop the previous signing secret of ${JSON.stringify(w.url)} (signing until ${until}) at once, and give it a new one? Deploy the current secret to the receiver first: from now on it and the new one sign.`,
 			after: (r, inner) => (r.refused ? inner.replaceChildren(errorBox(r.refused)) : rotated(w, r, status)),
@@ -2020,6 +2044,7 @@ const unreadableSecret =
 // refused rather than run.
 async function replayForm(stepId) {
 	const p = await call('GET', `/steps/${seg(stepId)}/replay`);
+	const replay = idempotent('console-replay');
 	if (!p.eligible) return h('p', null, `Not eligible for replay (job ${p.status})`, p.ineligibleReason ? `: ${p.ineligibleReason}` : '.');
 	const upgrades = p.upgrades || [];
 	// A contract the saved input validates against and that is not
@@ -2081,7 +2106,7 @@ async function replayForm(stepId) {
 					],
 					'Replay',
 					(v) =>
-						call('POST', `/steps/${seg(stepId)}/replay`, {
+						replay('POST', `/steps/${seg(stepId)}/replay`, {
 							maxAttempts: Number(v.maxAttempts) || 1,
 							reason: v.reason || undefined,
 							acknowledgeDuplicateRisk: v.ack,

@@ -59,6 +59,8 @@ async function mount(key, hash = '', rewrite) {
 		confirmAnswer: true,
 		timers: [],
 		requests: [],
+		// idempotencyKeys: the Idempotency-Key each request sent (or undefined).
+		idempotencyKeys: [],
 		location: {
 			_hash: hash,
 			get hash() {
@@ -78,7 +80,10 @@ async function mount(key, hash = '', rewrite) {
 		location: ui.location,
 		fetch: async (url, init) => {
 			ui.requests.push(`${init.method} ${url}`);
-			if (ui.offline) throw new TypeError('Failed to fetch');
+			ui.idempotencyKeys.push(init.headers && init.headers['Idempotency-Key']);
+			// offline: every request fails, as fetch fails (with ui.offline
+			// itself when it is an error).
+			if (ui.offline) throw ui.offline instanceof Error ? ui.offline : new TypeError('Failed to fetch');
 			// loseAnswer: the request is served, its answer lost on the way back.
 			if (ui.loseAnswer) {
 				ui.loseAnswer = false;
@@ -632,7 +637,11 @@ test('tools: a contract published from the page, the next one drafted from it, a
 	assert.match(testInput.parentNode.textContent, /^Input \(JSON\)/);
 	assert.deepEqual(draft, { handlerVersion: '1', inputSchema: { type: 'object' }, outputSchema: true, timeoutMs: 30000, retryPreset: 'STANDARD', status: 'ACTIVE' });
 	const schema = { type: 'object', required: ['to'], properties: { to: { type: 'string' } } };
+	// Its answer lost, published again: one contract version, not two.
+	ui.loseAnswer = true;
 	await submit(ui.root, 'Publish', { contract: JSON.stringify({ ...draft, inputSchema: schema, timeoutMs: 5000 }) });
+	assert.match(alerts(ui).join(), /may or may not have been applied/);
+	await submit(ui.root, 'Publish', {});
 	assert.deepEqual(alerts(ui), []);
 	let list = (await api('GET', `/tools/${encodeURIComponent(tool)}/contracts`, key)).body.data;
 	assert.deepEqual(list.map((c) => [c.contractVersion, c.handlerVersion, c.timeoutMs]), [[1, '1', 5000]]);
@@ -657,7 +666,12 @@ test('tools: a contract published from the page, the next one drafted from it, a
 	// enqueued, with links to its step and run.
 	await submit(ui.root, 'Enqueue test job', { version: '1', input: JSON.stringify({ to: 7 }) });
 	assert.match(alerts(ui).join(), /input/);
-	const f = await submit(ui.root, 'Enqueue test job', { version: '1', input: JSON.stringify({ to: 'a@example.com' }) });
+	// Its answer lost, enqueued again: one test job, not two.
+	ui.loseAnswer = true;
+	await submit(ui.root, 'Enqueue test job', { version: '1', input: JSON.stringify({ to: 'a@example.com' }) });
+	assert.match(alerts(ui).join(), /may or may not have been applied/);
+	const f = await submit(ui.root, 'Enqueue test job', {});
+	assert.equal((await api('GET', '/runs', key)).body.data.length, 1, 'one test job, not two');
 	const step = f.querySelectorAll('a').find((a) => a.getAttribute('href').startsWith('#/steps/'));
 	assert.ok(step, f.textContent);
 	const s = (await api('GET', '/' + step.getAttribute('href').slice(2), key)).body;
@@ -665,7 +679,7 @@ test('tools: a contract published from the page, the next one drafted from it, a
 	await submit(ui.root, 'Enqueue test job', { version: '1', input: '{"to":' });
 	assert.match(alerts(ui).join(), /not valid JSON/);
 	// Asked before each send, not for what the page refused itself.
-	assert.equal(ui.confirms.length, 5);
+	assert.equal(ui.confirms.length, 7);
 
 	// The queue page links each tool to its page.
 	await go(ui, '#/queue');
@@ -715,6 +729,49 @@ test('keys: one minted with its secret shown once, then revoked', async () => {
 	assert.match(mine.root.textContent, new RegExp(`This console’s key \\(${own.id}\\) is revoked: sign in with another key\\.`));
 	assert.doesNotMatch(mine.root.textContent, /refused this key/);
 	assert.match(mine.root.textContent, /Sign in with a key/);
+});
+
+test('a key created again after its answer was lost is the same key; an edit or a success makes the next one new', async () => {
+	// Review: the create sent no Idempotency-Key, so a click sent again
+	// after a lost answer minted a second key, the first one live with a
+	// secret nobody saw.
+	const key = await signup();
+	const named = async (name) => (await api('GET', '/keys', key)).body.data.filter((k) => k.name === name && !k.revoked_at);
+	const ui = await mount(key, '#/keys');
+	const fill = { name: 'lost', preset: 'AGENT', tools: '', ceiling: '', rate: '' };
+	ui.loseAnswer = true;
+	let f = await submit(ui.root, 'Create key', fill);
+	assert.match(alerts(ui).join(), /may or may not have been applied/);
+	assert.equal(f.querySelector('input.secret-value'), null);
+	const [made] = await named('lost');
+	assert.ok(made, 'made, its answer lost');
+	f = await submit(ui.root, 'Create key', fill);
+	assert.deepEqual(alerts(ui), []);
+	const secret = f.querySelector('input.secret-value').value;
+	assert.deepEqual((await named('lost')).map((k) => k.id), [made.id], 'one key, not two');
+	assert.equal((await api('GET', '/keys/current', secret)).body.id, made.id, 'the secret shown is the key made');
+	const sent = ui.idempotencyKeys.filter((_, i) => ui.requests[i] === 'POST /api/v1/keys');
+	assert.equal(sent.length, 2);
+	assert.ok(sent[0] && sent[0] === sent[1], 'sent again under the same Idempotency-Key');
+
+	// Its answer read, the form edited and sent: another key, even of the
+	// same values.
+	await f.dispatch('input');
+	f = await submit(ui.root, 'Create key', fill);
+	assert.deepEqual(alerts(ui), []);
+	assert.equal((await named('lost')).length, 2, 'a success makes the next create new');
+	assert.notEqual(f.querySelector('input.secret-value').value, secret);
+
+	// A lost answer, then the form changed: a key of its own, not refused
+	// as the first key's Idempotency-Key reused with another body.
+	await f.dispatch('input');
+	ui.loseAnswer = true;
+	f = await submit(ui.root, 'Create key', { ...fill, name: 'first-try' });
+	assert.match(alerts(ui).join(), /may or may not have been applied/);
+	f = await submit(ui.root, 'Create key', { ...fill, name: 'second-try' });
+	assert.deepEqual(alerts(ui), []);
+	assert.equal((await named('first-try')).length, 1);
+	assert.equal((await api('GET', '/keys/current', f.querySelector('input.secret-value').value)).body.name, 'second-try');
 });
 
 test('keys: each names the key that minted it, and what a compromised key minted is listed and revoked', async () => {
@@ -860,8 +917,14 @@ test('runs, steps and the queue: a step cancelled, then replayed naming what its
 	await submit(ui.root, 'Replay', { maxAttempts: '2', reason: 'vendor fixed' });
 	assert.match(alerts(ui).join(), /acknowledgeDuplicateRisk/);
 	field(f, 'ack').checked = true;
+	// Its answer lost, sent again: answered the replay made, not a second.
+	ui.loseAnswer = true;
 	await f.dispatch('submit');
 	await app.rendered();
+	assert.match(alerts(ui).join(), /may or may not have been applied/);
+	await f.dispatch('submit');
+	await app.rendered();
+	assert.deepEqual(alerts(ui), []);
 	const job = (await api('GET', `/steps/${step.stepId}`, key)).body.durableJob;
 	assert.equal(job.status, 'QUEUED');
 	assert.equal(job.maxAttempts, 2);
@@ -1733,7 +1796,12 @@ test("reconcile: the vendor's CSV compared, an unknown outcome it settles resolv
 	await new Promise((r) => setTimeout(r, 1200));
 	const ui = await mount(key, '#/reconcile');
 	const csv = 'idempotency_key,status,amount_micros\r\nr:1,succeeded,2500000\n"r:2",succeeded,\n"r:""9""",failed,7\n\n';
+	// Its answer lost, sent again: answered what the first did (the
+	// unknown outcome it resolved), not a second reconciliation's.
+	ui.loseAnswer = true;
 	await submit(ui.root, 'Reconcile', { effect_type: 'refund.issue', records: csv });
+	assert.match(alerts(ui).join(), /may or may not have been applied/);
+	await submit(ui.root, 'Reconcile', {});
 	assert.match(ui.confirms.at(-1), /Reconcile refund\.issue from .* Unknown outcomes the records settle are resolved/);
 	assert.match(ui.root.textContent, /resolved: 1 · status mismatch: 0 · amount mismatch: 0 · missing at vendor: 0 · unknown to ratchet: 1 · unsettled: 0 · matched: 1/);
 	assert.match(row(ui, lost.effect_id).textContent, /r:2/);
@@ -1773,9 +1841,17 @@ test('webhooks: a subscription made with its events, its deliveries page, then e
 	for (const box of f.querySelectorAll('input').filter((i) => i.name === 'events')) {
 		box.checked = ['approval.requested', 'effect.indeterminate'].includes(box.value);
 	}
+	// Its answer lost, sent again: one subscription, its secret shown
+	// (review: a second was made, the first's secret never seen).
+	ui.loseAnswer = true;
 	await f.dispatch('submit');
 	await app.rendered();
+	assert.match(alerts(ui).join(), /may or may not have been applied/);
+	await f.dispatch('submit');
+	await app.rendered();
+	assert.deepEqual(alerts(ui), []);
 	assert.match(f.querySelector('input.secret-value').value, /\S{16,}/);
+	assert.equal((await api('GET', '/webhooks', key)).body.data.length, 1, 'one subscription, not two');
 	const hook = (await api('GET', '/webhooks', key)).body.data[0];
 	assert.deepEqual([...hook.events].sort(), ['approval.requested', 'effect.indeterminate']);
 	const first = f.querySelector('input.secret-value').value;
@@ -1918,7 +1994,16 @@ test('webhooks: a delivered event is sent again from its deliveries page', async
 		assert.equal(got.length, 1);
 		const ui = await mount(key, '#/webhooks/' + hook.id);
 		assert.match(row(ui, 'circuit.tripped').textContent, /delivered/);
+		// Its answer lost, clicked again: sent under the same
+		// Idempotency-Key, answered as the first was.
+		ui.loseAnswer = true;
 		await click(row(ui, 'circuit.tripped'), 'Send again');
+		assert.match(alerts(ui).join(), /may or may not have been applied/);
+		await click(row(ui, 'circuit.tripped'), 'Send again');
+		assert.deepEqual(alerts(ui), []);
+		const resent = ui.idempotencyKeys.filter((_, i) => ui.requests[i].endsWith('/deliveries/retry'));
+		assert.equal(resent.length, 2);
+		assert.ok(resent[0] && resent[0] === resent[1]);
 		assert.match(ui.confirms.at(-1), /Send this circuit\.tripped event/);
 		assert.match(row(ui, 'circuit.tripped').textContent, /pending/, 'the page redrawn with the delivery due again');
 		assert.ok(!row(ui, 'circuit.tripped').querySelectorAll('button').some((b) => b.textContent === 'Send again'));
