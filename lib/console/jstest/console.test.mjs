@@ -1934,6 +1934,9 @@ test('webhooks: disabled and enabled again, and edited, keeping its secret', asy
 	// Its page: the state, the same toggle, and an edit of its URL and events.
 	await go(ui, '#/webhooks/' + hook.id);
 	assert.equal(fieldValue(ui, 'State'), 'enabled');
+	// The tab's title names it by id, not by its URL, which may carry a
+	// token and would land in the browser's history (review).
+	assert.equal(document.title, `Webhook ${hook.id} — Ratchet console`);
 	await click(ui.root, 'Disable');
 	assert.match(fieldValue(ui, 'State'), /^disabled since .* UTC: nothing is sent$/);
 	const f = formOf(button(ui.root, 'Save subscription'));
@@ -1952,6 +1955,7 @@ test('webhooks: disabled and enabled again, and edited, keeping its secret', asy
 	assert.deepEqual(edited.events, ['run.finished', 'step.exhausted']);
 	assert.equal(edited.disabled, true, 'an edit leaves it disabled');
 	assert.match(ui.root.querySelector('h1').textContent, /example\.com\/hooks\/moved/, 'the page redrawn');
+	assert.equal(document.title, `Webhook ${hook.id} — Ratchet console`);
 	// Said in words, as a policy's save is (console QA, in a browser).
 	assert.deepEqual(notices(ui), ['Saved.']);
 	// Refused as the service refuses it, with its field.

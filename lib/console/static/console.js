@@ -1403,7 +1403,9 @@ const pages = {
 			},
 		];
 		return [
-			h('h1', null, 'Webhook ', h('code', null, w.url)),
+			// The tab's title names it by id: a title lands in the browser's
+			// history, and a receiver's URL may carry a token (review).
+			h('h1', { 'data-title': 'Webhook ' + w.id }, 'Webhook ', h('code', null, w.url)),
 			fields([
 				['Events', text(w.events)],
 				['Created', time(w.created_at)],
@@ -2416,9 +2418,11 @@ async function draw(mine, quiet) {
 	main.removeAttribute('aria-busy');
 	main.replaceChildren(...nodes);
 	// The tab's title names the page (its heading: the effect, run or
-	// policy shown), as text.
+	// policy shown, or the title the heading names, data-title, for a
+	// page whose heading holds what the browser's history must not), as
+	// text.
 	const heading = main.querySelector('h1');
-	if (heading) env.document.title = heading.textContent + ' — Ratchet console';
+	if (heading) env.document.title = (heading.getAttribute('data-title') || heading.textContent) + ' — Ratchet console';
 	// A page drawn anew (a link followed, a filter, an action's success, the
 	// back button) gives its heading the keyboard focus, so the next Tab
 	// goes into the page and a screen reader reads where it is (console QA:
