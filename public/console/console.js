@@ -410,11 +410,13 @@ async function call(method, path, body, extraHeaders) {
 	let res;
 	try {
 		res = await env.fetch(API + path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
-	} catch (e) {
+	} catch {
 		// A change whose answer was lost may have been applied: say so, as
-		// the gate itself would (an unknown outcome is not a failure).
+		// the gate itself would (an unknown outcome is not a failure). The
+		// browser's own message is not shown: one refusing a header may
+		// repeat its value, the key (review: Firefox's does).
 		const unknown = method === 'GET' ? '' : ' It may or may not have been applied: check before trying again.';
-		throw new ConsoleError('network', 'The service did not answer: ' + ((e && e.message) || e) + '.' + unknown);
+		throw new ConsoleError('network', 'The service did not answer (the network failed, or the browser refused to send the request).' + unknown);
 	}
 	const raw = await res.text();
 	let data = null;
@@ -2150,6 +2152,7 @@ function signInPage(message) {
 				[input('API key', 'key', { type: 'password', required: true, autocomplete: 'one-time-code', spellcheck: 'false' })],
 				'Sign in',
 				async (v) => {
+					keyFits(v.key);
 					env.storage.setItem(KEY_ITEM, v.key.trim());
 					try {
 						// Any call tells whether the key is known: 401 if not, 403
@@ -2162,7 +2165,7 @@ function signInPage(message) {
 						}
 					}
 				},
-				{ after: () => (parseRoute(env.location.hash).page && /^#\/./.test(env.location.hash) ? rerender() : navigate('approvals')) },
+				{ validate: (v) => keyFits(v.key), after: () => (parseRoute(env.location.hash).page && /^#\/./.test(env.location.hash) ? rerender() : navigate('approvals')) },
 			),
 		]),
 		h('section', null, [
@@ -2186,6 +2189,16 @@ function signInPage(message) {
 			),
 		]),
 	];
+}
+
+// keyFits refuses a key pasted with a character no key has, which a header
+// cannot carry (a line break within it, say): the browser's refusal of the
+// header may repeat its value, the key, in its message (review: Firefox's
+// does). The refusal here never repeats it.
+function keyFits(raw) {
+	if (!/^[\x21-\x7e]+$/.test(String(raw).trim())) {
+		throw new ConsoleError('invalid_request', 'That is not a key: it holds a line break, a space or another character no key has. Copy the key again, on one line.');
+	}
 }
 
 // The page each id prefix names (API.md §0), for ids pasted from a log,
