@@ -2454,10 +2454,23 @@ async function draw(mine, quiet) {
 	}
 }
 
-/** start runs the console in e: {document, root, storage, fetch, location, confirm, onHashChange, setTimeout}. */
+// forgetSecrets clears the secrets shown once, and a key typed in the
+// sign-in, as the page is hidden (left, or its tab closed): a browser may
+// keep the page in its back/forward cache, whatever its Cache-Control, and
+// show it again as it was, secret and all (review). The list beside one
+// still names the key or subscription made.
+function forgetSecrets() {
+	for (const box of env.root.querySelectorAll('div.secret')) {
+		box.replaceChildren(h('p', null, 'The secret shown here was cleared when you left the page: it is shown once. If you did not store it, make another (and revoke or delete the one it belonged to).'));
+	}
+	for (const field of env.root.querySelectorAll('input[type="password"]')) field.value = '';
+}
+
+/** start runs the console in e: {document, root, storage, fetch, location, confirm, onHashChange, onPageHide, setTimeout}. */
 export function start(e) {
 	env = e;
 	e.onHashChange(() => render());
+	if (e.onPageHide) e.onPageHide(forgetSecrets);
 	return render();
 }
 
@@ -2470,6 +2483,7 @@ if (typeof window !== 'undefined' && typeof document !== 'undefined' && document
 		location: window.location,
 		confirm: (m) => window.confirm(m),
 		onHashChange: (fn) => window.addEventListener('hashchange', fn),
+		onPageHide: (fn) => window.addEventListener('pagehide', fn),
 		setTimeout: (fn, ms) => window.setTimeout(fn, ms),
 	});
 }

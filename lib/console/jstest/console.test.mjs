@@ -61,6 +61,9 @@ async function mount(key, hash = '', rewrite) {
 		requests: [],
 		// idempotencyKeys: the Idempotency-Key each request sent (or undefined).
 		idempotencyKeys: [],
+		// pageHide: what the page does as it is hidden (left, or put in the
+		// back/forward cache).
+		pageHide: null,
 		location: {
 			_hash: hash,
 			get hash() {
@@ -98,6 +101,7 @@ async function mount(key, hash = '', rewrite) {
 			return ui.confirmAnswer;
 		},
 		onHashChange: (fn) => (onHash = fn),
+		onPageHide: (fn) => (ui.pageHide = fn),
 		setTimeout: (fn, ms) => ui.timers.push({ fn, ms }),
 	});
 	await app.rendered();
@@ -772,6 +776,39 @@ test('a key created again after its answer was lost is the same key; an edit or 
 	assert.deepEqual(alerts(ui), []);
 	assert.equal((await named('first-try')).length, 1);
 	assert.equal((await api('GET', '/keys/current', f.querySelector('input.secret-value').value)).body.name, 'second-try');
+});
+
+test('a secret shown once, and a key typed in the sign-in, are cleared as the page is hidden (the back/forward cache)', async () => {
+	// Review: the page is Cache-Control: no-cache, so a browser may restore
+	// it from its back/forward cache still showing a secret shown once.
+	const key = await signup();
+	const ui = await mount(key, '#/keys');
+	const f = await submit(ui.root, 'Create key', { name: 'hidden', preset: 'AGENT', tools: '', ceiling: '', rate: '' });
+	const secret = f.querySelector('input.secret-value').value;
+	assert.match(secret, /^rk_/);
+	ui.pageHide();
+	assert.equal(ui.root.querySelector('input.secret-value'), null);
+	assert.ok(!ui.root.querySelectorAll('input').some((i) => i.value === secret), 'no field holds it');
+	assert.match(f.textContent, /The secret shown here was cleared when you left the page/);
+	assert.match(row(ui, 'hidden').textContent, /effects:begin/, 'the key made still listed');
+
+	await go(ui, '#/webhooks');
+	const w = formOf(button(ui.root, 'Subscribe'));
+	field(w, 'url').value = 'https://example.com/hidden';
+	w.querySelectorAll('input').find((i) => i.value === 'run.finished').checked = true;
+	await w.dispatch('submit');
+	await app.rendered();
+	const signing = w.querySelector('input.secret-value').value;
+	assert.match(signing, /\S{16,}/);
+	ui.pageHide();
+	assert.equal(ui.root.querySelector('input.secret-value'), null);
+	assert.ok(!ui.root.querySelectorAll('input').some((i) => i.value === signing), 'no field holds it');
+
+	const out = await mount(null);
+	const typed = field(formOf(button(out.root, 'Sign in')), 'key');
+	typed.value = key;
+	out.pageHide();
+	assert.equal(typed.value, '');
 });
 
 test('a key pasted with a line break is refused without repeating it; a browser refusal naming the key is not shown', async () => {
