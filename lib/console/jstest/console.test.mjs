@@ -140,6 +140,15 @@ async function submit(el, label, values = {}) {
 	return form;
 }
 
+// fillSubscribe fills the webhooks page's Subscribe form with url and
+// events (those ticked, the others not), and answers the form.
+function fillSubscribe(ui, url, events) {
+	const f = formOf(button(ui.root, 'Subscribe'));
+	field(f, 'url').value = url;
+	for (const box of f.querySelectorAll('input').filter((i) => i.name === 'events')) box.checked = events.includes(box.value);
+	return f;
+}
+
 async function click(el, label) {
 	await button(el, label).dispatch('click');
 	await app.rendered();
@@ -793,9 +802,7 @@ test('a secret shown once, and a key typed in the sign-in, are cleared as the pa
 	assert.match(row(ui, 'hidden').textContent, /effects:begin/, 'the key made still listed');
 
 	await go(ui, '#/webhooks');
-	const w = formOf(button(ui.root, 'Subscribe'));
-	field(w, 'url').value = 'https://example.com/hidden';
-	w.querySelectorAll('input').find((i) => i.value === 'run.finished').checked = true;
+	const w = fillSubscribe(ui, 'https://example.com/hidden', ['run.finished']);
 	await w.dispatch('submit');
 	await app.rendered();
 	const signing = w.querySelector('input.secret-value').value;
@@ -938,9 +945,7 @@ test('a key or subscription made while its list has more pages is listed beside 
 
 	await api('POST', '/webhooks', key, { url: 'https://example.com/first', events: ['run.finished'] });
 	await go(ui, '#/webhooks?limit=1');
-	const w = formOf(button(ui.root, 'Subscribe'));
-	field(w, 'url').value = 'https://example.com/second';
-	w.querySelectorAll('input').find((i) => i.value === 'step.exhausted').checked = true;
+	const w = fillSubscribe(ui, 'https://example.com/second', ['step.exhausted']);
 	await w.dispatch('submit');
 	await app.rendered();
 	assert.match(w.querySelector('input.secret-value').value, /\S{16,}/);
@@ -1898,11 +1903,7 @@ test("reconcile: the vendor's CSV compared, an unknown outcome it settles resolv
 test('webhooks: a subscription made with its events, its deliveries page, then ended', async () => {
 	const key = await signup();
 	const ui = await mount(key, '#/webhooks');
-	const f = formOf(button(ui.root, 'Subscribe'));
-	field(f, 'url').value = 'https://example.com/hooks/ratchet';
-	for (const box of f.querySelectorAll('input').filter((i) => i.name === 'events')) {
-		box.checked = ['approval.requested', 'effect.indeterminate'].includes(box.value);
-	}
+	const f = fillSubscribe(ui, 'https://example.com/hooks/ratchet', ['approval.requested', 'effect.indeterminate']);
 	// Its answer lost, sent again: one subscription, its secret shown
 	// (review: a second was made, the first's secret never seen).
 	ui.loseAnswer = true;
