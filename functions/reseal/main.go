@@ -106,6 +106,14 @@ func answer(stdout, stderr io.Writer, rep reseal.Report, err error, check, asJSO
 		fmt.Fprintln(stderr, "reseal:", redact.ErrorText(err))
 		return 1
 	}
+	if err != nil {
+		// Interrupted: whatever it counted is not a verdict. A count
+		// stopped between its columns printed "not sealed with the current
+		// key" of columns it never read, and one stopped while recording
+		// the key ids (after a complete count, seal_keys not brought up to
+		// it) printed "older keys can be removed", complete true in JSON.
+		rep.Complete, rep.Counted = false, false
+	}
 	if asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
@@ -142,10 +150,10 @@ func printReport(w io.Writer, rep reseal.Report, check bool) {
 	switch {
 	case rep.Complete:
 		fmt.Fprintln(w, "every ciphertext is sealed with the current key: older keys can be removed")
-	case check:
-		fmt.Fprintln(w, "some ciphertexts are not sealed with the current key: run reseal before removing older keys")
 	case !rep.Counted:
 		fmt.Fprintln(w, "stopped before it was done: keep the older keys and run it again")
+	case check:
+		fmt.Fprintln(w, "some ciphertexts are not sealed with the current key: run reseal before removing older keys")
 	default:
 		fmt.Fprintln(w, "some ciphertexts are still not sealed with the current key: keep the older keys "+
 			"(rows busy or changed during the run are resealed by running it again; unknown-key and "+

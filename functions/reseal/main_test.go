@@ -74,6 +74,33 @@ func TestRotationCommand(t *testing.T) {
 	require.Contains(t, partial.String(), "keep the older keys and run it again")
 }
 
+// An interrupted count is no verdict, whatever it had counted: one stopped
+// between its columns said "not sealed with the current key" of columns it
+// never read, and one stopped while recording the key ids it found (its
+// count complete, seal_keys not brought up to it) said "older keys can be
+// removed", and complete true in JSON, with exit 1 (review).
+func TestAnInterruptedCountGivesNoVerdict(t *testing.T) {
+	counted := reseal.Report{CurrentKeyID: "00000000", Complete: true, Counted: true,
+		Columns: []reseal.ColumnReport{{Column: "effects.payload", Current: 3}}}
+	partial := reseal.Report{CurrentKeyID: "00000000",
+		Columns: []reseal.ColumnReport{{Column: "effects.payload", Current: 3}}}
+	for name, rep := range map[string]reseal.Report{"counted": counted, "partial": partial} {
+		var out, errOut bytes.Buffer
+		require.Equal(t, 1, answer(&out, &errOut, rep, context.Canceled, true, false), name)
+		require.NotContains(t, out.String(), "can be removed", name)
+		require.NotContains(t, out.String(), "run reseal before removing", name)
+		require.Contains(t, out.String(), "stopped before it was done", name)
+		require.Contains(t, errOut.String(), "interrupted", name)
+
+		out.Reset()
+		require.Equal(t, 1, answer(&out, &bytes.Buffer{}, rep, context.Canceled, true, true), name)
+		var got reseal.Report
+		require.NoError(t, json.Unmarshal(out.Bytes(), &got), name)
+		require.False(t, got.Complete, name)
+		require.False(t, got.Counted, name)
+	}
+}
+
 // On Lambda a run that its invocation's time cuts short answers what it did
 // (complete false: invoke again to continue), keeping lambdaReserve to
 // answer in; it ran to the function's timeout, stopped there with "Task
