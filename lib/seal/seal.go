@@ -34,12 +34,27 @@ type Sealer struct {
 }
 
 // New builds a Sealer. current seals; older keys only open.
+//
+// Two different keys with the same id (the first 4 bytes of their SHA-256:
+// one pair in some four billion) are refused: a ciphertext is opened by the
+// key its id names, so one of them would seal what the other is asked to
+// open, and every instance would read those values as damaged. The same key
+// given twice (as RESULT_ENCRYPTION_KEY and in RESULT_ENCRYPTION_KEYS) is
+// one key.
 func New(current []byte, older ...[]byte) (*Sealer, error) {
 	s := &Sealer{aeads: map[[4]byte]cipher.AEAD{}}
+	sums := map[[4]byte][sha256.Size]byte{}
 	add := func(k []byte) ([4]byte, error) {
 		if len(k) != 32 {
 			return [4]byte{}, fmt.Errorf("seal: key must be 32 bytes, got %d", len(k))
 		}
+		sum := sha256.Sum256(k)
+		id := [4]byte(sum[:4])
+		if seen, ok := sums[id]; ok && seen != sum {
+			// The id is not secret (reseal reports ids); the keys are.
+			return [4]byte{}, fmt.Errorf("seal: two different keys share the key id %x: replace one of them", id)
+		}
+		sums[id] = sum
 		block, err := aes.NewCipher(k)
 		if err != nil {
 			return [4]byte{}, fmt.Errorf("seal: %w", err)
@@ -48,7 +63,6 @@ func New(current []byte, older ...[]byte) (*Sealer, error) {
 		if err != nil {
 			return [4]byte{}, fmt.Errorf("seal: %w", err)
 		}
-		id := KeyID(k)
 		s.aeads[id] = aead
 		return id, nil
 	}

@@ -2,6 +2,7 @@ package seal
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"testing"
 
@@ -137,4 +138,38 @@ func TestOpenToReusesItsBufferAndFailsAsOpenDoes(t *testing.T) {
 	pt, err = s.OpenTo(buf[:0], nil, aad)
 	require.NoError(t, err)
 	require.Empty(t, pt, "a nil ciphertext opens to nothing")
+}
+
+// Two different keys whose ids collide are refused (one of them would seal
+// what the other is asked to open, and every instance would read those
+// values as damaged); the same key twice is one key (review: the later one
+// silently took the id over, the current key's included).
+func TestNewRefusesTwoKeysSharingAnID(t *testing.T) {
+	t.Parallel()
+	// A pair of keys whose SHA-256 begins alike: about 2^16 tries (birthday).
+	seen := map[[4]byte][]byte{}
+	var a, b []byte
+	for i := uint64(0); b == nil; i++ {
+		k := make([]byte, 32)
+		binary.BigEndian.PutUint64(k, i)
+		id := KeyID(k)
+		if other, ok := seen[id]; ok {
+			a, b = other, k
+		}
+		seen[id] = k
+	}
+	require.Equal(t, KeyID(a), KeyID(b))
+	for _, keys := range [][2][]byte{{a, b}, {b, a}} {
+		_, err := New(keys[0], keys[1])
+		require.ErrorContains(t, err, fmt.Sprintf("share the key id %x", KeyID(a)))
+		_, err = New(key(1), keys[0], keys[1])
+		require.ErrorContains(t, err, "share the key id")
+	}
+	s, err := New(a, key(2), a)
+	require.NoError(t, err, "the same key twice is one key")
+	require.Len(t, s.Headers(), 2)
+	ct := s.Seal([]byte("v"), []byte("aad"))
+	pt, err := s.Open(ct, []byte("aad"))
+	require.NoError(t, err)
+	require.Equal(t, "v", string(pt))
 }
