@@ -457,7 +457,7 @@ func (c *Claim) giveUp(ctx context.Context) error {
 // meanwhile, for the next pass. It answers how many it linked or found
 // showing no secret.
 func (s *Store) LinkAnswers(ctx context.Context, limit int, secretOf func(body []byte) string) (int, error) {
-	rows, err := s.pool.Query(ctx, sqlUnlinked, limit)
+	rows, err := s.pool.Query(ctx, sqlUnlinked, limit, s.sealer.Headers())
 	if err != nil {
 		return 0, fmt.Errorf("idempotency: read unlinked answers: %w", err)
 	}
@@ -551,10 +551,15 @@ const sqlAnswered = `
 SELECT status IS NOT NULL FROM idempotent_requests WHERE key_id = $1 AND idempotency_key = $2 AND request_id = $3`
 
 // sqlUnlinked reads up to $1 answers recorded before migration 0067
-// (idempotent_requests_unlinked_idx), oldest first.
+// (idempotent_requests_unlinked_idx), oldest first, of those sealed under
+// a key this instance has ($2: seal.Sealer.Headers). Each pass reads the
+// oldest again until it is linked: without the filter, a limit's worth
+// sealed under a key the instance lacks, which it can never link, came
+// first at every pass and held every later answer unlinked (review), its
+// secret kept past its resource's delete for the rest of its day.
 const sqlUnlinked = `
 SELECT key_id, idempotency_key, answer FROM idempotent_requests
-WHERE resource_id IS NULL AND answer IS NOT NULL
+WHERE resource_id IS NULL AND answer IS NOT NULL AND substring(answer FROM 1 FOR 5) = ANY ($2::bytea[])
 ORDER BY created_at LIMIT $1`
 
 // sqlLink links each answer ($1 API keys, $2 keys, $3 the sealed answers

@@ -1,6 +1,7 @@
 package idempotency_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -15,6 +16,7 @@ import (
 	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/idempotency"
 	"github.com/getratchet/ratchet/lib/ids"
+	"github.com/getratchet/ratchet/lib/seal"
 	"github.com/getratchet/ratchet/lib/testpg"
 )
 
@@ -401,6 +403,52 @@ func TestAnswersRecordedBeforeTheirLinkAreLinked(t *testing.T) {
 	require.Equal(t, `{"id":"`+hook+`","secret":"whsec_1"}`, string(stored.Body), "linked, not erased")
 }
 
+// Answers this instance cannot open (sealed under a key it lacks) do not
+// hold up the ones behind them: a pass read the oldest limit of them, linked
+// none, and read the same ones at every pass after (review), so a later
+// answer stayed unlinked, its secret kept past its resource's delete. Not
+// parallel: LinkAnswers reads every test's rows, and these come first.
+func TestAnswersNoInstanceHereCanOpenDoNotHoldUpTheRest(t *testing.T) {
+	s, _, req := store(t, time.Now())
+	ctx := context.Background()
+	hook := ids.New(ids.Webhook)
+	held := []string{"held-1", "held-2"}
+	for _, k := range append(held, req.Key) {
+		r := req
+		r.Key, r.ID = k, ids.New(ids.Request)
+		record(t, s, mustClaim(t, s, r), 201, `{"id":"`+hook+`","secret":"whsec_1"}`)
+	}
+	t.Cleanup(func() {
+		_, err := s.pool.Exec(context.Background(), `DELETE FROM idempotent_requests WHERE key_id = $1`, req.APIKeyID)
+		require.NoError(t, err)
+	})
+	// As the release before 0067 recorded them, the held ones first and
+	// under a key this instance lacks.
+	_, err := s.pool.Exec(ctx, `UPDATE idempotent_requests SET resource_id = NULL,
+		created_at = timestamptz '2000-01-01 00:00:00Z' + CASE idempotency_key WHEN $2 THEN 0 WHEN $3 THEN 1 ELSE 2 END
+		    * interval '1 second'
+		WHERE key_id = $1`, req.APIKeyID, held[0], held[1])
+	require.NoError(t, err)
+	elsewhere, err := seal.New(bytes.Repeat([]byte{0xee}, 32))
+	require.NoError(t, err)
+	for _, k := range held {
+		_, err := s.pool.Exec(ctx, `UPDATE idempotent_requests SET answer = $3 WHERE key_id = $1 AND idempotency_key = $2`,
+			req.APIKeyID, k, elsewhere.Seal([]byte(`{"id":"`+hook+`","secret":"whsec_1"}`),
+				idempotency.AnswerAAD(req.APIKeyID, k)))
+		require.NoError(t, err)
+	}
+	secretOf := func([]byte) string { return hook }
+	for range 2 {
+		_, err = s.LinkAnswers(ctx, len(held), secretOf)
+		require.NoError(t, err)
+	}
+	var linked *string
+	require.NoError(t, s.pool.QueryRow(ctx, `SELECT resource_id FROM idempotent_requests
+		WHERE key_id = $1 AND idempotency_key = $2`, req.APIKeyID, req.Key).Scan(&linked))
+	require.NotNil(t, linked, "linked behind the answers it cannot open")
+	require.Equal(t, hook, *linked)
+}
+
 // LinkAnswers reads the answers kept before migration 0067 through
 // idempotent_requests_unlinked_idx: once they are linked, a pass reads
 // none of the day of answers recorded since (20,000 here), in both plan
@@ -419,7 +467,7 @@ func TestLinkAnswersReadsTheUnlinkedOnly(t *testing.T) {
 		ANALYZE idempotent_requests;`)
 	require.NoError(t, err)
 	for _, mode := range testpg.PlanCacheModes {
-		read, _, err := testpg.RowsRead(ctx, tx, mode, idempotency.SQLUnlinked, 1000)
+		read, _, err := testpg.RowsRead(ctx, tx, mode, idempotency.SQLUnlinked, 1000, [][]byte{{0x01, 0xaa}})
 		require.NoError(t, err, mode)
 		require.LessOrEqual(t, read["idempotent_requests"], 40, "%s: rows of idempotent_requests read", mode)
 	}
