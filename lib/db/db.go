@@ -310,8 +310,17 @@ func CollectIDs(rows pgx.Rows, err error) ([]string, error) {
 
 // Snapshot runs fn in a read-only REPEATABLE READ transaction, so that a
 // read made of several statements (a run, then its steps and their
-// attempts) sees one moment and not a transition halfway.
+// attempts) sees one moment and not a transition halfway. When ctx
+// carries a request's transaction (BeginRequest), fn reads in a savepoint
+// of it instead, as Tx does: the read that answers a keyed action (a
+// step's cancel) sees what the action wrote, uncommitted yet, where a
+// snapshot of its own saw the state before, and the read needs no second
+// connection of the pool, which the request's transaction may hold. The
+// rows that action locked hold still until it commits.
 func Snapshot(ctx context.Context, pool *pgxpool.Pool, fn func(pgx.Tx) error) error {
+	if requestTx(ctx) != nil {
+		return Tx(ctx, pool, fn)
+	}
 	return pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, fn)
 }
 

@@ -318,3 +318,25 @@ func resolvedPath(c *Call) string {
 	}
 	return path
 }
+
+// retriedAction is said of an action that takes an Idempotency-Key though
+// it creates nothing: one that sets a state another actor may set back
+// (a breaker opened or closed, the stop, a step's cancel, an endpoint's
+// pause), which a repeat sent after that change would undo.
+const retriedAction = "Sent again without an Idempotency-Key (a retry after a lost answer), it acts again on " +
+	"the state it then finds, undoing a change another actor made since; under the first request's " +
+	"Idempotency-Key it is answered the first answer again and changes nothing."
+
+// bodiless is h for an action without a body of its own that declares one
+// (Request struct{}{}) to take an Idempotency-Key (mustKeyABody): the body,
+// nothing or {}, is refused with any field in it, as Server.run refuses
+// one sent to a route that declares none.
+func bodiless(h HandlerFunc) HandlerFunc {
+	return func(ctx context.Context, c *Call) (any, error) {
+		var none struct{}
+		if err := c.Decode(&none); err != nil {
+			return nil, err
+		}
+		return h(ctx, c)
+	}
+}

@@ -45,6 +45,7 @@ func TestIdempotencyKeysRacingOnTwoInstancesActOnce(t *testing.T) {
 		}
 	}
 	const racers = 16
+	methods := idempotentMethods()
 	for name, call := range calls {
 		same, err := json.Marshal(call.body)
 		require.NoError(t, err)
@@ -58,7 +59,7 @@ func TestIdempotencyKeysRacingOnTwoInstancesActOnce(t *testing.T) {
 		before := effects(e, name)
 		answers := make([]*apitest.Response, racers)
 		apitest.StartTogether(racers, func(i int) {
-			answers[i] = instances[i%2].DoWith("POST", call.path, call.key, idemKey("hammer:"+name), bodies[bodyOf(i)])
+			answers[i] = instances[i%2].DoWith(methods[name], call.path, call.key, idemKey("hammer:"+name), bodies[bodyOf(i)])
 		})
 		actor := -1
 		for i, r := range answers {
@@ -88,7 +89,7 @@ func TestIdempotencyKeysRacingOnTwoInstancesActOnce(t *testing.T) {
 		if before >= 0 {
 			require.Equal(t, before+1, effects(e, name), "%s: made once", name)
 		}
-		again := other.DoWith("POST", call.path, call.key, idemKey("hammer:"+name), bodies[bodyOf(actor)])
+		again := other.DoWith(methods[name], call.path, call.key, idemKey("hammer:"+name), bodies[bodyOf(actor)])
 		require.Equal(t, string(acted.Body), string(again.Body), "%s: given again once the race is over", name)
 	}
 }

@@ -160,7 +160,8 @@ func TestToolTestUnderAnIdempotencyKeyRunsOnce(t *testing.T) {
 }
 
 // The routes that take the header are the creates without a key of their
-// own; each answers JSON (what is kept and given again), and acts within
+// own and the actions a repeat of which would undo another actor's change;
+// each answers JSON (what is kept and given again), and acts within
 // idempotency.ActingTime (its time and the answer's recording), which a
 // claim outlives, so it lapses only when its request is gone.
 func TestIdempotentRoutes(t *testing.T) {
@@ -180,7 +181,11 @@ func TestIdempotentRoutes(t *testing.T) {
 	}
 	require.Less(t, idempotency.ActingTime, idempotency.ClaimTTL)
 	require.ElementsMatch(t, []string{"keys.create", "webhooks.create", "contracts.publish", "tools.test",
-		"workers.register", "steps.replay", "webhooks.deliveries.retry", "webhooks.rotate_secret", "reconcile"}, idempotent)
+		"workers.register", "steps.replay", "webhooks.deliveries.retry", "webhooks.rotate_secret", "reconcile",
+		// The actions whose repeat would undo another actor's change
+		// (TestARetriedActionUndoesNoChangeMadeSince).
+		"circuits.open", "circuits.close", "circuits.stop", "circuits.release", "steps.cancel",
+		"endpoints.pause", "endpoints.resume", "endpoints.circuit.close", "webhooks.update"}, idempotent)
 }
 
 // A route that takes an Idempotency-Key declares the body the key is
@@ -405,6 +410,7 @@ func TestIdempotentRoutesActInTheRequestTransaction(t *testing.T) {
 	wid := e.register("send_email@1")
 	calls := idempotentCalls(e, wid)
 	var names []string
+	methods := idempotentMethods()
 	for _, r := range httpapi.Routes() {
 		if r.Idempotent {
 			names = append(names, r.Name)
@@ -414,7 +420,7 @@ func TestIdempotentRoutesActInTheRequestTransaction(t *testing.T) {
 	for _, name := range names {
 		call, ok := calls[name]
 		require.True(t, ok, "a call of %s", name)
-		r := e.DoWith("POST", call.path, call.key, idemKey("one-connection:"+name), call.body)
+		r := e.DoWith(methods[name], call.path, call.key, idemKey("one-connection:"+name), call.body)
 		require.Less(t, r.Status, 300, "%s: %s", name, r.Body)
 	}
 	// The tool test and the replay each queued a job, claimable now.
@@ -497,6 +503,18 @@ func TestKeyedReplayOfALapsedStepTakesTheRunLocksInOrder(t *testing.T) {
 }
 
 // keyedCall is a request of a route that takes an Idempotency-Key.
+// idempotentMethods is the method of each route that takes an
+// Idempotency-Key, by route name (a webhook's update is a PATCH).
+func idempotentMethods() map[string]string {
+	methods := map[string]string{}
+	for _, r := range httpapi.Routes() {
+		if r.Idempotent {
+			methods[r.Name] = r.Method
+		}
+	}
+	return methods
+}
+
 type keyedCall struct {
 	path, key string
 	body      any
@@ -519,13 +537,25 @@ func idempotentCalls(e *jobsEnv, wid string) map[string]keyedCall {
 	}
 	e.Must(http.StatusOK, "GET", "/api/v1/webhooks/"+hook+"/deliveries", e.ws.Key, nil).Decode(e.T, &deliveries)
 	require.NotEmpty(e.T, deliveries.Data)
+	ep := e.endpoint("one-connection")["id"].(string)
+	queued := e.enqueue(e.run(), map[string]any{"name": "send_email", "version": "1",
+		"input": map[string]any{"cancelled": true}})["stepId"].(string)
 	return map[string]keyedCall{
-		"keys.create":       {"/api/v1/keys", e.ws.Key, map[string]any{"name": "k", "preset": "AGENT"}},
-		"webhooks.create":   {"/api/v1/webhooks", e.ws.Key, hookBody},
-		"contracts.publish": {"/api/v1/tools/mail/contracts", e.ws.Key, map[string]any{"handlerVersion": "1", "inputSchema": map[string]any{}, "outputSchema": map[string]any{}}},
-		"tools.test":        {"/api/v1/tools/send_email/test", e.ws.Key, map[string]any{"version": "1", "input": map[string]any{}}},
-		"workers.register":  {"/api/v1/workers/register", e.worker, map[string]any{"tools": []any{map[string]any{"name": "send_email", "version": "1"}}}},
-		"steps.replay":      {"/api/v1/steps/" + stepID + "/replay", e.ws.Key, map[string]any{"acknowledgeDuplicateRisk": true}},
+		"circuits.stop":           {"/api/v1/circuits/stop", e.ws.Key, map[string]any{"action": "deny"}},
+		"circuits.release":        {"/api/v1/circuits/release", e.ws.Key, map[string]any{}},
+		"circuits.open":           {"/api/v1/circuits/email.send/open", e.ws.Key, map[string]any{}},
+		"circuits.close":          {"/api/v1/circuits/email.send/close", e.ws.Key, map[string]any{}},
+		"steps.cancel":            {"/api/v1/steps/" + queued + "/cancel", e.ingest, map[string]any{}},
+		"endpoints.pause":         {"/api/v1/endpoints/" + ep + "/pause", e.ws.Key, map[string]any{}},
+		"endpoints.resume":        {"/api/v1/endpoints/" + ep + "/resume", e.ws.Key, map[string]any{}},
+		"endpoints.circuit.close": {"/api/v1/endpoints/" + ep + "/circuit/close", e.ws.Key, map[string]any{}},
+		"webhooks.update":         {"/api/v1/webhooks/" + hook, e.ws.Key, map[string]any{"disabled": false}},
+		"keys.create":             {"/api/v1/keys", e.ws.Key, map[string]any{"name": "k", "preset": "AGENT"}},
+		"webhooks.create":         {"/api/v1/webhooks", e.ws.Key, hookBody},
+		"contracts.publish":       {"/api/v1/tools/mail/contracts", e.ws.Key, map[string]any{"handlerVersion": "1", "inputSchema": map[string]any{}, "outputSchema": map[string]any{}}},
+		"tools.test":              {"/api/v1/tools/send_email/test", e.ws.Key, map[string]any{"version": "1", "input": map[string]any{}}},
+		"workers.register":        {"/api/v1/workers/register", e.worker, map[string]any{"tools": []any{map[string]any{"name": "send_email", "version": "1"}}}},
+		"steps.replay":            {"/api/v1/steps/" + stepID + "/replay", e.ws.Key, map[string]any{"acknowledgeDuplicateRisk": true}},
 		"webhooks.deliveries.retry": {"/api/v1/webhooks/" + hook + "/deliveries/retry", e.ws.Key,
 			map[string]any{"delivery_ids": []string{deliveries.Data[0].ID}}},
 		"webhooks.rotate_secret": {"/api/v1/webhooks/" + hook + "/rotate-secret", e.ws.Key, map[string]any{}},

@@ -74,12 +74,16 @@ type Route struct {
 	// DedupOK documents that a create (Status 201) answers 200 with the same
 	// body when it finds what it would create (a deduplicated enqueue).
 	DedupOK bool
-	// Idempotent marks a create with no idempotency key of its own that
-	// takes an Idempotency-Key header: its success is kept a day and given
-	// again to the same request from the same key (lib/idempotency,
-	// Server.runOnce). Other routes ignore the header. Such a route
-	// declares its Request body, which the key is compared over
-	// (mustKeyABody refuses one that does not).
+	// Idempotent marks a route that takes an Idempotency-Key header: its
+	// success is kept a day and given again to the same request from the
+	// same key (lib/idempotency, Server.runOnce). A create with no
+	// idempotency key of its own takes it, and so does an action that sets
+	// a state another actor may set back (a breaker's close, a step's
+	// cancel, an endpoint's pause), whose repeat after a lost answer would
+	// otherwise undo that actor's change. Other routes ignore the header.
+	// Such a route declares its Request body, which the key is compared
+	// over (mustKeyABody refuses one that does not; struct{}{} with
+	// bodiless for an action without one).
 	Idempotent bool
 	// Bodiless lists other success statuses the route answers without a
 	// body, with what each means (MCP's 202 to a notification).

@@ -38,34 +38,37 @@ func (s *Server) circuitRoutes() []Route {
 		},
 		{
 			Method: "POST", Pattern: "/api/v1/circuits/stop", Name: "circuits.stop", Tag: "circuits", Scopes: write,
+			Idempotent: true,
 			Summary: "Emergency stop: hold every effect type, including types first seen while it is on, with " +
-				"action (default require_approval) until released. Answers every circuit.",
+				"action (default require_approval) until released. Answers every circuit. " + retriedAction,
 			Request: gate.OpenCircuitRequest{}, Response: Page[gate.Circuit]{}, Status: 200,
 			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeForbidden},
 			Handle: s.stopCircuits,
 		},
 		{
 			Method: "POST", Pattern: "/api/v1/circuits/release", Name: "circuits.release", Tag: "circuits",
-			Scopes: write, Summary: "Lift the emergency stop. Breakers of single types stay as they are.",
-			Response: Page[gate.Circuit]{}, Status: 200, Errors: []string{apierr.CodeForbidden},
-			Handle: s.releaseCircuits,
+			Scopes: write, Idempotent: true,
+			Summary: "Lift the emergency stop. Breakers of single types stay as they are. " + retriedAction,
+			Request: struct{}{}, Response: Page[gate.Circuit]{}, Status: 200, Errors: []string{apierr.CodeForbidden},
+			Handle: bodiless(s.releaseCircuits),
 		},
 		{
 			Method: "POST", Pattern: "/api/v1/circuits/{effect_type}/open", Name: "circuits.open", Tag: "circuits",
-			Scopes: write,
+			Scopes: write, Idempotent: true,
 			Summary: "Open an effect type's breaker by hand with action monitor, require_approval (default) or " +
-				"deny. It has no cooldown: it stays open until closed.",
+				"deny. It has no cooldown: it stays open until closed. " + retriedAction,
 			Request: gate.OpenCircuitRequest{}, Response: gate.Circuit{}, Status: 200,
 			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeForbidden},
 			Handle: s.openCircuit,
 		},
 		{
 			Method: "POST", Pattern: "/api/v1/circuits/{effect_type}/close", Name: "circuits.close", Tag: "circuits",
-			Scopes: write,
+			Scopes: write, Idempotent: true,
 			Summary: "Close an effect type's breaker: a fresh surge allowance counted from now; the breaker stays " +
-				"armed. Does not lift the emergency stop.",
-			Response: gate.Circuit{}, Status: 200, Errors: []string{apierr.CodeInvalidRequest, apierr.CodeForbidden},
-			Handle: s.closeCircuit,
+				"armed. Does not lift the emergency stop. " + retriedAction,
+			Request: struct{}{}, Response: gate.Circuit{}, Status: 200,
+			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeForbidden},
+			Handle: bodiless(s.closeCircuit),
 		},
 	}
 }

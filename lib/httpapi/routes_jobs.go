@@ -96,10 +96,13 @@ func (s *Server) jobsRoutes() []Route {
 		},
 		{
 			Method: "POST", Pattern: "/api/v1/steps/{id}/cancel", Name: "steps.cancel", Tag: "jobs", Scopes: runsWrite,
+			Idempotent: true,
 			Summary: "Cancel a step that has not ended. A running job's worker sees cancelRequested on its next " +
-				"heartbeat; a replay of the step is not claimed until that attempt reports or its lease expires.",
-			Response: jobs.Step{}, Status: 200, Errors: []string{apierr.CodeNotFound, apierr.CodeInvalidState},
-			Handle: s.cancelStep,
+				"heartbeat; a replay of the step is not claimed until that attempt reports or its lease expires. " +
+				"Cancelling a cancelled step answers it unchanged. " + retriedAction,
+			Request: struct{}{}, Response: jobs.Step{}, Status: 200,
+			Errors: []string{apierr.CodeNotFound, apierr.CodeInvalidState},
+			Handle: bodiless(s.cancelStep),
 		},
 		{
 			Method: "POST", Pattern: "/api/v1/workers/register", Name: "workers.register", Tag: "workers", Scopes: work,
@@ -198,19 +201,24 @@ func (s *Server) jobsRoutes() []Route {
 		},
 		{
 			Method: "POST", Pattern: "/api/v1/endpoints/{id}/pause", Name: "endpoints.pause", Tag: "endpoints",
-			Scopes: endpointsWrite, Summary: "Pause: jobs are accepted but not claimed, consuming no attempts.",
-			Response: jobs.Endpoint{}, Status: 200, Errors: []string{apierr.CodeNotFound}, Handle: s.pauseEndpoint,
+			Scopes: endpointsWrite, Idempotent: true,
+			Summary: "Pause: jobs are accepted but not claimed, consuming no attempts. " + retriedAction,
+			Request: struct{}{}, Response: jobs.Endpoint{}, Status: 200, Errors: []string{apierr.CodeNotFound},
+			Handle: bodiless(s.pauseEndpoint),
 		},
 		{
 			Method: "POST", Pattern: "/api/v1/endpoints/{id}/resume", Name: "endpoints.resume", Tag: "endpoints",
-			Scopes: endpointsWrite, Summary: "Resume a paused endpoint.",
-			Response: jobs.Endpoint{}, Status: 200, Errors: []string{apierr.CodeNotFound}, Handle: s.resumeEndpoint,
+			Scopes: endpointsWrite, Idempotent: true, Summary: "Resume a paused endpoint. " + retriedAction,
+			Request: struct{}{}, Response: jobs.Endpoint{}, Status: 200, Errors: []string{apierr.CodeNotFound},
+			Handle: bodiless(s.resumeEndpoint),
 		},
 		{
 			Method: "POST", Pattern: "/api/v1/endpoints/{id}/circuit/close", Name: "endpoints.circuit.close",
-			Tag: "endpoints", Scopes: endpointsWrite,
-			Summary:  "Close the endpoint's circuit breaker; closing a closed circuit answers the endpoint unchanged.",
-			Response: jobs.Endpoint{}, Status: 200, Errors: []string{apierr.CodeNotFound}, Handle: s.closeEndpointCircuit,
+			Tag: "endpoints", Scopes: endpointsWrite, Idempotent: true,
+			Summary: "Close the endpoint's circuit breaker; closing a closed circuit answers the endpoint unchanged. " +
+				retriedAction,
+			Request: struct{}{}, Response: jobs.Endpoint{}, Status: 200, Errors: []string{apierr.CodeNotFound},
+			Handle: bodiless(s.closeEndpointCircuit),
 		},
 		{
 			Method: "GET", Pattern: "/api/v1/queue/health", Name: "queue.health", Tag: "operations", Scopes: runsRead,

@@ -77,13 +77,15 @@ func (s *Server) webhookRoutes() []Route {
 		},
 		{
 			Method: "PATCH", Pattern: "/api/v1/webhooks/{id}", Name: "webhooks.update", Tag: "webhooks", Scopes: scopes,
+			Idempotent: true,
 			Summary: "Change a subscription without deleting it (its secret and deliveries are kept): any of url and " +
 				"events (checked as a create's) and disabled; at least one, none null; the others keep their value. " +
 				"A disabled subscription's pending deliveries are held, and the events recorded while it is disabled " +
 				"are skipped; enabled again, the held ones are sent (one held as long as the server keeps events ends failed, " +
 				"expired while disabled, and goes with its event). A new url applies to every delivery not yet sent, " +
 				"new events to the events fanned out from then on (pending deliveries of a type no longer listed end " +
-				"failed). A send already on its way (at most 10 s) may still reach the old url. Returns the subscription.",
+				"failed). A send already on its way (at most 10 s) may still reach the old url. Returns the subscription. " +
+				retriedAction,
 			Request: webhooks.UpdateRequest{}, Response: webhooks.Webhook{}, Status: 200,
 			Errors: []string{apierr.CodeNotFound, apierr.CodeInvalidRequest},
 			Handle: webhookAction(s, (*webhooks.Service).Update),

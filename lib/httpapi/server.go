@@ -96,7 +96,8 @@ func newWithRoutes(d Deps, table func(*Server) []Route) *Server {
 // (Request): Server.run decodes a bodiless route's body (nothing, or {})
 // before runOnce reads it, so every such request would be hashed as an
 // empty body, and a protocol endpoint (Raw) never reaches runOnce at all.
-// None does today; the nine that take the header each declare one.
+// None does today: every route that takes the header declares one, the
+// bodiless actions struct{}{}.
 func mustKeyABody(r Route) {
 	if r.Idempotent && (r.Request == nil || r.Raw != nil) {
 		panic(fmt.Sprintf("httpapi: route %s (%s %s) takes an Idempotency-Key but declares no request body "+

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/events"
 )
 
@@ -179,7 +180,7 @@ func (s *Service) CloseCircuit(ctx context.Context, workspaceID, id string) (End
 		return Endpoint{}, fmt.Errorf("close endpoint circuit: %w", err)
 	}
 	if was.State == CircuitOpen {
-		s.wake.wakeAll(workspaceID)
+		db.AfterCommit(ctx, func() { s.wake.wakeAll(workspaceID) })
 	}
 	return e, nil
 }

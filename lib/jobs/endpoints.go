@@ -435,15 +435,18 @@ func (s *Service) UpdatePolicy(ctx context.Context, workspaceID, id string, req 
 // none is claimed, so no attempt is consumed; in-flight jobs may finish.
 func (s *Service) SetPaused(ctx context.Context, workspaceID, id string, paused bool) (Endpoint, error) {
 	var e Endpoint
-	err := s.retrying(ctx, func() (err error) {
-		e, err = scanEndpoint(s.pool.QueryRow(ctx, sqlSetPaused, workspaceID, id, paused, s.now()))
+	// In the request's transaction under an Idempotency-Key (db.Tx: in a
+	// savepoint, which a deadlock's victim rolls back to), so that the
+	// change commits with its kept answer.
+	err := s.txRetrying(ctx, func(tx pgx.Tx) (err error) {
+		e, err = scanEndpoint(tx.QueryRow(ctx, sqlSetPaused, workspaceID, id, paused, s.now()))
 		return err
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Endpoint{}, apierr.NotFound("endpoint")
 	}
 	if err == nil && !paused {
-		s.wake.wakeAll(workspaceID) // its held jobs are claimable again
+		db.AfterCommit(ctx, func() { s.wake.wakeAll(workspaceID) }) // its held jobs are claimable again
 	}
 	return e, err
 }
