@@ -1098,6 +1098,82 @@ func TestKeyedCreatesTakeTheCallersIdempotencyKey(t *testing.T) {
 	}
 }
 
+// Every action the server takes an Idempotency-Key on because its repeat
+// would undo another actor's change (a breaker's open or close, the stop
+// and its release, a step's cancel, an endpoint's pause, resume or circuit
+// close, a webhook's update) is sent under a key of the call's own, the
+// same on each of its retries and another on the next call: retried
+// without one, a close whose answer was lost closed a breaker that had
+// tripped again since, a cancel cancelled a replay made since.
+func TestActionsAreRetriedUnderAnIdempotencyKeyOfTheirOwn(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	off := false
+	calls := map[string]func(c *Client) error{
+		"POST /api/v1/circuits/email.send/open": func(c *Client) error {
+			_, err := c.OpenCircuit(ctx, "email.send", BreakerDeny, "incident")
+			return err
+		},
+		"POST /api/v1/circuits/email.send/close": func(c *Client) error {
+			_, err := c.CloseCircuit(ctx, "email.send")
+			return err
+		},
+		"POST /api/v1/circuits/stop": func(c *Client) error {
+			_, err := c.EmergencyStop(ctx, "", "incident")
+			return err
+		},
+		"POST /api/v1/circuits/release": func(c *Client) error {
+			_, err := c.ReleaseEmergencyStop(ctx)
+			return err
+		},
+		"POST /api/v1/steps/stp_1/cancel": func(c *Client) error {
+			_, err := c.CancelStep(ctx, "stp_1")
+			return err
+		},
+		"POST /api/v1/endpoints/end_1/pause": func(c *Client) error {
+			_, err := c.PauseEndpoint(ctx, "end_1")
+			return err
+		},
+		"POST /api/v1/endpoints/end_1/resume": func(c *Client) error {
+			_, err := c.ResumeEndpoint(ctx, "end_1")
+			return err
+		},
+		"POST /api/v1/endpoints/end_1/circuit/close": func(c *Client) error {
+			_, err := c.CloseEndpointCircuit(ctx, "end_1")
+			return err
+		},
+		"PATCH /api/v1/webhooks/whk_1": func(c *Client) error {
+			_, err := c.UpdateWebhook(ctx, "whk_1", WebhookUpdate{Disabled: &off})
+			return err
+		},
+	}
+	for route, call := range calls {
+		var mu sync.Mutex
+		var keys []string
+		c, _ := testClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			defer mu.Unlock()
+			if got := r.Method + " " + r.URL.EscapedPath(); got != route {
+				t.Errorf("%s: called %s", route, got)
+			}
+			keys = append(keys, r.Header.Get(IdempotencyKeyHeader))
+			if len(keys) == 1 {
+				apiError(w, 502, CodeInternal, nil) // its answer lost
+				return
+			}
+			writeJSON(w, 200, map[string]any{})
+		}))
+		for range 2 {
+			if err := call(c); err != nil {
+				t.Fatalf("%s: %v", route, err)
+			}
+		}
+		if len(keys) != 3 || keys[0] == "" || keys[1] != keys[0] || keys[2] == "" || keys[2] == keys[0] {
+			t.Fatalf("%s: keys %q: one per call, the same on its retry", route, keys)
+		}
+	}
+}
+
 // Printing a Config or a *Client (a startup log of the settings, a debug
 // print) wrote the bearer secret: %+v showed every field.
 func TestPrintedConfigAndClientHideTheKey(t *testing.T) {

@@ -186,26 +186,29 @@ func (c *Client) ListCircuits(ctx context.Context, q ListQuery) (*GatePage[Circu
 }
 
 // OpenCircuit opens effectType's breaker by hand: its begins meet action
-// (BreakerRequireApproval when empty) until CloseCircuit. Opening again
-// changes nothing more, so it is retried, as are the other breaker calls.
+// (BreakerRequireApproval when empty) until CloseCircuit. It is retried
+// under an Idempotency-Key of its own, as are the other breaker calls, so
+// that a retry after a lost answer is answered the first answer and never
+// opens again a breaker another operator closed since.
 func (c *Client) OpenCircuit(ctx context.Context, effectType, action, reason string) (*Circuit, error) {
-	return call[Circuit](ctx, c, "POST", "/circuits/"+pathID(effectType)+"/open",
-		breakerBody{Action: action, Reason: reason}, idempotent)
+	return keyedAction[Circuit](ctx, c, "POST", "/circuits/"+pathID(effectType)+"/open",
+		breakerBody{Action: action, Reason: reason})
 }
 
 // CloseCircuit closes effectType's breaker, with a fresh surge allowance
-// counted from now.
+// counted from now. A retry never closes a breaker that tripped again
+// since (an Idempotency-Key of its own).
 func (c *Client) CloseCircuit(ctx context.Context, effectType string) (*Circuit, error) {
-	return call[Circuit](ctx, c, "POST", "/circuits/"+pathID(effectType)+"/close", struct{}{}, idempotent)
+	return keyedAction[Circuit](ctx, c, "POST", "/circuits/"+pathID(effectType)+"/close", struct{}{})
 }
 
 // EmergencyStop holds every effect type, those first seen while it is on
 // included, with action (BreakerRequireApproval when empty) until
 // ReleaseEmergencyStop. It answers at most the first 200 circuits, without
-// a cursor: ListCircuits pages them all.
+// a cursor: ListCircuits pages them all. A retry never stops again after
+// another operator's release (an Idempotency-Key of its own).
 func (c *Client) EmergencyStop(ctx context.Context, action, reason string) (*GatePage[Circuit], error) {
-	return call[GatePage[Circuit]](ctx, c, "POST", "/circuits/stop", breakerBody{Action: action, Reason: reason},
-		idempotent)
+	return keyedAction[GatePage[Circuit]](ctx, c, "POST", "/circuits/stop", breakerBody{Action: action, Reason: reason})
 }
 
 // StopState is whether the emergency stop is on (GET /api/v1/circuits/stop):
@@ -226,7 +229,9 @@ func (c *Client) GetEmergencyStop(ctx context.Context) (*StopState, error) {
 }
 
 // ReleaseEmergencyStop lifts the emergency stop; breakers of single types
-// stay as they are. It answers circuits as EmergencyStop does.
+// stay as they are. It answers circuits as EmergencyStop does. A retry
+// never lifts a stop another operator put on since (an Idempotency-Key of
+// its own).
 func (c *Client) ReleaseEmergencyStop(ctx context.Context) (*GatePage[Circuit], error) {
-	return call[GatePage[Circuit]](ctx, c, "POST", "/circuits/release", struct{}{}, idempotent)
+	return keyedAction[GatePage[Circuit]](ctx, c, "POST", "/circuits/release", struct{}{})
 }

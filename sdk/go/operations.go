@@ -33,6 +33,18 @@ func callKeyed[T any](ctx context.Context, c *Client, method, path, key string, 
 	return &out, nil
 }
 
+// keyedAction is callKeyed with a fresh key, for an action that sets a
+// state another actor may set back (a breaker's open or close, the stop
+// and its release, a step's cancel, an endpoint's pause, resume or circuit
+// close, a webhook's update): made once per call and sent on each of its
+// retries, so that a retry after a lost answer is answered the first
+// answer instead of acting again on a state changed since (a close retried
+// after the breaker tripped again closed the new trip; a cancel retried
+// after a replay cancelled the replay).
+func keyedAction[T any](ctx context.Context, c *Client, method, path string, in any) (*T, error) {
+	return callKeyed[T](ctx, c, method, path, "", in)
+}
+
 // Endpoint is a service its jobs call (GET /api/v1/endpoints/{id}/policy):
 // its retry policy, gates and circuit breaker. A job snapshots the policy
 // when it is enqueued; edits apply to jobs enqueued after them.
@@ -166,21 +178,26 @@ func (c *Client) UpdateEndpointPolicy(ctx context.Context, endpointID string, ex
 }
 
 // PauseEndpoint pauses an endpoint: its jobs are accepted but not claimed,
-// consuming no attempts, until ResumeEndpoint.
+// consuming no attempts, until ResumeEndpoint. Retried under an
+// Idempotency-Key of its own, so that a retry after a lost answer never
+// pauses again an endpoint another operator resumed since (keyedAction).
 func (c *Client) PauseEndpoint(ctx context.Context, endpointID string) (*Endpoint, error) {
-	return c.endpointCall(ctx, "POST", endpointID, "/pause", struct{}{}, idempotent)
+	return keyedAction[Endpoint](ctx, c, "POST", "/endpoints/"+pathID(endpointID)+"/pause", struct{}{})
 }
 
-// ResumeEndpoint resumes a paused endpoint.
+// ResumeEndpoint resumes a paused endpoint, retried under an
+// Idempotency-Key of its own as PauseEndpoint is.
 func (c *Client) ResumeEndpoint(ctx context.Context, endpointID string) (*Endpoint, error) {
-	return c.endpointCall(ctx, "POST", endpointID, "/resume", struct{}{}, idempotent)
+	return keyedAction[Endpoint](ctx, c, "POST", "/endpoints/"+pathID(endpointID)+"/resume", struct{}{})
 }
 
 // CloseEndpointCircuit closes the endpoint's circuit breaker by hand (an
 // operator's word that the service is back: inspect its recent attempts
 // first, ListEndpointAttempts). Closing a closed circuit changes nothing.
+// Retried under an Idempotency-Key of its own, so that a retry never
+// closes the circuit again once it opened again since.
 func (c *Client) CloseEndpointCircuit(ctx context.Context, endpointID string) (*Endpoint, error) {
-	return c.endpointCall(ctx, "POST", endpointID, "/circuit/close", struct{}{}, idempotent)
+	return keyedAction[Endpoint](ctx, c, "POST", "/endpoints/"+pathID(endpointID)+"/circuit/close", struct{}{})
 }
 
 // endpointCall sends one call on /endpoints/{id}{suffix} answered with the

@@ -414,15 +414,12 @@ func (c *Client) Enqueue(ctx context.Context, runID string, input any, opts Enqu
 
 // CancelStep cancels a step's job (POST /api/v1/steps/{id}/cancel). A
 // running handler learns of it at its next heartbeat. It returns the step as
-// the server answers it. Cancelling an already cancelled step answers it
-// again, so the call is retried safely; a step that ended otherwise is 409
-// invalid_state.
+// the server answers it; a step that ended otherwise than cancelled is 409
+// invalid_state. It is retried under an Idempotency-Key of its own, so
+// that a retry after a lost answer is answered the first answer and never
+// cancels a replay of the step made since.
 func (c *Client) CancelStep(ctx context.Context, stepID string) (*Step, error) {
-	var out Step
-	if err := c.do(ctx, "POST", "/steps/"+pathID(stepID)+"/cancel", struct{}{}, &out, idempotent); err != nil {
-		return nil, err
-	}
-	return &out, nil
+	return keyedAction[Step](ctx, c, "POST", "/steps/"+pathID(stepID)+"/cancel", struct{}{})
 }
 
 // ReplayPreview says whether a step can be replayed and to which contract

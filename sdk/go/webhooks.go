@@ -127,8 +127,9 @@ type WebhookUpdate struct {
 
 // UpdateWebhook changes a subscription without deleting it, so it keeps
 // its signing secret and its deliveries (PATCH /api/v1/webhooks/{id}), and
-// answers it as GetWebhook reads it. The same update sent again changes
-// nothing, so the call is retried.
+// answers it as GetWebhook reads it. It is retried under an
+// Idempotency-Key of its own, so that a retry after a lost answer never
+// undoes another update made since (a disable retried after an enable).
 func (c *Client) UpdateWebhook(ctx context.Context, webhookID string, u WebhookUpdate) (*Webhook, error) {
 	body := struct {
 		URL      *string   `json:"url,omitempty"`
@@ -138,7 +139,7 @@ func (c *Client) UpdateWebhook(ctx context.Context, webhookID string, u WebhookU
 	if u.Events != nil {
 		body.Events = &u.Events
 	}
-	return call[Webhook](ctx, c, "PATCH", "/webhooks/"+pathID(webhookID), body, idempotent)
+	return keyedAction[Webhook](ctx, c, "PATCH", "/webhooks/"+pathID(webhookID), body)
 }
 
 // ListWebhookDeliveries pages a subscription's deliveries: each one's state,
