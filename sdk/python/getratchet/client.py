@@ -270,9 +270,9 @@ class Ratchet:
 
     def cancel_step(self, step_id: str, *, timeout: Optional[float] = None) -> Step:
         """Cancels a step's job; a running handler learns of it at its next
-        heartbeat. Cancelling again answers the same step."""
-        answer = self._transport.call("POST", "/steps/" + path_id(step_id) + "/cancel", {}, safe=True,
-                                      call_timeout=timeout)
+        heartbeat. Retried under an Idempotency-Key of its own, so a retry
+        after a lost answer never cancels a replay of the step made since."""
+        answer = self._keyed("/steps/" + path_id(step_id) + "/cancel", {}, None, timeout)
         return cast(Step, answer)
 
     def replay_preview(self, step_id: str, *, timeout: Optional[float] = None) -> ReplayPreview:
@@ -844,10 +844,18 @@ class Ratchet:
     # send one Idempotency-Key across their retries, so a retry after a lost
     # answer gets what the first attempt made instead of a second one.
 
-    def _keyed(self, path: str, body: Any, idempotency_key: Optional[str], timeout: Optional[float] = None) -> Any:
-        """POST path under an Idempotency-Key (the caller's or a fresh one)
-        that spans the call's retries, within timeout when given."""
-        return self._transport.call("POST", path, body, safe=True,
+    def _keyed(self, path: str, body: Any, idempotency_key: Optional[str], timeout: Optional[float] = None,
+               method: str = "POST") -> Any:
+        """POST path (or method) under an Idempotency-Key (the caller's or a
+        fresh one) that spans the call's retries, within timeout when given.
+        The actions whose repeat would undo another actor's change made
+        since (a breaker's open or close, the emergency stop and its
+        release, a step's cancel, an endpoint's pause, resume or circuit
+        close, a webhook's update) go through here with a fresh key too: a
+        retry after a lost answer is then answered the first answer, where
+        a close retried after the breaker tripped again closed the new trip
+        and a cancel retried after a replay cancelled the replay."""
+        return self._transport.call(method, path, body, safe=True,
                                     idempotency_key=idempotency_key or new_request_id(), call_timeout=timeout)
 
     # policies (policies:read, policies:write)
@@ -944,18 +952,18 @@ class Ratchet:
                      timeout: Optional[float] = None) -> Circuit:
         """Opens effect_type's breaker by hand: its begins meet action
         ("monitor", "require_approval" (the default) or "deny") until
-        close_circuit. Opening again changes nothing more, so it is retried,
-        as are the other breaker calls."""
-        answer = self._transport.call("POST", "/circuits/" + path_id(effect_type) + "/open",
-                                      _fields(None, {"action": action, "reason": reason}, drop_none=True), safe=True,
-                                      call_timeout=timeout)
+        close_circuit. It is retried under an Idempotency-Key of its own, as
+        are the other breaker calls, so a retry after a lost answer never
+        opens again a breaker another operator closed since."""
+        answer = self._keyed("/circuits/" + path_id(effect_type) + "/open",
+                             _fields(None, {"action": action, "reason": reason}, drop_none=True), None, timeout)
         return cast(Circuit, answer)
 
     def close_circuit(self, effect_type: str, *, timeout: Optional[float] = None) -> Circuit:
         """Closes effect_type's breaker, with a fresh surge allowance
-        counted from now."""
-        answer = self._transport.call("POST", "/circuits/" + path_id(effect_type) + "/close", {}, safe=True,
-                                      call_timeout=timeout)
+        counted from now. A retry never closes a breaker that tripped again
+        since (an Idempotency-Key of its own)."""
+        answer = self._keyed("/circuits/" + path_id(effect_type) + "/close", {}, None, timeout)
         return cast(Circuit, answer)
 
     def emergency_stop(self, *, action: Optional[str] = None, reason: Optional[str] = None,
@@ -963,10 +971,11 @@ class Ratchet:
         """Holds every effect type, those first seen while it is on
         included, with action ("require_approval" by default) until
         release_emergency_stop. Answers at most the first 200 circuits as
-        {"data", "next_cursor"} without a cursor: list_circuits pages them."""
-        answer = self._transport.call("POST", "/circuits/stop",
-                                      _fields(None, {"action": action, "reason": reason}, drop_none=True), safe=True,
-                                      call_timeout=timeout)
+        {"data", "next_cursor"} without a cursor: list_circuits pages them.
+        A retry never stops again after another operator's release (an
+        Idempotency-Key of its own)."""
+        answer = self._keyed("/circuits/stop", _fields(None, {"action": action, "reason": reason}, drop_none=True),
+                             None, timeout)
         return cast(CircuitPage, answer)
 
     def get_emergency_stop(self, *, timeout: Optional[float] = None) -> EmergencyStop:
@@ -977,8 +986,9 @@ class Ratchet:
 
     def release_emergency_stop(self, *, timeout: Optional[float] = None) -> CircuitPage:
         """Lifts the emergency stop; breakers of single types stay as they
-        are. Answers circuits as emergency_stop does."""
-        answer = self._transport.call("POST", "/circuits/release", {}, safe=True, call_timeout=timeout)
+        are. Answers circuits as emergency_stop does. A retry never lifts a
+        stop another operator put on since (an Idempotency-Key of its own)."""
+        answer = self._keyed("/circuits/release", {}, None, timeout)
         return cast(CircuitPage, answer)
 
     # compensation groups
@@ -1076,8 +1086,10 @@ class Ratchet:
         is sent nothing, its pending deliveries wait, at most as long as the
         server keeps events, then end failed ``expired while disabled``, and
         the events recorded meanwhile are skipped; False: enabled again). None keeps a field; give
-        at least one. Answers the subscription as get_webhook reads it. The
-        same update sent again changes nothing, so it is retried."""
+        at least one. Answers the subscription as get_webhook reads it.
+        Retried under an Idempotency-Key of its own, so a retry after a lost
+        answer never undoes another update made since (a disable retried
+        after an enable)."""
         body: Dict[str, Any] = {}
         if url is not None:
             body["url"] = url
@@ -1085,8 +1097,7 @@ class Ratchet:
             body["events"] = list(events)
         if disabled is not None:
             body["disabled"] = disabled
-        answer = self._transport.call("PATCH", "/webhooks/" + path_id(webhook_id), body, safe=True,
-                                      call_timeout=timeout)
+        answer = self._keyed("/webhooks/" + path_id(webhook_id), body, None, timeout, method="PATCH")
         return cast(Webhook, answer)
 
     def list_webhook_deliveries(self, webhook_id: str, *, limit: Optional[int] = None,
@@ -1224,23 +1235,24 @@ class Ratchet:
 
     def pause_endpoint(self, endpoint_id: str, *, timeout: Optional[float] = None) -> Endpoint:
         """Pauses an endpoint: its jobs are accepted but not claimed,
-        consuming no attempts, until resume_endpoint."""
-        answer = self._transport.call("POST", "/endpoints/" + path_id(endpoint_id) + "/pause", {}, safe=True,
-                                      call_timeout=timeout)
+        consuming no attempts, until resume_endpoint. Retried under an
+        Idempotency-Key of its own, so a retry after a lost answer never
+        pauses again an endpoint another operator resumed since."""
+        answer = self._keyed("/endpoints/" + path_id(endpoint_id) + "/pause", {}, None, timeout)
         return cast(Endpoint, answer)
 
     def resume_endpoint(self, endpoint_id: str, *, timeout: Optional[float] = None) -> Endpoint:
-        """Resumes a paused endpoint."""
-        answer = self._transport.call("POST", "/endpoints/" + path_id(endpoint_id) + "/resume", {}, safe=True,
-                                      call_timeout=timeout)
+        """Resumes a paused endpoint, retried under an Idempotency-Key of
+        its own as pause_endpoint is."""
+        answer = self._keyed("/endpoints/" + path_id(endpoint_id) + "/resume", {}, None, timeout)
         return cast(Endpoint, answer)
 
     def close_endpoint_circuit(self, endpoint_id: str, *, timeout: Optional[float] = None) -> Endpoint:
         """Closes the endpoint's circuit breaker by hand (read its recent
         attempts first, list_endpoint_attempts); closing a closed one
-        changes nothing."""
-        answer = self._transport.call("POST", "/endpoints/" + path_id(endpoint_id) + "/circuit/close", {}, safe=True,
-                                      call_timeout=timeout)
+        changes nothing. A retry never closes it again once it opened again
+        since (an Idempotency-Key of its own)."""
+        answer = self._keyed("/endpoints/" + path_id(endpoint_id) + "/circuit/close", {}, None, timeout)
         return cast(Endpoint, answer)
 
     def list_endpoint_attempts(self, endpoint_id: str, *, outcome: Optional[str] = None,

@@ -3296,6 +3296,34 @@ class OperatorCallsTest(unittest.TestCase):
         self.assertEqual(server.seen[0][2]["Idempotency-Key"], "mint:k")
         self.assertEqual(server.seen[0][3], {"name": "k", "tools": None, "preset": "AGENT"})
 
+    def test_actions_are_repeated_under_an_idempotency_key_of_their_own(self) -> None:
+        # A close whose answer was lost, retried without a key after the
+        # breaker tripped again, closed the new trip; a cancel retried after a
+        # replay cancelled the replay. Each action that would undo another
+        # actor's change sends a key of the call's own, the same on its retry
+        # and another on the next call, as the Go SDK's.
+        calls = {
+            "POST /api/v1/circuits/a%20b/open": lambda c: c.open_circuit("a b", action="deny"),
+            "POST /api/v1/circuits/email.send/close": lambda c: c.close_circuit("email.send"),
+            "POST /api/v1/circuits/stop": lambda c: c.emergency_stop(reason="incident"),
+            "POST /api/v1/circuits/release": lambda c: c.release_emergency_stop(),
+            "POST /api/v1/steps/stp_1/cancel": lambda c: c.cancel_step("stp_1"),
+            "POST /api/v1/endpoints/end_1/pause": lambda c: c.pause_endpoint("end_1"),
+            "POST /api/v1/endpoints/end_1/resume": lambda c: c.resume_endpoint("end_1"),
+            "POST /api/v1/endpoints/end_1/circuit/close": lambda c: c.close_endpoint_circuit("end_1"),
+            "PATCH /api/v1/webhooks/whk_1": lambda c: c.update_webhook("whk_1", disabled=False),
+        }
+        for route, call in calls.items():
+            client, server = self.client([(502, error("internal_error"), {}), (200, {"ok": True}, {}),
+                                          (200, {"ok": True}, {})])
+            self.assertEqual(call(client), {"ok": True}, route)
+            self.assertEqual(call(client), {"ok": True}, route)
+            self.assertEqual([f"{m} {p}" for m, p, _, _ in server.seen], [route] * 3)
+            keys = [headers.get("Idempotency-Key") for _, _, headers, _ in server.seen]
+            self.assertTrue(keys[0] and keys[2], route)
+            self.assertEqual(keys[1], keys[0], route)
+            self.assertNotEqual(keys[2], keys[0], route)
+
     def test_every_keyed_create_takes_the_callers_idempotency_key(self) -> None:
         # Parity QA: reconcile, publish_contract, test_tool,
         # rotate_webhook_secret and retry_webhook_deliveries took no key of
@@ -3405,20 +3433,20 @@ class OperatorCallsTest(unittest.TestCase):
         self.assertEqual([body for _, _, _, body in server.seen], [{"name": "g", "idempotency_key": "checkout:1"}] * 2)
 
     def test_reads_and_repeatable_changes_are_repeated(self) -> None:
+        # Without an Idempotency-Key: the actions a repeat of which would undo
+        # another's change (a breaker's, a pause) are keyed, in
+        # test_actions_are_repeated_under_an_idempotency_key_of_their_own.
         calls = {
             "GET /api/v1/approvals?state=pending&limit=5": lambda c: c.list_approvals(state="pending", limit=5),
             "GET /api/v1/keys?created_by=key_1&limit=2": lambda c: c.list_keys(created_by="key_1", limit=2),
             # Empty is sent (and refused), never read as every key.
             "GET /api/v1/keys?created_by=": lambda c: c.list_keys(created_by=""),
             "POST /api/v1/approvals/ap_1/approve": lambda c: c.approve("ap_1"),
-            "POST /api/v1/circuits/a%20b/open": lambda c: c.open_circuit("a b", action="deny"),
-            "POST /api/v1/circuits/stop": lambda c: c.emergency_stop(),
             "DELETE /api/v1/keys/key_1": lambda c: c.revoke_key("key_1"),
             "DELETE /api/v1/keys/key_2?include_minted=true": lambda c: c.revoke_key("key_2", include_minted=True),
             "DELETE /api/v1/keys/key_3": lambda c: c.revoke_key("key_3", include_minted=False),
             "DELETE /api/v1/webhooks/wh_1": lambda c: c.delete_webhook("wh_1"),
             "POST /api/v1/endpoints": lambda c: c.create_endpoint("e", preset="RELAXED"),
-            "POST /api/v1/endpoints/ep_1/pause": lambda c: c.pause_endpoint("ep_1"),
             "GET /api/v1/endpoints/ep_1/attempts?outcome=FAILED&cursor=c1":
                 lambda c: c.list_endpoint_attempts("ep_1", outcome="FAILED", cursor="c1"),
             "POST /api/v1/groups/grp_1/unwind": lambda c: c.unwind_group("grp_1"),
