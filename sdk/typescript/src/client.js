@@ -154,9 +154,11 @@ export class Ratchet {
     return this.#transport.call('GET', `/steps/${pathId(stepId)}/replays` + query({ limit, cursor }), undefined, { ...perCall(options), safe: true });
   }
 
-  /** Cancels a step's job; a running handler learns of it at its next heartbeat. */
+  /** Cancels a step's job; a running handler learns of it at its next
+   * heartbeat. Retried under an Idempotency-Key of its own (#action), so a
+   * retry after a lost answer never cancels a replay of the step made since. */
   cancelStep(stepId, options) {
-    return this.#transport.call('POST', `/steps/${pathId(stepId)}/cancel`, {}, { ...perCall(options), safe: true });
+    return this.#action('POST', `/steps/${pathId(stepId)}/cancel`, {}, options);
   }
 
   /** Whether an exhausted or cancelled step may be replayed, and its upgrades. */
@@ -345,21 +347,25 @@ export class Ratchet {
   }
 
   /** Opens a manual breaker for an effect type (scope policies:write);
-   * action 'monitor', 'require_approval' or 'deny'. */
+   * action 'monitor', 'require_approval' or 'deny'. Retried under an
+   * Idempotency-Key of its own, as the other breaker calls are (#action):
+   * a retry never opens again a breaker another operator closed since. */
   openCircuit(effectType, { action, reason } = {}, options) {
-    return this.#transport.call('POST', `/circuits/${pathId(effectType)}/open`, defined({ action, reason }), { ...perCall(options), safe: true });
+    return this.#action('POST', `/circuits/${pathId(effectType)}/open`, defined({ action, reason }), options);
   }
 
-  /** Closes an effect type's breaker, granting a fresh allowance. */
+  /** Closes an effect type's breaker, granting a fresh allowance. A retry
+   * never closes a breaker that tripped again since. */
   closeCircuit(effectType, options) {
-    return this.#transport.call('POST', `/circuits/${pathId(effectType)}/close`, {}, { ...perCall(options), safe: true });
+    return this.#action('POST', `/circuits/${pathId(effectType)}/close`, {}, options);
   }
 
   /** Opens the emergency stop over every effect type (default action
    * 'require_approval'); it stays open until releaseEmergencyStop. Answers
-   * the breakers it opened as a page. */
+   * the breakers it opened as a page. A retry never stops again after
+   * another operator's release. */
   emergencyStop({ action, reason } = {}, options) {
-    return this.#transport.call('POST', '/circuits/stop', defined({ action, reason }), { ...perCall(options), safe: true });
+    return this.#action('POST', '/circuits/stop', defined({ action, reason }), options);
   }
 
   /** Reads the emergency stop's state. */
@@ -367,9 +373,10 @@ export class Ratchet {
     return this.#get('/circuits/stop', options);
   }
 
-  /** Lifts the emergency stop; answers the breakers it closed as a page. */
+  /** Lifts the emergency stop; answers the breakers it closed as a page.
+   * A retry never lifts a stop another operator put on since. */
   releaseEmergencyStop(options) {
-    return this.#transport.call('POST', '/circuits/release', {}, { ...perCall(options), safe: true });
+    return this.#action('POST', '/circuits/release', {}, options);
   }
 
   /** Opens a compensation group; begins with its id as groupId join it.
@@ -430,10 +437,11 @@ export class Ratchet {
    * end failed) and disabled (true: it is sent nothing, its pending
    * deliveries wait and the events recorded meanwhile are skipped; false:
    * enabled again). A field left out (or null) is kept; give at least one.
-   * Answers it as getWebhook reads it. Repeated after a lost answer: the
-   * same update again changes nothing. */
+   * Answers it as getWebhook reads it. Repeated after a lost answer under
+   * an Idempotency-Key of its own, so a retry never undoes another update
+   * made since (a disable retried after an enable). */
   updateWebhook(webhookId, { url, events, disabled } = {}, options) {
-    return this.#transport.call('PATCH', `/webhooks/${pathId(webhookId)}`, defined({ url, events, disabled }), { ...perCall(options), safe: true });
+    return this.#action('PATCH', `/webhooks/${pathId(webhookId)}`, defined({ url, events, disabled }), options);
   }
 
   /** Deletes a webhook; answers it. */
@@ -525,19 +533,22 @@ export class Ratchet {
     return this.#transport.call('PUT', `/endpoints/${pathId(endpointId)}/policy`, { ...update, expectedVersion }, { ...perCall(options), safe: false });
   }
 
-  /** Pauses an endpoint: its jobs are not claimed until resumeEndpoint. */
+  /** Pauses an endpoint: its jobs are not claimed until resumeEndpoint.
+   * A retry never pauses again an endpoint another operator resumed since. */
   pauseEndpoint(endpointId, options) {
-    return this.#transport.call('POST', `/endpoints/${pathId(endpointId)}/pause`, {}, { ...perCall(options), safe: true });
+    return this.#action('POST', `/endpoints/${pathId(endpointId)}/pause`, {}, options);
   }
 
-  /** Resumes a paused endpoint. */
+  /** Resumes a paused endpoint; a retry never resumes it again once
+   * another operator paused it since. */
   resumeEndpoint(endpointId, options) {
-    return this.#transport.call('POST', `/endpoints/${pathId(endpointId)}/resume`, {}, { ...perCall(options), safe: true });
+    return this.#action('POST', `/endpoints/${pathId(endpointId)}/resume`, {}, options);
   }
 
-  /** Closes an endpoint's circuit breaker. */
+  /** Closes an endpoint's circuit breaker; a retry never closes it again
+   * once it opened again since. */
   closeEndpointCircuit(endpointId, options) {
-    return this.#transport.call('POST', `/endpoints/${pathId(endpointId)}/circuit/close`, {}, { ...perCall(options), safe: true });
+    return this.#action('POST', `/endpoints/${pathId(endpointId)}/circuit/close`, {}, options);
   }
 
   /** Pages an endpoint's job attempts newest first, optionally by outcome. */
@@ -648,6 +659,16 @@ export class Ratchet {
 
   #keyed(method, path, body, idempotencyKey, options) {
     return this.#transport.call(method, path, body, { ...perCall(options), safe: true, idempotencyKey: idempotencyKey ?? newRequestId() });
+  }
+
+  /* An action that sets a state another actor may set back (a breaker's
+   * open or close, the emergency stop and its release, a step's cancel, an
+   * endpoint's pause, resume or circuit close, a webhook's update), sent
+   * under a fresh Idempotency-Key reused on its retries: retried without
+   * one after a lost answer, a close closed a breaker that had tripped again
+   * since, a cancel cancelled a replay made since. */
+  #action(method, path, body, options) {
+    return this.#keyed(method, path, body, undefined, options);
   }
 
   /**

@@ -2200,6 +2200,39 @@ test('a batch whose answers never line up with its reports is sent report by rep
   }
 });
 
+// A close whose answer was lost, retried without a key after the breaker
+// tripped again, closed the new trip; a cancel retried after a replay
+// cancelled the replay. Each action that would undo another actor's change
+// sends a key of the call's own, the same on its retry and another on the
+// next call, as the Go and Python SDKs' do.
+test('operator actions are repeated under an Idempotency-Key of their own', async (t) => {
+  quickBackoff(t);
+  const actions = {
+    'POST /api/v1/circuits/email.send/open': (c) => c.openCircuit('email.send', { action: 'deny' }),
+    'POST /api/v1/circuits/email.send/close': (c) => c.closeCircuit('email.send'),
+    'POST /api/v1/circuits/stop': (c) => c.emergencyStop({ reason: 'incident' }),
+    'POST /api/v1/circuits/release': (c) => c.releaseEmergencyStop(),
+    'POST /api/v1/steps/stp_1/cancel': (c) => c.cancelStep('stp_1'),
+    'POST /api/v1/endpoints/end_1/pause': (c) => c.pauseEndpoint('end_1'),
+    'POST /api/v1/endpoints/end_1/resume': (c) => c.resumeEndpoint('end_1'),
+    'POST /api/v1/endpoints/end_1/circuit/close': (c) => c.closeEndpointCircuit('end_1'),
+    'PATCH /api/v1/webhooks/whk_1': (c) => c.updateWebhook('whk_1', { disabled: false }),
+  };
+  for (const [route, call] of Object.entries(actions)) {
+    let n = 0;
+    const server = await fakeServer(t, () => (n++ === 0 ? [502, error('internal_error')] : [200, { ok: true }]));
+    const c = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test', timeoutMs: 5000 });
+    assert.deepEqual(await call(c), { ok: true }, route);
+    assert.deepEqual(await call(c), { ok: true }, route);
+    assert.deepEqual(server.seen.map((s) => `${s.method} ${s.path}`), [route, route, route]);
+    const keys = server.seen.map((s) => s.headers['idempotency-key']);
+    assert.match(keys[0] ?? '', /^[0-9a-f]{32}$/, route);
+    assert.equal(keys[1], keys[0], `${route}: one Idempotency-Key spans its retries`);
+    assert.match(keys[2] ?? '', /^[0-9a-f]{32}$/, route);
+    assert.notEqual(keys[2], keys[0], `${route}: the next call has its own`);
+  }
+});
+
 test('operator calls: creating calls go under one Idempotency-Key, a policy update and a keyless group are not repeated', async (t) => {
   quickBackoff(t);
   const failOnce = () => {
