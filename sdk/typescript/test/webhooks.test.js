@@ -314,11 +314,17 @@ test('updateWebhook sends what it is given and is repeated after a lost answer',
   await c.updateWebhook('whk_1', { disabled: false, url: null });
   await c.updateWebhook('whk_1', { url: 'https://example.com/h', events: ['run.finished'] });
   await c.updateWebhook('whk_1', { events: [] });
-  assert.deepEqual(seen, [
-    ['PATCH', '/api/v1/webhooks/whk%2F1', { disabled: true }, undefined],
-    ['PATCH', '/api/v1/webhooks/whk%2F1', { disabled: true }, undefined],
-    ['PATCH', '/api/v1/webhooks/whk_1', { disabled: false }, undefined],
-    ['PATCH', '/api/v1/webhooks/whk_1', { url: 'https://example.com/h', events: ['run.finished'] }, undefined],
-    ['PATCH', '/api/v1/webhooks/whk_1', { events: [] }, undefined],
+  assert.deepEqual(seen.map(([method, path, body]) => [method, path, body]), [
+    ['PATCH', '/api/v1/webhooks/whk%2F1', { disabled: true }],
+    ['PATCH', '/api/v1/webhooks/whk%2F1', { disabled: true }],
+    ['PATCH', '/api/v1/webhooks/whk_1', { disabled: false }],
+    ['PATCH', '/api/v1/webhooks/whk_1', { url: 'https://example.com/h', events: ['run.finished'] }],
+    ['PATCH', '/api/v1/webhooks/whk_1', { events: [] }],
   ]);
+  // One Idempotency-Key of the call's own spans its retry, so a retry never
+  // undoes another update made since; the next call has another.
+  const keys = seen.map(([, , , key]) => key);
+  assert.ok(keys.every((k) => /^[0-9a-f]{32}$/.test(k ?? '')), keys.join());
+  assert.equal(keys[1], keys[0]);
+  assert.equal(new Set(keys).size, 4);
 });
