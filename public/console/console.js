@@ -475,6 +475,16 @@ function idempotent(prefix) {
 	};
 }
 
+// keyed is a button's or form's handler, send(…) an idempotent() call made
+// once for the control as drawn: an action sent again after its answer was
+// lost is then answered what the first did, rather than undoing a change
+// another operator made since (closing a breaker that tripped again,
+// lifting a newer stop, cancelling a replay). v is the form's values.
+function keyed(prefix, act) {
+	const send = idempotent(prefix);
+	return (v) => act(send, v);
+}
+
 // scopesKnown is what the console knows of the signed-in key's scopes: held
 // (a Set, once read from its own record; null until then or if it cannot be
 // read) and lacking (the scopes a 403 named). It is forgotten when the key
@@ -764,13 +774,13 @@ const pages = {
 						: readOnly
 						? null
 						: c.state === 'open'
-						? action('Close', () => call('POST', `/circuits/${seg(c.effect_type)}/close`), {
+						? action('Close', keyed('console-circuit-close', (send) => send('POST', `/circuits/${seg(c.effect_type)}/close`)), {
 								confirm: `Close the ${c.effect_type} breaker? It gets a fresh allowance from now.`,
 							})
 						: form(
 								[select('Action', 'action', actions, 'require_approval'), input('Reason', 'reason', { maxlength: maxLengths['POST /circuits/{effect_type}/open reason'] })],
 								'Open',
-								(v) => call('POST', `/circuits/${seg(c.effect_type)}/open`, { action: v.action, reason: v.reason || undefined }),
+								keyed('console-circuit-open', (send, v) => send('POST', `/circuits/${seg(c.effect_type)}/open`, { action: v.action, reason: v.reason || undefined })),
 								{ inline: true, danger: true, confirm: `Open the ${c.effect_type} breaker by hand? It stays open until you close it.` },
 							),
 			},
@@ -804,7 +814,7 @@ const pages = {
 							input('Reason', 'reason', { maxlength: maxLengths['POST /circuits/stop reason'], value: stopped ? stopped.reason || '' : '' }),
 						],
 						'Stop every effect type',
-						(v) => call('POST', '/circuits/stop', { action: v.action, reason: v.reason || undefined }),
+						keyed('console-stop', (send, v) => send('POST', '/circuits/stop', { action: v.action, reason: v.reason || undefined })),
 						{
 							inline: true,
 							danger: true,
@@ -815,7 +825,7 @@ const pages = {
 						},
 					),
 				stopped && !readOnly
-					? action('Release the stop', () => call('POST', '/circuits/release', {}), {
+					? action('Release the stop', keyed('console-release', (send) => send('POST', '/circuits/release', {})), {
 							confirm: 'Lift the emergency stop? Breakers of single types stay as they are.',
 						})
 					: null,
@@ -986,7 +996,7 @@ const pages = {
 			),
 		];
 		if (!ended) {
-			out.push(action('Cancel step', () => call('POST', `/steps/${seg(s.id)}/cancel`, {}), {
+			out.push(action('Cancel step', keyed('console-cancel', (send) => send('POST', `/steps/${seg(s.id)}/cancel`, {})), {
 				danger: true,
 				confirm: 'Cancel this step? A running job sees it at its next heartbeat.',
 			}));
@@ -1421,7 +1431,7 @@ const pages = {
 			form(
 				[input('URL', 'url', { required: true, type: 'url', value: w.url }), eventChecks(w.events)],
 				'Save subscription',
-				(v) => {
+				keyed('console-webhook-edit', (send, v) => {
 					// Only what changed is sent: a save that names the URL
 					// unchanged is not refused as a private address the
 					// server has since stopped allowing.
@@ -1429,8 +1439,8 @@ const pages = {
 					if (v.url !== w.url) changed.url = v.url;
 					if (JSON.stringify([...v.events].sort()) !== JSON.stringify([...w.events].sort())) changed.events = v.events;
 					if (!Object.keys(changed).length) throw new ConsoleError('unchanged', 'Nothing changed.');
-					return call('PATCH', `/webhooks/${seg(id)}`, changed);
-				},
+					return send('PATCH', `/webhooks/${seg(id)}`, changed);
+				}),
 				{
 					// Said, as a policy's save is (console QA, in a browser:
 					// the page redrew with no word of the save).
@@ -1461,8 +1471,8 @@ function webhookState(w) {
 // webhookToggle disables subscription w, or enables it again.
 function webhookToggle(w) {
 	return w.disabled
-		? action('Enable', () => call('PATCH', `/webhooks/${seg(w.id)}`, { disabled: false }))
-		: action('Disable', () => call('PATCH', `/webhooks/${seg(w.id)}`, { disabled: true }), {
+		? action('Enable', keyed('console-webhook-enable', (send) => send('PATCH', `/webhooks/${seg(w.id)}`, { disabled: false })))
+		: action('Disable', keyed('console-webhook-disable', (send) => send('PATCH', `/webhooks/${seg(w.id)}`, { disabled: true })), {
 				confirm: `Disable ${JSON.stringify(w.url)}? Nothing is sent to it until you enable it again: its pending deliveries wait, and the events recorded meanwhile are never sent to it.`,
 			});
 }
@@ -1542,8 +1552,8 @@ function endpointCircuit(e) {
 function endpointActions(e) {
 	return [
 		e.paused
-			? action('Resume', () => call('POST', `/endpoints/${seg(e.id)}/resume`, {}))
-			: action('Pause', () => call('POST', `/endpoints/${seg(e.id)}/pause`, {}), {
+			? action('Resume', keyed('console-endpoint-resume', (send) => send('POST', `/endpoints/${seg(e.id)}/resume`, {})))
+			: action('Pause', keyed('console-endpoint-pause', (send) => send('POST', `/endpoints/${seg(e.id)}/pause`, {})), {
 					confirm: `Pause ${e.name}? Its jobs are accepted but not claimed until you resume it.`,
 				}),
 		e.circuit.state.toLowerCase() !== 'closed' ? closeCircuit(e) : null,
@@ -1650,7 +1660,7 @@ function offerReplace(w, err, status) {
 }
 
 function closeCircuit(e) {
-	return action('Close circuit', () => call('POST', `/endpoints/${seg(e.id)}/circuit/close`, {}), {
+	return action('Close circuit', keyed('console-endpoint-circuit-close', (send) => send('POST', `/endpoints/${seg(e.id)}/circuit/close`, {})), {
 		confirm: `Close ${JSON.stringify(e.name)}'s circuit? Its jobs are claimed again at once: check the service it calls first.`,
 	});
 }
