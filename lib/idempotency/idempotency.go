@@ -454,8 +454,14 @@ func (c *Claim) giveUp(ctx context.Context) error {
 // runs after it). An answer that cannot be opened here (sealed under a key
 // this instance lacks) is left as it was, for an instance that has the key,
 // or for its 24 hours to end; so is one a re-seal or a new claim changed
-// meanwhile, for the next pass. It answers how many it linked or found
-// showing no secret.
+// meanwhile, for the next pass. One sealed under a key this instance has
+// that fails authentication (damaged, or copied from another row) is linked
+// as showing no secret: no key and no release opens it (the key id is the
+// key's hash, and its associated data is its row's), so no request is ever
+// answered it and a delete would erase nothing readable, while left
+// unlinked it came first at every pass and a limit's worth held every
+// later answer unlinked (review). Linked or not, its bytes stay until its
+// 24 hours end. It answers how many it linked or found showing no secret.
 func (s *Store) LinkAnswers(ctx context.Context, limit int, secretOf func(body []byte) string) (int, error) {
 	rows, err := s.pool.Query(ctx, sqlUnlinked, limit, s.sealer.Headers())
 	if err != nil {
@@ -471,11 +477,15 @@ func (s *Store) LinkAnswers(ctx context.Context, limit int, secretOf func(body [
 			return 0, fmt.Errorf("idempotency: read unlinked answers: %w", err)
 		}
 		body, err := s.sealer.Open(answer, AnswerAAD(apiKey, key))
-		if err != nil {
-			continue
+		resource := ""
+		switch {
+		case errors.Is(err, seal.ErrUnknownKey):
+			continue // none is read (sqlUnlinked)
+		case err == nil:
+			resource = secretOf(body)
 		}
 		apiKeys, keys, answers = append(apiKeys, apiKey), append(keys, key), append(answers, answer)
-		resources = append(resources, secretOf(body))
+		resources = append(resources, resource)
 	}
 	if err := rows.Err(); err != nil {
 		return 0, fmt.Errorf("idempotency: read unlinked answers: %w", err)

@@ -449,6 +449,68 @@ func TestAnswersNoInstanceHereCanOpenDoNotHoldUpTheRest(t *testing.T) {
 	require.Equal(t, hook, *linked)
 }
 
+// Answers sealed under a key this instance has that fail authentication
+// (one damaged, one copied from another row) are linked as showing no
+// secret: nothing opens them, and left unlinked they came first at every
+// pass and held the answers behind them unlinked (review), secrets
+// included. Not parallel: LinkAnswers reads every test's rows, and these
+// come first.
+func TestDamagedAnswersDoNotHoldUpTheRest(t *testing.T) {
+	s, _, req := store(t, time.Now())
+	ctx := context.Background()
+	hook := ids.New(ids.Webhook)
+	damaged, copied := "damaged-1", "copied-1"
+	for _, k := range []string{damaged, copied, req.Key} {
+		r := req
+		r.Key, r.ID = k, ids.New(ids.Request)
+		record(t, s, mustClaim(t, s, r), 201, `{"id":"`+hook+`","secret":"whsec_1"}`)
+	}
+	t.Cleanup(func() {
+		_, err := s.pool.Exec(context.Background(), `DELETE FROM idempotent_requests WHERE key_id = $1`, req.APIKeyID)
+		require.NoError(t, err)
+	})
+	// One with its last byte flipped, one holding another row's answer.
+	_, err := s.pool.Exec(ctx, `UPDATE idempotent_requests
+		SET answer = set_byte(answer, length(answer) - 1, get_byte(answer, length(answer) - 1) # 1)
+		WHERE key_id = $1 AND idempotency_key = $2`, req.APIKeyID, damaged)
+	require.NoError(t, err)
+	_, err = s.pool.Exec(ctx, `UPDATE idempotent_requests SET answer = (SELECT answer FROM idempotent_requests
+		WHERE key_id = $1 AND idempotency_key = $3) WHERE key_id = $1 AND idempotency_key = $2`,
+		req.APIKeyID, copied, req.Key)
+	require.NoError(t, err)
+	for _, k := range []string{damaged, copied} {
+		r := retry(req)
+		r.Key = k
+		_, _, err := s.Begin(ctx, r)
+		require.ErrorContains(t, err, "failed authentication", "%s: damaged under a configured key", k)
+	}
+	// As the release before 0067 recorded them, the damaged ones first.
+	_, err = s.pool.Exec(ctx, `UPDATE idempotent_requests SET resource_id = NULL,
+		created_at = timestamptz '2000-01-01 00:00:00Z' + CASE idempotency_key WHEN $2 THEN 0 WHEN $3 THEN 1 ELSE 2 END
+		    * interval '1 second'
+		WHERE key_id = $1`, req.APIKeyID, damaged, copied)
+	require.NoError(t, err)
+	secretOf := func([]byte) string { return hook }
+	for range 2 {
+		_, err = s.LinkAnswers(ctx, 2, secretOf)
+		require.NoError(t, err)
+	}
+	rows, err := s.pool.Query(ctx, `SELECT idempotency_key, resource_id FROM idempotent_requests WHERE key_id = $1`,
+		req.APIKeyID)
+	require.NoError(t, err)
+	linked := map[string]*string{}
+	for rows.Next() {
+		var key string
+		var resource *string
+		require.NoError(t, rows.Scan(&key, &resource))
+		linked[key] = resource
+	}
+	require.NoError(t, rows.Err())
+	none := ""
+	require.Equal(t, map[string]*string{damaged: &none, copied: &none, req.Key: &hook}, linked,
+		"the damaged ones linked as showing no secret, the one behind them linked to its resource")
+}
+
 // LinkAnswers reads the answers kept before migration 0067 through
 // idempotent_requests_unlinked_idx: once they are linked, a pass reads
 // none of the day of answers recorded since (20,000 here), in both plan
