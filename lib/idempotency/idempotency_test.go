@@ -347,6 +347,24 @@ func TestAnAnswerIsErasedWithTheResourceItNames(t *testing.T) {
 	}
 }
 
+// resourcesOf is what each answer kept for API key apiKeyID is linked to, by
+// its idempotency key (nil: not linked).
+func resourcesOf(t *testing.T, s testStore, apiKeyID string) map[string]*string {
+	t.Helper()
+	rows, err := s.pool.Query(context.Background(),
+		`SELECT idempotency_key, resource_id FROM idempotent_requests WHERE key_id = $1`, apiKeyID)
+	require.NoError(t, err)
+	out := map[string]*string{}
+	for rows.Next() {
+		var key string
+		var resource *string
+		require.NoError(t, rows.Scan(&key, &resource))
+		out[key] = resource
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
 // The answers recorded before migration 0067 name no resource (NULL):
 // LinkAnswers opens each and links it to the resource whose secret its
 // body shows, or records that it shows none (empty), as Record does now; an
@@ -360,20 +378,7 @@ func TestAnswersRecordedBeforeTheirLinkAreLinked(t *testing.T) {
 	plain := req
 	plain.Key, plain.ID = "create-2", ids.New(ids.Request)
 	record(t, s, mustClaim(t, s, plain), 201, `{"id":"key_1"}`)
-	resources := func() map[string]*string {
-		rows, err := s.pool.Query(ctx, `SELECT idempotency_key, resource_id FROM idempotent_requests WHERE key_id = $1`,
-			req.APIKeyID)
-		require.NoError(t, err)
-		out := map[string]*string{}
-		for rows.Next() {
-			var key string
-			var resource *string
-			require.NoError(t, rows.Scan(&key, &resource))
-			out[key] = resource
-		}
-		require.NoError(t, rows.Err())
-		return out
-	}
+	resources := func() map[string]*string { return resourcesOf(t, s, req.APIKeyID) }
 	sealedElsewhere := req
 	sealedElsewhere.Key, sealedElsewhere.ID = "create-3", ids.New(ids.Request)
 	record(t, s, mustClaim(t, s, sealedElsewhere), 201, `{"id":"`+hook+`","secret":"whsec_2"}`)
@@ -495,19 +500,8 @@ func TestDamagedAnswersDoNotHoldUpTheRest(t *testing.T) {
 		_, err = s.LinkAnswers(ctx, 2, secretOf)
 		require.NoError(t, err)
 	}
-	rows, err := s.pool.Query(ctx, `SELECT idempotency_key, resource_id FROM idempotent_requests WHERE key_id = $1`,
-		req.APIKeyID)
-	require.NoError(t, err)
-	linked := map[string]*string{}
-	for rows.Next() {
-		var key string
-		var resource *string
-		require.NoError(t, rows.Scan(&key, &resource))
-		linked[key] = resource
-	}
-	require.NoError(t, rows.Err())
 	none := ""
-	require.Equal(t, map[string]*string{damaged: &none, copied: &none, req.Key: &hook}, linked,
+	require.Equal(t, map[string]*string{damaged: &none, copied: &none, req.Key: &hook}, resourcesOf(t, s, req.APIKeyID),
 		"the damaged ones linked as showing no secret, the one behind them linked to its resource")
 }
 
