@@ -133,19 +133,31 @@ func answer(stdout, stderr io.Writer, rep reseal.Report, err error, check, asJSO
 
 func printReport(w io.Writer, rep reseal.Report, check bool) {
 	fmt.Fprintf(w, "current key id %s\n", rep.CurrentKeyID)
+	var corrupt int64
 	for _, c := range rep.Columns {
+		corrupt += c.Corrupt
 		if check {
 			fmt.Fprintf(w, "%-28s current %d, older %d, unknown key %d\n", c.Column, c.Current, c.Older, c.Unknown)
 			continue
 		}
 		if !rep.Counted {
 			// Stopped before the closing count: its zeros say nothing.
-			fmt.Fprintf(w, "%-28s resealed %d, skipped (busy) %d, corrupt %d; stopped before counting\n",
+			fmt.Fprintf(w, "%-28s resealed %d, skipped (busy, changed or deleted) %d, corrupt %d; stopped before counting\n",
 				c.Column, c.Resealed, c.Skipped, c.Corrupt)
 			continue
 		}
-		fmt.Fprintf(w, "%-28s resealed %d, skipped (busy) %d; now current %d, older key %d, unknown key %d, corrupt %d\n",
+		// The closing count counts the corrupt ones by their header.
+		fmt.Fprintf(w, "%-28s resealed %d, skipped (busy, changed or deleted) %d; "+
+			"now current %d, older key %d, unknown key %d, of which corrupt %d\n",
 			c.Column, c.Resealed, c.Skipped, c.Current, c.Older, c.Unknown, c.Corrupt)
+	}
+	if corrupt > 0 {
+		fmt.Fprintf(w, "%d value(s) fail to open under the key they name (damaged, or copied from another row): "+
+			"no key mends them, and they keep the older keys in use until each is nulled or its row deleted "+
+			"(README, Rotating RESULT_ENCRYPTION_KEY); the first %d:\n", corrupt, len(rep.Damaged))
+		for _, d := range rep.Damaged {
+			fmt.Fprintf(w, "  %s\n", d)
+		}
 	}
 	switch {
 	case rep.Complete:
@@ -157,6 +169,6 @@ func printReport(w io.Writer, rep reseal.Report, check bool) {
 	default:
 		fmt.Fprintln(w, "some ciphertexts are still not sealed with the current key: keep the older keys "+
 			"(rows busy or changed during the run are resealed by running it again; unknown-key and "+
-			"corrupt ones cannot be opened with the configured keys)")
+			"corrupt ones cannot be opened with the configured keys, and the corrupt ones with none)")
 	}
 }

@@ -69,7 +69,7 @@ func TestRotationCommand(t *testing.T) {
 	var partial bytes.Buffer
 	require.Equal(t, 1, answer(&partial, &bytes.Buffer{}, reseal.Report{CurrentKeyID: "00000000",
 		Columns: []reseal.ColumnReport{{Column: "effects.payload", Resealed: 3}}}, context.Canceled, false, false))
-	require.Contains(t, partial.String(), "resealed 3, skipped (busy) 0, corrupt 0; stopped before counting")
+	require.Contains(t, partial.String(), "resealed 3, skipped (busy, changed or deleted) 0, corrupt 0; stopped before counting")
 	require.NotContains(t, partial.String(), "older key 0")
 	require.Contains(t, partial.String(), "keep the older keys and run it again")
 }
@@ -132,4 +132,28 @@ func TestAnInvocationCutShortAnswersItsReport(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, rep.Complete)
 	require.True(t, rep.Counted)
+}
+
+// A run names the values that fail to open under their key (table, key,
+// column; never the value), in its text and its JSON (the Lambda answer
+// is the same report): it printed counts only, so an operator could not
+// find them, and the older key stayed in use for ever (review).
+func TestARunNamesTheDamagedValues(t *testing.T) {
+	rep := reseal.Report{CurrentKeyID: "00000000", Counted: true,
+		Columns: []reseal.ColumnReport{{Column: "effects.result", Older: 3, Corrupt: 2},
+			{Column: "idempotent_requests.answer", Current: 1}},
+		Damaged: []reseal.DamagedValue{{Table: "effects", Column: "result", Key: map[string]string{"id": "eff_1"}}}}
+	var out bytes.Buffer
+	require.Equal(t, 2, answer(&out, &bytes.Buffer{}, rep, nil, false, false))
+	text := out.String()
+	require.Contains(t, text, "older key 3, unknown key 0, of which corrupt 2")
+	require.Contains(t, text, "2 value(s) fail to open under the key they name")
+	require.Contains(t, text, "the first 1:\n  effects.result id=\"eff_1\"\n")
+
+	out.Reset()
+	require.Equal(t, 2, answer(&out, &bytes.Buffer{}, rep, nil, false, true))
+	var got reseal.Report
+	require.NoError(t, json.Unmarshal(out.Bytes(), &got))
+	require.Equal(t, rep.Damaged, got.Damaged)
+	require.Contains(t, out.String(), `"damaged": [`)
 }

@@ -23,6 +23,9 @@ func SealedColumns() []string {
 // BeforeWrite sets a hook run between each batch's read and its write.
 func (r *Resealer) BeforeWrite(f func(column string)) { r.beforeWrite = f }
 
+// SetMaxDamaged sets how many damaged values a Run names.
+func (r *Resealer) SetMaxDamaged(n int) { r.maxDamaged = n }
+
 // SetBatch sets how many rows one statement re-seals.
 func (r *Resealer) SetBatch(n int) { r.batch = n }
 

@@ -19,6 +19,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -77,8 +79,12 @@ const BatchSize = 64
 type ColumnReport struct {
 	Column string `json:"column"` // table.column
 	// Run: Resealed counts ciphertexts moved to the current key; Skipped
-	// those a request held or changed while the run read them (a later run
-	// takes them); Corrupt those that fail to open under their key.
+	// those a request held, changed or deleted while the run read them (a
+	// later run takes those still there); Corrupt those that fail to open
+	// under the configured key they name, or are no ciphertext of this
+	// format (Report.Damaged names them). The closing count counts the
+	// corrupt ones too, by their header: as older (or unknown, when no
+	// ciphertext).
 	Resealed int64 `json:"resealed"`
 	Skipped  int64 `json:"skipped"`
 	Corrupt  int64 `json:"corrupt"`
@@ -103,6 +109,41 @@ type Report struct {
 	// counted: false for a Run stopped (interrupted, or its time up) before
 	// its closing count, whose zeros say nothing.
 	Counted bool `json:"counted"`
+	// Damaged names the first MaxDamaged values a Run found corrupt, in
+	// column order (the columns' Corrupt count them all): no key mends
+	// them, so they keep the rotation incomplete until each is nulled or
+	// its row deleted (README, Rotating RESULT_ENCRYPTION_KEY). Check opens
+	// nothing and names none.
+	Damaged []DamagedValue `json:"damaged"`
+}
+
+// MaxDamaged bounds Report.Damaged.
+const MaxDamaged = 100
+
+// DamagedValue names a sealed value that cannot be opened: its row's table
+// and primary key, and its column, never the value nor anything of a key.
+type DamagedValue struct {
+	Table  string `json:"table"`
+	Column string `json:"column"`
+	// Key is the row's primary key, as text by column: {"id": "eff_…"};
+	// job_executions {"job_id", "attempt"}; idempotent_requests {"key_id"
+	// (the API key's id), "idempotency_key"}.
+	Key map[string]string `json:"key"`
+}
+
+// String is the value as the command prints it: table.column and the key
+// by column in name order, each value quoted as Go does.
+func (d DamagedValue) String() string {
+	names := make([]string, 0, len(d.Key))
+	for k := range d.Key {
+		names = append(names, k)
+	}
+	slices.Sort(names)
+	out := d.Table + "." + d.Column
+	for _, k := range names {
+		out += " " + k + "=" + strconv.Quote(d.Key[k])
+	}
+	return out
 }
 
 func (r *Report) finish() {
@@ -119,6 +160,8 @@ type Resealer struct {
 	pool   *pgxpool.Pool
 	sealer *seal.Sealer
 	batch  int
+	// maxDamaged bounds Report.Damaged (MaxDamaged; tests set less).
+	maxDamaged int
 	// beforeWrite, when set (tests), runs between a batch's read and write.
 	beforeWrite func(column string)
 }
@@ -126,7 +169,7 @@ type Resealer struct {
 // New returns a Resealer. The sealer's current key seals; its older keys
 // must include every key still in use, or those ciphertexts count as unknown.
 func New(pool *pgxpool.Pool, sealer *seal.Sealer) *Resealer {
-	return &Resealer{pool: pool, sealer: sealer, batch: BatchSize}
+	return &Resealer{pool: pool, sealer: sealer, batch: BatchSize, maxDamaged: MaxDamaged}
 }
 
 // Check counts each column's ciphertexts by the key that sealed them,
@@ -134,7 +177,7 @@ func New(pool *pgxpool.Pool, sealer *seal.Sealer) *Resealer {
 // records the key ids it found in seal_keys (keys.go), and when it found
 // every value under the current key, forgets the others there.
 func (r *Resealer) Check(ctx context.Context) (Report, error) {
-	rep := Report{CurrentKeyID: r.currentKeyID()}
+	rep := Report{CurrentKeyID: r.currentKeyID(), Damaged: []DamagedValue{}}
 	found := map[string]bool{}
 	for _, c := range columns {
 		cr := ColumnReport{Column: c.table + "." + c.name}
@@ -170,15 +213,16 @@ func (r *Resealer) Check(ctx context.Context) (Report, error) {
 // Run re-seals every ciphertext not sealed with the current key. It stops
 // at ctx's end with what it did so far (a later run continues: what is left
 // is found again). Ciphertexts under an unknown key, or that fail to open,
-// are counted and left as they are.
+// are counted and left as they are; those that fail to open are named
+// (Report.Damaged).
 //
 // Its verdict comes from a Check after the walk: a ciphertext sealed with
 // an older key behind the walk (by an instance still running the old
 // settings) is counted, not missed.
 func (r *Resealer) Run(ctx context.Context) (Report, error) {
-	rep := Report{CurrentKeyID: r.currentKeyID()}
+	rep := Report{CurrentKeyID: r.currentKeyID(), Damaged: []DamagedValue{}}
 	for _, c := range columns {
-		cr, err := r.runColumn(ctx, c)
+		cr, err := r.runColumn(ctx, c, &rep.Damaged)
 		rep.Columns = append(rep.Columns, cr)
 		if err != nil {
 			return rep, err
@@ -201,7 +245,9 @@ type staleRow struct {
 	ct  []byte
 }
 
-func (r *Resealer) runColumn(ctx context.Context, c column) (ColumnReport, error) {
+// runColumn re-seals column c, adding to damaged, up to r.maxDamaged, the
+// values that fail to open.
+func (r *Resealer) runColumn(ctx context.Context, c column, damaged *[]DamagedValue) (ColumnReport, error) {
 	cr := ColumnReport{Column: c.table + "." + c.name}
 	current := r.sealer.CurrentKeyID()
 	// The last key read: before the first batch, a key below every real
@@ -246,6 +292,9 @@ func (r *Resealer) runColumn(ctx context.Context, c column) (ColumnReport, error
 				continue // counted by the Check that ends the run
 			case err != nil:
 				cr.Corrupt++
+				if len(*damaged) < r.maxDamaged {
+					*damaged = append(*damaged, c.damaged(s.key))
+				}
 				continue
 			}
 			for i := range keys {
@@ -271,6 +320,15 @@ func (r *Resealer) runColumn(ctx context.Context, c column) (ColumnReport, error
 		cr.Resealed += tag.RowsAffected()
 		cr.Skipped += int64(len(olds)) - tag.RowsAffected()
 	}
+}
+
+// damaged names the value of c in the row of primary key key.
+func (c column) damaged(key []string) DamagedValue {
+	d := DamagedValue{Table: c.table, Column: c.name, Key: map[string]string{}}
+	for i, k := range c.key {
+		d.Key[k] = key[i]
+	}
+	return d
 }
 
 func (r *Resealer) currentKeyID() string {
