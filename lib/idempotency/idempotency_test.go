@@ -347,6 +347,33 @@ func TestAnAnswerIsErasedWithTheResourceItNames(t *testing.T) {
 	}
 }
 
+// recordEach records body as the answer of req under each of keys; their
+// rows go when the test ends.
+func recordEach(t *testing.T, s testStore, req idempotency.Request, body string, keys ...string) {
+	t.Helper()
+	for _, k := range keys {
+		r := req
+		r.Key, r.ID = k, ids.New(ids.Request)
+		record(t, s, mustClaim(t, s, r), 201, body)
+	}
+	t.Cleanup(func() {
+		_, err := s.pool.Exec(context.Background(), `DELETE FROM idempotent_requests WHERE key_id = $1`, req.APIKeyID)
+		require.NoError(t, err)
+	})
+}
+
+// unlinkOldestFirst makes API key apiKeyID's answers read as the release
+// before migration 0067 recorded them (naming no resource), first (the
+// oldest of every test's, in 2000) those of keys in order, then the rest.
+func unlinkOldestFirst(t *testing.T, s testStore, apiKeyID string, keys ...string) {
+	t.Helper()
+	_, err := s.pool.Exec(context.Background(), `UPDATE idempotent_requests SET resource_id = NULL,
+		created_at = timestamptz '2000-01-01 00:00:00Z'
+		    + coalesce(array_position($2::text[], idempotency_key), cardinality($2::text[]) + 1) * interval '1 second'
+		WHERE key_id = $1`, apiKeyID, keys)
+	require.NoError(t, err)
+}
+
 // resourcesOf is what each answer kept for API key apiKeyID is linked to, by
 // its idempotency key (nil: not linked).
 func resourcesOf(t *testing.T, s testStore, apiKeyID string) map[string]*string {
@@ -418,22 +445,10 @@ func TestAnswersNoInstanceHereCanOpenDoNotHoldUpTheRest(t *testing.T) {
 	ctx := context.Background()
 	hook := ids.New(ids.Webhook)
 	held := []string{"held-1", "held-2"}
-	for _, k := range append(held, req.Key) {
-		r := req
-		r.Key, r.ID = k, ids.New(ids.Request)
-		record(t, s, mustClaim(t, s, r), 201, `{"id":"`+hook+`","secret":"whsec_1"}`)
-	}
-	t.Cleanup(func() {
-		_, err := s.pool.Exec(context.Background(), `DELETE FROM idempotent_requests WHERE key_id = $1`, req.APIKeyID)
-		require.NoError(t, err)
-	})
+	recordEach(t, s, req, `{"id":"`+hook+`","secret":"whsec_1"}`, append(held, req.Key)...)
 	// As the release before 0067 recorded them, the held ones first and
 	// under a key this instance lacks.
-	_, err := s.pool.Exec(ctx, `UPDATE idempotent_requests SET resource_id = NULL,
-		created_at = timestamptz '2000-01-01 00:00:00Z' + CASE idempotency_key WHEN $2 THEN 0 WHEN $3 THEN 1 ELSE 2 END
-		    * interval '1 second'
-		WHERE key_id = $1`, req.APIKeyID, held[0], held[1])
-	require.NoError(t, err)
+	unlinkOldestFirst(t, s, req.APIKeyID, held...)
 	elsewhere, err := seal.New(bytes.Repeat([]byte{0xee}, 32))
 	require.NoError(t, err)
 	for _, k := range held {
@@ -465,15 +480,7 @@ func TestDamagedAnswersDoNotHoldUpTheRest(t *testing.T) {
 	ctx := context.Background()
 	hook := ids.New(ids.Webhook)
 	damaged, copied := "damaged-1", "copied-1"
-	for _, k := range []string{damaged, copied, req.Key} {
-		r := req
-		r.Key, r.ID = k, ids.New(ids.Request)
-		record(t, s, mustClaim(t, s, r), 201, `{"id":"`+hook+`","secret":"whsec_1"}`)
-	}
-	t.Cleanup(func() {
-		_, err := s.pool.Exec(context.Background(), `DELETE FROM idempotent_requests WHERE key_id = $1`, req.APIKeyID)
-		require.NoError(t, err)
-	})
+	recordEach(t, s, req, `{"id":"`+hook+`","secret":"whsec_1"}`, damaged, copied, req.Key)
 	// One with its last byte flipped, one holding another row's answer.
 	_, err := s.pool.Exec(ctx, `UPDATE idempotent_requests
 		SET answer = set_byte(answer, length(answer) - 1, get_byte(answer, length(answer) - 1) # 1)
@@ -490,11 +497,7 @@ func TestDamagedAnswersDoNotHoldUpTheRest(t *testing.T) {
 		require.ErrorContains(t, err, "failed authentication", "%s: damaged under a configured key", k)
 	}
 	// As the release before 0067 recorded them, the damaged ones first.
-	_, err = s.pool.Exec(ctx, `UPDATE idempotent_requests SET resource_id = NULL,
-		created_at = timestamptz '2000-01-01 00:00:00Z' + CASE idempotency_key WHEN $2 THEN 0 WHEN $3 THEN 1 ELSE 2 END
-		    * interval '1 second'
-		WHERE key_id = $1`, req.APIKeyID, damaged, copied)
-	require.NoError(t, err)
+	unlinkOldestFirst(t, s, req.APIKeyID, damaged, copied)
 	secretOf := func([]byte) string { return hook }
 	for range 2 {
 		_, err = s.LinkAnswers(ctx, 2, secretOf)
