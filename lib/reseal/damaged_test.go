@@ -98,6 +98,11 @@ func TestDamagedValuesAreNamed(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, run.Complete, "%+v", run)
 	require.Empty(t, run.Damaged)
+	// The nulled result reads as none (README says so: a duplicate's caller
+	// would take it for the recorded result).
+	effect := env.Must(http.StatusOK, "GET", "/api/v1/effects/"+effectID, ws.Key, nil).JSON()
+	require.Nil(t, effect["result"])
+	require.Equal(t, false, effect["result_unreadable"])
 	// The create sent again is answered as an erased answer is, not acted on.
 	again := env.DoWith("POST", "/api/v1/webhooks", ws.Key, http.Header{"Idempotency-Key": {idemKey}},
 		map[string]any{"url": "https://example.com/hook", "events": []string{"run.finished"}})
