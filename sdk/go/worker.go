@@ -1568,10 +1568,13 @@ func heartbeatCutoff(left time.Duration) time.Duration {
 // its report would be refused the same; sdk QA: the Go worker alone
 // heartbeated on, every beat refused). A 401 stops the worker (keyRefused).
 // Anything else (a 429, a 5xx, a lost answer) is a heartbeat that failed:
-// tried again until the lease's end.
+// tried again until the lease's end; so is a 403, 404 or 409 without
+// Ratchet's error envelope (notRatchets: a proxy's or a load balancer's bare
+// answer during a deploy or a misroute says nothing of the lease; review: it
+// cancelled every running handler as lease lost and dropped their failures).
 func leaseGone(err error) bool {
 	var apiErr *Error
-	if !errors.As(err, &apiErr) {
+	if !errors.As(err, &apiErr) || notRatchets(err) {
 		return false
 	}
 	switch apiErr.StatusCode {

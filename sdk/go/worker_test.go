@@ -3261,3 +3261,51 @@ func (c *deadlineClock) Timer(d time.Duration) (<-chan time.Time, func()) {
 	}
 	return c.gatedClock.Timer(d)
 }
+
+// A heartbeat answered 403, 404 or 409 without Ratchet's error envelope (a
+// proxy's or a load balancer's bare answer during a deploy or a misroute)
+// says nothing of the job's lease: it is a heartbeat that failed, tried
+// again, and the handler runs on, as a claim's or a registration's bare 4xx
+// is waited out (review: it cancelled the handler as lease lost and dropped
+// its failure, so a proxy's blip cut every running side effect short and
+// left it to run again once its lease lapsed).
+func TestWorkerHeartbeatBareRefusalIsAFailureThatMayPass(t *testing.T) {
+	t.Parallel()
+	for _, status := range []int{403, 404, 409} {
+		f := newFakeJobs()
+		f.leaseFor, f.leaseMs = time.Hour, 3000
+		var bare atomic.Int32
+		f.heartbeat = func(string) (int, string) {
+			if bare.Add(1) <= 2 {
+				return status, "" // no error code: not Ratchet's answer
+			}
+			return 0, ""
+		}
+		id := f.add("long", "1", welcomeIn{}, 60000)
+		w, sink := startWorker(t, f, func(w *Worker) {
+			must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "long", Version: "1",
+				Handler: func(ctx context.Context, _ welcomeIn, _ JobContext) (welcomeOut, error) {
+					for bare.Load() < 3 && ctx.Err() == nil { // until a heartbeat got through
+						time.Sleep(10 * time.Millisecond)
+					}
+					if ctx.Err() != nil {
+						return welcomeOut{}, context.Cause(ctx)
+					}
+					return welcomeOut{Key: "done"}, nil
+				}}))
+		}, StartOptions{})
+		if r := f.waitReport(t, id); r["status"] != "SUCCEEDED" {
+			t.Fatalf("%d: report %v", status, r)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if err := stopWithin(t, w, ctx); err != nil {
+			t.Fatalf("%d: %v", status, err)
+		}
+		cancel()
+		for _, err := range sink.list() {
+			if errors.Is(err, ErrLeaseLost) {
+				t.Fatalf("%d: OnError %v", status, err)
+			}
+		}
+	}
+}

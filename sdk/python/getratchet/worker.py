@@ -1244,9 +1244,12 @@ class Worker:
                     # TypeScript workers end the heartbeat before
                     # reporting; review: a 5xx was told to on_error).
                     return
-                if err.status in (403, 404, 409):
+                if err.status in (403, 404, 409) and not _not_ratchets(err):
                     # The lease is lost (a newer claim) or the job ended:
-                    # nothing this attempt does will count.
+                    # nothing this attempt does will count. Not so a bare
+                    # one (_not_ratchets: a proxy's answer during a deploy
+                    # or a misroute), which says nothing of the lease and is
+                    # tried again as a 5xx is, as in Go and TypeScript.
                     active.lost_code, active.settled_elsewhere = err.code, True
                     context._cancel("lease_lost")
                     active.wake.set()

@@ -1884,6 +1884,32 @@ class WorkerRulesTest(unittest.TestCase):
             # again until the lease's end.
             self.assertTrue(seen["beats"] == 1 if status != 502 else seen["beats"] >= 2, (code, seen["beats"]))
 
+    def test_a_bare_heartbeat_refusal_is_a_failure_that_may_pass(self) -> None:
+        # A 403, 404 or 409 without Ratchet's error envelope (a proxy's or a
+        # load balancer's bare answer during a deploy or a misroute) says
+        # nothing of the lease: a failed heartbeat, tried again, the handler
+        # left running, as in Go and TypeScript (review: it was cancelled
+        # as lease lost and its failure dropped).
+        self.beat_waits()  # heartbeats 10 ms apart
+        for status in (403, 404, 409):
+            def beat(n, status=status):
+                if n <= 2:
+                    return status, {"message": "Not Found"}, {}
+                return 200, {"leaseExpiresAt": "2099-01-01T00:00:00Z", "cancelRequested": False}, {}
+
+            respond, seen = self.one_job_beats(60_000, beat)
+            reasons = []
+
+            def handler(input, context, reasons=reasons, seen=seen):
+                wait_until(lambda: seen["beats"] >= 3 or context.cancelled.is_set(), timeout=15)
+                reasons.append(context.cancel_reason)
+                return {"ok": True}
+
+            client, _ = self.serve(respond, handler)
+            wait_until(lambda: seen["reports"], timeout=15)
+            self.assertEqual(reasons, [None], status)
+            self.assertEqual([r["status"] for r in seen["reports"]], ["SUCCEEDED"], status)
+
     def test_on_error_is_told_a_lost_lease_by_its_job_attempt_and_tool(self) -> None:
         # As in Go and TypeScript: the handler cancelled as lease_lost, on_error
         # is told a LeaseLost naming the attempt, with the heartbeat's

@@ -965,8 +965,11 @@ export class Worker {
         record.leaseEnd = beatSent + leaseMs;
       } catch (err) {
         if (done.aborted) return;
-        if (err instanceof RatchetError && [403, 404, 409].includes(err.status)) {
-          // The lease is lost (a newer claim) or the job ended.
+        if (err instanceof RatchetError && [403, 404, 409].includes(err.status) && !notRatchets(err)) {
+          // The lease is lost (a newer claim) or the job ended. Not so a
+          // bare one (notRatchets: a proxy's answer during a deploy or a
+          // misroute), which says nothing of the lease and is tried again
+          // as a 5xx is, as in the Go and Python workers.
           record.lostCode = err.code;
           record.cancel('lease_lost');
           this.#notify(new LeaseLostError({ jobId: label.jobId, attempt: label.attempt, tool: ref, cause: err }));

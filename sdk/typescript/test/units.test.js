@@ -1108,6 +1108,38 @@ test('a heartbeat refusal ends the attempt as in Go and Python', async (t) => {
   }
 });
 
+// A 403, 404 or 409 without Ratchet's error envelope (a proxy's or a load
+// balancer's bare answer during a deploy or a misroute) says nothing of the
+// lease: a failed heartbeat, tried again, the handler left running, as in Go
+// and Python (review: it was aborted as lease lost and its failure dropped).
+test('a bare heartbeat refusal is a failure that may pass', async (t) => {
+  quickBeats(t); // heartbeats 10 ms apart
+  for (const status of [403, 404, 409]) {
+    const seen = { claims: 0, reports: [], beats: 0 };
+    const reasons = [];
+    await serve(t, (method, path, body) => {
+      if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
+      if (path.endsWith('/claim')) {
+        seen.claims++;
+        return [200, { jobs: seen.claims === 1 ? [{ ...job(1, 60_000), leaseMs: 60_000 }] : [] }];
+      }
+      if (path.endsWith('/heartbeat')) {
+        seen.beats++;
+        return seen.beats <= 2 ? [status, { message: 'Not Found' }] : [200, { leaseExpiresAt: '2099-01-01T00:00:00Z', cancelRequested: false }];
+      }
+      seen.reports.push(body);
+      return [200, { jobId: 'job_1', status: body.status, attempt: 1 }];
+    }, async (input, ctx) => {
+      await until(() => seen.beats >= 3 || ctx.signal.aborted, 15_000);
+      reasons.push(ctx.cancelReason);
+      return { ok: true };
+    });
+    await until(() => seen.reports.length > 0, 15_000);
+    assert.deepEqual(reasons, [null], String(status));
+    assert.deepEqual(seen.reports.map((r) => r.status), ['SUCCEEDED'], String(status));
+  }
+});
+
 // As in Go and Python: the handler aborted as lease_lost, onError is told a
 // LeaseLostError naming the attempt, with the heartbeat's refusal as its
 // cause, or none when the lease lapsed while heartbeats failed (it was told
