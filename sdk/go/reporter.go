@@ -419,9 +419,17 @@ func (r *reporter) single(ctx context.Context, q queuedReport, sent time.Time) e
 // retryDelay is the client's answer for a report's delivery, and a delivery
 // that ran out of its own time (reportTimeout: a connection that hangs, a
 // proxy holding the request) is retried too: only r.ctx, which close ends
-// when it gives up, ends a report's retries.
+// when it gives up, ends a report's retries. So is a bare 4xx (notRatchets:
+// a proxy's or a load balancer's answer during a deploy or a misroute, a
+// 404, a 408), which says nothing of the report, as a 5xx does not (review:
+// it was given up, and the job ran again once its lease lapsed); but not a
+// bare 413, a body the proxy refuses for good.
 func (r *reporter) retryDelay(err error, attempt int) (time.Duration, bool) {
 	if errors.Is(err, context.DeadlineExceeded) && r.ctx.Err() == nil {
+		return r.c.backoff(attempt), true
+	}
+	var apiErr *Error
+	if notRatchets(err) && errors.As(err, &apiErr) && apiErr.StatusCode < 500 && apiErr.StatusCode != http.StatusRequestEntityTooLarge {
 		return r.c.backoff(attempt), true
 	}
 	return r.c.retryDelay(err, attempt, idempotent)

@@ -825,3 +825,43 @@ func TestReporterCloseGivesUpEveryReportUnsentAtItsDeadline(t *testing.T) {
 		t.Fatalf("lost %d of %d, %d named, %d pending", r.lostReports(), n, len(named), pending)
 	}
 }
+
+// A report answered a bare 4xx (a proxy's or a load balancer's, without
+// Ratchet's error envelope: a 404 or 408 during a deploy, a misroute) is
+// sent again as after a 5xx: the answer says nothing of the report, which
+// its lease token makes safe to repeat (review: it was given up, counted
+// not recorded, and the job ran again once its lease lapsed). A bare 413
+// is the one left given up: that body is refused for good.
+func TestReporterRetriesAReportAnsweredABareRefusal(t *testing.T) {
+	t.Parallel()
+	for _, status := range []int{400, 401, 403, 404, 408, 409} {
+		for _, n := range []int{1, 2} { // one report takes the single route; two, a batch (split on the 4xx)
+			f := newFakeJobs()
+			var mu sync.Mutex
+			refusals := map[string]int{}
+			f.reportError = func(json.RawMessage) (int, string) {
+				mu.Lock()
+				defer mu.Unlock()
+				if refusals["all"]++; refusals["all"] <= 3 {
+					return status, "" // no error code: not Ratchet's answer
+				}
+				return 0, ""
+			}
+			c, _ := testClient(t, f)
+			sink := &errSink{}
+			r := newReporter(context.Background(), c, sink.add, time.Hour)
+			ids := queueReports(r, n, time.Now().Add(10*time.Minute))
+			if !closeWithin(t, r, context.Background()) {
+				t.Fatalf("%d, %d reports: close gave up", status, n)
+			}
+			for _, id := range ids {
+				if rep := f.report(t, id); rep["status"] != "SUCCEEDED" {
+					t.Fatalf("%d, %d reports: report %v", status, n, rep)
+				}
+			}
+			if r.lostReports() != 0 {
+				t.Fatalf("%d, %d reports: %d counted lost; OnError %v", status, n, r.lostReports(), sink.list())
+			}
+		}
+	}
+}

@@ -315,14 +315,19 @@ class Transport:
                    stop_on: Callable[[Exception], bool] = lambda err: False,
                    timeout: Optional[float] = None, abort: Optional[Abort] = None,
                    on_attempt: Callable[[], None] = lambda: None,
-                   read: Optional[Callable[[Dict[str, Any], str], Any]] = None) -> Any:
+                   read: Optional[Callable[[Dict[str, Any], str], Any]] = None,
+                   bare_may_pass: bool = False) -> Any:
         """Sends a call that is safe to repeat (a report), repeating it
         through every failure worth repeating for as long as may_wait(wait)
         allows the next wait (seconds) and abort has not fired; on_attempt
         runs before each attempt is sent, on_retry before each wait. Raises the last failure: a refusal, one
         may_wait gave up on, the abort's ConnectionLost, or a failure worth
         repeating (a RatchetError, a ConnectionLost) that stop_on(failure),
-        told of each, says to hand back. read as call's."""
+        told of each, says to hand back. read as call's. bare_may_pass
+        repeats a 4xx without Ratchet's error envelope (no code: a proxy's or
+        a load balancer's answer during a deploy or a misroute, a 404, a 408)
+        as a 5xx, but a bare 413 (a body refused for good): a job's report
+        (the Go SDK's reporter.retryDelay)."""
         attempt = 0
         unsure = False  # an attempt may have been applied
         while True:
@@ -332,6 +337,8 @@ class Transport:
             except RatchetError as err:
                 unsure = unsure or err.may_have_applied
                 wait = self.retry_delay(err, attempt, True)
+                if wait is None and bare_may_pass and not err.code and 400 <= err.status < 500 and err.status != 413:
+                    wait = self.backoff(attempt)
                 if wait is None or stop_on(err) or not may_wait(wait) or (abort is not None and abort.fired):
                     err._unconfirmed = err._unconfirmed or unsure
                     raise

@@ -262,7 +262,7 @@ class _Reporter:
         if report.alone:
             self._transport.call_until("POST", _report_path(job_id), body, may_wait=may_wait, on_retry=on_retry,
                                        timeout=min(self._transport.timeout, _REPORT_TIMEOUT), abort=self._abort,
-                                       on_attempt=on_attempt)
+                                       on_attempt=on_attempt, bare_may_pass=True)
         elif report.error is not None:
             raise report.error
 
@@ -336,7 +336,9 @@ class _Reporter:
             answer = self._transport.call_until("POST", path, body, may_wait=may_wait, on_retry=on_retry,
                                                 stop_on=stop_on, timeout=min(self._transport.timeout, _REPORT_TIMEOUT),
                                                 abort=self._abort, on_attempt=on_attempt,
-                                                read=read if len(batch) > 1 else None)
+                                                read=read if len(batch) > 1 else None,
+                                                # A batch's bare 4xx sends it report by report (below).
+                                                bare_may_pass=len(batch) == 1)
         except (RatchetError, ConnectionLost) as err:
             if mismatched[0] >= 2 or (isinstance(err, RatchetError) and (
                     failed_500[0] >= 2 or (len(batch) > 1 and 400 <= err.status < 500 and err.status != 429))):

@@ -2821,6 +2821,28 @@ class BatchedReportsTest(unittest.TestCase):
         self.assertEqual(sorted(recorded), [f"job_{i}" for i in range(1, 5)])
         self.assertEqual((errors, clean), ([], True))
 
+    def test_a_report_answered_a_bare_refusal_is_sent_again(self) -> None:
+        # A 4xx without Ratchet's error envelope (a proxy's or a load
+        # balancer's answer during a deploy or a misroute: a 404, a 408)
+        # says nothing of the report, which its lease token makes safe to
+        # send again, as after a 5xx, as in Go and TypeScript (review: it was
+        # given up, and the job ran again once its lease lapsed).
+        quick_backoff(self)
+        for status in (400, 401, 403, 404, 408, 409):
+            bare: typing.Dict[str, int] = {}
+
+            def answer(job_id, report, status=status, bare=bare):
+                if bare.setdefault(job_id, 0) < 2:
+                    bare[job_id] += 1
+                    return status, {"message": "Not Found"}, {}
+                return self.accept(job_id, report)
+
+            # Without the batch route, a batch goes report by report.
+            _, recorded, _, errors, clean = self.run_jobs(3, answer, batch_route=False)
+            self.assertEqual(sorted(recorded), ["job_1", "job_2", "job_3"], status)
+            self.assertEqual([e for e in errors if isinstance(e, getratchet.ReportNotRecorded)], [], status)
+            self.assertTrue(clean, status)
+
     def test_a_batch_failing_twice_with_a_500_is_sent_report_by_report(self) -> None:
         chokes = {"left": 3}
 

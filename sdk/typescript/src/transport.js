@@ -185,9 +185,13 @@ export class Transport {
    * each wait. Rejects with the last
    * failure: a refusal, one mayWait gave up on, or a failure worth
    * repeating (a RatchetError, a ConnectionLostError) that stopOn(err),
-   * told of each, says to hand back. read as call's.
+   * told of each, says to hand back. read as call's. bareMayPass repeats a
+   * 4xx without Ratchet's error envelope (no code: a proxy's or a load
+   * balancer's answer during a deploy or a misroute, a 404, a 408) as a 5xx,
+   * but a bare 413 (a body refused for good): a job's report (the Go SDK's
+   * reporter.retryDelay).
    */
-  async callUntil(method, path, body, { mayWait, onRetry = () => {}, onAttempt = () => {}, stopOn = () => false, timeoutMs, signal, read }) {
+  async callUntil(method, path, body, { mayWait, onRetry = () => {}, onAttempt = () => {}, stopOn = () => false, timeoutMs, signal, read, bareMayPass = false }) {
     let unsure = false; // an attempt may have been applied
     for (let attempt = 0; ; attempt++) {
       let wait;
@@ -198,6 +202,9 @@ export class Transport {
         if (err instanceof RatchetError) {
           unsure ||= err.mayHaveApplied;
           wait = this.retryDelay(err, attempt, true);
+          if (wait === null && bareMayPass && !err.code && err.status >= 400 && err.status < 500 && err.status !== 413) {
+            wait = this.backoff(attempt);
+          }
           if (wait !== null && stopOn(err)) throw unsure ? markUnconfirmed(err) : err;
         } else if (err instanceof ConnectionLostError) {
           unsure = true;

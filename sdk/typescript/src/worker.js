@@ -186,7 +186,9 @@ export class Reporter { // exported for the tests; not by the package
     this.#pump();
     const outcome = await settled;
     if (outcome.alone) {
-      await this.#transport.callUntil('POST', reportPath(jobId), body, { mayWait, onRetry, onAttempt, timeoutMs: this.#deliveryTimeout(), signal: this.#cutoff });
+      await this.#transport.callUntil('POST', reportPath(jobId), body, {
+        mayWait, onRetry, onAttempt, timeoutMs: this.#deliveryTimeout(), signal: this.#cutoff, bareMayPass: true,
+      });
     } else if (outcome.error) {
       throw outcome.error;
     }
@@ -244,6 +246,7 @@ export class Reporter { // exported for the tests; not by the package
       answer = await this.#transport.callUntil('POST', path, body, {
         timeoutMs: this.#deliveryTimeout(),
         signal: this.#cutoff,
+        bareMayPass: batch.length === 1, // a batch's bare 4xx sends it report by report (below)
         // Every report is told: each keeps whether it gave up.
         mayWait: (wait) => batch.map((r) => r.mayWait(wait)).every(Boolean),
         onRetry: () => { for (const r of batch) r.onRetry(); },

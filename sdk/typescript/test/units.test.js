@@ -2176,6 +2176,28 @@ test('a server without the batch route gets single reports', async (t) => {
   assert.deepEqual([errors, clean], [[], true]);
 });
 
+// A 4xx without Ratchet's error envelope (a proxy's or a load balancer's
+// answer during a deploy or a misroute: a 404, a 408) says nothing of the
+// report, which its lease token makes safe to send again, as after a 5xx, as
+// in Go and Python (review: it was given up, and the job ran again once its
+// lease lapsed).
+test('a report answered a bare refusal is sent again', async (t) => {
+  quickBackoff(t);
+  for (const status of [400, 401, 403, 404, 408, 409]) {
+    const bare = new Map();
+    // Without the batch route, a batch goes report by report.
+    const { recorded, errors, clean } = await runJobs(t, 3, (jobId, report) => {
+      if ((bare.get(jobId) ?? 0) < 2) {
+        bare.set(jobId, (bare.get(jobId) ?? 0) + 1);
+        return [status, { message: 'Not Found' }];
+      }
+      return accept(jobId, report);
+    }, { batchRoute: false });
+    assert.deepEqual([...recorded.keys()].sort(), jobIds(1, 3), String(status));
+    assert.deepEqual([errors.filter((e) => e instanceof ReportNotRecordedError), clean], [[], true], String(status));
+  }
+});
+
 test('a batch failing twice with a 500 is sent report by report', async (t) => {
   let chokes = 3;
   const { server, recorded, errors, clean } = await runJobs(t, 4, (jobId, report) => {
