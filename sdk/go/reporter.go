@@ -436,12 +436,18 @@ func (r *reporter) retryDelay(err error, attempt int) (time.Duration, bool) {
 }
 
 // unrecordableOutput says whether a success report's refusal is about its
-// output, and what to report instead: 413 for its size, or 400 naming a
-// field under output (the field path and rule, never the value).
+// output, and what to report instead: 413 for its size (the server's, or a
+// proxy's bare 413 before it: nginx refuses bodies over 1 MB by default,
+// and a success report's body is its output; review: given up, the job ran
+// again at every lapse), or 400 naming a field under output (the field
+// path and rule, never the value).
 func unrecordableOutput(err error) (string, bool) {
 	var apiErr *Error
 	if !errors.As(err, &apiErr) {
 		return "", false
+	}
+	if apiErr.StatusCode == http.StatusRequestEntityTooLarge && notRatchets(err) {
+		return "handler output exceeds the request size limit of a proxy before the server", true
 	}
 	switch apiErr.Code {
 	case CodePayloadTooLarge:

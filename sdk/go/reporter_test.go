@@ -865,3 +865,39 @@ func TestReporterRetriesAReportAnsweredABareRefusal(t *testing.T) {
 		}
 	}
 }
+
+// A success report answered a bare 413 (a proxy's body limit before the
+// server, nginx's 1 MB by default: no error envelope) can never be
+// recorded, as after the server's own payload_too_large: it is reported as
+// a non-retryable failure instead, so the handler runs once (review: it was
+// given up, and the job ran again at every lapse, its side effect each
+// time).
+func TestReporterReportsAFailureForAnOutputAProxyRefusesForItsSize(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	f.reportError = func(body json.RawMessage) (int, string) {
+		if bytes.Contains(body, []byte(`"SUCCEEDED"`)) {
+			return http.StatusRequestEntityTooLarge, "" // no error code: the proxy's answer
+		}
+		return 0, ""
+	}
+	c, _ := testClient(t, f)
+	sink := &errSink{}
+	r := newReporter(context.Background(), c, sink.add, time.Hour)
+	ids := queueReports(r, 1, time.Now().Add(10*time.Minute))
+	if !closeWithin(t, r, context.Background()) {
+		t.Fatal("close gave up")
+	}
+	rep := f.report(t, ids[0])
+	if e, _ := rep["error"].(map[string]any); rep["status"] != "FAILED" || e["retryable"] != false ||
+		!strings.Contains(e["message"].(string), "request size limit") {
+		t.Fatalf("report %v", rep)
+	}
+	var refused *ReportNotRecordedError
+	if errs := sink.list(); len(errs) != 1 || !errors.As(errs[0], &refused) || refused.What != "output_refused" {
+		t.Fatalf("OnError %v", errs)
+	}
+	if r.lostReports() != 0 {
+		t.Fatalf("%d counted lost", r.lostReports())
+	}
+}

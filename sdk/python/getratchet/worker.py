@@ -1867,7 +1867,12 @@ def _unrecordable_output(err: RatchetError) -> Optional[str]:
     """What to report instead of a success whose output the server refused:
     413 for its size, or 400 naming a field under output (never the value),
     or the body, which only the output can make unreadable (nested more
-    levels deep than the server reads)."""
+    levels deep than the server reads). A bare 413 (no error envelope) is a
+    proxy's body limit before the server (nginx refuses bodies over 1 MB by
+    default), and a success report's body is its output (the Go SDK's
+    unrecordableOutput; review: given up, the job ran again at every lapse)."""
+    if err.status == 413 and not err.code:
+        return "handler output exceeds the request size limit of a proxy before the server"
     if err.code == PAYLOAD_TOO_LARGE:
         return "handler output exceeds the server's request size limit"
     if err.code == INVALID_REQUEST:

@@ -2843,6 +2843,23 @@ class BatchedReportsTest(unittest.TestCase):
             self.assertEqual([e for e in errors if isinstance(e, getratchet.ReportNotRecorded)], [], status)
             self.assertTrue(clean, status)
 
+    def test_an_output_a_proxy_refuses_for_its_size_is_reported_failed(self) -> None:
+        # A success report answered a bare 413 (a proxy's body limit before
+        # the server, nginx's 1 MB by default: no error envelope) can never
+        # be recorded, as after the server's own payload_too_large: reported
+        # failed for good instead, so the handler runs once, as in Go and
+        # TypeScript (review: given up, the job ran again at every lapse).
+        def answer(job_id, report):
+            if report["status"] == "SUCCEEDED":
+                return 413, {"message": "Request Entity Too Large"}, {}
+            return self.accept(job_id, report)
+
+        _, recorded, _, errors, clean = self.run_jobs(1, answer)
+        self.assertEqual(recorded["job_1"]["error"], {
+            "message": "handler output exceeds the request size limit of a proxy before the server", "retryable": False})
+        self.assertEqual([e.what for e in errors if isinstance(e, getratchet.ReportNotRecorded)], ["output_refused"])
+        self.assertTrue(clean)
+
     def test_a_batch_failing_twice_with_a_500_is_sent_report_by_report(self) -> None:
         chokes = {"left": 3}
 

@@ -1257,6 +1257,11 @@ function whatFollows(error) {
  * the body, which only the output can make unreadable (nested more levels
  * deep than the server reads). */
 function unrecordableOutput(err) {
+  // A bare 413 (no error envelope) is a proxy's body limit before the
+  // server (nginx refuses bodies over 1 MB by default), and a success
+  // report's body is its output (the Go SDK's unrecordableOutput; review:
+  // given up, the job ran again at every lapse).
+  if (err.status === 413 && !err.code) return 'handler output exceeds the request size limit of a proxy before the server';
   if (err.code === 'payload_too_large') return "handler output exceeds the server's request size limit";
   if (err.code === 'invalid_request') {
     for (const item of err.validation) {

@@ -2198,6 +2198,20 @@ test('a report answered a bare refusal is sent again', async (t) => {
   }
 });
 
+// A success report answered a bare 413 (a proxy's body limit before the
+// server, nginx's 1 MB by default: no error envelope) can never be recorded,
+// as after the server's own payload_too_large: reported failed for good
+// instead, so the handler runs once, as in Go and Python (review: given up,
+// the job ran again at every lapse).
+test('an output a proxy refuses for its size is reported failed', async (t) => {
+  const { recorded, errors, clean } = await runJobs(t, 1, (jobId, report) => (report.status === 'SUCCEEDED'
+    ? [413, { message: 'Request Entity Too Large' }] : accept(jobId, report)));
+  assert.deepEqual(recorded.get('job_1')?.error,
+    { message: 'handler output exceeds the request size limit of a proxy before the server', retryable: false });
+  assert.deepEqual(errors.filter((e) => e instanceof ReportNotRecordedError).map((e) => e.what), ['output_refused']);
+  assert.equal(clean, true);
+});
+
 test('a batch failing twice with a 500 is sent report by report', async (t) => {
   let chokes = 3;
   const { server, recorded, errors, clean } = await runJobs(t, 4, (jobId, report) => {
