@@ -3272,40 +3272,47 @@ func (c *deadlineClock) Timer(d time.Duration) (<-chan time.Time, func()) {
 func TestWorkerHeartbeatBareRefusalIsAFailureThatMayPass(t *testing.T) {
 	t.Parallel()
 	for _, status := range []int{403, 404, 409} {
-		f := newFakeJobs()
-		f.leaseFor, f.leaseMs = time.Hour, 3000
-		var bare atomic.Int32
-		f.heartbeat = func(string) (int, string) {
-			if bare.Add(1) <= 2 {
-				return status, "" // no error code: not Ratchet's answer
-			}
-			return 0, ""
+		t.Run(fmt.Sprint(status), func(t *testing.T) { bareHeartbeatRefusal(t, status) })
+	}
+}
+
+func bareHeartbeatRefusal(t *testing.T, status int) {
+	t.Parallel()
+	f := newFakeJobs()
+	// Heartbeats 4 s apart, the two failed ones at most a second apart:
+	// the lease (12 s) leaves a loaded machine room before it lapses.
+	f.leaseFor, f.leaseMs = time.Hour, 12_000
+	var bare atomic.Int32
+	f.heartbeat = func(string) (int, string) {
+		if bare.Add(1) <= 2 {
+			return status, "" // no error code: not Ratchet's answer
 		}
-		id := f.add("long", "1", welcomeIn{}, 60000)
-		w, sink := startWorker(t, f, func(w *Worker) {
-			must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "long", Version: "1",
-				Handler: func(ctx context.Context, _ welcomeIn, _ JobContext) (welcomeOut, error) {
-					for bare.Load() < 3 && ctx.Err() == nil { // until a heartbeat got through
-						time.Sleep(10 * time.Millisecond)
-					}
-					if ctx.Err() != nil {
-						return welcomeOut{}, context.Cause(ctx)
-					}
-					return welcomeOut{Key: "done"}, nil
-				}}))
-		}, StartOptions{})
-		if r := f.waitReport(t, id); r["status"] != "SUCCEEDED" {
-			t.Fatalf("%d: report %v", status, r)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		if err := stopWithin(t, w, ctx); err != nil {
-			t.Fatalf("%d: %v", status, err)
-		}
-		cancel()
-		for _, err := range sink.list() {
-			if errors.Is(err, ErrLeaseLost) {
-				t.Fatalf("%d: OnError %v", status, err)
-			}
+		return 0, ""
+	}
+	id := f.add("long", "1", welcomeIn{}, 60000)
+	w, sink := startWorker(t, f, func(w *Worker) {
+		must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "long", Version: "1",
+			Handler: func(ctx context.Context, _ welcomeIn, _ JobContext) (welcomeOut, error) {
+				for bare.Load() < 3 && ctx.Err() == nil { // until a heartbeat got through
+					time.Sleep(10 * time.Millisecond)
+				}
+				if ctx.Err() != nil {
+					return welcomeOut{}, context.Cause(ctx)
+				}
+				return welcomeOut{Key: "done"}, nil
+			}}))
+	}, StartOptions{})
+	if r := f.waitReport(t, id); r["status"] != "SUCCEEDED" {
+		t.Fatalf("%d: report %v", status, r)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	if err := stopWithin(t, w, ctx); err != nil {
+		t.Fatalf("%d: %v", status, err)
+	}
+	cancel()
+	for _, err := range sink.list() {
+		if errors.Is(err, ErrLeaseLost) {
+			t.Fatalf("%d: OnError %v", status, err)
 		}
 	}
 }
