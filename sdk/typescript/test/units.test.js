@@ -1073,6 +1073,22 @@ test('a report failing on its own holds no claim after its lease lapses', async 
 // success after lease_lost; anything else (a 502, say; a 401 stops the
 // worker) is a failed heartbeat, tried again until the lease passes its end,
 // when the handler is aborted too and its success reported.
+/** A responder that registers the worker, leases it one job (a 60 s
+ * timeout, leaseMs) at its first claim and none after, answers each
+ * heartbeat beat(n) (n from 1) and records each report, counting in seen. */
+function oneJobBeats(seen, leaseMs, beat) {
+  return (method, path, body) => {
+    if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
+    if (path.endsWith('/claim')) {
+      seen.claims++;
+      return [200, { jobs: seen.claims === 1 ? [{ ...job(1, 60_000), leaseMs }] : [] }];
+    }
+    if (path.endsWith('/heartbeat')) return beat(++seen.beats);
+    seen.reports.push(body);
+    return [200, { jobId: 'job_1', status: body.status, attempt: 1 }];
+  };
+}
+
 test('a heartbeat refusal ends the attempt as in Go and Python', async (t) => {
   const cases = [[409, 'lease_lost', true], [409, 'invalid_state', false], [404, 'not_found', false],
     [403, 'forbidden', false], [502, 'bad_gateway', true]];
@@ -1080,19 +1096,7 @@ test('a heartbeat refusal ends the attempt as in Go and Python', async (t) => {
   for (const [status, code, successReported] of cases) {
     const seen = { claims: 0, reports: [], beats: 0 };
     const reasons = [];
-    await serve(t, (method, path, body) => {
-      if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
-      if (path.endsWith('/claim')) {
-        seen.claims++;
-        return [200, { jobs: seen.claims === 1 ? [{ ...job(1, 60_000), leaseMs: 1500 }] : [] }];
-      }
-      if (path.endsWith('/heartbeat')) {
-        seen.beats++;
-        return [status, error(code)];
-      }
-      seen.reports.push(body);
-      return [200, { jobId: 'job_1', status: body.status, attempt: 1 }];
-    }, async (input, ctx) => {
+    await serve(t, oneJobBeats(seen, 1500, () => [status, error(code)]), async (input, ctx) => {
       await new Promise((r) => ctx.signal.addEventListener('abort', r, { once: true }));
       reasons.push(ctx.cancelReason);
       return { ok: true };
@@ -1117,19 +1121,8 @@ test('a bare heartbeat refusal is a failure that may pass', async (t) => {
   for (const status of [403, 404, 409]) {
     const seen = { claims: 0, reports: [], beats: 0 };
     const reasons = [];
-    await serve(t, (method, path, body) => {
-      if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
-      if (path.endsWith('/claim')) {
-        seen.claims++;
-        return [200, { jobs: seen.claims === 1 ? [{ ...job(1, 60_000), leaseMs: 60_000 }] : [] }];
-      }
-      if (path.endsWith('/heartbeat')) {
-        seen.beats++;
-        return seen.beats <= 2 ? [status, { message: 'Not Found' }] : [200, { leaseExpiresAt: '2099-01-01T00:00:00Z', cancelRequested: false }];
-      }
-      seen.reports.push(body);
-      return [200, { jobId: 'job_1', status: body.status, attempt: 1 }];
-    }, async (input, ctx) => {
+    const beat = (n) => (n <= 2 ? [status, { message: 'Not Found' }] : [200, { leaseExpiresAt: '2099-01-01T00:00:00Z', cancelRequested: false }]);
+    await serve(t, oneJobBeats(seen, 60_000, beat), async (input, ctx) => {
       await until(() => seen.beats >= 3 || ctx.signal.aborted, 15_000);
       reasons.push(ctx.cancelReason);
       return { ok: true };
