@@ -189,11 +189,21 @@ func (s *Service) reportMany(ctx context.Context, tx pgx.Tx, p *auth.Principal, 
 	if len(done) > 0 {
 		// The common case costs no statement here: no dependents, and
 		// completion not requested while the run lock was taken unopposed.
+		// A run lock the report's lock did not get is taken before the
+		// dependents' rows are (the lock order, see sqlRunLockShared).
+		runs := slices.Sorted(maps.Keys(settle))
+		for _, runID := range runs {
+			if settle[runID] {
+				if _, err := tx.Exec(ctx, sqlRunLockShared, runID); err != nil {
+					return nil, reportWakes{}, fmt.Errorf("lock run: %w", err)
+				}
+			}
+		}
 		if _, err := s.release(ctx, tx, done, dependents); err != nil {
 			return nil, reportWakes{}, err
 		}
-		for _, runID := range slices.Sorted(maps.Keys(settle)) {
-			if err := s.lockAndSettle(ctx, tx, runID, settle[runID]); err != nil {
+		for _, runID := range runs {
+			if err := s.lockAndSettle(ctx, tx, runID, false); err != nil {
 				return nil, reportWakes{}, err
 			}
 		}

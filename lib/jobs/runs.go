@@ -1200,20 +1200,33 @@ func scanEnded(rows pgx.Rows) ([]endedStep, error) {
 
 // afterEnded makes the transitions a step's ending causes, inside the
 // caller's transaction: step.exhausted events, dependents released (and the
-// cascade of skips), and completion of the affected runs.
+// cascade of skips), and completion of the affected runs. The ended steps'
+// runs are locked shared before their dependents' rows (the lock order,
+// see sqlRunLockShared).
 func (s *Service) afterEnded(ctx context.Context, tx pgx.Tx, done []endedStep) error {
+	held := map[string]bool{}
+	for _, e := range done {
+		if e.runID != "" {
+			held[e.runID] = true
+		}
+	}
+	for _, runID := range slices.Sorted(maps.Keys(held)) {
+		if _, err := tx.Exec(ctx, sqlRunLockShared, runID); err != nil {
+			return fmt.Errorf("lock run: %w", err)
+		}
+	}
 	runs, err := s.release(ctx, tx, done, true)
 	if err != nil {
 		return err
 	}
-	return s.settleTouched(ctx, tx, runs)
+	return s.settleTouched(ctx, tx, runs, held)
 }
 
 // settleTouched checks the completion of the runs a release touched, in id
-// order.
-func (s *Service) settleTouched(ctx context.Context, tx pgx.Tx, runs map[string]bool) error {
+// order. held are the runs whose shared lock the caller holds already.
+func (s *Service) settleTouched(ctx context.Context, tx pgx.Tx, runs, held map[string]bool) error {
 	for _, runID := range slices.Sorted(maps.Keys(runs)) {
-		if err := s.lockAndSettle(ctx, tx, runID, true); err != nil {
+		if err := s.lockAndSettle(ctx, tx, runID, !held[runID]); err != nil {
 			return err
 		}
 	}

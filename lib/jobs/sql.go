@@ -302,10 +302,25 @@ const sqlEnqueue = `SELECT * FROM jobs_enqueue($1::text, $2::text, $3::text, $4:
 // them). A transaction that checks completion after finish was requested
 // first takes the run's settle key exclusively, so concurrent last steps are
 // checked one after the other, each seeing the other's commit.
+//
+// The lock order, in every transaction that takes more than one of these:
+// the row of the step it ends, cancels or replays (and, by the gate
+// protocol, its endpoint before it), then the run key (shared or
+// exclusive), then the rows of that step's dependents (released, skipped
+// or put back by unskip), then the settle key, then the run's row. A
+// report, a cancel, a lapse, the stranded-dependents backstop and a
+// replay all take the run key before the dependents' rows: the backstop
+// took the rows first and the run key after them, while a replay held the
+// run key exclusively and went for the rows (sweeper review: a deadlock
+// whose victim might be the replay).
 const (
 	sqlRunLockExclusive   = `SELECT pg_advisory_xact_lock(hashtextextended($1::text, 0))`
 	sqlRunLockShared      = `SELECT pg_advisory_xact_lock_shared(hashtextextended($1::text, 0))`
 	sqlRunSettleExclusive = `SELECT pg_advisory_xact_lock(hashtextextended($1::text, 1))`
+	// sqlStepRunLockShared takes the shared run key of step $1's run, and
+	// answers that run; no row when the step is gone.
+	sqlStepRunLockShared = `SELECT run_id, pg_advisory_xact_lock_shared(hashtextextended(run_id, 0))::text
+FROM jobs WHERE step_id = $1::text`
 )
 
 const sqlRequestCompletion = `

@@ -210,14 +210,32 @@ func (s *Service) freeSlots(ctx context.Context, gates, free string, limit int, 
 func (s *Service) releaseStranded(ctx context.Context, limit int) (int, error) {
 	return s.eachInTx(ctx, sqlStrandedDependents, limit, "stranded dependents",
 		func(tx pgx.Tx, dep string) (bool, error) {
+			// The dependency's run is locked shared before its dependents'
+			// rows, as every transaction releasing or unskipping steps
+			// takes them (the lock order, see sqlRunLockShared): a replay
+			// holds the run's exclusive lock while it puts the dependents
+			// back (unskip), and took the rows after the run (sweeper
+			// review: this took the rows first, then waited for the run).
+			// Its release then reads after a replay of the dependency that
+			// committed meanwhile, and finds it QUEUED again: nothing to
+			// release. A dependency purged since it was read: nothing.
+			var runID string
+			err := tx.QueryRow(ctx, sqlStepRunLockShared, dep).Scan(&runID, nil)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return false, nil
+			}
+			if err != nil {
+				return false, fmt.Errorf("lock run: %w", err)
+			}
 			// Passing the dependency as an "ended" frontier releases its
 			// dependents; its own status is not used. The runs touched
-			// are those of the steps it released.
+			// are those of the steps it released (its own: a step depends
+			// only on a step of its run).
 			runs, err := s.release(ctx, tx, []endedStep{{stepID: dep}}, true)
 			if err != nil {
 				return false, err
 			}
-			return len(runs) > 0, s.settleTouched(ctx, tx, runs)
+			return len(runs) > 0, s.settleTouched(ctx, tx, runs, map[string]bool{runID: true})
 		})
 }
 
