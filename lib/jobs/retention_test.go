@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/jobs"
 	"github.com/getratchet/ratchet/lib/testpg"
 )
@@ -324,4 +325,48 @@ func TestRetentionKeepsARunWhileItsCancelledAttemptHoldsASlot(t *testing.T) {
 	_, err = b.svc.GetRun(ctx, b.ws, runID)
 	require.Equal(t, apierr.CodeNotFound, code(t, err))
 	b.requireRunningCount(t, "mailer", 0)
+}
+
+// A run whose purge fails holds no run after it: the batch is purged again
+// run by run, the failing run is put off (purge_after) and its error
+// answered, and the next pass reads past it; once it is due again it is
+// tried again (sweeper review: the batch reads the oldest runs first, so
+// a run failing on every pass, a statement timeout over a run of many
+// steps say, kept every later run for good). Not parallel: retention
+// purges every workspace, and the trigger that refuses the run's delete
+// is on the package database.
+func TestRetentionGoesOnPastARunWhosePurgeFails(t *testing.T) {
+	b := setup(t)
+	w := b.register(t)
+	var runs []string
+	for i := range 2 {
+		runID := b.run(t)
+		b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(fmt.Sprint(i))})
+		b.succeed(t, b.claimOne(t, w))
+		_, err := b.svc.FinishRun(ctx, b.ws, runID)
+		require.NoError(t, err)
+		runs = append(runs, runID)
+		b.clock.Add(time.Second) // finished in this order: the failing one is read first
+	}
+	failing, later := runs[0], runs[1]
+	kept := func(id string) bool {
+		return b.count(t, `SELECT count(*) FROM job_runs WHERE id = $1`, id) == 1
+	}
+	b.clock.Add(91 * 24 * time.Hour)
+	cutoff := b.clock.Now().AddDate(0, 0, -90)
+	allow := apitest.Refuse(t, "BEFORE DELETE ON job_runs", "OLD.id = '"+failing+"'")
+
+	_, err := b.svc.PurgeRetired(ctx, cutoff, 1_000_000)
+	require.ErrorContains(t, err, "test_refuse", "the failing run's error is answered")
+	require.True(t, kept(failing))
+	require.False(t, kept(later), "the run after the failing one goes")
+
+	_, err = b.svc.PurgeRetired(ctx, cutoff.Add(time.Minute), 1_000_000)
+	require.NoError(t, err, "the failing run is put off: the next pass reads past it")
+	require.True(t, kept(failing))
+
+	allow()
+	_, err = b.svc.PurgeRetired(ctx, cutoff.Add(time.Hour), 1_000_000)
+	require.NoError(t, err)
+	require.False(t, kept(failing), "put off, it is tried again")
 }

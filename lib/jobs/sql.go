@@ -1092,15 +1092,30 @@ WHERE t.id = $1::text AND t.status = 'QUEUED'`
 // which sqlLockRetiredJobs skips); a run none of whose jobs still holds an
 // endpoint slot (a cancelled attempt keeps its slot until its report or its
 // lease's end: deleted first, the endpoint's running count never came down,
-// and one with maxConcurrent 1 took no job again; retention QA);
-const sqlRetiredRuns = `
-SELECT r.id, (SELECT count(*) FROM jobs j WHERE j.run_id = r.id) FROM job_runs r
-WHERE r.status IN ('SUCCEEDED', 'FAILED') AND r.finished_at < $1::timestamptz
-  AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.run_id = r.id
-                  AND (j.finished_at IS NULL OR j.finished_at >= $1::timestamptz OR j.slot_attempt IS NOT NULL))
+// and one with maxConcurrent 1 took no job again; retention QA); and not
+// one whose purge failed until the cut-off passes its purge_after
+// (migration 0078; sqlPurgeLater).
+const sqlRetiredRuns = retiredRuns + `
 ORDER BY r.finished_at
 LIMIT $2::int
 FOR UPDATE OF r SKIP LOCKED`
+
+// sqlRetiredRun is sqlRetiredRuns for run $2 alone: a batch that failed
+// is purged run by run (PurgeRetired).
+const sqlRetiredRun = retiredRuns + `
+  AND r.id = $2::text
+FOR UPDATE OF r SKIP LOCKED`
+
+const retiredRuns = `
+SELECT r.id, (SELECT count(*) FROM jobs j WHERE j.run_id = r.id) FROM job_runs r
+WHERE r.status IN ('SUCCEEDED', 'FAILED') AND r.finished_at < $1::timestamptz
+  AND (r.purge_after IS NULL OR r.purge_after <= $1::timestamptz)
+  AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.run_id = r.id
+                  AND (j.finished_at IS NULL OR j.finished_at >= $1::timestamptz OR j.slot_attempt IS NOT NULL))`
+
+// sqlPurgeLater sets run $1's purge_after to $2: a run whose purge failed
+// alone is read again once the cut-off passes it.
+const sqlPurgeLater = `UPDATE job_runs SET purge_after = $2::timestamptz WHERE id = $1::text`
 
 // sqlLockRetiredJobs locks the candidates' jobs ($1), skipping any a request
 // holds, and answers the runs whose every job it locked and still found

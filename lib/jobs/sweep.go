@@ -54,23 +54,90 @@ func (s *Service) batch() int { return s.sweepBatch }
 // runs (a run is never split: one larger than this goes alone).
 const purgeStepsPerPass = 5000
 
+// purgeRetryAfter is how long the retention cut-off moves on before a run
+// whose purge failed is read again.
+const purgeRetryAfter = time.Hour
+
 // PurgeRetired deletes up to limit finished runs whose steps all ended
 // before cutoff (and no more than purgeStepsPerPass steps with them), with
 // their jobs, executions and replays, and up to limit worker registrations
 // not seen since cutoff. It answers how many runs and workers it deleted.
 // Once a run is gone its steps' idempotency keys are new again: an enqueue
 // with one creates a new step.
+//
+// A batch whose purge fails is purged again run by run, each in a
+// transaction of its own, and a run that fails alone is put off
+// (purge_after: purgeRetryAfter past the cut-off) and its error answered:
+// the batch reads the oldest runs first, so one failing on every pass (a
+// statement timeout over a run of many steps, which goes whole, say) kept
+// every run after it for good (sweeper review). Run by run only once a
+// batch failed, and the run put off leaves the next batches whole: a
+// pass's round trips stay those of one batch but for one pass an hour per
+// failing run, and that pass is bounded by its batch. A savepoint per run
+// instead would cost two more round trips per run on every pass.
 func (s *Service) PurgeRetired(ctx context.Context, cutoff time.Time, limit int) (int, error) {
+	runs, candidates, err := s.purgeRuns(ctx, sqlRetiredRuns, cutoff, limit)
+	if err != nil {
+		runs, err = s.purgeApart(ctx, cutoff, candidates, err)
+	}
+	// Whatever the runs' purge answered: one failing on every pass (a
+	// statement timeout over a run of many steps, which goes whole) kept
+	// every idle worker registration for good (sweeper review).
+	tag, errWorkers := s.pool.Exec(ctx, sqlDeleteIdleWorkers, cutoff, limit)
+	if errWorkers != nil {
+		return runs, errors.Join(err, fmt.Errorf("purge workers: %w", errWorkers))
+	}
+	return runs + int(tag.RowsAffected()), err
+}
+
+// purgeApart purges the candidates of a batch whose purge failed with
+// batchErr one by one, puts off those that fail alone, and answers how
+// many it deleted and their errors (batchErr's when none failed alone, so
+// that the pass still fails).
+func (s *Service) purgeApart(ctx context.Context, cutoff time.Time, candidates []string, batchErr error) (int, error) {
+	batchErr = fmt.Errorf("purge runs: %w", batchErr)
+	if !sweep.GoOn(ctx, batchErr) {
+		return 0, batchErr
+	}
 	runs := 0
+	var errs []error
+	for _, id := range candidates {
+		err := batchErr
+		if len(candidates) > 1 { // one alone failed as the batch
+			var n int
+			if n, _, err = s.purgeRuns(ctx, sqlRetiredRun, cutoff, id); err == nil {
+				runs += n
+				continue
+			}
+			err = fmt.Errorf("purge run %s: %w", id, err)
+		}
+		if errs = append(errs, err); !sweep.GoOn(ctx, err) {
+			break // not the run's failure: it is not put off
+		}
+		if _, errLater := s.pool.Exec(ctx, sqlPurgeLater, id, cutoff.Add(purgeRetryAfter)); errLater != nil {
+			errs = append(errs, fmt.Errorf("put off run %s: %w", id, errLater))
+		}
+	}
+	if len(errs) == 0 {
+		errs = append(errs, batchErr)
+	}
+	return runs, errors.Join(errs...)
+}
+
+// purgeRuns deletes, in a transaction, the runs pick ($1 cutoff, $2 arg)
+// reads, within purgeSteps steps, whose jobs it then locks all of. It
+// answers how many it deleted and the candidates it read, failing or not.
+func (s *Service) purgeRuns(ctx context.Context, pick string, cutoff time.Time, arg any) (int, []string, error) {
+	runs := 0
+	var candidates []string
 	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, sqlRetiredRuns, cutoff, limit)
+		rows, err := tx.Query(ctx, pick, cutoff, arg)
 		if err != nil {
 			return err
 		}
 		var (
-			candidates []string
-			id         string
-			n, steps   int
+			id       string
+			n, steps int
 		)
 		_, err = pgx.ForEachRow(rows, []any{&id, &n}, func() error {
 			if len(candidates) == 0 || steps+n <= s.purgeSteps {
@@ -92,16 +159,9 @@ func (s *Service) PurgeRetired(ctx context.Context, cutoff time.Time, limit int)
 		return nil
 	})
 	if err != nil {
-		runs, err = 0, fmt.Errorf("purge runs: %w", err)
+		return 0, candidates, err
 	}
-	// Whatever the runs' purge answered: one failing on every pass (a
-	// statement timeout over a run of many steps, which goes whole) kept
-	// every idle worker registration for good (sweeper review).
-	tag, errWorkers := s.pool.Exec(ctx, sqlDeleteIdleWorkers, cutoff, limit)
-	if errWorkers != nil {
-		return runs, errors.Join(err, fmt.Errorf("purge workers: %w", errWorkers))
-	}
-	return runs + int(tag.RowsAffected()), err
+	return runs, candidates, nil
 }
 
 // exhaustLapsed ends jobs whose lease lapsed on their last attempt (a lapsed
