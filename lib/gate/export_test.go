@@ -5,7 +5,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/getratchet/ratchet/lib/auth"
+	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/jsonx"
 )
 
@@ -57,8 +60,16 @@ var PurgeExpiredSQL = sqlPurgeExpired
 const SQLPurgeKeptGroups = sqlPurgeKeptGroups
 
 // PurgeKeptGroups is the retention pass's group deletion (now, groups read,
-// steps deleted at most), so a test can run it in a transaction of its own.
-var PurgeKeptGroups = purgeKeptGroups
+// steps deleted at most), so a test can run it in a transaction of its own:
+// it locks the groups due and deletes those kept long enough, with their
+// effects, and answers those groups and how many effects it deleted.
+func PurgeKeptGroups(ctx context.Context, tx pgx.Tx, now time.Time, limit, steps int) ([]string, int, error) {
+	due, err := db.CollectIDs(tx.Query(ctx, sqlLockDueGroups, now, limit))
+	if err != nil {
+		return nil, 0, err
+	}
+	return purgeKeptGroups(ctx, tx, now, due, steps)
+}
 
 // SQLLockUnwinding is the statement a report's settling of its group
 // begins with, so a test can fail it after the report committed.

@@ -1075,12 +1075,26 @@ WHERE id = ANY($1::text[])`
 // (sqlLockGroupsToShorten waits for the lock) either committed before
 // it or reads what the pass left; read in the same snapshot as the lock, a
 // pass could date a group by the retention just lowered (review).
-const sqlLockDueGroups = `SELECT g.id FROM effect_groups g
-WHERE g.state IN ('committed', 'unwound', 'unwind_failed')
-  AND coalesce(g.keep_until, '-infinity'::timestamptz) <= $1::timestamptz
+const sqlLockDueGroups = lockDueGroups + `
 ORDER BY coalesce(g.keep_until, '-infinity'::timestamptz)
 LIMIT $2::int
 FOR UPDATE SKIP LOCKED`
+
+// sqlLockDueGroup is sqlLockDueGroups for group $2 alone: a batch that
+// failed is purged group by group (purgeGroupsApart).
+const sqlLockDueGroup = lockDueGroups + `
+  AND g.id = $2::text
+FOR UPDATE SKIP LOCKED`
+
+const lockDueGroups = `SELECT g.id FROM effect_groups g
+WHERE g.state IN ('committed', 'unwound', 'unwind_failed')
+  AND coalesce(g.keep_until, '-infinity'::timestamptz) <= $1::timestamptz`
+
+// sqlPutOffGroup moves group $1's keep_until on to $2 (never back): a
+// group whose purge failed alone is read again then.
+const sqlPutOffGroup = `UPDATE effect_groups
+SET keep_until = greatest(coalesce(keep_until, '-infinity'::timestamptz), $2::timestamptz)
+WHERE id = $1::text`
 
 // sqlPurgeKeptGroups deletes, at $1, the groups sqlLockDueGroups locked
 // ($2) whose every effect has passed its type's retention under the

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/getratchet/ratchet/lib/db"
+	"github.com/getratchet/ratchet/lib/sweep"
 )
 
 // SweepRetention deletes ended groups (committed, unwound, unwind_failed)
@@ -25,18 +26,21 @@ import (
 // alone, the ungrouped effects are purged all the same, and the failure
 // is answered with their count (sweeper review: it failed the whole task,
 // and, failing on every pass, kept every ungrouped effect past its
-// retention for good).
+// retention for good). See purgeGroupsApart for the groups after it.
 func (s *Service) SweepRetention(ctx context.Context, now time.Time, limit int) (int, error) {
 	var n int
 	var groupsErr error
 	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
-		var groups []string
-		groups, groupsErr = purgeGroupsApart(ctx, tx, now.UTC(), max(limit/groupsPerEffects, 1), limit)
-		ct, err := tx.Exec(ctx, sqlPurgeExpired, now.UTC(), limit, groups)
+		var err error
+		n, groupsErr, err = purgeGroupsApart(ctx, tx, now.UTC(), max(limit/groupsPerEffects, 1), limit)
+		if err != nil {
+			return err
+		}
+		ct, err := tx.Exec(ctx, sqlPurgeExpired, now.UTC(), limit, nil)
 		if err != nil {
 			return fmt.Errorf("purge expired effects: %w", err)
 		}
-		n = int(ct.RowsAffected())
+		n += int(ct.RowsAffected())
 		return nil
 	})
 	if err != nil {
@@ -45,42 +49,110 @@ func (s *Service) SweepRetention(ctx context.Context, now time.Time, limit int) 
 	return n, groupsErr
 }
 
-// purgeGroupsApart is purgeKeptGroups under a savepoint of tx: when it
-// fails, what it did is rolled back and tx goes on (a savepoint that
-// cannot be rolled back leaves tx failing its next statement).
-func purgeGroupsApart(ctx context.Context, tx pgx.Tx, now time.Time, limit, steps int) ([]string, error) {
-	sp, err := tx.Begin(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("purge expired groups: savepoint: %w", err)
+// retentionRetryAfter is how long a group whose purge failed alone is put
+// off (its keep_until moved on).
+const retentionRetryAfter = time.Hour
+
+// purgeGroupsApart purges up to limit due groups (purgeKeptGroups) under a
+// savepoint of tx, and answers the effects it deleted and the groups'
+// failures (groupsErr); err, when tx itself failed. When the batch fails,
+// what it did is rolled back and its groups are purged again one by one,
+// each under a savepoint of its own; a group that fails alone is put off
+// (its keep_until, retentionRetryAfter on) and its error answered: the
+// batch reads the groups due first, so one failing on every pass (a
+// statement timeout over a large group, a refused delete) kept every group
+// after it for good (sweeper review). One by one only once a batch
+// failed, and the group put off leaves the next batches whole: a pass's
+// round trips stay those of one batch but for one pass an hour per
+// failing group, and that pass is bounded by its batch. A savepoint per
+// group instead would cost two more round trips per group on every pass.
+func purgeGroupsApart(ctx context.Context, tx pgx.Tx, now time.Time, limit, steps int) (n int, groupsErr, err error) {
+	var due []string
+	n, batchErr := inSavepoint(ctx, tx, func(sp pgx.Tx) (int, error) {
+		var err error
+		if due, err = db.CollectIDs(sp.Query(ctx, sqlLockDueGroups, now, limit)); err != nil {
+			return 0, fmt.Errorf("lock due groups: %w", err)
+		}
+		_, effects, err := purgeKeptGroups(ctx, sp, now, due, steps)
+		return effects, err
+	})
+	if batchErr == nil || !sweep.GoOn(ctx, batchErr) {
+		return n, batchErr, nil
 	}
-	groups, err := purgeKeptGroups(ctx, sp, now, limit, steps)
-	if err != nil {
-		_ = sp.Rollback(ctx)
-		return nil, err
+	var errs []error
+	for _, id := range due {
+		err := batchErr
+		if len(due) > 1 { // one alone failed as the batch
+			var m int
+			m, err = inSavepoint(ctx, tx, func(sp pgx.Tx) (int, error) {
+				locked, err := db.CollectIDs(sp.Query(ctx, sqlLockDueGroup, now, id))
+				if err != nil {
+					return 0, fmt.Errorf("lock due group: %w", err)
+				}
+				_, effects, err := purgeKeptGroups(ctx, sp, now, locked, steps)
+				return effects, err
+			})
+			if err == nil {
+				n += m
+				continue
+			}
+			err = fmt.Errorf("group %s: %w", id, err)
+		}
+		if errs = append(errs, err); !sweep.GoOn(ctx, err) {
+			break // not the group's failure: it is not put off
+		}
+		if _, err := tx.Exec(ctx, sqlPutOffGroup, id, now.Add(retentionRetryAfter)); err != nil {
+			return 0, errors.Join(errs...), fmt.Errorf("put off group %s: %w", id, err)
+		}
 	}
-	if err := sp.Commit(ctx); err != nil {
-		return nil, fmt.Errorf("purge expired groups: release savepoint: %w", err)
+	if len(errs) == 0 {
+		errs = append(errs, batchErr)
 	}
-	return groups, nil
+	return n, errors.Join(errs...), nil
 }
 
-// purgeKeptGroups locks up to limit ended groups due at now, then deletes
+// inSavepoint runs do under a savepoint of tx: when it fails, what it did
+// is rolled back and tx goes on (a savepoint that cannot be rolled back
+// leaves tx failing its next statement).
+func inSavepoint(ctx context.Context, tx pgx.Tx, do func(sp pgx.Tx) (int, error)) (int, error) {
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("purge expired groups: savepoint: %w", err)
+	}
+	n, err := do(sp)
+	if err != nil {
+		_ = sp.Rollback(ctx)
+		return 0, err
+	}
+	if err := sp.Commit(ctx); err != nil {
+		return 0, fmt.Errorf("purge expired groups: release savepoint: %w", err)
+	}
+	return n, nil
+}
+
+// purgeKeptGroups deletes, of the groups due at now that tx locked (due),
 // those whose steps have all passed their retention (the groups starting
-// within steps steps), and answers their ids. Two statements, so that the
-// second reads the policies after the locks are taken (sqlLockDueGroups).
-func purgeKeptGroups(ctx context.Context, tx pgx.Tx, now time.Time, limit, steps int) ([]string, error) {
-	due, err := db.CollectIDs(tx.Query(ctx, sqlLockDueGroups, now, limit))
-	if err != nil {
-		return nil, fmt.Errorf("lock due groups: %w", err)
-	}
+// within steps steps), with their effects, and answers those groups and
+// how many effects it deleted. The groups were locked by a statement of their own, so that
+// this one reads the policies after the locks are taken (sqlLockDueGroups).
+// Their effects go under the groups' savepoint, so that a group whose
+// effects cannot be deleted is rolled back alone too.
+func purgeKeptGroups(ctx context.Context, tx pgx.Tx, now time.Time, due []string, steps int) (groups []string, effects int, err error) {
 	if len(due) == 0 {
-		return nil, nil
+		return nil, 0, nil
 	}
-	groups, err := db.CollectIDs(tx.Query(ctx, sqlPurgeKeptGroups, now, due, steps))
+	groups, err = db.CollectIDs(tx.Query(ctx, sqlPurgeKeptGroups, now, due, steps))
 	if err != nil {
-		return nil, fmt.Errorf("purge expired groups: %w", err)
+		return nil, 0, fmt.Errorf("purge expired groups: %w", err)
 	}
-	return groups, nil
+	if len(groups) == 0 {
+		return nil, 0, nil
+	}
+	ct, err := tx.Exec(ctx, sqlPurgeExpired, now, 0, groups)
+	if err != nil {
+		return nil, 0, fmt.Errorf("purge expired groups' effects: %w", err)
+	}
+	return groups, int(ct.RowsAffected()), nil
 }
 
 // groupsPerEffects bounds the ended groups a pass reads to a tenth of
