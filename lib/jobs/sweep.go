@@ -109,7 +109,7 @@ func (s *Service) purgeApart(ctx context.Context, cutoff time.Time, candidates [
 				runs += n
 				continue
 			}
-			err = fmt.Errorf("purge run %s: %w", id, err)
+			err = fmt.Errorf("purge runs: run %s: %w", id, err)
 		}
 		if errs = append(errs, err); !sweep.GoOn(ctx, err) {
 			break // not the run's failure: it is not put off
