@@ -1094,7 +1094,7 @@ WHERE t.id = $1::text AND t.status = 'QUEUED'`
 // lease's end: deleted first, the endpoint's running count never came down,
 // and one with maxConcurrent 1 took no job again; retention QA); and not
 // one whose purge failed until the cut-off passes its purge_after
-// (migration 0078; sqlPurgeLater).
+// (migration 0075; sqlPurgeLater).
 const sqlRetiredRuns = retiredRuns + `
 ORDER BY r.finished_at
 LIMIT $2::int
