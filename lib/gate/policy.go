@@ -512,10 +512,27 @@ func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string,
 		}
 		return nil
 	})
-	if err == nil && shortenTo > 0 {
-		err = s.shortenKeptGroups(ctx, workspaceID, effectType, shortenTo)
+	if err != nil || shortenTo == 0 {
+		return out, err
 	}
-	return out, err
+	if db.InRequest(ctx) {
+		// Under an Idempotency-Key the policy's transaction is the
+		// request's, whose locks (the policy and surge turns, the charges)
+		// last until it commits: the groups are dated once it has, in a
+		// transaction of their own as without the header (joined, they
+		// would be locked behind those, the order shortenKeptGroups keeps
+		// away from). Never when it rolled back, and not again when the
+		// request is answered again from its key. A failure cannot be
+		// answered (the answer is kept already): it is logged, and the PUT
+		// sent again under another key, or none, dates them.
+		db.AfterCommit(ctx, func() {
+			if err := s.shortenKeptGroups(db.AfterRequest(ctx), workspaceID, effectType, shortenTo); err != nil {
+				s.logger.Warn("kept groups not dated by a lowered retention", "effect_type", effectType, "err", err)
+			}
+		})
+		return out, nil
+	}
+	return out, s.shortenKeptGroups(ctx, workspaceID, effectType, shortenTo)
 }
 
 // shortenKeptGroups dates again the ended groups holding an effect of a
@@ -526,9 +543,10 @@ func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string,
 // than that, and the policy's transaction may hold effects (its charges)
 // that a step's retry holds before its group, or the surge turn that a
 // grouped begin waits for holding its group (review: deadlocks). Should it
-// fail, the policy is written all the same and the error is answered; the
-// same PUT again dates them (it runs on a PUT that changes nothing too).
-// It takes every such group of the workspace at once.
+// fail, the policy is written all the same and the error is answered (only
+// logged under an Idempotency-Key, whose answer is kept already); the same
+// PUT again, under another key or none, dates them (it runs on a PUT that
+// changes nothing too). It takes every such group of the workspace at once.
 func (s *Service) shortenKeptGroups(ctx context.Context, workspaceID, effectType string, days int) error {
 	return db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
 		groups, err := db.CollectIDs(tx.Query(ctx, sqlLockGroupsToShorten, workspaceID, effectType, days))

@@ -771,7 +771,22 @@ func TestLoweringARetentionShortensTheEndedGroupsOfItsType(t *testing.T) {
 // waits for holding its group), which a write changing surge_action takes.
 // Not parallel, in its own era (1941).
 func TestLoweringARetentionWaitsForAPassHoldingAGroup(t *testing.T) {
-	b, _ := inEra(t, 1941)
+	lowerWhileAPassHoldsAGroup(t, 1941, nil)
+}
+
+// Under an Idempotency-Key too, where the policy's transaction is the
+// request's and commits with its kept answer: the groups are dated once
+// that commits (db.AfterCommit), holding nothing else (joined, they were
+// dated in the request's transaction, behind the surge turn it holds to its
+// end). Not parallel, in its own era (1943).
+func TestLoweringARetentionUnderAnIdempotencyKeyWaitsForAPassHoldingAGroup(t *testing.T) {
+	lowerWhileAPassHoldsAGroup(t, 1943, http.Header{"Idempotency-Key": {"lower-retention"}})
+}
+
+// lowerWhileAPassHoldsAGroup lowers a type's retention, sending header
+// with the PUT, while a pass holds a group of the type, in era year.
+func lowerWhileAPassHoldsAGroup(t *testing.T, year int, header http.Header) {
+	b, _ := inEra(t, year)
 	ctx := context.Background()
 	b.putPolicy("charge.card", map[string]any{"retention_days": 60, "surge_per_hour": 1000, "surge_action": "deny"})
 	endedAt := b.clock.Now()
@@ -782,7 +797,7 @@ func TestLoweringARetentionWaitsForAPassHoldingAGroup(t *testing.T) {
 	require.NoError(t, pass.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&passPID))
 	lowered := make(chan int, 1)
 	go func() {
-		lowered <- b.env.Do("PUT", "/api/v1/policies/charge.card", b.ws.Key,
+		lowered <- b.env.DoWith("PUT", "/api/v1/policies/charge.card", b.ws.Key, header,
 			map[string]any{"retention_days": 2, "surge_action": "monitor"}).Status
 	}()
 	// Until the write waits on the pass's row (a fixed 300 ms was too

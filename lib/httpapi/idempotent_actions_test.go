@@ -59,7 +59,16 @@ func keyedActions(e *jobsEnv, other string) map[string]keyedAction {
 	run := e.run()
 	step := e.enqueue(run, map[string]any{"name": "send_email", "version": "1", "input": map[string]any{"n": 1}})["stepId"].(string)
 	e.Must(http.StatusOK, "POST", "/api/v1/circuits/sms.send/open", other, nil)
+	policy := func() map[string]any {
+		return e.Must(http.StatusOK, "GET", "/api/v1/policies/push.send", other, nil).JSON()
+	}
 	return map[string]keyedAction{
+		"policies.put": {method: "PUT", path: "/api/v1/policies/push.send", body: map[string]any{"max_attempts": 2},
+			other: func() {
+				e.Must(http.StatusOK, "PUT", "/api/v1/policies/push.send", other, map[string]any{"max_attempts": 7})
+			},
+			survived: func() bool { return policy()["max_attempts"] == float64(7) },
+			says:     map[string]any{"max_attempts": float64(2), "version": float64(1)}},
 		"circuits.open": {method: "POST", path: "/api/v1/circuits/email.send/open", body: map[string]any{"action": "deny"},
 			other:    func() { e.Must(http.StatusOK, "POST", "/api/v1/circuits/email.send/close", other, nil) },
 			survived: func() bool { return circuit("email.send")["state"] == "closed" },
@@ -113,7 +122,8 @@ func keyedActions(e *jobsEnv, other string) map[string]keyedAction {
 // again since, a retried release no longer lifted another operator's new
 // stop, a retried cancel no longer cancelled a replay, a retried pause no
 // longer paused a resumed endpoint (the header was ignored on these
-// routes, and the SDKs retry them). Every action that takes the header
+// routes, and the SDKs retry them), and a policy update sent again no
+// longer wrote over another operator's. Every action that takes the header
 // for that reason is here, each on its own route.
 func TestARetriedActionUndoesNoChangeMadeSince(t *testing.T) {
 	t.Parallel()
@@ -148,3 +158,4 @@ func TestARetriedActionUndoesNoChangeMadeSince(t *testing.T) {
 		})
 	}
 }
+

@@ -185,7 +185,7 @@ func TestIdempotentRoutes(t *testing.T) {
 		// The actions whose repeat would undo another actor's change
 		// (TestARetriedActionUndoesNoChangeMadeSince).
 		"circuits.open", "circuits.close", "circuits.stop", "circuits.release", "steps.cancel",
-		"endpoints.pause", "endpoints.resume", "endpoints.circuit.close", "webhooks.update"}, idempotent)
+		"endpoints.pause", "endpoints.resume", "endpoints.circuit.close", "webhooks.update", "policies.put"}, idempotent)
 }
 
 // A route that takes an Idempotency-Key declares the body the key is
@@ -550,6 +550,7 @@ func idempotentCalls(e *jobsEnv, wid string) map[string]keyedCall {
 		"endpoints.resume":        {"/api/v1/endpoints/" + ep + "/resume", e.ws.Key, map[string]any{}},
 		"endpoints.circuit.close": {"/api/v1/endpoints/" + ep + "/circuit/close", e.ws.Key, map[string]any{}},
 		"webhooks.update":         {"/api/v1/webhooks/" + hook, e.ws.Key, map[string]any{"disabled": false}},
+		"policies.put":            {"/api/v1/policies/email.send", e.ws.Key, map[string]any{"retention_days": 30}},
 		"keys.create":             {"/api/v1/keys", e.ws.Key, map[string]any{"name": "k", "preset": "AGENT"}},
 		"webhooks.create":         {"/api/v1/webhooks", e.ws.Key, hookBody},
 		"contracts.publish":       {"/api/v1/tools/mail/contracts", e.ws.Key, map[string]any{"handlerVersion": "1", "inputSchema": map[string]any{}, "outputSchema": map[string]any{}}},
