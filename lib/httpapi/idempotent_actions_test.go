@@ -159,3 +159,30 @@ func TestARetriedActionUndoesNoChangeMadeSince(t *testing.T) {
 	}
 }
 
+// A keyed action's work commits with its kept answer or not at all: a
+// pause whose request rolled back after the pause (its claim taken over
+// meanwhile, so that its answer could not be recorded) leaves the endpoint
+// unpaused. Written on the pool, outside the request's transaction, the
+// pause committed alone, and the retry under the key would pause again
+// over a resume made since.
+func TestAKeyedPauseThatRollsBackLeavesTheEndpointUnpaused(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t)
+	ep := e.endpoint("rolled-back-pause")["id"].(string)
+	srv := keyedServer(e.Env, func(ctx context.Context, c *httpapi.Call) (any, error) {
+		paused, err := e.App.Server.Jobs.SetPaused(ctx, c.Principal.WorkspaceID, ep, true)
+		if err != nil {
+			return nil, err
+		}
+		// What a retry after the lapse does: take the key over (committed,
+		// on a connection of its own).
+		_, err = e.App.Pool.Exec(context.Background(), `UPDATE idempotent_requests SET request_id = 'req_other'
+			WHERE key_id = $1 AND idempotency_key = 'create-pause'`, c.Principal.KeyID)
+		return paused, err
+	})
+	late := sendKeyed(srv, e.ws.Key, "pause")
+	require.Equal(t, http.StatusConflict, late.Code, "%s", late.Body)
+	require.Contains(t, late.Body.String(), `"code":"retry_request"`)
+	require.Equal(t, false, e.Must(http.StatusOK, "GET", "/api/v1/endpoints/"+ep+"/policy", e.ws.Key, nil).JSON()["paused"],
+		"the pause rolled back with its request")
+}
