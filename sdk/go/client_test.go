@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -1067,6 +1068,10 @@ func TestKeyedCreatesTakeTheCallersIdempotencyKey(t *testing.T) {
 			return err
 		},
 	}
+	// The actions keyed for their repeat's sake take the caller's too, so
+	// that a retry from another process can reuse the first call's key
+	// (each sent a fresh key of its own, and took none).
+	maps.Copy(calls, keyedActionsWithKey())
 	for route, call := range calls {
 		for _, given := range []string{"ops:" + route, ""} {
 			var mu sync.Mutex
@@ -1095,6 +1100,55 @@ func TestKeyedCreatesTakeTheCallersIdempotencyKey(t *testing.T) {
 				t.Fatalf("%s given %q: keys %q", route, given, keys)
 			}
 		}
+	}
+}
+
+// keyedActionsWithKey calls each action's XWithKey variant under key, by
+// route.
+func keyedActionsWithKey() map[string]func(c *Client, key string) error {
+	ctx := context.Background()
+	on := true
+	return map[string]func(c *Client, key string) error{
+		"POST /api/v1/circuits/t/open": func(c *Client, key string) error {
+			_, err := c.OpenCircuitWithKey(ctx, "t", BreakerDeny, "incident", key)
+			return err
+		},
+		"POST /api/v1/circuits/t/close": func(c *Client, key string) error {
+			_, err := c.CloseCircuitWithKey(ctx, "t", key)
+			return err
+		},
+		"POST /api/v1/circuits/stop": func(c *Client, key string) error {
+			_, err := c.EmergencyStopWithKey(ctx, "", "incident", key)
+			return err
+		},
+		"POST /api/v1/circuits/release": func(c *Client, key string) error {
+			_, err := c.ReleaseEmergencyStopWithKey(ctx, key)
+			return err
+		},
+		"POST /api/v1/steps/stp_1/cancel": func(c *Client, key string) error {
+			_, err := c.CancelStepWithKey(ctx, "stp_1", key)
+			return err
+		},
+		"POST /api/v1/endpoints/end_1/pause": func(c *Client, key string) error {
+			_, err := c.PauseEndpointWithKey(ctx, "end_1", key)
+			return err
+		},
+		"POST /api/v1/endpoints/end_1/resume": func(c *Client, key string) error {
+			_, err := c.ResumeEndpointWithKey(ctx, "end_1", key)
+			return err
+		},
+		"POST /api/v1/endpoints/end_1/circuit/close": func(c *Client, key string) error {
+			_, err := c.CloseEndpointCircuitWithKey(ctx, "end_1", key)
+			return err
+		},
+		"PATCH /api/v1/webhooks/whk_1": func(c *Client, key string) error {
+			_, err := c.UpdateWebhookWithKey(ctx, "whk_1", WebhookUpdate{Disabled: &on}, key)
+			return err
+		},
+		"PUT /api/v1/policies/t": func(c *Client, key string) error {
+			_, err := c.UpdateEffectPolicyWithKey(ctx, "t", nil, PolicyUpdate{"mode": "deny"}, key)
+			return err
+		},
 	}
 }
 
@@ -1144,6 +1198,12 @@ func TestActionsAreRetriedUnderAnIdempotencyKeyOfTheirOwn(t *testing.T) {
 		},
 		"PATCH /api/v1/webhooks/whk_1": func(c *Client) error {
 			_, err := c.UpdateWebhook(ctx, "whk_1", WebhookUpdate{Disabled: &off})
+			return err
+		},
+		// An update without expectedVersion retried after another
+		// operator's wrote over theirs; with it, it met its own version.
+		"PUT /api/v1/policies/a%2Fb": func(c *Client) error {
+			_, err := c.UpdateEffectPolicy(ctx, "a/b", nil, PolicyUpdate{"mode": "deny"})
 			return err
 		},
 	}

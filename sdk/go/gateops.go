@@ -124,16 +124,26 @@ func (c *Client) GetPolicyStructuring(ctx context.Context, effectType string) (*
 // policy and returns it (policies:write). With expectedVersion set it
 // merges only while that is still the policy's version (0 for a type still
 // on the safe default; otherwise *Error code version_conflict); nil merges
-// whatever the version. Like UpdateEndpointPolicy it is not repeated after
-// a lost answer.
+// whatever the version. It is retried under an Idempotency-Key of its own,
+// so that a retry after a lost answer is answered the first answer and
+// never writes over another operator's update made since.
 func (c *Client) UpdateEffectPolicy(ctx context.Context, effectType string, expectedVersion *int64,
 	update PolicyUpdate) (*Policy, error) {
+	return c.UpdateEffectPolicyWithKey(ctx, effectType, expectedVersion, update, "")
+}
+
+// UpdateEffectPolicyWithKey is UpdateEffectPolicy under an Idempotency-Key
+// of the caller's (a fresh one when empty), sent on each of its retries: a
+// retry from another process under the first call's key is answered the
+// first answer.
+func (c *Client) UpdateEffectPolicyWithKey(ctx context.Context, effectType string, expectedVersion *int64,
+	update PolicyUpdate, idempotencyKey string) (*Policy, error) {
 	extra := map[string]any{}
 	if expectedVersion != nil {
 		extra["expected_version"] = *expectedVersion
 	}
 	body := update.with(extra)
-	return call[Policy](ctx, c, "PUT", "/policies/"+pathID(effectType), body, notIdempotent)
+	return callKeyed[Policy](ctx, c, "PUT", "/policies/"+pathID(effectType), idempotencyKey, body)
 }
 
 // Circuit is an effect type's breaker (GET /api/v1/circuits): closed, or
@@ -191,7 +201,13 @@ func (c *Client) ListCircuits(ctx context.Context, q ListQuery) (*GatePage[Circu
 // that a retry after a lost answer is answered the first answer and never
 // opens again a breaker another operator closed since.
 func (c *Client) OpenCircuit(ctx context.Context, effectType, action, reason string) (*Circuit, error) {
-	return keyedAction[Circuit](ctx, c, "POST", "/circuits/"+pathID(effectType)+"/open",
+	return c.OpenCircuitWithKey(ctx, effectType, action, reason, "")
+}
+
+// OpenCircuitWithKey is OpenCircuit under an Idempotency-Key of the
+// caller's (a fresh one when empty), as UpdateEffectPolicyWithKey.
+func (c *Client) OpenCircuitWithKey(ctx context.Context, effectType, action, reason, idempotencyKey string) (*Circuit, error) {
+	return callKeyed[Circuit](ctx, c, "POST", "/circuits/"+pathID(effectType)+"/open", idempotencyKey,
 		breakerBody{Action: action, Reason: reason})
 }
 
@@ -199,7 +215,13 @@ func (c *Client) OpenCircuit(ctx context.Context, effectType, action, reason str
 // counted from now. A retry never closes a breaker that tripped again
 // since (an Idempotency-Key of its own).
 func (c *Client) CloseCircuit(ctx context.Context, effectType string) (*Circuit, error) {
-	return keyedAction[Circuit](ctx, c, "POST", "/circuits/"+pathID(effectType)+"/close", struct{}{})
+	return c.CloseCircuitWithKey(ctx, effectType, "")
+}
+
+// CloseCircuitWithKey is CloseCircuit under an Idempotency-Key of the
+// caller's (a fresh one when empty), as UpdateEffectPolicyWithKey.
+func (c *Client) CloseCircuitWithKey(ctx context.Context, effectType, idempotencyKey string) (*Circuit, error) {
+	return callKeyed[Circuit](ctx, c, "POST", "/circuits/"+pathID(effectType)+"/close", idempotencyKey, struct{}{})
 }
 
 // EmergencyStop holds every effect type, those first seen while it is on
@@ -208,7 +230,14 @@ func (c *Client) CloseCircuit(ctx context.Context, effectType string) (*Circuit,
 // a cursor: ListCircuits pages them all. A retry never stops again after
 // another operator's release (an Idempotency-Key of its own).
 func (c *Client) EmergencyStop(ctx context.Context, action, reason string) (*GatePage[Circuit], error) {
-	return keyedAction[GatePage[Circuit]](ctx, c, "POST", "/circuits/stop", breakerBody{Action: action, Reason: reason})
+	return c.EmergencyStopWithKey(ctx, action, reason, "")
+}
+
+// EmergencyStopWithKey is EmergencyStop under an Idempotency-Key of the
+// caller's (a fresh one when empty), as UpdateEffectPolicyWithKey.
+func (c *Client) EmergencyStopWithKey(ctx context.Context, action, reason, idempotencyKey string) (*GatePage[Circuit], error) {
+	return callKeyed[GatePage[Circuit]](ctx, c, "POST", "/circuits/stop", idempotencyKey,
+		breakerBody{Action: action, Reason: reason})
 }
 
 // StopState is whether the emergency stop is on (GET /api/v1/circuits/stop):
@@ -233,5 +262,12 @@ func (c *Client) GetEmergencyStop(ctx context.Context) (*StopState, error) {
 // never lifts a stop another operator put on since (an Idempotency-Key of
 // its own).
 func (c *Client) ReleaseEmergencyStop(ctx context.Context) (*GatePage[Circuit], error) {
-	return keyedAction[GatePage[Circuit]](ctx, c, "POST", "/circuits/release", struct{}{})
+	return c.ReleaseEmergencyStopWithKey(ctx, "")
+}
+
+// ReleaseEmergencyStopWithKey is ReleaseEmergencyStop under an
+// Idempotency-Key of the caller's (a fresh one when empty), as
+// UpdateEffectPolicyWithKey.
+func (c *Client) ReleaseEmergencyStopWithKey(ctx context.Context, idempotencyKey string) (*GatePage[Circuit], error) {
+	return callKeyed[GatePage[Circuit]](ctx, c, "POST", "/circuits/release", idempotencyKey, struct{}{})
 }

@@ -33,17 +33,15 @@ func callKeyed[T any](ctx context.Context, c *Client, method, path, key string, 
 	return &out, nil
 }
 
-// keyedAction is callKeyed with a fresh key, for an action that sets a
-// state another actor may set back (a breaker's open or close, the stop
-// and its release, a step's cancel, an endpoint's pause, resume or circuit
-// close, a webhook's update): made once per call and sent on each of its
-// retries, so that a retry after a lost answer is answered the first
-// answer instead of acting again on a state changed since (a close retried
-// after the breaker tripped again closed the new trip; a cancel retried
-// after a replay cancelled the replay).
-func keyedAction[T any](ctx context.Context, c *Client, method, path string, in any) (*T, error) {
-	return callKeyed[T](ctx, c, method, path, "", in)
-}
+// The actions that set a state another actor may set back (a breaker's
+// open or close, the stop and its release, a step's cancel, an endpoint's
+// pause, resume or circuit close, a webhook's update, a policy update) go
+// through callKeyed too, each under the key its XWithKey variant takes or
+// a fresh one: made once per call and sent on each of its retries, so that
+// a retry after a lost answer is answered the first answer instead of
+// acting again on a state changed since (a close retried after the breaker
+// tripped again closed the new trip; a cancel retried after a replay
+// cancelled the replay).
 
 // Endpoint is a service its jobs call (GET /api/v1/endpoints/{id}/policy):
 // its retry policy, gates and circuit breaker. A job snapshots the policy
@@ -180,15 +178,27 @@ func (c *Client) UpdateEndpointPolicy(ctx context.Context, endpointID string, ex
 // PauseEndpoint pauses an endpoint: its jobs are accepted but not claimed,
 // consuming no attempts, until ResumeEndpoint. Retried under an
 // Idempotency-Key of its own, so that a retry after a lost answer never
-// pauses again an endpoint another operator resumed since (keyedAction).
+// pauses again an endpoint another operator resumed since (callKeyed).
 func (c *Client) PauseEndpoint(ctx context.Context, endpointID string) (*Endpoint, error) {
-	return keyedAction[Endpoint](ctx, c, "POST", "/endpoints/"+pathID(endpointID)+"/pause", struct{}{})
+	return c.PauseEndpointWithKey(ctx, endpointID, "")
+}
+
+// PauseEndpointWithKey is PauseEndpoint under an Idempotency-Key of the
+// caller's (a fresh one when empty), as UpdateEffectPolicyWithKey.
+func (c *Client) PauseEndpointWithKey(ctx context.Context, endpointID, idempotencyKey string) (*Endpoint, error) {
+	return callKeyed[Endpoint](ctx, c, "POST", "/endpoints/"+pathID(endpointID)+"/pause", idempotencyKey, struct{}{})
 }
 
 // ResumeEndpoint resumes a paused endpoint, retried under an
 // Idempotency-Key of its own as PauseEndpoint is.
 func (c *Client) ResumeEndpoint(ctx context.Context, endpointID string) (*Endpoint, error) {
-	return keyedAction[Endpoint](ctx, c, "POST", "/endpoints/"+pathID(endpointID)+"/resume", struct{}{})
+	return c.ResumeEndpointWithKey(ctx, endpointID, "")
+}
+
+// ResumeEndpointWithKey is ResumeEndpoint under an Idempotency-Key of the
+// caller's (a fresh one when empty), as UpdateEffectPolicyWithKey.
+func (c *Client) ResumeEndpointWithKey(ctx context.Context, endpointID, idempotencyKey string) (*Endpoint, error) {
+	return callKeyed[Endpoint](ctx, c, "POST", "/endpoints/"+pathID(endpointID)+"/resume", idempotencyKey, struct{}{})
 }
 
 // CloseEndpointCircuit closes the endpoint's circuit breaker by hand (an
@@ -197,7 +207,15 @@ func (c *Client) ResumeEndpoint(ctx context.Context, endpointID string) (*Endpoi
 // Retried under an Idempotency-Key of its own, so that a retry never
 // closes the circuit again once it opened again since.
 func (c *Client) CloseEndpointCircuit(ctx context.Context, endpointID string) (*Endpoint, error) {
-	return keyedAction[Endpoint](ctx, c, "POST", "/endpoints/"+pathID(endpointID)+"/circuit/close", struct{}{})
+	return c.CloseEndpointCircuitWithKey(ctx, endpointID, "")
+}
+
+// CloseEndpointCircuitWithKey is CloseEndpointCircuit under an
+// Idempotency-Key of the caller's (a fresh one when empty), as
+// UpdateEffectPolicyWithKey.
+func (c *Client) CloseEndpointCircuitWithKey(ctx context.Context, endpointID, idempotencyKey string) (*Endpoint, error) {
+	return callKeyed[Endpoint](ctx, c, "POST", "/endpoints/"+pathID(endpointID)+"/circuit/close", idempotencyKey,
+		struct{}{})
 }
 
 // endpointCall sends one call on /endpoints/{id}{suffix} answered with the

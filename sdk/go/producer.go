@@ -419,7 +419,13 @@ func (c *Client) Enqueue(ctx context.Context, runID string, input any, opts Enqu
 // that a retry after a lost answer is answered the first answer and never
 // cancels a replay of the step made since.
 func (c *Client) CancelStep(ctx context.Context, stepID string) (*Step, error) {
-	return keyedAction[Step](ctx, c, "POST", "/steps/"+pathID(stepID)+"/cancel", struct{}{})
+	return c.CancelStepWithKey(ctx, stepID, "")
+}
+
+// CancelStepWithKey is CancelStep under an Idempotency-Key of the caller's
+// (a fresh one when empty), as UpdateEffectPolicyWithKey.
+func (c *Client) CancelStepWithKey(ctx context.Context, stepID, idempotencyKey string) (*Step, error) {
+	return callKeyed[Step](ctx, c, "POST", "/steps/"+pathID(stepID)+"/cancel", idempotencyKey, struct{}{})
 }
 
 // ReplayPreview says whether a step can be replayed and to which contract

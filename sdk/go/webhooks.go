@@ -131,6 +131,13 @@ type WebhookUpdate struct {
 // Idempotency-Key of its own, so that a retry after a lost answer never
 // undoes another update made since (a disable retried after an enable).
 func (c *Client) UpdateWebhook(ctx context.Context, webhookID string, u WebhookUpdate) (*Webhook, error) {
+	return c.UpdateWebhookWithKey(ctx, webhookID, u, "")
+}
+
+// UpdateWebhookWithKey is UpdateWebhook under an Idempotency-Key of the
+// caller's (a fresh one when empty), as UpdateEffectPolicyWithKey.
+func (c *Client) UpdateWebhookWithKey(ctx context.Context, webhookID string, u WebhookUpdate,
+	idempotencyKey string) (*Webhook, error) {
 	body := struct {
 		URL      *string   `json:"url,omitempty"`
 		Events   *[]string `json:"events,omitempty"`
@@ -139,7 +146,7 @@ func (c *Client) UpdateWebhook(ctx context.Context, webhookID string, u WebhookU
 	if u.Events != nil {
 		body.Events = &u.Events
 	}
-	return keyedAction[Webhook](ctx, c, "PATCH", "/webhooks/"+pathID(webhookID), body)
+	return callKeyed[Webhook](ctx, c, "PATCH", "/webhooks/"+pathID(webhookID), idempotencyKey, body)
 }
 
 // ListWebhookDeliveries pages a subscription's deliveries: each one's state,

@@ -268,11 +268,13 @@ class Ratchet:
                                       call_timeout=timeout)
         return cast(StepPage, answer)
 
-    def cancel_step(self, step_id: str, *, timeout: Optional[float] = None) -> Step:
+    def cancel_step(self, step_id: str, *, idempotency_key: Optional[str] = None,
+                    timeout: Optional[float] = None) -> Step:
         """Cancels a step's job; a running handler learns of it at its next
-        heartbeat. Retried under an Idempotency-Key of its own, so a retry
-        after a lost answer never cancels a replay of the step made since."""
-        answer = self._keyed("/steps/" + path_id(step_id) + "/cancel", {}, None, timeout)
+        heartbeat. Retried under an Idempotency-Key of its own (or
+        idempotency_key, the caller's), so a retry after a lost answer never
+        cancels a replay of the step made since."""
+        answer = self._keyed("/steps/" + path_id(step_id) + "/cancel", {}, idempotency_key, timeout)
         return cast(Step, answer)
 
     def replay_preview(self, step_id: str, *, timeout: Optional[float] = None) -> ReplayPreview:
@@ -851,7 +853,8 @@ class Ratchet:
         The actions whose repeat would undo another actor's change made
         since (a breaker's open or close, the emergency stop and its
         release, a step's cancel, an endpoint's pause, resume or circuit
-        close, a webhook's update) go through here with a fresh key too: a
+        close, a webhook's update, a policy update) go through here too,
+        under the caller's key or a fresh one: a
         retry after a lost answer is then answered the first answer, where
         a close retried after the breaker tripped again closed the new trip
         and a cancel retried after a replay cancelled the replay."""
@@ -888,7 +891,7 @@ class Ratchet:
         return cast(Structuring, answer)
 
     def update_effect_policy(self, effect_type: str, update: Optional[Dict[str, Any]] = None, *,
-                             expected_version: Optional[int] = None,
+                             expected_version: Optional[int] = None, idempotency_key: Optional[str] = None,
                              timeout: Optional[float] = None, **fields: Any) -> EffectPolicy:
         """Merges the fields of update and the keyword fields (the API's
         snake_case names: mode, max_cost_micros, ...; None clears a nullable
@@ -896,16 +899,16 @@ class Ratchet:
         and returns it. With expected_version it merges only while that is
         still the policy's version (0 for a type on the safe default;
         otherwise RatchetError code version_conflict: read it again and
-        decide again). Not repeated after a lost answer: the repeat of an
-        update that was applied would meet the new version (read the policy
-        to see). A dimension limit (dimension_limits={"recipient":
+        decide again). Retried under an Idempotency-Key of its own (or
+        idempotency_key, the caller's), so a retry after a lost answer is
+        answered the first answer and never writes over another operator's
+        update made since. A dimension limit (dimension_limits={"recipient":
         {"daily_count": 3}}) may leave out (or set None) either of
         daily_micros and daily_count, not both, as the server takes it."""
         body = _fields(update, fields)
         if expected_version is not None:
             body["expected_version"] = expected_version
-        answer = self._transport.call("PUT", "/policies/" + path_id(effect_type), body, safe=False,
-                                      call_timeout=timeout)
+        answer = self._keyed("/policies/" + path_id(effect_type), body, idempotency_key, timeout, method="PUT")
         return cast(EffectPolicy, answer)
 
     # approvals (approvals:write)
@@ -949,25 +952,27 @@ class Ratchet:
         return cast(CircuitPage, answer)
 
     def open_circuit(self, effect_type: str, *, action: Optional[str] = None, reason: Optional[str] = None,
-                     timeout: Optional[float] = None) -> Circuit:
+                     idempotency_key: Optional[str] = None, timeout: Optional[float] = None) -> Circuit:
         """Opens effect_type's breaker by hand: its begins meet action
         ("monitor", "require_approval" (the default) or "deny") until
         close_circuit. It is retried under an Idempotency-Key of its own, as
         are the other breaker calls, so a retry after a lost answer never
         opens again a breaker another operator closed since."""
         answer = self._keyed("/circuits/" + path_id(effect_type) + "/open",
-                             _fields(None, {"action": action, "reason": reason}, drop_none=True), None, timeout)
+                             _fields(None, {"action": action, "reason": reason}, drop_none=True), idempotency_key,
+                             timeout)
         return cast(Circuit, answer)
 
-    def close_circuit(self, effect_type: str, *, timeout: Optional[float] = None) -> Circuit:
+    def close_circuit(self, effect_type: str, *, idempotency_key: Optional[str] = None,
+                      timeout: Optional[float] = None) -> Circuit:
         """Closes effect_type's breaker, with a fresh surge allowance
         counted from now. A retry never closes a breaker that tripped again
         since (an Idempotency-Key of its own)."""
-        answer = self._keyed("/circuits/" + path_id(effect_type) + "/close", {}, None, timeout)
+        answer = self._keyed("/circuits/" + path_id(effect_type) + "/close", {}, idempotency_key, timeout)
         return cast(Circuit, answer)
 
     def emergency_stop(self, *, action: Optional[str] = None, reason: Optional[str] = None,
-                       timeout: Optional[float] = None) -> CircuitPage:
+                       idempotency_key: Optional[str] = None, timeout: Optional[float] = None) -> CircuitPage:
         """Holds every effect type, those first seen while it is on
         included, with action ("require_approval" by default) until
         release_emergency_stop. Answers at most the first 200 circuits as
@@ -975,7 +980,7 @@ class Ratchet:
         A retry never stops again after another operator's release (an
         Idempotency-Key of its own)."""
         answer = self._keyed("/circuits/stop", _fields(None, {"action": action, "reason": reason}, drop_none=True),
-                             None, timeout)
+                             idempotency_key, timeout)
         return cast(CircuitPage, answer)
 
     def get_emergency_stop(self, *, timeout: Optional[float] = None) -> EmergencyStop:
@@ -984,11 +989,12 @@ class Ratchet:
         answer = self._transport.call("GET", "/circuits/stop", safe=True, call_timeout=timeout)
         return cast(EmergencyStop, answer)
 
-    def release_emergency_stop(self, *, timeout: Optional[float] = None) -> CircuitPage:
+    def release_emergency_stop(self, *, idempotency_key: Optional[str] = None,
+                               timeout: Optional[float] = None) -> CircuitPage:
         """Lifts the emergency stop; breakers of single types stay as they
         are. Answers circuits as emergency_stop does. A retry never lifts a
         stop another operator put on since (an Idempotency-Key of its own)."""
-        answer = self._keyed("/circuits/release", {}, None, timeout)
+        answer = self._keyed("/circuits/release", {}, idempotency_key, timeout)
         return cast(CircuitPage, answer)
 
     # compensation groups
@@ -1077,7 +1083,8 @@ class Ratchet:
         return cast(Webhook, answer)
 
     def update_webhook(self, webhook_id: str, *, url: Optional[str] = None, events: Optional[List[str]] = None,
-                       disabled: Optional[bool] = None, timeout: Optional[float] = None) -> Webhook:
+                       disabled: Optional[bool] = None, idempotency_key: Optional[str] = None,
+                       timeout: Optional[float] = None) -> Webhook:
         """Changes a subscription without deleting it, so it keeps its
         signing secret and its deliveries: any of ``url`` (every delivery not
         yet sent goes to it), ``events`` (in place of the current ones: the
@@ -1097,7 +1104,7 @@ class Ratchet:
             body["events"] = list(events)
         if disabled is not None:
             body["disabled"] = disabled
-        answer = self._keyed("/webhooks/" + path_id(webhook_id), body, None, timeout, method="PATCH")
+        answer = self._keyed("/webhooks/" + path_id(webhook_id), body, idempotency_key, timeout, method="PATCH")
         return cast(Webhook, answer)
 
     def list_webhook_deliveries(self, webhook_id: str, *, limit: Optional[int] = None,
@@ -1233,26 +1240,29 @@ class Ratchet:
                                       call_timeout=timeout)
         return cast(Endpoint, answer)
 
-    def pause_endpoint(self, endpoint_id: str, *, timeout: Optional[float] = None) -> Endpoint:
+    def pause_endpoint(self, endpoint_id: str, *, idempotency_key: Optional[str] = None,
+                       timeout: Optional[float] = None) -> Endpoint:
         """Pauses an endpoint: its jobs are accepted but not claimed,
         consuming no attempts, until resume_endpoint. Retried under an
         Idempotency-Key of its own, so a retry after a lost answer never
         pauses again an endpoint another operator resumed since."""
-        answer = self._keyed("/endpoints/" + path_id(endpoint_id) + "/pause", {}, None, timeout)
+        answer = self._keyed("/endpoints/" + path_id(endpoint_id) + "/pause", {}, idempotency_key, timeout)
         return cast(Endpoint, answer)
 
-    def resume_endpoint(self, endpoint_id: str, *, timeout: Optional[float] = None) -> Endpoint:
+    def resume_endpoint(self, endpoint_id: str, *, idempotency_key: Optional[str] = None,
+                        timeout: Optional[float] = None) -> Endpoint:
         """Resumes a paused endpoint, retried under an Idempotency-Key of
         its own as pause_endpoint is."""
-        answer = self._keyed("/endpoints/" + path_id(endpoint_id) + "/resume", {}, None, timeout)
+        answer = self._keyed("/endpoints/" + path_id(endpoint_id) + "/resume", {}, idempotency_key, timeout)
         return cast(Endpoint, answer)
 
-    def close_endpoint_circuit(self, endpoint_id: str, *, timeout: Optional[float] = None) -> Endpoint:
+    def close_endpoint_circuit(self, endpoint_id: str, *, idempotency_key: Optional[str] = None,
+                               timeout: Optional[float] = None) -> Endpoint:
         """Closes the endpoint's circuit breaker by hand (read its recent
         attempts first, list_endpoint_attempts); closing a closed one
         changes nothing. A retry never closes it again once it opened again
         since (an Idempotency-Key of its own)."""
-        answer = self._keyed("/endpoints/" + path_id(endpoint_id) + "/circuit/close", {}, None, timeout)
+        answer = self._keyed("/endpoints/" + path_id(endpoint_id) + "/circuit/close", {}, idempotency_key, timeout)
         return cast(Endpoint, answer)
 
     def list_endpoint_attempts(self, endpoint_id: str, *, outcome: Optional[str] = None,

@@ -3377,6 +3377,9 @@ class OperatorCallsTest(unittest.TestCase):
             "POST /api/v1/endpoints/end_1/resume": lambda c: c.resume_endpoint("end_1"),
             "POST /api/v1/endpoints/end_1/circuit/close": lambda c: c.close_endpoint_circuit("end_1"),
             "PATCH /api/v1/webhooks/whk_1": lambda c: c.update_webhook("whk_1", disabled=False),
+            # An update without expected_version retried after another
+            # operator's wrote over theirs; with it, it met its own version.
+            "PUT /api/v1/policies/a%2Fb": lambda c: c.update_effect_policy("a/b", mode="deny"),
         }
         for route, call in calls.items():
             client, server = self.client([(502, error("internal_error"), {}), (200, {"ok": True}, {}),
@@ -3388,6 +3391,30 @@ class OperatorCallsTest(unittest.TestCase):
             self.assertTrue(keys[0] and keys[2], route)
             self.assertEqual(keys[1], keys[0], route)
             self.assertNotEqual(keys[2], keys[0], route)
+
+    def test_every_keyed_action_takes_the_callers_idempotency_key(self) -> None:
+        # A caller's own retry from a new process could not reuse the first
+        # call's key: each call sent a fresh one, and took none.
+        calls = {
+            "POST /api/v1/circuits/t/open": lambda c, k: c.open_circuit("t", action="deny", idempotency_key=k),
+            "POST /api/v1/circuits/t/close": lambda c, k: c.close_circuit("t", idempotency_key=k),
+            "POST /api/v1/circuits/stop": lambda c, k: c.emergency_stop(reason="incident", idempotency_key=k),
+            "POST /api/v1/circuits/release": lambda c, k: c.release_emergency_stop(idempotency_key=k),
+            "POST /api/v1/steps/stp_1/cancel": lambda c, k: c.cancel_step("stp_1", idempotency_key=k),
+            "POST /api/v1/endpoints/end_1/pause": lambda c, k: c.pause_endpoint("end_1", idempotency_key=k),
+            "POST /api/v1/endpoints/end_1/resume": lambda c, k: c.resume_endpoint("end_1", idempotency_key=k),
+            "POST /api/v1/endpoints/end_1/circuit/close": lambda c, k: c.close_endpoint_circuit("end_1",
+                                                                                               idempotency_key=k),
+            "PATCH /api/v1/webhooks/whk_1": lambda c, k: c.update_webhook("whk_1", disabled=True, idempotency_key=k),
+            "PUT /api/v1/policies/t": lambda c, k: c.update_effect_policy("t", mode="deny", idempotency_key=k),
+        }
+        for route, call in calls.items():
+            client, server = self.client([(500, error("internal_error"), {}), (200, {"ok": True}, {})])
+            self.assertEqual(call(client, "ops:1"), {"ok": True}, route)
+            self.assertEqual([f"{m} {p}" for m, p, _, _ in server.seen], [route] * 2)
+            self.assertEqual([headers.get("Idempotency-Key") for _, _, headers, _ in server.seen], ["ops:1"] * 2,
+                             route)
+            self.assertNotIn("ops:1", json.dumps(server.seen[0][3]), route)
 
     def test_every_keyed_create_takes_the_callers_idempotency_key(self) -> None:
         # Parity QA: reconcile, publish_contract, test_tool,
@@ -3485,8 +3512,7 @@ class OperatorCallsTest(unittest.TestCase):
         self.assertEqual(server.seen[0][:2], ("GET", "/api/v1/queue/health"))
 
     def test_updates_and_an_unkeyed_group_are_not_repeated(self) -> None:
-        for call in (lambda c: c.update_effect_policy("t", expected_version=0, mode="deny"),
-                     lambda c: c.update_endpoint_policy("ep_1", 3, maxConcurrent=None),
+        for call in (lambda c: c.update_endpoint_policy("ep_1", 3, maxConcurrent=None),
                      lambda c: c.create_group("g")):
             client, server = self.client([(500, error("internal_error"), {}), (200, {}, {})])
             with self.assertRaises(RatchetError):

@@ -314,11 +314,12 @@ export class Ratchet {
    * null clears a nullable one) into an effect type's policy (scope
    * policies:write). With expectedVersion it merges only while that is
    * still the policy's version (0 for the safe default), otherwise 409
-   * version_conflict. Not repeated after a lost answer: read the policy to
-   * see whether it was applied. */
+   * version_conflict. Retried under an Idempotency-Key of its own (#action),
+   * so a retry after a lost answer never writes over another operator's
+   * update made since. */
   updateEffectPolicy(effectType, update = {}, { expectedVersion } = {}, options) {
     const body = { ...update, ...defined({ expected_version: expectedVersion }) };
-    return this.#transport.call('PUT', `/policies/${pathId(effectType)}`, body, { ...perCall(options), safe: false });
+    return this.#action('PUT', `/policies/${pathId(effectType)}`, body, options);
   }
 
   /** Pages approvals newest first; state 'pending', 'approved' or 'rejected'. */
@@ -663,12 +664,14 @@ export class Ratchet {
 
   /* An action that sets a state another actor may set back (a breaker's
    * open or close, the emergency stop and its release, a step's cancel, an
-   * endpoint's pause, resume or circuit close, a webhook's update), sent
-   * under a fresh Idempotency-Key reused on its retries: retried without
+   * endpoint's pause, resume or circuit close, a webhook's update, a
+   * policy update), sent under the caller's Idempotency-Key
+   * (options.idempotencyKey, for a retry from another process) or a fresh
+   * one, reused on its retries: retried without
    * one after a lost answer, a close closed a breaker that had tripped again
    * since, a cancel cancelled a replay made since. */
   #action(method, path, body, options) {
-    return this.#keyed(method, path, body, undefined, options);
+    return this.#keyed(method, path, body, options?.idempotencyKey, options);
   }
 
   /**

@@ -68,6 +68,15 @@ export interface RequestOptions {
   signal?: AbortSignal | undefined;
 }
 
+/** RequestOptions of a call sent under an Idempotency-Key of its own (an
+ * action whose repeat would undo another actor's change, a policy update). */
+export interface KeyedRequestOptions extends RequestOptions {
+  /** Sent as the call's Idempotency-Key on every attempt in place of a
+   * fresh one: a retry from another process under the first call's key is
+   * answered the first answer. */
+  idempotencyKey?: string | undefined;
+}
+
 export interface RunOptions {
   idempotencyKey?: string | undefined;
   budgetMicros?: number | undefined;
@@ -1006,7 +1015,7 @@ export declare class Ratchet {
   getStep(stepId: string, requestOptions?: RequestOptions): Promise<Step>;
   listStepAttempts(stepId: string, query?: ListQuery, requestOptions?: RequestOptions): Promise<Page<JobAttempt>>;
   listStepReplays(stepId: string, query?: ListQuery, requestOptions?: RequestOptions): Promise<Page<JobReplay>>;
-  cancelStep(stepId: string, requestOptions?: RequestOptions): Promise<Step>;
+  cancelStep(stepId: string, requestOptions?: KeyedRequestOptions): Promise<Step>;
   replayPreview(stepId: string, requestOptions?: RequestOptions): Promise<ReplayPreview>;
   replay(stepId: string, options?: ReplayOptions, requestOptions?: RequestOptions): Promise<ReplayResult>;
   registerTool<In = any, Out = any>(tool: Tool<In, Out>): void;
@@ -1019,17 +1028,17 @@ export declare class Ratchet {
   listEffectPolicies(query?: ListQuery, requestOptions?: RequestOptions): Promise<GatePage<EffectPolicy>>;
   getEffectPolicy(effectType: string, requestOptions?: RequestOptions): Promise<EffectPolicy>;
   getPolicyStructuring(effectType: string, requestOptions?: RequestOptions): Promise<Structuring>;
-  updateEffectPolicy(effectType: string, update: EffectPolicyUpdate, options?: { expectedVersion?: number | undefined }, requestOptions?: RequestOptions): Promise<EffectPolicy>;
+  updateEffectPolicy(effectType: string, update: EffectPolicyUpdate, options?: { expectedVersion?: number | undefined }, requestOptions?: KeyedRequestOptions): Promise<EffectPolicy>;
   listApprovals(query?: ListQuery & { state?: Approval['state'] | undefined }, requestOptions?: RequestOptions): Promise<GatePage<Approval>>;
   getApproval(approvalId: string, requestOptions?: RequestOptions): Promise<Approval>;
   approve(approvalId: string, options?: { note?: string | undefined }, requestOptions?: RequestOptions): Promise<Approval>;
   reject(approvalId: string, options?: { note?: string | undefined }, requestOptions?: RequestOptions): Promise<Approval>;
   listCircuits(query?: ListQuery, requestOptions?: RequestOptions): Promise<GatePage<Circuit>>;
-  openCircuit(effectType: string, options?: { action?: BreakerAction | undefined; reason?: string | undefined }, requestOptions?: RequestOptions): Promise<Circuit>;
-  closeCircuit(effectType: string, requestOptions?: RequestOptions): Promise<Circuit>;
-  emergencyStop(options?: { action?: BreakerAction | undefined; reason?: string | undefined }, requestOptions?: RequestOptions): Promise<GatePage<Circuit>>;
+  openCircuit(effectType: string, options?: { action?: BreakerAction | undefined; reason?: string | undefined }, requestOptions?: KeyedRequestOptions): Promise<Circuit>;
+  closeCircuit(effectType: string, requestOptions?: KeyedRequestOptions): Promise<Circuit>;
+  emergencyStop(options?: { action?: BreakerAction | undefined; reason?: string | undefined }, requestOptions?: KeyedRequestOptions): Promise<GatePage<Circuit>>;
   getEmergencyStop(requestOptions?: RequestOptions): Promise<EmergencyStop>;
-  releaseEmergencyStop(requestOptions?: RequestOptions): Promise<GatePage<Circuit>>;
+  releaseEmergencyStop(requestOptions?: KeyedRequestOptions): Promise<GatePage<Circuit>>;
   createGroup(name: string, options?: { idempotencyKey?: string | undefined }, requestOptions?: RequestOptions): Promise<Group>;
   getGroup(groupId: string, requestOptions?: RequestOptions): Promise<Group>;
   listGroupSteps(groupId: string, query?: ListQuery, requestOptions?: RequestOptions): Promise<GatePage<GroupStep>>;
@@ -1038,7 +1047,7 @@ export declare class Ratchet {
   createWebhook(url: string, events: WebhookEventType[], options?: { idempotencyKey?: string | undefined }, requestOptions?: RequestOptions): Promise<NewWebhook>;
   listWebhooks(query?: ListQuery, requestOptions?: RequestOptions): Promise<GatePage<Webhook>>;
   getWebhook(webhookId: string, requestOptions?: RequestOptions): Promise<Webhook>;
-  updateWebhook(webhookId: string, update: WebhookUpdate, requestOptions?: RequestOptions): Promise<Webhook>;
+  updateWebhook(webhookId: string, update: WebhookUpdate, requestOptions?: KeyedRequestOptions): Promise<Webhook>;
   deleteWebhook(webhookId: string, requestOptions?: RequestOptions): Promise<Webhook>;
   listWebhookDeliveries(webhookId: string, query?: ListQuery, requestOptions?: RequestOptions): Promise<GatePage<WebhookDelivery>>;
   retryWebhookDeliveries(webhookId: string, deliveryIds: string[], options?: { idempotencyKey?: string | undefined }, requestOptions?: RequestOptions): Promise<{ deliveries: WebhookDelivery[] }>;
@@ -1051,9 +1060,9 @@ export declare class Ratchet {
   createEndpoint(name: string, policy?: EndpointPolicyUpdate, requestOptions?: RequestOptions): Promise<Endpoint>;
   getEndpoint(endpointId: string, requestOptions?: RequestOptions): Promise<Endpoint>;
   updateEndpointPolicy(endpointId: string, update: EndpointPolicyUpdate, options: { expectedVersion: number }, requestOptions?: RequestOptions): Promise<Endpoint>;
-  pauseEndpoint(endpointId: string, requestOptions?: RequestOptions): Promise<Endpoint>;
-  resumeEndpoint(endpointId: string, requestOptions?: RequestOptions): Promise<Endpoint>;
-  closeEndpointCircuit(endpointId: string, requestOptions?: RequestOptions): Promise<Endpoint>;
+  pauseEndpoint(endpointId: string, requestOptions?: KeyedRequestOptions): Promise<Endpoint>;
+  resumeEndpoint(endpointId: string, requestOptions?: KeyedRequestOptions): Promise<Endpoint>;
+  closeEndpointCircuit(endpointId: string, requestOptions?: KeyedRequestOptions): Promise<Endpoint>;
   listEndpointAttempts(endpointId: string, query?: ListQuery & { outcome?: 'SUCCEEDED' | 'FAILED' | undefined }, requestOptions?: RequestOptions): Promise<Page<EndpointAttempt>>;
   publishContract(name: string, spec: ContractSpec, requestOptions?: RequestOptions): Promise<Contract>;
   listContracts(name: string, query?: ListQuery, requestOptions?: RequestOptions): Promise<Page<Contract>>;

@@ -131,6 +131,18 @@ test('every Ratchet method that calls the API is declared with a trailing Reques
       assert.match(dts, /export interface RevokeKeyOptions extends RequestOptions \{/);
       continue;
     }
+    if (keyedActions.includes(name)) {
+      // A request's options and the caller's Idempotency-Key
+      // (KeyedRequestOptions extends RequestOptions).
+      assert.match(params, /(?:^|, )requestOptions\?: KeyedRequestOptions$/, name);
+      continue;
+    }
     assert.match(params, /(?:^|, )requestOptions\?: RequestOptions$/, `${name} takes no trailing RequestOptions`);
   }
+  assert.match(dts, /export interface KeyedRequestOptions extends RequestOptions \{/);
 });
+
+// The calls sent under an Idempotency-Key of their own that take the
+// caller's in its place (requestOptions.idempotencyKey).
+const keyedActions = ['cancelStep', 'updateEffectPolicy', 'openCircuit', 'closeCircuit', 'emergencyStop',
+  'releaseEmergencyStop', 'updateWebhook', 'pauseEndpoint', 'resumeEndpoint', 'closeEndpointCircuit'];

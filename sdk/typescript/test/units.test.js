@@ -2278,6 +2278,9 @@ test('operator actions are repeated under an Idempotency-Key of their own', asyn
     'POST /api/v1/endpoints/end_1/resume': (c) => c.resumeEndpoint('end_1'),
     'POST /api/v1/endpoints/end_1/circuit/close': (c) => c.closeEndpointCircuit('end_1'),
     'PATCH /api/v1/webhooks/whk_1': (c) => c.updateWebhook('whk_1', { disabled: false }),
+    // An update without expectedVersion retried after another operator's
+    // wrote over theirs; with it, it met its own version.
+    'PUT /api/v1/policies/a%2Fb': (c) => c.updateEffectPolicy('a/b', { mode: 'deny' }),
   };
   for (const [route, call] of Object.entries(actions)) {
     let n = 0;
@@ -2294,7 +2297,36 @@ test('operator actions are repeated under an Idempotency-Key of their own', asyn
   }
 });
 
-test('operator calls: creating calls go under one Idempotency-Key, a policy update and a keyless group are not repeated', async (t) => {
+// A caller's own retry from a new process could not reuse the first call's
+// key: each action sent a fresh one and took none. The caller's key
+// (requestOptions.idempotencyKey) is sent on the call and its retries.
+test('operator actions take the caller\'s Idempotency-Key', async (t) => {
+  quickBackoff(t);
+  const o = { idempotencyKey: 'ops:1' };
+  const actions = {
+    'POST /api/v1/circuits/t/open': (c) => c.openCircuit('t', { action: 'deny' }, o),
+    'POST /api/v1/circuits/t/close': (c) => c.closeCircuit('t', o),
+    'POST /api/v1/circuits/stop': (c) => c.emergencyStop({ reason: 'incident' }, o),
+    'POST /api/v1/circuits/release': (c) => c.releaseEmergencyStop(o),
+    'POST /api/v1/steps/stp_1/cancel': (c) => c.cancelStep('stp_1', o),
+    'POST /api/v1/endpoints/end_1/pause': (c) => c.pauseEndpoint('end_1', o),
+    'POST /api/v1/endpoints/end_1/resume': (c) => c.resumeEndpoint('end_1', o),
+    'POST /api/v1/endpoints/end_1/circuit/close': (c) => c.closeEndpointCircuit('end_1', o),
+    'PATCH /api/v1/webhooks/whk_1': (c) => c.updateWebhook('whk_1', { disabled: true }, o),
+    'PUT /api/v1/policies/t': (c) => c.updateEffectPolicy('t', { mode: 'deny' }, {}, o),
+  };
+  for (const [route, call] of Object.entries(actions)) {
+    let n = 0;
+    const server = await fakeServer(t, () => (n++ === 0 ? [500, error('internal_error')] : [200, { ok: true }]));
+    const c = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test', timeoutMs: 5000 });
+    assert.deepEqual(await call(c), { ok: true }, route);
+    assert.deepEqual(server.seen.map((s) => `${s.method} ${s.path}`), [route, route]);
+    assert.deepEqual(server.seen.map((s) => s.headers['idempotency-key']), ['ops:1', 'ops:1'], route);
+    assert.ok(!JSON.stringify(server.seen[0].body ?? {}).includes('ops:1'), route);
+  }
+});
+
+test('operator calls: creating calls go under one Idempotency-Key, an endpoint policy update and a keyless group are not repeated', async (t) => {
   quickBackoff(t);
   const failOnce = () => {
     let n = 0;
@@ -2337,7 +2369,6 @@ test('operator calls: creating calls go under one Idempotency-Key, a policy upda
     records: [{ idempotency_key: 'k', status: 'succeeded', amount_micros: 5 }] });
 
   for (const [name, call] of Object.entries({
-    updateEffectPolicy: (c) => c.updateEffectPolicy('pay', { mode: 'deny' }, { expectedVersion: 3 }),
     updateEndpointPolicy: (c) => c.updateEndpointPolicy('end_1', { maxConcurrent: 2 }, { expectedVersion: 3 }),
     createGroup: (c) => c.createGroup('checkout'),
   })) {
