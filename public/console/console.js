@@ -885,13 +885,13 @@ const pages = {
 			head,
 			h('p', null, 'Edit the fields and save: only the fields changed are sent (an omitted field keeps its value, null clears it). The save names this version, so an edit made meanwhile elsewhere is refused (version_conflict) rather than overwritten.'),
 			roundedNote('; kept as stored unless changed'),
-			form([area], 'Save policy', async (v) => {
+			form([area], 'Save policy', keyed('console-policy', async (send, v) => {
 				const body = parseJSONField('Policy', v.policy);
 				if (!body || typeof body !== 'object' || Array.isArray(body)) throw new ConsoleError('invalid_json', 'The policy must be a JSON object.');
 				const changed = Object.fromEntries(Object.entries(body).filter(([k, val]) => JSON.stringify(val) !== JSON.stringify(editable[k])));
 				if (!Object.keys(changed).length) throw new ConsoleError('unchanged', 'Nothing changed.');
-				return call('PUT', `/policies/${seg(p.effect_type)}`, { ...changed, expected_version: version });
-			}, { after: saved }),
+				return send('PUT', `/policies/${seg(p.effect_type)}`, { ...changed, expected_version: version });
+			}), { after: saved }),
 		];
 	},
 
