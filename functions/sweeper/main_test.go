@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"net/http"
 	"os"
 	"slices"
@@ -66,6 +67,25 @@ func TestAnInvocationRunsOnePass(t *testing.T) {
 	slices.Sort(tasks)
 	require.Equal(t, tasks, ran)
 	require.NotEmpty(t, tasks)
+}
+
+// A pass leaves the invocation answerReserve of its time: its tasks' time
+// ends that much before the invocation's deadline, when Lambda stops the
+// function without an answer (QA: a task was given up to that instant).
+func TestAPassLeavesTheInvocationTimeToAnswer(t *testing.T) {
+	var got time.Time
+	probe := sweep.Task{Name: "probe", Run: func(ctx context.Context, _ time.Time) (int, error) {
+		got, _ = ctx.Deadline()
+		return 0, nil
+	}}
+	a := &app.App{Sweeper: sweep.New(time.Now, slog.New(slog.DiscardHandler), probe)}
+	deadline := time.Now().Add(10 * time.Second) // under sweep.TaskTimeout: the invocation's deadline binds
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	_, err := handler(func() (*app.App, error) { return a, nil })(ctx)
+	require.NoError(t, err)
+	require.False(t, got.IsZero(), "the task ran with a deadline")
+	require.False(t, got.After(deadline.Add(-answerReserve)), "task deadline %s, invocation's %s", got, deadline)
 }
 
 // A start that failed is the invocation's error, naming the cause, and the
