@@ -13,6 +13,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -51,6 +52,12 @@ type Server struct {
 	mux    *http.ServeMux
 	groups map[string]*group // by pattern
 	mcp    mcpEndpoint
+
+	// cronUnsetLogged is set once the refusal of the cron route for want
+	// of CRON_SECRET was logged: once per instance says it, and the route
+	// is public (on a Lambda Function URL anyone could otherwise write an
+	// ERROR line per request into the log and set off its alarms).
+	cronUnsetLogged atomic.Bool
 }
 
 // group is every route sharing one path pattern: the unit of a Vercel
@@ -497,7 +504,7 @@ func (s *Server) authorize(ctx context.Context, c *Call, count bool) error {
 	case AuthCron:
 		secret, ok := bearer(c.R)
 		want := s.Config.CronSecret
-		if want == "" {
+		if want == "" && s.cronUnsetLogged.CompareAndSwap(false, true) {
 			// Refused, and said where an operator looks: on Vercel the
 			// schedule is the only sweeper, and nothing else tells that it
 			// never runs.
