@@ -756,8 +756,12 @@ func reportedLatest(token string) string {
 // failed it to free its slot); and whether this token's attempt is still
 // the job's latest and has reported (reportedLatest): no claim superseded
 // it, though a replay or the sweeper's requeue cleared the job's token.
+// The version read is the one the token's attempt was claimed for, which a
+// restricted key must be allowed to work (see sqlReportLock).
 var sqlLeaseState = `
-SELECT j.status, coalesce(jobs_lease_token_matches(j.lease_token, $3::text), false), j.lease_expires_at, j.cancel_requested, j.name, j.version,
+SELECT j.status, coalesce(jobs_lease_token_matches(j.lease_token, $3::text), false), j.lease_expires_at, j.cancel_requested, j.name,
+       coalesce((SELECT x.version FROM job_executions x
+                 WHERE x.job_id = j.id AND jobs_lease_token_matches(x.lease_token, $3::text)), j.version),
        ` + requeuedFor("$3::text") + `, ` + replayedOpen("$3::text") + `,
        ` + currentAttempt("x.reported_at IS NULL") + `, ` + reportedLatest("$3::text") + `,
        ` + cancelledRequeuedFor("$3::text") + `
@@ -806,8 +810,13 @@ SELECT lease_expires_at, cancel_requested FROM j`
 // waiting (a report that had to wait for a finish checks completion
 // afterwards) and finds the execution each job's token ($3, parallel to $1)
 // belongs to. The statement is jobs_report_lock (migration 0011); beside it,
-// for a key restricted to some tools ($4), each job's handler version, which
-// the key must be allowed to work (the name is in the function's answer).
+// for a key restricted to some tools ($4), the handler version the key must
+// be allowed to work (the name is in the function's answer): that of the
+// attempt the token names (job_executions.version, recorded by its claim),
+// else the job's. A step cancelled while it ran and replayed onto another
+// contract's handler version is the new version's, but the cancelled
+// attempt's worker reports what it ran under its own version's key (QA: it
+// was refused 403, its outcome lost, and the replay waited for the lease).
 //
 // Every job's row is locked first (pre, in id order): the function takes a
 // job's run lock (shared) as it locks that job, so a batch would hold one
@@ -850,7 +859,9 @@ WITH pre AS (
     SELECT g.* FROM (SELECT array_agg(DISTINCT endpoint_id) AS ids FROM l) a,
          LATERAL jobs_report_lock_endpoints(a.ids) g
 )
-SELECT l.*, CASE WHEN $4::boolean THEN (SELECT j.version FROM jobs j WHERE j.id = l.id) END,
+SELECT l.*, CASE WHEN $4::boolean THEN coalesce((SELECT x.version FROM job_executions x
+                                                   WHERE x.job_id = l.id AND x.attempt = l.x_attempt),
+                                                  (SELECT j.version FROM jobs j WHERE j.id = l.id)) END,
        l.endpoint_id IN (SELECT id FROM gated WHERE hinted), l.endpoint_id IN (SELECT id FROM gated)
 FROM l, (SELECT count(*) AS n FROM gated) g`
 
