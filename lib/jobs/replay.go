@@ -110,12 +110,15 @@ type replayJob struct {
 	paused                           bool
 	dependency                       *string // the afterStepId step's status
 	afterStatus                      *string
+	// versionForbidden: every contract of name@version is FORBIDDEN, so a
+	// same-version replay is refused (an upgrade leaves the version).
+	versionForbidden bool
 }
 
 func scanReplayJob(row pgx.Row) (replayJob, error) {
 	var j replayJob
 	err := row.Scan(&j.id, &j.runID, &j.name, &j.version, &j.contractVersion, &j.status, &j.attempt, &j.maxAttempts,
-		&j.policyMax, &j.inputSealed, &j.paused, &j.dependency, &j.afterStatus)
+		&j.policyMax, &j.inputSealed, &j.paused, &j.dependency, &j.afterStatus, &j.versionForbidden)
 	return j, err
 }
 
@@ -367,6 +370,14 @@ func (s *Service) Replay(ctx context.Context, p *auth.Principal, stepID string, 
 				return fmt.Errorf("replay: %w", err)
 			}
 		} else {
+			if j.versionForbidden {
+				// An enqueue of it is refused so (migration 0048): the
+				// replay would run the handler version the operator
+				// forbade (jobs QA: it was queued).
+				return apierr.InvalidState("Every contract of %s@%s is FORBIDDEN, so a replay of the same "+
+					"version is refused: replay it onto an ACTIVE contract (targetContractVersion, from the "+
+					"preview's upgrades).", j.name, j.version)
+			}
 			// The same handler takes the saved input again, so it must open
 			// (seal QA: a replay of an input sealed with a key this instance
 			// lacks, or damaged, was queued; every claim then leased it, failed
