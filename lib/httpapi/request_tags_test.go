@@ -200,30 +200,40 @@ func TestReplayTagsAgreeWithTheHandler(t *testing.T) {
 func TestQueryEnumsAgreeWithTheHandlers(t *testing.T) {
 	t.Parallel()
 	e := newJobsEnv(t)
-	runID := e.run()
-	endpoint := e.Must(http.StatusCreated, "POST", "/api/v1/endpoints", e.ws.Key,
-		map[string]any{"name": "enums"}).JSON()["id"].(string)
-	ids := map[string]string{"/api/v1/runs/{id}/steps": runID, "/api/v1/endpoints/{id}/attempts": endpoint}
 	checked := 0
+	e.eachFilter(e.run(), func(q httpapi.Param) bool { return q.Enum != nil }, func(r httpapi.Route, q httpapi.Param, path string) {
+		for _, v := range q.Enum {
+			e.Must(http.StatusOK, r.Method, path+"?"+q.Name+"="+url.QueryEscape(v), e.ws.Key, nil)
+			checked++
+		}
+		require.Equal(t, []string{q.Name}, validationFields(t, e.Do(r.Method, path+"?"+q.Name+"=bogus", e.ws.Key, nil)),
+			r.Pattern)
+	})
+	require.Greater(t, checked, 20, "the lists' filters are stated")
+}
+
+// eachFilter calls check with each query parameter keep takes of every
+// route, and the route's path with its id (the run runID's steps, a new
+// endpoint's attempts).
+func (e *jobsEnv) eachFilter(runID string, keep func(httpapi.Param) bool,
+	check func(r httpapi.Route, q httpapi.Param, path string)) {
+	e.T.Helper()
+	endpoint := e.Must(http.StatusCreated, "POST", "/api/v1/endpoints", e.ws.Key,
+		map[string]any{"name": "filters"}).JSON()["id"].(string)
+	ids := map[string]string{"/api/v1/runs/{id}/steps": runID, "/api/v1/endpoints/{id}/attempts": endpoint}
 	for _, r := range httpapi.Routes() {
 		for _, q := range r.Query {
-			if q.Enum == nil {
+			if !keep(q) {
 				continue
 			}
 			path := r.Pattern
 			if id, ok := ids[path]; ok {
 				path = strings.Replace(path, "{id}", id, 1)
 			}
-			require.NotContains(t, path, "{", "a path for %s", r.Pattern)
-			for _, v := range q.Enum {
-				e.Must(http.StatusOK, r.Method, path+"?"+q.Name+"="+url.QueryEscape(v), e.ws.Key, nil)
-				checked++
-			}
-			require.Equal(t, []string{q.Name}, validationFields(t, e.Do(r.Method, path+"?"+q.Name+"=bogus", e.ws.Key, nil)),
-				r.Pattern)
+			require.NotContains(e.T, path, "{", "a path for %s", r.Pattern)
+			check(r, q, path)
 		}
 	}
-	require.Greater(t, checked, 20, "the lists' filters are stated")
 }
 
 // A workspace's name states in the document the bounds signup checks
@@ -237,4 +247,30 @@ func TestSignupTagsAgreeWithTheHandler(t *testing.T) {
 		Send: func(body map[string]any) *apitest.Response { return env.Do("POST", "/api/v1/workspaces", "", body) },
 	})
 	require.GreaterOrEqual(t, checked, 5, "a workspace's name is tagged")
+}
+
+// A list's filter given empty (?state=, ?effect_type=) is refused at the
+// parameter, on every route whose filter takes only some values or a form
+// (Enum, Pattern): it filtered nothing, and the list answered every row, the
+// one a client that left its filter blank asked for among them (QA: the MCP
+// tools refused it themselves; REST listed every effect, run and approval).
+func TestAnEmptyFilterIsRefused(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t)
+	runID := e.run()
+	e.enqueue(runID, map[string]any{"name": "send_email", "version": "1", "input": map[string]any{}})
+	e.Must(http.StatusOK, "POST", "/api/v1/effects/begin", e.ws.Key, map[string]any{"effect_type": "a.b",
+		"idempotency_key": "k"})
+	checked := 0
+	e.eachFilter(runID, func(q httpapi.Param) bool { return q.Enum != nil || q.Pattern != "" },
+		func(r httpapi.Route, q httpapi.Param, path string) {
+			before := string(e.Must(http.StatusOK, r.Method, path, e.ws.Key, nil).Body)
+			for _, query := range []string{q.Name + "=", q.Name} {
+				got := e.Do(r.Method, path+"?"+query, e.ws.Key, nil)
+				require.Equal(t, []string{q.Name}, validationFields(t, got), "%s?%s: %s", r.Pattern, query, got.Body)
+			}
+			require.Equal(t, before, string(e.Must(http.StatusOK, r.Method, path, e.ws.Key, nil).Body))
+			checked++
+		})
+	require.GreaterOrEqual(t, checked, 7, "the lists' filters are stated")
 }

@@ -453,13 +453,22 @@ func knownQuery(r *http.Request, route *Route) error {
 	pathParams := route.PathParams()
 	for name, values := range r.URL.Query() {
 		isPath := slices.Contains(pathParams, name)
+		i := slices.IndexFunc(route.Query, func(q Param) bool { return q.Name == name })
 		switch {
-		case !isPath && !slices.ContainsFunc(route.Query, func(q Param) bool { return q.Name == name }):
+		case !isPath && i < 0:
 			p.Add(strings.ToValidUTF8(name, "\uFFFD"), "is not a query parameter of this route")
 		case len(values) > 1:
 			p.Add(name, "must be given once")
 		case isPath && values[0] != r.PathValue(name):
 			p.Add(name, "is the path's own parameter: leave it out of the query")
+		case i >= 0 && values[0] == "" && (route.Query[i].Enum != nil || route.Query[i].Pattern != ""):
+			// A filter given empty filters nothing: the list read it as
+			// not given and answered every row (QA: ?state= listed every
+			// effect, every run, every approval, where the client asked
+			// for a state it left blank; the MCP tools refused it
+			// themselves). Its values (Enum) and form (Pattern) hold no
+			// empty one, as the OpenAPI document says.
+			p.Add(name, "must not be empty: leave it out to list every row")
 		}
 	}
 	slices.SortFunc(p, func(a, b apierr.FieldError) int { return strings.Compare(a.Field, b.Field) })

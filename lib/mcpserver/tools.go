@@ -202,9 +202,9 @@ func oneOf(name string, values ...any) func(*jsonschema.Schema) {
 	}
 }
 
-// nonEmpty refuses an empty value of the optional URL argument name: the
-// REST list drops an empty filter, so "" would answer every row instead of
-// none (MCP QA).
+// nonEmpty refuses an empty value of the optional URL argument name in the
+// tool's schema: "" filters nothing (MCP QA: the REST list answered every
+// row; it refuses an empty filter now too, knownQuery).
 func nonEmpty(name string) func(*jsonschema.Schema) {
 	return func(s *jsonschema.Schema) {
 		one := 1
@@ -248,8 +248,7 @@ func argumentsError(err error) *mcp.CallToolResult {
 // form the REST call's URL (tagged mcp:"url", or mcp:"route" for one whose
 // value names the route, the decision): what the URL could not carry to the
 // REST route. A required one must be given, and none may be empty (an
-// empty id would name another route, an empty filter would be dropped and
-// list every row); a route's name must be one of its values. Everything
+// empty id would name another route, an empty filter filters nothing); a route's name must be one of its values. Everything
 // else of them (a state filter's values, a limit's range, an effect type's
 // form) the REST route checks, as it checks the body's, so that it is
 // refused in REST's words with every problem of the call listed together
