@@ -8,7 +8,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
-	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -29,9 +28,11 @@ func Handler(h http.Handler) func(context.Context, events.LambdaFunctionURLReque
 		rec := httptest.NewRecorder()
 		if err != nil {
 			// Answered here, without the router: the same envelope and
-			// request id as every response.
-			httpapi.WriteOutsideError(rec, apierr.New(http.StatusBadRequest, apierr.CodeInvalidRequest,
-				"Malformed request event."))
+			// request id as every response, with detail.validation naming
+			// what could not be read, as every invalid_request does (API.md
+			// §5; QA: it carried an empty detail, and a client reading
+			// detail.validation found nothing).
+			httpapi.WriteOutsideError(rec, err)
 			return toResponse(rec), nil
 		}
 		h.ServeHTTP(rec, req)
@@ -44,12 +45,14 @@ func Handler(h http.Handler) func(context.Context, events.LambdaFunctionURLReque
 	}
 }
 
-func toRequest(ctx context.Context, ev events.LambdaFunctionURLRequest) (*http.Request, error) {
+// toRequest is the request ev carries, or the 400 invalid_request naming
+// the part of it that cannot be read (body, path or method).
+func toRequest(ctx context.Context, ev events.LambdaFunctionURLRequest) (*http.Request, *apierr.Error) {
 	body := []byte(ev.Body)
 	if ev.IsBase64Encoded {
 		b, err := base64.StdEncoding.DecodeString(ev.Body)
 		if err != nil {
-			return nil, fmt.Errorf("decode body: %w", err)
+			return nil, apierr.InvalidField("body", "must be base64, as the request event says it is")
 		}
 		body = b
 	}
@@ -66,11 +69,11 @@ func toRequest(ctx context.Context, ev events.LambdaFunctionURLRequest) (*http.R
 	// host and a path (QA: //evil/api/v1/keys was served as /api/v1/keys).
 	u, err := url.ParseRequestURI(target)
 	if err != nil {
-		return nil, err
+		return nil, apierr.InvalidField("path", "must be percent-encoded (%% and two hex digits)")
 	}
 	req, err := http.NewRequestWithContext(ctx, ev.RequestContext.HTTP.Method, "/", bytes.NewReader(body))
 	if err != nil {
-		return nil, err
+		return nil, apierr.InvalidField("method", "is not an HTTP method")
 	}
 	req.URL = u
 	req.RequestURI = target

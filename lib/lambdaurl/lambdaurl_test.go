@@ -48,6 +48,23 @@ func TestHandlerRejectsBadBase64(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, http.StatusBadRequest, res.StatusCode)
 	require.True(t, ids.Valid(ids.Request, res.Headers["X-Request-Id"]), "every response carries a request id")
+	requireValidation(t, res.Body, "body")
+}
+
+// requireValidation checks that the envelope is an invalid_request whose
+// detail.validation names field alone, as every invalid_request does
+// (API.md §5; QA: the event's refusal carried an empty detail).
+func requireValidation(t *testing.T, body, field string) {
+	t.Helper()
+	require.JSONEq(t, `"invalid_request"`, mustField(t, body, "code"))
+	var detail struct {
+		Validation []struct {
+			Field string `json:"field"`
+		} `json:"validation"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(mustField(t, body, "detail")), &detail), body)
+	require.Len(t, detail.Validation, 1, body)
+	require.Equal(t, field, detail.Validation[0].Field, body)
 }
 
 // A path with a bad percent escape cannot become a request; it is answered
@@ -61,7 +78,7 @@ func TestHandlerAnswersABadPathEscapeInTheEnvelope(t *testing.T) {
 	res, err := Handler(h)(context.Background(), ev)
 	require.NoError(t, err)
 	require.Equal(t, http.StatusBadRequest, res.StatusCode)
-	require.JSONEq(t, `"invalid_request"`, mustField(t, res.Body, "code"))
+	requireValidation(t, res.Body, "path")
 	require.True(t, ids.Valid(ids.Request, res.Headers["X-Request-Id"]))
 }
 
