@@ -193,7 +193,7 @@ func (s *Service) OpenCircuit(ctx context.Context, p *auth.Principal, effectType
 func (s *Service) Stop(ctx context.Context, p *auth.Principal, req OpenCircuitRequest) ([]Circuit, error) {
 	var cs []Circuit
 	err := s.open(ctx, p, stopType, OpenedByStop, req, func(tx pgx.Tx, now time.Time) (err error) {
-		cs, err = s.circuits(ctx, tx, p.WorkspaceID, "", maxCircuitsAnswered, "", now)
+		cs, err = s.circuits(ctx, tx, p.WorkspaceID, "", MaxCircuitsAnswered+1, "", now)
 		return err
 	})
 	return cs, err
@@ -225,8 +225,10 @@ func (s *Service) GetEmergencyStop(ctx context.Context, workspaceID string) (Eme
 	return st, nil
 }
 
-// maxCircuitsAnswered bounds the list stop and release answer with.
-const maxCircuitsAnswered = 200
+// MaxCircuitsAnswered bounds the list stop and release answer with: they
+// read one more, so that the answer's next_cursor says when the workspace
+// has more types (GET /api/v1/circuits?cursor= reads the rest).
+const MaxCircuitsAnswered = 200
 
 // answerIn reads what an action answers with, in the action's transaction
 // after its change and with its clock, so that it answers the state it made
@@ -284,7 +286,7 @@ func (s *Service) CloseCircuit(ctx context.Context, p *auth.Principal, effectTyp
 func (s *Service) Release(ctx context.Context, p *auth.Principal) ([]Circuit, error) {
 	var cs []Circuit
 	err := s.close(ctx, p.WorkspaceID, stopType, func(tx pgx.Tx, now time.Time) (err error) {
-		cs, err = s.circuits(ctx, tx, p.WorkspaceID, "", maxCircuitsAnswered, "", now)
+		cs, err = s.circuits(ctx, tx, p.WorkspaceID, "", MaxCircuitsAnswered+1, "", now)
 		return err
 	})
 	return cs, err

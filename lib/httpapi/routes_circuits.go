@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/auth"
@@ -40,7 +41,8 @@ func (s *Server) circuitRoutes() []Route {
 			Method: "POST", Pattern: "/api/v1/circuits/stop", Name: "circuits.stop", Tag: "circuits", Scopes: write,
 			Idempotent: true,
 			Summary: "Emergency stop: hold every effect type, including types first seen while it is on, with " +
-				"action (default require_approval) until released. Answers every circuit. " + retriedAction,
+				"action (default require_approval) until released. Answers every circuit, as a page: its first " +
+				stopPage + " " + retriedAction,
 			Request: gate.OpenCircuitRequest{}, Response: Page[gate.Circuit]{}, Status: 200,
 			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeForbidden},
 			Handle: s.stopCircuits,
@@ -48,7 +50,8 @@ func (s *Server) circuitRoutes() []Route {
 		{
 			Method: "POST", Pattern: "/api/v1/circuits/release", Name: "circuits.release", Tag: "circuits",
 			Scopes: write, Idempotent: true,
-			Summary: "Lift the emergency stop. Breakers of single types stay as they are. " + retriedAction,
+			Summary: "Lift the emergency stop. Breakers of single types stay as they are. Answers every circuit, " +
+				"as a page: its first " + stopPage + " " + retriedAction,
 			Request: struct{}{}, Response: Page[gate.Circuit]{}, Status: 200, Errors: []string{apierr.CodeForbidden},
 			Handle: bodiless(s.releaseCircuits),
 		},
@@ -85,6 +88,11 @@ func (s *Server) listCircuits(ctx context.Context, c *Call) (any, error) {
 	return NewPage(ctx, cs, limit, func(x gate.Circuit) string { return x.EffectType })
 }
 
+// stopPage says how the stop's and the release's answer holds every
+// circuit: past gate.MaxCircuitsAnswered types, its next_cursor reads on.
+var stopPage = fmt.Sprintf("%d circuits in effect type order, with next_cursor set when the workspace has more "+
+	"types (GET /api/v1/circuits?cursor= reads the rest).", gate.MaxCircuitsAnswered)
+
 func (s *Server) stopCircuits(ctx context.Context, c *Call) (any, error) {
 	var req gate.OpenCircuitRequest
 	if err := c.Decode(&req); err != nil {
@@ -94,7 +102,7 @@ func (s *Server) stopCircuits(ctx context.Context, c *Call) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return NewPage(ctx, cs, len(cs), func(x gate.Circuit) string { return x.EffectType })
+	return NewPage(ctx, cs, gate.MaxCircuitsAnswered, func(x gate.Circuit) string { return x.EffectType })
 }
 
 func (s *Server) getEmergencyStop(ctx context.Context, c *Call) (any, error) {
@@ -106,7 +114,7 @@ func (s *Server) releaseCircuits(ctx context.Context, c *Call) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return NewPage(ctx, cs, len(cs), func(x gate.Circuit) string { return x.EffectType })
+	return NewPage(ctx, cs, gate.MaxCircuitsAnswered, func(x gate.Circuit) string { return x.EffectType })
 }
 
 func (s *Server) openCircuit(ctx context.Context, c *Call) (any, error) {
