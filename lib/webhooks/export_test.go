@@ -57,3 +57,6 @@ var SQLAbandon = sqlAbandon
 // SQLClearExpiredSecrets is ClearExpiredSecrets' statement, for a test of
 // its plan.
 var SQLClearExpiredSecrets = sqlClearExpiredSecrets
+
+// BreakHeldReport makes the report of held deliveries (reportHeld) fail.
+func BreakHeldReport(s *Service) { s.heldSQL = `SELECT 1/0` }

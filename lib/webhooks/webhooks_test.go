@@ -1836,6 +1836,29 @@ func TestASecretUnderAMissingKeyHoldsDeliveries(t *testing.T) {
 	require.Equal(t, float64(1), sent[0]["attempts"])
 }
 
+// A failing report of held deliveries (a log-only check) is logged and the
+// pass delivers: it returned before sending, so a fault in a log line held
+// every webhook's deliveries (carried QA).
+func TestAFailedHeldReportDoesNotStopDeliveries(t *testing.T) {
+	var logs apitest.LockedBuffer
+	env, c := start(t, true, apitest.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	ws := env.Signup()
+	rcv := newReceiver(t)
+	subscribe(t, env, ws.Key, rcv.URL)
+	record(t, env, ws.ID, events.RunFinished, c.Now())
+	ctx := context.Background()
+	_, err := env.App.Server.Webhooks.Dispatch(ctx, c.Now())
+	require.NoError(t, err)
+	webhooks.BreakHeldReport(env.App.Server.Webhooks)
+
+	n, err := env.App.Server.Webhooks.Deliver(ctx, c.Now())
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.Equal(t, 1, rcv.count(), "sent despite the report's failure")
+	require.Contains(t, logs.String(), "the report of held deliveries failed")
+	require.Contains(t, logs.String(), "err=")
+}
+
 // seedDeliveries stores n delivered deliveries of webhook hook (workspace
 // ws), each of an event of its own, created at the times at gives them
 // (by index), with ids in index order; it answers their ids.
