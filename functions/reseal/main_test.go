@@ -157,3 +157,20 @@ func TestARunNamesTheDamagedValues(t *testing.T) {
 	require.Equal(t, rep.Damaged, got.Damaged)
 	require.Contains(t, out.String(), `"damaged": [`)
 }
+
+// A run stopped before it started (interrupted while it connected; on
+// Lambda, its time up there) answers "damaged": [] and "columns": [] in
+// JSON, as README promises, not null (QA: both read null).
+func TestAReportOfNothingHasEmptyLists(t *testing.T) {
+	var out bytes.Buffer
+	require.Equal(t, 1, answer(&out, &bytes.Buffer{}, reseal.Report{}, context.Canceled, false, true))
+	var got map[string]any
+	require.NoError(t, json.Unmarshal(out.Bytes(), &got))
+	require.Equal(t, []any{}, got["damaged"])
+	require.Equal(t, []any{}, got["columns"])
+
+	// The Lambda answer is the same report, as the runtime marshals it.
+	answered, err := json.Marshal(reseal.Report{})
+	require.NoError(t, err)
+	require.Contains(t, string(answered), `"damaged":[]`)
+}

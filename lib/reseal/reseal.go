@@ -17,6 +17,7 @@ package reseal
 import (
 	"context"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -115,6 +116,22 @@ type Report struct {
 	// its row deleted (README, Rotating RESULT_ENCRYPTION_KEY). Check opens
 	// nothing and names none.
 	Damaged []DamagedValue `json:"damaged"`
+}
+
+// MarshalJSON writes Columns and Damaged as [] when they hold nothing, as
+// README promises ("[]" for none): a report of a run stopped before it
+// started (interrupted, or its Lambda time up, while it connected) has
+// neither, and answered "damaged": null (QA).
+func (r Report) MarshalJSON() ([]byte, error) {
+	type plain Report // without this method
+	p := plain(r)
+	if p.Columns == nil {
+		p.Columns = []ColumnReport{}
+	}
+	if p.Damaged == nil {
+		p.Damaged = []DamagedValue{}
+	}
+	return json.Marshal(p)
 }
 
 // MaxDamaged bounds Report.Damaged.
