@@ -124,6 +124,12 @@ func HasCode(err error, code string) bool {
 	return ok && e.Code == code
 }
 
+// LimitRule is the message for a list's limit that is not an integer from
+// 1 to 200: REST's ?limit= and an MCP list tool's limit argument, which
+// forms it, say it in the same words (QA: MCP answered "must be an
+// integer" to 1.5).
+const LimitRule = "must be an integer from 1 to 200"
+
 // FieldError names one invalid request field by its dotted path from the body
 // root (for example "retryPolicy.maxAttempts") or by its query parameter name.
 type FieldError struct {

@@ -126,7 +126,7 @@ func (c *Call) ListParams(valid func(string) bool) (limit int, cursor string, er
 	if s := q.Get("limit"); s != "" || q.Has("limit") {
 		n, perr := strconv.Atoi(s)
 		if perr != nil || n < 1 || n > 200 {
-			return 0, "", apierr.InvalidField("limit", "must be an integer from 1 to 200")
+			return 0, "", apierr.InvalidField("limit", "%s", apierr.LimitRule)
 		}
 		limit = n
 	}

@@ -313,7 +313,7 @@ func decodeArguments[In any](args json.RawMessage, resolved, urlOnly *jsonschema
 		return in, err
 	}
 	if err := jsonstrict.DecodeNumbers(args, &in); err != nil {
-		return in, err
+		return in, limitWording(err, urlOnly)
 	}
 	var check map[string]any // the schema validates plain values
 	if err := json.Unmarshal(args, &check); err != nil {
@@ -328,6 +328,21 @@ func decodeArguments[In any](args json.RawMessage, resolved, urlOnly *jsonschema
 		}
 	}
 	return in, nil
+}
+
+// limitWording is err, except that a limit argument of the URL (urlOnly's)
+// that the decoder refuses (1.5, "5", 2^63) is refused in the words REST
+// answers its ?limit= with (apierr.LimitRule), the same code and field: it
+// was told "must be an integer", as a body's integer is (QA).
+func limitWording(err error, urlOnly *jsonschema.Resolved) error {
+	e, ok := apierr.As(err)
+	if !ok || urlOnly.Schema().Properties["limit"] == nil {
+		return err
+	}
+	if problems, _ := e.Detail["validation"].([]apierr.FieldError); len(problems) == 1 && problems[0].Field == "limit" {
+		return apierr.InvalidField("limit", "%s", apierr.LimitRule)
+	}
+	return err
 }
 
 // withoutNulls is args (whose members are object's) without its members

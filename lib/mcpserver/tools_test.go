@@ -234,6 +234,31 @@ func TestListToolsPage(t *testing.T) {
 	}
 }
 
+// A limit that is not an integer of the range is refused in REST's words
+// for ?limit=, the same code, field and message: 1.5 was told "must be an
+// integer" through MCP, "must be an integer from 1 to 200" through REST
+// (QA), and 2^63 the range of Go's int.
+func TestAListToolsLimitIsRefusedInRESTsWords(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	cs := connect(t, mcpserver.New(mcpserver.HandlerCaller{Handler: env.App.Server}, "Bearer "+ws.Key))
+	rest := env.Do("GET", "/api/v1/effects?limit=1.5", ws.Key, nil)
+	require.Equal(t, http.StatusBadRequest, rest.Status)
+	want := rest.JSON()["error"].(map[string]any)
+	for _, limit := range []string{`1.5`, `"5"`, `9223372036854775808`, `201`, `0`} {
+		for _, tool := range []string{"ratchet_list_effects", "ratchet_list_approvals"} {
+			body, isErr := callRaw(t, cs, tool, `{"limit":`+limit+`}`)
+			require.True(t, isErr, "%s %s: %s", tool, limit, body)
+			var got map[string]map[string]any
+			require.NoError(t, json.Unmarshal([]byte(body), &got))
+			for _, k := range []string{"code", "message", "detail"} {
+				require.Equal(t, want[k], got["error"][k], "%s %s: %s", tool, limit, k)
+			}
+		}
+	}
+}
+
 // A result within the API's limit through REST is within it through MCP:
 // each <, > and & of the arguments reaches the API as one byte, not as a
 // six-byte escape (QA: a 44 KB result of '<' was refused payload_too_large,
