@@ -97,6 +97,7 @@ func TestOpenAPIDocumentsEveryRoute(t *testing.T) {
 	}
 	mcp := paths["/api/v1/mcp"].(map[string]any)["post"].(map[string]any)["responses"].(map[string]any)
 	require.Contains(t, mcp, "202", "a notification's answer (QA)")
+	require.Contains(t, mcp, "408", "a body late for the route's Timeout (TestMCPBodyLateForTheRoutesTimeIs408)")
 	for p := range paths {
 		require.True(t, strings.HasPrefix(p, "/api/") || !strings.HasPrefix(p, "/v1/"), "paths are written in full: %s", p)
 	}

@@ -333,8 +333,9 @@ func operation(r Route) map[string]any {
 	}
 	if r.Auth == AuthKey {
 		for _, c := range commonErrors {
-			// A protocol endpoint reads its own body, outside a route's time.
-			if c != apierr.CodeRequestTimeout || r.Raw == nil {
+			// A protocol endpoint reads its own body: within its route's
+			// time when it declares one (MCP), else outside any.
+			if c != apierr.CodeRequestTimeout || r.Raw == nil || r.Timeout != 0 {
 				codes = append(codes, c)
 			}
 		}

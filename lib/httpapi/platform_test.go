@@ -271,6 +271,40 @@ func TestAnUnknownMethodIsNotLoggedVerbatim(t *testing.T) {
 	require.Contains(t, logs.String(), "method=GET")
 }
 
+// requireLateBodyIs408 checks that h, whose route's time is
+// lateRouteTimeout, answers 408 request_timeout to a body late for it: over
+// a connection given head (the request and part of its body), its read cut
+// at the deadline; and held by an adapter (newRequest's), body arriving
+// whole after the deadline.
+func requireLateBodyIs408(t *testing.T, h http.Handler, head, body string, newRequest func(io.Reader) *http.Request) {
+	t.Helper()
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+	require.NoError(t, err)
+	defer conn.Close()
+	_, err = io.WriteString(conn, head)
+	require.NoError(t, err)
+	// The answer comes at the deadline, not after the client's own wait.
+	require.NoError(t, conn.SetReadDeadline(time.Now().Add(5*time.Second)))
+	res, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	require.NoError(t, err, "the read was cut at the deadline, not left waiting")
+	answer := readAll(t, res)
+	require.Equal(t, http.StatusRequestTimeout, res.StatusCode, answer)
+	require.Contains(t, answer, `"request_timeout"`)
+
+	pr, pw := io.Pipe()
+	go func() {
+		time.Sleep(lateRouteTimeout + 500*time.Millisecond)
+		_, _ = pw.Write([]byte(body))
+		_ = pw.Close()
+	}()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, newRequest(pr))
+	require.Equal(t, http.StatusRequestTimeout, rec.Code, rec.Body.String())
+	require.Contains(t, rec.Body.String(), `"request_timeout"`)
+}
+
 // lateRouteTimeout is the time of TestABodyLateForTheRequestsTimeIs408's route.
 const lateRouteTimeout = 1500 * time.Millisecond
 
@@ -303,38 +337,14 @@ func TestABodyLateForTheRequestsTimeIs408(t *testing.T) {
 				return map[string]any{"n": body.N}, err
 			}},
 	})
-	srv := httptest.NewServer(h)
-	defer srv.Close()
-
-	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
-	require.NoError(t, err)
-	defer conn.Close()
-	_, err = fmt.Fprintf(conn, "POST /api/v1/test/late HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"+
-		"Content-Length: 7\r\n\r\n{\"n\"")
-	require.NoError(t, err)
-	// The answer comes at the deadline, not after the client's own wait.
-	require.NoError(t, conn.SetReadDeadline(time.Now().Add(5*time.Second)))
-	res, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	require.NoError(t, err, "the read was cut at the deadline, not left waiting")
-	body := readAll(t, res)
-	require.Equal(t, http.StatusRequestTimeout, res.StatusCode, body)
-	require.Contains(t, body, `"request_timeout"`)
-
-	// Held by an adapter: the body arrives whole, after the deadline.
-	pr, pw := io.Pipe()
-	go func() {
-		time.Sleep(lateRouteTimeout + 500*time.Millisecond)
-		_, _ = pw.Write([]byte(`{"n":1}`))
-		_ = pw.Close()
-	}()
-	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, httptest.NewRequest("POST", "/api/v1/test/late", pr))
-	require.Equal(t, http.StatusRequestTimeout, rec.Code, rec.Body.String())
-	require.Contains(t, rec.Body.String(), `"request_timeout"`)
+	requireLateBodyIs408(t, h, "POST /api/v1/test/late HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"+
+		"Content-Length: 7\r\n\r\n{\"n\"", `{"n":1}`, func(body io.Reader) *http.Request {
+		return httptest.NewRequest("POST", "/api/v1/test/late", body)
+	})
 	require.Zero(t, ran.Load(), "the route never acted")
 
 	// In time, the same route answers.
-	rec = httptest.NewRecorder()
+	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, httptest.NewRequest("POST", "/api/v1/test/late", strings.NewReader(`{"n":2}`)))
 	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
 }

@@ -57,7 +57,14 @@ func (s *Server) mcpRoutes() []Route {
 		// that an oversized request gets the API's 413 envelope rather
 		// than the transport's plain text; a compressed one is refused as
 		// REST refuses it (MCP QA: the header was ignored).
-		body, err := readBody(r)
+		// Within the route's Timeout (RouteTime), as a route reads its
+		// body: a late one is 408 (a body held whole by an adapter
+		// included).
+		bounded, ok := RouteTime(r.Context())
+		if !ok {
+			bounded = r.Context()
+		}
+		body, err := readBody(r.WithContext(bounded))
 		if err != nil {
 			e, _ := apierr.As(err) // readBody answers only *apierr.Error
 			writeError(w, e)
@@ -76,7 +83,11 @@ func (s *Server) mcpRoutes() []Route {
 		r.ContentLength = int64(len(body))
 		// The answer to it holds at most answer.Budget: its tool calls
 		// share what is left of it (mcpserver.Room).
-		r = r.WithContext(mcpserver.WithRoom(r.Context(), body))
+		// Its tool calls are stopped at the route's Timeout, as a route's
+		// work is, and answered so; the transport keeps the request's own
+		// context, to write that answer (mcpserver.Carried). They ran
+		// unbounded on the local server.
+		r = r.WithContext(mcpserver.WithRoom(mcpserver.Carried(r.Context(), bounded), body))
 		s.mcp.once.Do(func() { s.mcp.handler = s.mcpHandler() })
 		jw := &jsonRPCErrors{ResponseWriter: w, body: body, release: s.releaseUnseen(r)}
 		s.mcp.handler.ServeHTTP(jw, r)

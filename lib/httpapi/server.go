@@ -259,17 +259,25 @@ func (s *Server) serveGroup(w http.ResponseWriter, r *http.Request, g *group) {
 	// passed (edge QA: a 401 to a request declaring 100 GB took 15 s).
 	// Given the server's own writer, the limit closes the connection as it
 	// is reached. A route's request runs within its Timeout, set on that
-	// same copy (one copy, not two); a protocol endpoint (Raw) is not
-	// bounded here.
+	// same copy (one copy, not two). A protocol endpoint (Raw) is not
+	// bounded so: the transport writes nothing once its request's context
+	// ends. One that declares a Timeout (MCP) is handed it (RouteTime) to
+	// bound its own work by, and its body is read within it as a route's is
+	// (below): a slow body was 400 at the server's read timeout, not 408.
 	ctx := r.Context()
-	if route.Raw == nil {
+	if route.Raw == nil || route.Timeout != 0 {
 		timeout := route.Timeout
 		if timeout == 0 {
 			timeout = DefaultTimeout
 		}
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, timeout)
+		bounded, cancel := context.WithTimeout(ctx, timeout)
 		defer cancel()
+		if route.Raw == nil {
+			ctx = bounded
+		} else {
+			ctx = context.WithValue(ctx, routeTimeKey{}, bounded)
+			readWithin(bounded, w, r)
+		}
 	}
 	r = r.WithContext(ctx)
 	r.Body = http.MaxBytesReader(w, r.Body, MaxBodyBytes)
@@ -293,9 +301,7 @@ func (s *Server) serveGroup(w http.ResponseWriter, r *http.Request, g *group) {
 	// the deadline once the body is read, before watching for the client
 	// going away, so a long poll is not cut; a request without a body is
 	// watched from the start, and is left alone.
-	if deadline, ok := ctx.Deadline(); ok && r.ContentLength != 0 {
-		_ = http.NewResponseController(w).SetReadDeadline(deadline)
-	}
+	readWithin(ctx, w, r)
 	call := &Call{R: r, RequestID: reqID, Route: route}
 	body, err := s.run(ctx, call)
 	if err != nil {
@@ -321,6 +327,27 @@ func (s *Server) serveGroup(w http.ResponseWriter, r *http.Request, g *group) {
 		return
 	}
 	writeJSON(sw, status, body)
+}
+
+// readWithin cuts the connection's reads of r's body at ctx's deadline,
+// where the server allows it (serveGroup).
+func readWithin(ctx context.Context, w http.ResponseWriter, r *http.Request) {
+	if deadline, ok := ctx.Deadline(); ok && r.ContentLength != 0 {
+		_ = http.NewResponseController(w).SetReadDeadline(deadline)
+	}
+}
+
+// routeTimeKey holds a protocol endpoint's request's context bounded by its
+// route's Timeout (RouteTime).
+type routeTimeKey struct{}
+
+// RouteTime is ctx, a protocol endpoint's request's, bounded by its
+// route's Timeout, when the route declares one: the transport keeps the
+// request's own, so that it can still answer once the work it bounds has
+// been stopped.
+func RouteTime(ctx context.Context) (context.Context, bool) {
+	bounded, ok := ctx.Value(routeTimeKey{}).(context.Context)
+	return bounded, ok
 }
 
 func (s *Server) run(ctx context.Context, c *Call) (any, error) {

@@ -44,14 +44,25 @@ func finishing(ctx context.Context, grace time.Duration) (_ context.Context, sto
 type carrierKey struct{}
 
 // withCarrier is r with its own context kept for the tool calls it carries
-// (boundToCarrier).
+// (boundToCarrier), unless one was given them already (Carried).
 func withCarrier(r *http.Request) *http.Request {
+	if _, ok := r.Context().Value(carrierKey{}).(context.Context); ok {
+		return r
+	}
 	return r.WithContext(context.WithValue(r.Context(), carrierKey{}, r.Context()))
+}
+
+// Carried is ctx, a request's to Handler, with carrier as the context its
+// tool calls end with in place of the request's own: one that ends sooner
+// (the route's Timeout) stops them while the transport, which writes
+// nothing once the request's own context ends, can still answer.
+func Carried(ctx, carrier context.Context) context.Context {
+	return context.WithValue(ctx, carrierKey{}, carrier)
 }
 
 // boundToCarrier is ctx, a tool call's, cancelled too when the HTTP request
 // that carried the call ends: its client hung up, or the request's deadline
-// passed (Lambda's invocation deadline; the endpoint sets none of its own). The SDK gives a call a context that its request's end never cancels
+// passed (Lambda's invocation deadline, or the route's Timeout: Carried). The SDK gives a call a context that its request's end never cancels
 // (under every protocol version, by default), so a call whose client had gone ran on
 // to its end (MCP QA: a ratchet_begin waiting on its group's lock was
 // granted after its client hung up, a lease no one held, and the key
@@ -78,8 +89,8 @@ func boundToCarrier(ctx context.Context) (_ context.Context, stop context.Cancel
 // Only a call stopped by the end of the HTTP request that carried it
 // (boundToCarrier) is said stopped, naming that end: its client closed the
 // connection (a client that half-closes it still reads the answer), or its
-// deadline passed (Lambda's invocation deadline; the endpoint sets no time
-// of its own, lib/httpapi). A call its client cancelled
+// deadline passed (the endpoint route's Timeout, lib/httpapi, or Lambda's
+// invocation deadline). A call its client cancelled
 // (notifications/cancelled) is never answered, over HTTP (LeaveOutCancelled)
 // as over stdio (the binary drops the answer), so no message names that
 // cause; any other answer, a call whose own context ended otherwise among
