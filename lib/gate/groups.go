@@ -708,7 +708,7 @@ type groupStep struct {
 	// its latest attempt of unknown outcome: the latest it could have acted
 	// (a retry after it reported failed did not act).
 	unknownUntil *time.Time
-	spent        bool // failed with every attempt its policy allows used
+	spent        bool // failed, never to be tried again: its attempts used, or its retry rejected
 }
 
 // hasCompensation says whether the step declared a compensation.
@@ -785,8 +785,9 @@ func reachedByRollback(ctx context.Context, tx pgx.Tx, groupID, groupState, step
 }
 
 // finalDenial is a denial that a later begin on the same key cannot lift,
-// or a failure whose key has no attempt left (its next begin would be that
-// denial: waiting for it would hold the rollback open for nothing).
+// or a failure whose key has no attempt left or whose retry an operator
+// rejected (its next begin would be that denial: waiting for it would hold
+// the rollback open for nothing).
 func finalDenial(st *groupStep) bool {
 	return st.spent || st.state == StateDenied && st.denialCode != nil &&
 		(*st.denialCode == apierr.CodeApprovalRejected || *st.denialCode == apierr.CodeMaxAttemptsExceeded)

@@ -738,9 +738,13 @@ const sqlCompensationOf = `SELECT id, idempotency_key FROM effects WHERE compens
 // attempt could no longer act, holding their compensations back).
 // $1 group id.
 //
-// The last column says a failed effect used every attempt its type's policy
-// allows (5 unset, as in sqlEffectivePolicy): its key's next begin is
-// max_attempts_exceeded, final.
+// The last column says a failed effect can never be tried again: it used
+// every attempt its type's policy allows (5 unset, as in
+// sqlEffectivePolicy), or an operator rejected its retry (an approval
+// asked while its outcome was unknown, rejected before or after that
+// outcome was resolved failed: the effect stays failed, not denied, see
+// sqlDecideApproval). Its key's next begin is max_attempts_exceeded or
+// approval_rejected, final.
 const sqlGroupSteps = `SELECT e.id, e.effect_type, e.idempotency_key, e.state, e.denial_code, e.lease_expires_at,
     coalesce(octet_length(e.compensation), 0), e.compensates_effect_id, e.created_at, e.updated_at,
     (SELECT max(coalesce(a.reported_at, a.lease_expires_at)) FROM effect_attempts a
@@ -748,8 +752,9 @@ const sqlGroupSteps = `SELECT e.id, e.effect_type, e.idempotency_key, e.state, e
     CASE WHEN e.state = 'indeterminate' THEN (SELECT a.lease_expires_at FROM effect_attempts a
       WHERE a.effect_id = e.id AND (a.outcome IS NULL OR a.outcome = 'indeterminate')
       ORDER BY a.attempt DESC LIMIT 1) END,
-    e.state = 'failed' AND e.attempt >= coalesce((SELECT p.max_attempts FROM gate_policies p
-      WHERE p.workspace_id = e.workspace_id AND p.effect_type = e.effect_type), 5)
+    e.state = 'failed' AND (e.approval_state IS NOT DISTINCT FROM 'rejected'
+      OR e.attempt >= coalesce((SELECT p.max_attempts FROM gate_policies p
+        WHERE p.workspace_id = e.workspace_id AND p.effect_type = e.effect_type), 5))
 FROM effects e WHERE e.group_id = $1 ORDER BY e.id`
 
 // sqlPlanCompensations reads the sealed compensations of the steps $2 of

@@ -473,6 +473,56 @@ func TestARejectedCompensationEndsTheRollback(t *testing.T) {
 	require.Equal(t, "unwind_failed", f.stored(g), "settled by the rejection, before any read")
 }
 
+// A compensation whose retry an operator rejected, and whose unknown
+// attempt is then found not to have happened (resolved failed), can never
+// run again: its key's next begin is approval_rejected, final. Its step is
+// irreversible, and the settlement ends the rollback unwind_failed, in
+// either order of the two decisions (groups QA: the group stayed unwinding,
+// its plan offering that compensation again, until a begin of it was
+// refused and a read or the sweeper settled the group).
+func TestARejectedRetryOfAFailedCompensationEndsTheRollback(t *testing.T) {
+	for _, rejectFirst := range []bool{true, false} {
+		t.Run(map[bool]string{true: "reject then resolve", false: "resolve then reject"}[rejectFirst], func(t *testing.T) {
+			t.Parallel()
+			f := setup(t)
+			f.must(http.StatusOK, "PUT", "/api/v1/policies/payment.refund", map[string]any{"on_indeterminate": "retry"})
+			g := f.group()
+			a := f.done(g, true)
+			item := f.unwind(g)["plan"].([]any)[0].(map[string]any)
+			c := f.compensate(item, "") // its lease lapses unreported
+			f.clock.Add(2 * time.Minute)
+			f.must(http.StatusOK, "PUT", "/api/v1/policies/payment.refund",
+				map[string]any{"on_indeterminate": "retry", "mode": "require_approval"})
+			comp := item["compensation"].(map[string]any)
+			body := map[string]any{"effect_type": comp["effect_type"], "payload": comp["payload"], "cost_micros": 0,
+				"idempotency_key": item["suggested_idempotency_key"], "compensates_effect_id": a}
+			d := f.must(http.StatusOK, "POST", "/api/v1/effects/begin", body)
+			require.Equal(t, "approval_required", d["decision"])
+			reject := func() {
+				f.must(http.StatusOK, "POST", "/api/v1/approvals/"+d["approval_id"].(string)+"/reject", nil)
+			}
+			resolve := func() {
+				f.must(http.StatusOK, "POST", "/api/v1/effects/"+c+"/resolve", map[string]any{"outcome": "failed"})
+			}
+			if rejectFirst {
+				reject()
+				require.Equal(t, "unwinding", f.stored(g), "its outcome is unknown still")
+				resolve()
+			} else {
+				resolve()
+				require.Equal(t, "unwinding", f.stored(g), "its retry awaits a decision")
+				reject()
+			}
+			require.Equal(t, "unwind_failed", f.stored(g), "settled by the last decision, before any read")
+			u := f.unwind(g)
+			require.Equal(t, []string{a}, strs(u["irreversible"]))
+			require.Empty(t, u["plan"])
+			errCode(t, f.do("POST", "/api/v1/effects/begin", body), http.StatusForbidden, "approval_rejected")
+			require.Equal(t, "unwind_failed", f.state(g))
+		})
+	}
+}
+
 // An ended rollback is final: raising max_attempts afterwards neither
 // reopens the plan nor lets the compensation it counted irreversible run
 // (QA: it ran, and the group read unwind_failed with every step reversed).
