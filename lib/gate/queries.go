@@ -740,10 +740,12 @@ const sqlCompensationOf = `SELECT id, idempotency_key FROM effects WHERE compens
 //
 // The last column says a failed effect can never be tried again: it used
 // every attempt its type's policy allows (5 unset, as in
-// sqlEffectivePolicy), or an operator rejected its retry (an approval
-// asked while its outcome was unknown, rejected before or after that
-// outcome was resolved failed: the effect stays failed, not denied, see
-// sqlDecideApproval). Its key's next begin is max_attempts_exceeded or
+// sqlEffectivePolicy), or was refused max_attempts_exceeded while its
+// outcome was unknown (the code kept once resolved failed, settledDenial,
+// whatever max_attempts says since), or an operator rejected its retry (an
+// approval asked while its outcome was unknown, rejected before or after
+// that outcome was resolved failed: the effect stays failed, not denied,
+// see sqlDecideApproval). Its key's next begin is max_attempts_exceeded or
 // approval_rejected, final.
 const sqlGroupSteps = `SELECT e.id, e.effect_type, e.idempotency_key, e.state, e.denial_code, e.lease_expires_at,
     coalesce(octet_length(e.compensation), 0), e.compensates_effect_id, e.created_at, e.updated_at,
@@ -753,6 +755,7 @@ const sqlGroupSteps = `SELECT e.id, e.effect_type, e.idempotency_key, e.state, e
       WHERE a.effect_id = e.id AND (a.outcome IS NULL OR a.outcome = 'indeterminate')
       ORDER BY a.attempt DESC LIMIT 1) END,
     e.state = 'failed' AND (e.approval_state IS NOT DISTINCT FROM 'rejected'
+      OR e.denial_code IS NOT DISTINCT FROM 'max_attempts_exceeded'
       OR e.attempt >= coalesce((SELECT p.max_attempts FROM gate_policies p
         WHERE p.workspace_id = e.workspace_id AND p.effect_type = e.effect_type), 5))
 FROM effects e WHERE e.group_id = $1 ORDER BY e.id`

@@ -523,6 +523,35 @@ func TestARejectedRetryOfAFailedCompensationEndsTheRollback(t *testing.T) {
 	}
 }
 
+// A compensation refused max_attempts_exceeded while its outcome was
+// unknown keeps that final code once resolved failed, however the policy's
+// max_attempts moves: its step is irreversible, and the resolve ends the
+// rollback (groups QA: with max_attempts raised in between, the settle
+// read the failed compensation as retryable, and the group stayed
+// unwinding, offering it again).
+func TestACompensationOutOfAttemptsResolvedFailedEndsTheRollback(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	f.must(http.StatusOK, "PUT", "/api/v1/policies/payment.refund",
+		map[string]any{"on_indeterminate": "retry", "max_attempts": 1})
+	g := f.group()
+	a := f.done(g, true)
+	item := f.unwind(g)["plan"].([]any)[0].(map[string]any)
+	c := f.compensate(item, "") // its lease lapses unreported
+	f.clock.Add(2 * time.Minute)
+	comp := item["compensation"].(map[string]any)
+	body := map[string]any{"effect_type": comp["effect_type"], "payload": comp["payload"], "cost_micros": 0,
+		"idempotency_key": item["suggested_idempotency_key"], "compensates_effect_id": a}
+	errCode(t, f.do("POST", "/api/v1/effects/begin", body), http.StatusForbidden, "max_attempts_exceeded")
+	f.must(http.StatusOK, "PUT", "/api/v1/policies/payment.refund", map[string]any{"max_attempts": 3})
+	f.must(http.StatusOK, "POST", "/api/v1/effects/"+c+"/resolve", map[string]any{"outcome": "failed"})
+	require.Equal(t, "unwind_failed", f.stored(g), "settled by the resolve, before any read")
+	u := f.unwind(g)
+	require.Equal(t, []string{a}, strs(u["irreversible"]))
+	require.Empty(t, u["plan"])
+	errCode(t, f.do("POST", "/api/v1/effects/begin", body), http.StatusForbidden, "max_attempts_exceeded")
+}
+
 // An ended rollback is final: raising max_attempts afterwards neither
 // reopens the plan nor lets the compensation it counted irreversible run
 // (QA: it ran, and the group read unwind_failed with every step reversed).
