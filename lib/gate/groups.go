@@ -708,7 +708,7 @@ type groupStep struct {
 	// its latest attempt of unknown outcome: the latest it could have acted
 	// (a retry after it reported failed did not act).
 	unknownUntil *time.Time
-	spent        bool // failed, never to be tried again: its attempts used, or its retry rejected
+	spent        bool // failed or denied, never to be tried again: its attempts used, or its retry rejected
 }
 
 // hasCompensation says whether the step declared a compensation.

@@ -1050,12 +1050,12 @@ func succeededAt(k *mKey) time.Time {
 }
 
 // finalDenial says a compensation will never succeed: finally denied, or
-// failed with no attempt left under its type's max_attempts, or refused
-// max_attempts_exceeded while its outcome was unknown, or with its retry
-// rejected.
+// failed or denied with no attempt left under its type's max_attempts, or
+// failed after a refusal max_attempts_exceeded while its outcome was
+// unknown, or with its retry rejected.
 func finalDenial(c *mKey) bool {
-	return c.state == "failed" && (c.attempt >= c.spec.pol.maxAttempts || c.denial == "max_attempts_exceeded" ||
-		c.approval == "rejected") ||
+	return (c.state == "failed" || c.state == "denied") && c.attempt >= c.spec.pol.maxAttempts ||
+		c.state == "failed" && (c.denial == "max_attempts_exceeded" || c.approval == "rejected") ||
 		c.state == "denied" && (c.denial == "approval_rejected" || c.denial == "max_attempts_exceeded")
 }
 

@@ -738,9 +738,10 @@ const sqlCompensationOf = `SELECT id, idempotency_key FROM effects WHERE compens
 // attempt could no longer act, holding their compensations back).
 // $1 group id.
 //
-// The last column says a failed effect can never be tried again: it used
-// every attempt its type's policy allows (5 unset, as in
-// sqlEffectivePolicy), or was refused max_attempts_exceeded while its
+// The last column says a failed or denied effect can never be tried
+// again: it used every attempt its type's policy allows (5 unset, as in
+// sqlEffectivePolicy; a denied one too, refused for a reason a begin could
+// lift before max_attempts was lowered), or, failed, was refused max_attempts_exceeded while its
 // outcome was unknown (the code kept once resolved failed, settledDenial,
 // whatever max_attempts says since), or an operator rejected its retry (an
 // approval asked while its outcome was unknown, rejected before or after
@@ -755,9 +756,9 @@ const sqlGroupSteps = `SELECT e.id, e.effect_type, e.idempotency_key, e.state, e
       WHERE a.effect_id = e.id AND (a.outcome IS NULL OR a.outcome = 'indeterminate')
       ORDER BY a.attempt DESC LIMIT 1) END,
     e.state = 'failed' AND (e.approval_state IS NOT DISTINCT FROM 'rejected'
-      OR e.denial_code IS NOT DISTINCT FROM 'max_attempts_exceeded'
-      OR e.attempt >= coalesce((SELECT p.max_attempts FROM gate_policies p
-        WHERE p.workspace_id = e.workspace_id AND p.effect_type = e.effect_type), 5))
+      OR e.denial_code IS NOT DISTINCT FROM 'max_attempts_exceeded')
+    OR e.state IN ('failed', 'denied') AND e.attempt >= coalesce((SELECT p.max_attempts FROM gate_policies p
+        WHERE p.workspace_id = e.workspace_id AND p.effect_type = e.effect_type), 5)
 FROM effects e WHERE e.group_id = $1 ORDER BY e.id`
 
 // sqlPlanCompensations reads the sealed compensations of the steps $2 of

@@ -552,6 +552,34 @@ func TestACompensationOutOfAttemptsResolvedFailedEndsTheRollback(t *testing.T) {
 	errCode(t, f.do("POST", "/api/v1/effects/begin", body), http.StatusForbidden, "max_attempts_exceeded")
 }
 
+// A compensation denied for a reason a later begin may lift (here the
+// type's mode) after a failed attempt, whose type's max_attempts is then
+// lowered to the attempts it used, can never run again: its key's next
+// begin is max_attempts_exceeded, final, as for one that failed with no
+// attempt left. Its step is irreversible and the rollback ends at the next
+// read (groups QA: it stayed unwinding, offering the compensation again).
+func TestADeniedCompensationWithNoAttemptLeftIsIrreversible(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	f.must(http.StatusOK, "PUT", "/api/v1/policies/payment.refund", map[string]any{"max_attempts": 2})
+	g := f.group()
+	a := f.done(g, true)
+	item := f.unwind(g)["plan"].([]any)[0].(map[string]any)
+	f.compensate(item, "failed")
+	comp := item["compensation"].(map[string]any)
+	body := map[string]any{"effect_type": comp["effect_type"], "payload": comp["payload"], "cost_micros": 0,
+		"idempotency_key": item["suggested_idempotency_key"], "compensates_effect_id": a}
+	f.must(http.StatusOK, "PUT", "/api/v1/policies/payment.refund", map[string]any{"mode": "deny"})
+	errCode(t, f.do("POST", "/api/v1/effects/begin", body), http.StatusForbidden, "policy_denied")
+	require.Equal(t, "unwinding", f.state(g), "a later begin may lift the denial")
+	f.must(http.StatusOK, "PUT", "/api/v1/policies/payment.refund", map[string]any{"mode": "allow", "max_attempts": 1})
+	require.Equal(t, "unwind_failed", f.state(g))
+	u := f.unwind(g)
+	require.Equal(t, []string{a}, strs(u["irreversible"]))
+	require.Empty(t, u["plan"])
+	errCode(t, f.do("POST", "/api/v1/effects/begin", body), http.StatusForbidden, "max_attempts_exceeded")
+}
+
 // An ended rollback is final: raising max_attempts afterwards neither
 // reopens the plan nor lets the compensation it counted irreversible run
 // (QA: it ran, and the group read unwind_failed with every step reversed).
