@@ -485,17 +485,9 @@ func TestARejectedRetryOfAFailedCompensationEndsTheRollback(t *testing.T) {
 		t.Run(map[bool]string{true: "reject then resolve", false: "resolve then reject"}[rejectFirst], func(t *testing.T) {
 			t.Parallel()
 			f := setup(t)
-			f.must(http.StatusOK, "PUT", "/api/v1/policies/payment.refund", map[string]any{"on_indeterminate": "retry"})
-			g := f.group()
-			a := f.done(g, true)
-			item := f.unwind(g)["plan"].([]any)[0].(map[string]any)
-			c := f.compensate(item, "") // its lease lapses unreported
-			f.clock.Add(2 * time.Minute)
-			f.must(http.StatusOK, "PUT", "/api/v1/policies/payment.refund",
-				map[string]any{"on_indeterminate": "retry", "mode": "require_approval"})
-			comp := item["compensation"].(map[string]any)
-			body := map[string]any{"effect_type": comp["effect_type"], "payload": comp["payload"], "cost_micros": 0,
-				"idempotency_key": item["suggested_idempotency_key"], "compensates_effect_id": a}
+			g, a, c, body := f.compensatedOnce(map[string]any{"on_indeterminate": "retry"}, "")
+			f.clock.Add(2 * time.Minute) // its lease lapses unreported
+			f.must(http.StatusOK, "PUT", "/api/v1/policies/payment.refund", map[string]any{"mode": "require_approval"})
 			d := f.must(http.StatusOK, "POST", "/api/v1/effects/begin", body)
 			require.Equal(t, "approval_required", d["decision"])
 			reject := func() {
@@ -514,9 +506,7 @@ func TestARejectedRetryOfAFailedCompensationEndsTheRollback(t *testing.T) {
 				reject()
 			}
 			require.Equal(t, "unwind_failed", f.stored(g), "settled by the last decision, before any read")
-			u := f.unwind(g)
-			require.Equal(t, []string{a}, strs(u["irreversible"]))
-			require.Empty(t, u["plan"])
+			f.irreversible(g, a)
 			errCode(t, f.do("POST", "/api/v1/effects/begin", body), http.StatusForbidden, "approval_rejected")
 			require.Equal(t, "unwind_failed", f.state(g))
 		})
@@ -532,23 +522,13 @@ func TestARejectedRetryOfAFailedCompensationEndsTheRollback(t *testing.T) {
 func TestACompensationOutOfAttemptsResolvedFailedEndsTheRollback(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
-	f.must(http.StatusOK, "PUT", "/api/v1/policies/payment.refund",
-		map[string]any{"on_indeterminate": "retry", "max_attempts": 1})
-	g := f.group()
-	a := f.done(g, true)
-	item := f.unwind(g)["plan"].([]any)[0].(map[string]any)
-	c := f.compensate(item, "") // its lease lapses unreported
-	f.clock.Add(2 * time.Minute)
-	comp := item["compensation"].(map[string]any)
-	body := map[string]any{"effect_type": comp["effect_type"], "payload": comp["payload"], "cost_micros": 0,
-		"idempotency_key": item["suggested_idempotency_key"], "compensates_effect_id": a}
+	g, a, c, body := f.compensatedOnce(map[string]any{"on_indeterminate": "retry", "max_attempts": 1}, "")
+	f.clock.Add(2 * time.Minute) // its lease lapses unreported
 	errCode(t, f.do("POST", "/api/v1/effects/begin", body), http.StatusForbidden, "max_attempts_exceeded")
 	f.must(http.StatusOK, "PUT", "/api/v1/policies/payment.refund", map[string]any{"max_attempts": 3})
 	f.must(http.StatusOK, "POST", "/api/v1/effects/"+c+"/resolve", map[string]any{"outcome": "failed"})
 	require.Equal(t, "unwind_failed", f.stored(g), "settled by the resolve, before any read")
-	u := f.unwind(g)
-	require.Equal(t, []string{a}, strs(u["irreversible"]))
-	require.Empty(t, u["plan"])
+	f.irreversible(g, a)
 	errCode(t, f.do("POST", "/api/v1/effects/begin", body), http.StatusForbidden, "max_attempts_exceeded")
 }
 
@@ -561,22 +541,13 @@ func TestACompensationOutOfAttemptsResolvedFailedEndsTheRollback(t *testing.T) {
 func TestADeniedCompensationWithNoAttemptLeftIsIrreversible(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
-	f.must(http.StatusOK, "PUT", "/api/v1/policies/payment.refund", map[string]any{"max_attempts": 2})
-	g := f.group()
-	a := f.done(g, true)
-	item := f.unwind(g)["plan"].([]any)[0].(map[string]any)
-	f.compensate(item, "failed")
-	comp := item["compensation"].(map[string]any)
-	body := map[string]any{"effect_type": comp["effect_type"], "payload": comp["payload"], "cost_micros": 0,
-		"idempotency_key": item["suggested_idempotency_key"], "compensates_effect_id": a}
+	g, a, _, body := f.compensatedOnce(map[string]any{"max_attempts": 2}, "failed")
 	f.must(http.StatusOK, "PUT", "/api/v1/policies/payment.refund", map[string]any{"mode": "deny"})
 	errCode(t, f.do("POST", "/api/v1/effects/begin", body), http.StatusForbidden, "policy_denied")
 	require.Equal(t, "unwinding", f.state(g), "a later begin may lift the denial")
 	f.must(http.StatusOK, "PUT", "/api/v1/policies/payment.refund", map[string]any{"mode": "allow", "max_attempts": 1})
 	require.Equal(t, "unwind_failed", f.state(g))
-	u := f.unwind(g)
-	require.Equal(t, []string{a}, strs(u["irreversible"]))
-	require.Empty(t, u["plan"])
+	f.irreversible(g, a)
 	errCode(t, f.do("POST", "/api/v1/effects/begin", body), http.StatusForbidden, "max_attempts_exceeded")
 }
 

@@ -144,6 +144,32 @@ func (f *fx) compensate(item map[string]any, outcome string) string {
 	return d["effect_id"].(string)
 }
 
+// compensatedOnce sets the compensations' type's policy (payment.refund)
+// to policy, rolls back a group of one compensable step a, and performs
+// the plan's compensation c once, reported outcome (nothing when ""). It
+// answers the group, the step, the compensation and the begin that
+// compensates the step again.
+func (f *fx) compensatedOnce(policy map[string]any, outcome string) (g, a, c string, again map[string]any) {
+	f.t.Helper()
+	f.must(http.StatusOK, "PUT", "/api/v1/policies/payment.refund", policy)
+	g = f.group()
+	a = f.done(g, true)
+	item := f.unwind(g)["plan"].([]any)[0].(map[string]any)
+	c = f.compensate(item, outcome)
+	comp := item["compensation"].(map[string]any)
+	return g, a, c, map[string]any{"effect_type": comp["effect_type"], "payload": comp["payload"],
+		"cost_micros": 0, "idempotency_key": item["suggested_idempotency_key"], "compensates_effect_id": a}
+}
+
+// irreversible requires the rollback of group g to have ended with step a
+// irreversible and nothing left to do.
+func (f *fx) irreversible(g, a string) {
+	f.t.Helper()
+	u := f.unwind(g)
+	require.Equal(f.t, []string{a}, strs(u["irreversible"]))
+	require.Empty(f.t, u["plan"])
+}
+
 func errCode(t *testing.T, r *apitest.Response, status int, code string) {
 	t.Helper()
 	require.Equal(t, status, r.Status, "%s", r.Body)
