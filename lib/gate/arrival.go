@@ -3,6 +3,8 @@ package gate
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -23,11 +25,35 @@ import (
 // surge turn, is counted with the new keys, trips the breaker over the
 // threshold and is held by its action, as the new key that trips it is.
 
-// refusedBeforeGrant says whether a breaker refused the effect before any
-// attempt was granted: its next begin is the surge's arrival. A refusal of
-// a later attempt (a retry after a failure) is not: the key was admitted.
+// refusedBeforeGrant says whether a breaker, or a refusal of the evaluation
+// that comes before the breaker's (arrivalDenials), refused the effect
+// before any attempt was granted: its next begin is the surge's arrival. A
+// refusal of a later attempt (a retry after a failure) is not: the key was
+// admitted.
 func (r *effectRow) refusedBeforeGrant() bool {
-	return r.State == StateDenied && r.DenialCode != nil && *r.DenialCode == apierr.CodeCircuitOpen && r.Attempt == 0
+	return r.State == StateDenied && r.DenialCode != nil && slices.Contains(arrivalDenials, *r.DenialCode) &&
+		r.Attempt == 0
+}
+
+// arrivalDenials are the denials of a key that make its next begin an
+// arrival (migration 0076, gate_surge, holds them as arrivalDenialsSQL
+// writes them): the breaker's, and the evaluation's two that come before
+// it (gate_evaluate), so that a key over the threshold refused by them is
+// refused by neither the breaker nor its count: once a policy lets such a
+// backlog through (mode allow again, a higher max_cost_micros) after the
+// breaker cooled down, it ran in full, counted by no begin (surge QA: 30
+// of 30 executed against an allowance of 10). A ceiling refused at the
+// grant is not among them: the surge admitted that key within its
+// allowance before the ceiling refused it.
+var arrivalDenials = []string{apierr.CodeCircuitOpen, apierr.CodePolicyDenied, apierr.CodeCostCeilingExceeded}
+
+// arrivalDenialsSQL is arrivalDenials as gate_surge lists them.
+func arrivalDenialsSQL() string {
+	quoted := make([]string, len(arrivalDenials))
+	for i, code := range arrivalDenials {
+		quoted[i] = "'" + code + "'"
+	}
+	return "e.denial_code IN (" + strings.Join(quoted, ", ") + ")"
 }
 
 // takeArrivalTurn takes the type's surge turn for a begin whose key read as

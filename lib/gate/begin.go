@@ -119,8 +119,9 @@ type beginInput struct {
 	// (shareEffectGroup).
 	effectGroup *string
 	// arrival: the key's effect, as read before its row lock, was refused
-	// by a breaker before it was ever granted, so the locked path takes the
-	// type's surge turn first (takeArrivalTurn).
+	// by a breaker (or a refusal before its, arrivalDenials) before it was
+	// ever granted, so the locked path takes the type's surge turn first
+	// (takeArrivalTurn).
 	arrival bool
 	// joinsGroup: admit found the key new to the workspace and the begin a
 	// forward step of an open group, which it may join only within

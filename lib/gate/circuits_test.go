@@ -802,6 +802,56 @@ func TestARefusedBacklogIsCountedAgainAfterTheClose(t *testing.T) {
 	require.Equal(t, 3, b.events("circuit.tripped"))
 }
 
+// A key the breaker would have refused but that the evaluation refused
+// first, policy_denied (mode deny) or cost_ceiling_exceeded, is the surge's
+// arrival when next begun, as a circuit_open one is: those refusals come
+// before the breaker's, so a runaway loop's backlog under them was held by
+// them alone, and once the policy let it through (mode allow again, a
+// higher ceiling) after the breaker cooled down, it ran in full, counted by
+// no begin (QA: 30 of 30 executed against an allowance of 10).
+func TestABacklogAPolicyRefusedIsCountedWhenLetThrough(t *testing.T) {
+	for _, c := range []struct {
+		code          string
+		refuse, allow map[string]any
+		cost          int
+	}{
+		{"policy_denied", map[string]any{"mode": "deny"}, map[string]any{"mode": "allow"}, 0},
+		{"cost_ceiling_exceeded", map[string]any{"max_cost_micros": 100}, map[string]any{"max_cost_micros": 1000}, 500},
+	} {
+		t.Run(c.code, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			b.putPolicy("sms.send", map[string]any{"surge_per_hour": 10, "surge_action": "deny",
+				"surge_cooldown_seconds": 60})
+			b.putPolicy("sms.send", c.refuse)
+			body := func(k string) map[string]any {
+				m := sms(k)
+				m["cost_micros"] = c.cost
+				return m
+			}
+			var refused []string
+			for range 30 {
+				k := key("loop")
+				b.denialOf(c.code, body(k))
+				refused = append(refused, k)
+			}
+			require.Equal(t, "open", b.circuit("sms.send")["state"], "the loop tripped the surge")
+
+			b.clock.Add(61 * time.Second) // cooled down
+			b.putPolicy("sms.send", c.allow)
+			for i, k := range refused {
+				if i < 10 {
+					b.mustBegin("execute", body(k))
+				} else {
+					b.denialOf("circuit_open", body(k))
+				}
+			}
+			require.Equal(t, 2, b.events("circuit.tripped"))
+			require.EqualValues(t, 11, b.lastEventData("circuit.tripped")["volume_last_hour"])
+		})
+	}
+}
+
 // tripSurge sets sms.send's surge at two keys an hour, deny, a minute's
 // cooldown, and trips it at the clock's reading: two keys execute, then
 // refused keys are refused (the first of them trips the breaker).

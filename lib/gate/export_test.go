@@ -36,13 +36,14 @@ func (s *Service) AfterSlowGrant(ctx context.Context, id string, attempt int, se
 const surgeHistoryFrom = `(SELECT h.history_from FROM gate_effect_history h WHERE h.workspace_id = $1 AND h.effect_type = $2)`
 
 // FunctionFragments are the SQL fragments that migrations 0008, 0010, 0013,
-// 0020, 0026, 0028, 0035, 0056 and 0069 copied into the gate's functions and that Go statements still
-// splice, by the function that must contain each (see
+// 0020, 0026, 0028, 0035, 0056, 0069 and 0076 copied into the gate's
+// functions and that Go statements still splice (or Go code reads as they
+// do: arrivalDenials), by the function that must contain each (see
 // TestGateFunctionsMatchFragments).
 var FunctionFragments = map[string][]string{
 	"gate_evaluate": {sqlEffectivePolicy},
 	"gate_surge": {thresholdSQL("pol", "$7::timestamptz", "cbs.first_seen", "b.median"),
-		baselineSQL("$1", "$2", "$7::timestamptz", "cbs.first_seen", surgeHistoryFrom)},
+		baselineSQL("$1", "$2", "$7::timestamptz", "cbs.first_seen", surgeHistoryFrom), arrivalDenialsSQL()},
 	"gate_begin": {chargeCTEs("grant_src"), chargesJSON, chargedOn, utcDay("$8"),
 		surgeTripSQL("$1", "$2", "ev.surge_action", "$8", "ev.surge_cooldown_seconds", "ev.surge_volume",
 			"ev.surge_threshold", "$23")},

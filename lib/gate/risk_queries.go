@@ -583,8 +583,9 @@ SELECT count(*) FROM up`
 		"$1::timestamptz", "$3")
 )
 
-// A key a breaker refused before it was ever granted is the surge's arrival
-// when it is next begun (migration 0040): begin's locked path counts it as
+// A key a breaker refused before it was ever granted (or a refusal before
+// the breaker's, arrivalDenials) is the surge's arrival when it is next
+// begun (migrations 0040, 0076): begin's locked path counts it as
 // gate_begin counts a new key.
 const (
 	// sqlEvaluateArrival is gate_evaluate for the arrival, with the surge's
