@@ -320,7 +320,10 @@ func (s *Service) Replay(ctx context.Context, p *auth.Principal, stepID string, 
 	if _, err := s.readReplayJob(db.OutsideRequest(ctx), p.WorkspaceID, stepID); err != nil {
 		return ReplayResult{}, err
 	}
-	var out ReplayResult
+	var (
+		out  ReplayResult
+		tool string // the name@version the job is queued for (toolKey)
+	)
 	err = s.txRetrying(ctx, func(tx pgx.Tx) error {
 		// A replay queues the job to run again: not for a key revoked on
 		// another instance whose cache still holds it.
@@ -430,10 +433,11 @@ func (s *Service) Replay(ctx context.Context, p *auth.Principal, stepID string, 
 		}
 		out = ReplayResult{StepID: stepID, JobID: j.id, Status: StatusQueued, Attempt: j.attempt,
 			MaxAttempts: ceiling, HandlerVersion: newVersion}
+		tool = toolKey(j.name, newVersion)
 		return nil
 	})
 	if err == nil {
-		db.AfterCommit(ctx, func() { s.wake.wakeOne(p.WorkspaceID) })
+		db.AfterCommit(ctx, func() { s.wake.wakeOne(p.WorkspaceID, tool) })
 	}
 	return out, err
 }

@@ -231,7 +231,8 @@ func (s *Service) wakeAfterReport(workspaceID string, w reportWakes) {
 		return
 	}
 	for range w.slots {
-		s.wake.wakeOne(workspaceID)
+		// Any tool's: the endpoint's next job may be of another tool.
+		s.wake.wakeOne(workspaceID, "")
 	}
 }
 

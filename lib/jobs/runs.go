@@ -851,7 +851,7 @@ func (s *Service) enqueueChecked(ctx context.Context, workspaceID string, keyID 
 	}
 	res, err := s.enqueue(ctx, s.pool, workspaceID, keyID, op)
 	if err == nil && res.Status == StatusQueued && !res.Deduplicated && op.delayMs == nil {
-		s.wake.wakeOne(workspaceID) // the enqueue is its own transaction: committed
+		s.wake.wakeOne(workspaceID, toolKey(op.name, op.version)) // the enqueue is its own transaction: committed
 	}
 	return res, err
 }

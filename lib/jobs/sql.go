@@ -620,6 +620,10 @@ VALUES ($1::text, $2::text, $3::text, $4::text[], $5::text[], $6::timestamptz, $
 
 const sqlWorkerExists = `SELECT true FROM job_workers WHERE id = $1::text AND workspace_id = $2::text AND key_id = $3::text`
 
+// sqlWorkerTools reads the exact name@version pairs a worker of the key
+// serves, for a long poll to park with (waker).
+const sqlWorkerTools = `SELECT names, versions FROM job_workers WHERE id = $1::text AND workspace_id = $2::text AND key_id = $3::text`
+
 // sqlClaim claims up to $5 due jobs of the worker's exact name@version pairs
 // in one statement. Jobs are locked with SKIP LOCKED (claimers never wait on
 // each other's jobs); their endpoints are then locked in id order, and the

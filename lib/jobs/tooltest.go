@@ -69,7 +69,7 @@ func (s *Service) TestTool(ctx context.Context, p *auth.Principal, name string, 
 		return ToolTestResult{}, err
 	}
 	if out.Status == StatusQueued {
-		db.AfterCommit(ctx, func() { s.wake.wakeOne(workspaceID) })
+		db.AfterCommit(ctx, func() { s.wake.wakeOne(workspaceID, toolKey(name, req.Version)) })
 	}
 	return out, nil
 }

@@ -12,43 +12,64 @@ import "sync"
 // producer and the waiting worker reach the same process: the job is
 // claimed as soon as its enqueue commits.
 //
-// One new job wakes one claim (wakeOne), the one parked longest, so that
-// many idle workers do not all query for every job (a thundering herd of
-// claims); changes that may free several jobs at once wake every claim
-// parked in the workspace (wakeAll). A woken claim that stops without
-// looking again (it claimed other jobs, or its wait ended) passes its wake
-// on to the next one, so the job it was meant for is not left to the poll.
+// One new job wakes one claim (wakeOne), the one parked longest among those
+// whose worker serves the job's exact name@version, so that many idle
+// workers do not all query for every job (a thundering herd of claims),
+// and a claim that cannot take the job does not take its wake (wake QA:
+// with a worker per tool, the claim parked longest, of another tool, was
+// woken, found nothing and parked again, and the job waited for its
+// worker's next poll). Changes that may free several jobs at once wake
+// every claim parked in the workspace (wakeAll). A woken claim that stops
+// without looking again (it claimed other jobs, or its wait ended) passes
+// its wake on to the next claim of the same tool, so the job it was meant
+// for is not left to the poll.
 type waker struct {
 	mu     sync.Mutex
-	parked map[string][]chan struct{} // by workspace, longest parked first
+	parked map[string][]*parkedClaim // by workspace, longest parked first
 }
 
-func newWaker() *waker { return &waker{parked: map[string][]chan struct{}{}} }
+// parkedClaim is one parked claim: closed when a wake picks it, the
+// name@version pairs its worker serves (nil: any), and the pair it was
+// woken for ("" for a wake meant for any claim, or by wakeAll).
+type parkedClaim struct {
+	ch     chan struct{}
+	tools  map[string]bool
+	wokeBy string
+}
 
-// park registers a claim about to look for work in workspace ws. It must be
-// called before the look, so that work committed after the look's snapshot
-// still wakes the claim. The channel is closed when a wake picks the claim.
-// leave must be called once the claim stops waiting on it; last says the
-// claim will not look again, so a wake it received is passed on.
-func (w *waker) park(ws string) (woken <-chan struct{}, leave func(last bool)) {
-	ch := make(chan struct{})
+// toolKey is how the waker names an exact name@version.
+func toolKey(name, version string) string { return name + "@" + version }
+
+// serves reports whether c's worker may take a job of tool ("" for any).
+func (c *parkedClaim) serves(tool string) bool { return tool == "" || c.tools == nil || c.tools[tool] }
+
+func newWaker() *waker { return &waker{parked: map[string][]*parkedClaim{}} }
+
+// park registers a claim about to look for work in workspace ws, for a
+// worker serving tools (toolKey; nil for any). It must be called before
+// the look, so that work committed after the look's snapshot still wakes
+// the claim. The channel is closed when a wake picks the claim. leave must
+// be called once the claim stops waiting on it; last says the claim will
+// not look again, so a wake it received is passed on.
+func (w *waker) park(ws string, tools map[string]bool) (woken <-chan struct{}, leave func(last bool)) {
+	c := &parkedClaim{ch: make(chan struct{}), tools: tools}
 	w.mu.Lock()
-	w.parked[ws] = append(w.parked[ws], ch)
+	w.parked[ws] = append(w.parked[ws], c)
 	w.mu.Unlock()
-	return ch, func(last bool) {
+	return c.ch, func(last bool) {
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		select {
-		case <-ch: // woken, so already off the list
+		case <-c.ch: // woken, so already off the list
 			if last {
-				w.wakeOneLocked(ws)
+				w.wakeOneLocked(ws, c.wokeBy)
 			}
 			return
 		default:
 		}
 		q := w.parked[ws]
-		for i, c := range q {
-			if c == ch {
+		for i, p := range q {
+			if p == c {
 				q = append(q[:i:i], q[i+1:]...)
 				break
 			}
@@ -57,19 +78,26 @@ func (w *waker) park(ws string) (woken <-chan struct{}, leave func(last bool)) {
 	}
 }
 
-// wakeOne wakes the claim parked longest in workspace ws, if any. Call it
-// after the commit that made one job claimable.
-func (w *waker) wakeOne(ws string) {
+// wakeOne wakes the claim parked longest in workspace ws whose worker
+// serves tool (toolKey; "" for any claim), if any, and reports whether
+// it woke one. Call it after the commit that made one job claimable.
+func (w *waker) wakeOne(ws, tool string) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.wakeOneLocked(ws)
+	return w.wakeOneLocked(ws, tool)
 }
 
-func (w *waker) wakeOneLocked(ws string) {
-	if q := w.parked[ws]; len(q) > 0 {
-		close(q[0])
-		w.store(ws, q[1:])
+func (w *waker) wakeOneLocked(ws, tool string) bool {
+	q := w.parked[ws]
+	for i, c := range q {
+		if c.serves(tool) {
+			c.wokeBy = tool
+			close(c.ch)
+			w.store(ws, append(q[:i:i], q[i+1:]...))
+			return true
+		}
 	}
+	return false
 }
 
 // wakeAll wakes every claim parked in workspace ws. Call it after the
@@ -77,15 +105,15 @@ func (w *waker) wakeOneLocked(ws string) {
 func (w *waker) wakeAll(ws string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	for _, ch := range w.parked[ws] {
-		close(ch)
+	for _, c := range w.parked[ws] {
+		close(c.ch)
 	}
 	delete(w.parked, ws)
 }
 
 // store keeps q as ws's parked claims; an empty list is dropped, so a
 // workspace with no parked claim holds nothing.
-func (w *waker) store(ws string, q []chan struct{}) {
+func (w *waker) store(ws string, q []*parkedClaim) {
 	if len(q) == 0 {
 		delete(w.parked, ws)
 		return

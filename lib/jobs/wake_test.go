@@ -304,3 +304,21 @@ func TestLongPollClaimIsWokenWhenASlotIsFreed(t *testing.T) {
 		})
 	}
 }
+
+// An enqueue wakes a claim that can take the job: the longest parked claim
+// of the workspace serves another tool, and woken, it found nothing, parked
+// again and kept the wake, while the claim of the job's tool slept on to
+// its next poll (wake QA: with a worker per tool, most enqueues woke the
+// wrong claim).
+func TestAnEnqueueWakesAClaimOfItsTool(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "send_email@1", "send_sms@1")
+	other := b.register(t, jobs.Tool{Name: "send_sms", Version: "1"})
+	wid := b.register(t)
+	run := b.run(t)
+	b.parkClaim(t, other) // parked longest; cancelled at the test's end
+	parked := b.parkClaim(t, wid)
+
+	st := b.enqueue(t, run, jobs.EnqueueRequest{})
+	require.Equal(t, []string{st.StepID}, claimedSteps(<-parked))
+}

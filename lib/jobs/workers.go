@@ -165,6 +165,12 @@ func (s *Service) Claim(ctx context.Context, p *auth.Principal, workerID string,
 		deadline = d.Add(-answerMargin)
 	}
 	poll := longPoll{parked: wait > 0, deadline: deadline, pause: s.pollMin}
+	if poll.parked {
+		var err error
+		if poll.tools, err = s.workerTools(ctx, p, workerID); err != nil {
+			return ClaimResult{}, err
+		}
+	}
 	for first := true; ; first = false {
 		jobs, again, err := s.claimOrWait(ctx, p, workerID, limit, key, first, &poll)
 		if err != nil {
@@ -182,6 +188,7 @@ func (s *Service) Claim(ctx context.Context, p *auth.Principal, workerID string,
 // this instance cannot open them any better then.
 type longPoll struct {
 	parked   bool
+	tools    map[string]bool // the worker's name@version pairs (toolKey), which wake it
 	deadline time.Time
 	pause    time.Duration
 	skip     []string
@@ -199,7 +206,7 @@ func (s *Service) claimOrWait(ctx context.Context, p *auth.Principal, workerID s
 	var woken <-chan struct{}
 	if poll.parked {
 		var leave func(last bool)
-		woken, leave = s.wake.park(p.WorkspaceID)
+		woken, leave = s.wake.park(p.WorkspaceID, poll.tools)
 		defer func() { leave(!again) }()
 	}
 	jobs, err = s.claimOnce(ctx, p, workerID, limit, key, &poll.skip)
@@ -235,6 +242,25 @@ func (s *Service) claimOrWait(ctx context.Context, p *auth.Principal, workerID s
 		poll.pause = min(poll.pause*2, s.pollMax)
 	}
 	return nil, true, nil
+}
+
+// workerTools reads the name@version pairs (toolKey) the key's worker
+// serves, which a long poll parks with so that only work it can take wakes
+// it; not_found for an unknown worker or another key's, as a claim answers.
+func (s *Service) workerTools(ctx context.Context, p *auth.Principal, workerID string) (map[string]bool, error) {
+	var names, versions []string
+	err := s.pool.QueryRow(ctx, sqlWorkerTools, workerID, p.WorkspaceID, p.KeyID).Scan(&names, &versions)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, apierr.NotFound("worker")
+	}
+	if err != nil {
+		return nil, fmt.Errorf("worker lookup: %w", err)
+	}
+	tools := make(map[string]bool, len(names))
+	for i := range min(len(names), len(versions)) {
+		tools[toolKey(names[i], versions[i])] = true
+	}
+	return tools, nil
 }
 
 // claimKey is a claim's ClaimID and the secret its lease tokens are
