@@ -425,11 +425,19 @@ func (s *Service) UpdatePolicy(ctx context.Context, workspaceID, id string, req 
 	if err != nil {
 		return Endpoint{}, fmt.Errorf("update endpoint policy: %w", err)
 	}
-	if was.State == CircuitOpen && e.Circuit.State == CircuitClosed {
+	if (was.State == CircuitOpen && e.Circuit.State == CircuitClosed) || loosened(cur.MaxConcurrent, e.MaxConcurrent) ||
+		loosened(cur.RateLimitPerMinute, e.RateLimitPerMinute) {
+		// The jobs the circuit or the limit held are claimable at once,
+		// as after a resume (wake QA: a raised limit left them to the
+		// waiting claims' next polls).
 		s.wake.wakeAll(workspaceID)
 	}
 	return e, nil
 }
+
+// loosened reports whether a limit went from was to now by being raised or
+// removed (nil: no limit).
+func loosened(was, now *int) bool { return was != nil && (now == nil || *now > *was) }
 
 // SetPaused pauses or resumes an endpoint. A paused endpoint accepts jobs but
 // none is claimed, so no attempt is consumed; in-flight jobs may finish.

@@ -322,3 +322,40 @@ func TestAnEnqueueWakesAClaimOfItsTool(t *testing.T) {
 	st := b.enqueue(t, run, jobs.EnqueueRequest{})
 	require.Equal(t, []string{st.StepID}, claimedSteps(<-parked))
 }
+
+// A policy write that loosens a limit wakes the waiting claims: the jobs
+// the limit held are claimable at once, as after a resume (wake QA: a
+// raised maxConcurrent or a raised or removed rateLimitPerMinute left them
+// to the claims' next polls).
+func TestLongPollClaimIsWokenWhenALimitIsRaised(t *testing.T) {
+	t.Parallel()
+	for name, raise := range map[string]jobs.PolicyFields{
+		"maxConcurrent raised":       {MaxConcurrent: opt[int64](2)},
+		"maxConcurrent removed":      {MaxConcurrent: null[int64]()},
+		"rateLimitPerMinute raised":  {RateLimitPerMinute: opt[int64](2)},
+		"rateLimitPerMinute removed": {RateLimitPerMinute: null[int64]()},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			fields := jobs.PolicyFields{MaxConcurrent: opt[int64](1)}
+			if raise.RateLimitPerMinute.Set {
+				fields = jobs.PolicyFields{RateLimitPerMinute: opt[int64](1)}
+			}
+			ep, _, err := b.svc.CreateEndpoint(ctx, b.ws, jobs.CreateEndpointRequest{Name: "mailer", PolicyFields: fields})
+			require.NoError(t, err)
+			wid := b.register(t)
+			run := b.run(t)
+			b.enqueue(t, run, jobs.EnqueueRequest{Endpoint: ptr("mailer"), Input: json.RawMessage(`1`)})
+			b.clock.Add(time.Millisecond) // claimed in order
+			second := b.enqueue(t, run, jobs.EnqueueRequest{Endpoint: ptr("mailer"), Input: json.RawMessage(`2`)})
+			b.claimOne(t, wid)
+			parked := b.parkClaim(t, wid) // its first look found the limit reached
+
+			_, err = b.svc.UpdatePolicy(ctx, b.ws, ep.ID, jobs.UpdatePolicyRequest{ExpectedVersion: opt(ep.Version),
+				PolicyFields: raise})
+			require.NoError(t, err)
+			require.Equal(t, []string{second.StepID}, claimedSteps(<-parked))
+		})
+	}
+}
