@@ -359,3 +359,31 @@ func TestLongPollClaimIsWokenWhenALimitIsRaised(t *testing.T) {
 		})
 	}
 }
+
+// A raised maxConcurrent wakes every waiting claim at once, and together
+// they lease exactly the slots it added: the limit holds under the herd.
+func TestClaimsWokenByARaisedLimitLeaseOnlyItsNewSlots(t *testing.T) {
+	t.Parallel()
+	const parkedClaims = 8
+	b := setup(t)
+	ep := b.limitedEndpoint(t, "mailer", 1)
+	run := b.run(t)
+	for i := range 10 {
+		b.enqueue(t, run, jobs.EnqueueRequest{Endpoint: ptr("mailer"), Input: json.RawMessage(fmt.Sprint(i))})
+	}
+	b.claimOne(t, b.register(t))
+	parked := make([]<-chan jobs.ClaimResult, parkedClaims)
+	for i := range parked {
+		parked[i] = b.parkClaim(t, b.register(t)) // each found the only slot taken
+	}
+
+	_, err := b.svc.UpdatePolicy(ctx, b.ws, ep.ID, jobs.UpdatePolicyRequest{ExpectedVersion: opt(ep.Version),
+		PolicyFields: jobs.PolicyFields{MaxConcurrent: opt[int64](3)}})
+	require.NoError(t, err)
+	leased := 0
+	for _, p := range parked {
+		leased += len((<-p).Jobs)
+	}
+	require.Equal(t, 2, leased, "the two slots the raise added, and no more")
+	require.Equal(t, 3, b.runningCount(t, "mailer"))
+}
