@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/jobs"
 )
 
@@ -386,4 +387,18 @@ func TestClaimsWokenByARaisedLimitLeaseOnlyItsNewSlots(t *testing.T) {
 	}
 	require.Equal(t, 2, leased, "the two slots the raise added, and no more")
 	require.Equal(t, 3, b.runningCount(t, "mailer"))
+}
+
+// A long poll names no worker it may not claim for: an unknown worker and
+// another key's are 404 at once, as a claim without waitSeconds answers
+// (the poll reads its worker's tools before it parks).
+func TestALongPollForAnotherKeysWorkerIsNotFound(t *testing.T) {
+	t.Parallel()
+	b, other := setup(t), setup(t)
+	for _, wid := range []string{other.register(t), "wkr_01m8kjt9g002extbwvcndh4bkd"} {
+		for _, wait := range []int{0, 20} {
+			_, err := b.svc.Claim(ctx, b.worker, wid, jobs.ClaimRequest{WaitSeconds: ptr(wait)})
+			require.Equal(t, apierr.CodeNotFound, code(t, err), "worker %s, waitSeconds %d", wid, wait)
+		}
+	}
 }

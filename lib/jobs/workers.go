@@ -216,9 +216,10 @@ func (s *Service) claimOrWait(ctx context.Context, p *auth.Principal, workerID s
 	if err != nil || len(jobs) > 0 {
 		return jobs, false, err
 	}
-	if first {
+	if first && !poll.parked {
 		// An empty claim may mean an unknown worker or another key's
-		// worker: both are 404, never a hint.
+		// worker: both are 404, never a hint. (A parked claim read its
+		// worker before it parked: workerTools.)
 		var ok bool
 		err := s.pool.QueryRow(ctx, sqlWorkerExists, workerID, p.WorkspaceID, p.KeyID).Scan(&ok)
 		if errors.Is(err, pgx.ErrNoRows) {
