@@ -160,7 +160,7 @@ func (s *Service) reportMany(ctx context.Context, tx pgx.Tx, p *auth.Principal, 
 		if row.updateJob || row.released {
 			slotted = append(slotted, row.jobID)
 			if !row.reheld && locked[row.jobID].gated {
-				wake.slots++
+				wake.slots = append(wake.slots, locked[row.jobID].name)
 			}
 		}
 	}
@@ -221,7 +221,7 @@ func (s *Service) reportMany(ctx context.Context, tx pgx.Tx, p *auth.Principal, 
 // at once for every freed slot.
 type reportWakes struct {
 	all   bool
-	slots int
+	slots []string // the tool of each attempt that freed a slot
 }
 
 // wakeAfterReport wakes the claims w names, once the report committed.
@@ -230,9 +230,15 @@ func (s *Service) wakeAfterReport(workspaceID string, w reportWakes) {
 		s.wake.wakeAll(workspaceID)
 		return
 	}
-	for range w.slots {
-		// Any tool's: the endpoint's next job may be of another tool.
-		s.wake.wakeOne(workspaceID, "")
+	for _, name := range w.slots {
+		// A claim of the same tool first, at any version: the endpoint's
+		// next job is most likely one (wake QA: the claim parked longest,
+		// of another tool on another endpoint, took the wake, found
+		// nothing and kept it); failing one, any claim, as the next job
+		// may be another tool's.
+		if !s.wake.wakeOne(workspaceID, anyVersion(name)) {
+			s.wake.wakeOne(workspaceID, "")
+		}
 	}
 }
 

@@ -18,7 +18,9 @@ import "sync"
 // and a claim that cannot take the job does not take its wake (wake QA:
 // with a worker per tool, the claim parked longest, of another tool, was
 // woken, found nothing and parked again, and the job waited for its
-// worker's next poll). Changes that may free several jobs at once wake
+// worker's next poll). A freed concurrency slot wakes a claim of the tool
+// whose attempt freed it, at any version, else any claim (reportWakes).
+// Changes that may free several jobs at once wake
 // every claim parked in the workspace (wakeAll). A woken claim that stops
 // without looking again (it claimed other jobs, or its wait ended) passes
 // its wake on to the next claim of the same tool, so the job it was meant
@@ -37,8 +39,11 @@ type parkedClaim struct {
 	wokeBy string
 }
 
-// toolKey is how the waker names an exact name@version.
+// toolKey is how the waker names an exact name@version; anyVersion names
+// every version of a tool (no version is empty, so the two never meet).
 func toolKey(name, version string) string { return name + "@" + version }
+
+func anyVersion(name string) string { return name + "@" }
 
 // serves reports whether c's worker may take a job of tool ("" for any).
 func (c *parkedClaim) serves(tool string) bool { return tool == "" || c.tools == nil || c.tools[tool] }
@@ -46,7 +51,7 @@ func (c *parkedClaim) serves(tool string) bool { return tool == "" || c.tools ==
 func newWaker() *waker { return &waker{parked: map[string][]*parkedClaim{}} }
 
 // park registers a claim about to look for work in workspace ws, for a
-// worker serving tools (toolKey; nil for any). It must be called before
+// worker serving tools (toolKey and anyVersion of each; nil for any). It must be called before
 // the look, so that work committed after the look's snapshot still wakes
 // the claim. The channel is closed when a wake picks the claim. leave must
 // be called once the claim stops waiting on it; last says the claim will

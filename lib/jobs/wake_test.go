@@ -402,3 +402,24 @@ func TestALongPollForAnotherKeysWorkerIsNotFound(t *testing.T) {
 		}
 	}
 }
+
+// A freed slot wakes a claim of the tool whose attempt freed it before a
+// claim of another tool parked longer, which, woken, found nothing and
+// kept the wake, while the claim the slot was for slept to its next poll.
+func TestAFreedSlotWakesAClaimOfItsTool(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "send_email@1", "send_sms@1")
+	b.limitedEndpoint(t, "mailer", 1)
+	other := b.register(t, jobs.Tool{Name: "send_sms", Version: "1"})
+	wid := b.register(t)
+	run := b.run(t)
+	b.enqueue(t, run, jobs.EnqueueRequest{Endpoint: ptr("mailer"), Input: json.RawMessage(`1`)})
+	b.clock.Add(time.Millisecond) // claimed in order
+	second := b.enqueue(t, run, jobs.EnqueueRequest{Endpoint: ptr("mailer"), Input: json.RawMessage(`2`)})
+	j := b.claimOne(t, wid)
+	b.parkClaim(t, other) // parked longest; cancelled at the test's end
+	parked := b.parkClaim(t, wid)
+
+	b.succeed(t, j)
+	require.Equal(t, []string{second.StepID}, claimedSteps(<-parked))
+}

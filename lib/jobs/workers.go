@@ -245,7 +245,8 @@ func (s *Service) claimOrWait(ctx context.Context, p *auth.Principal, workerID s
 	return nil, true, nil
 }
 
-// workerTools reads the name@version pairs (toolKey) the key's worker
+// workerTools reads the name@version pairs (toolKey, and anyVersion of
+// each name) the key's worker
 // serves, which a long poll parks with so that only work it can take wakes
 // it; not_found for an unknown worker or another key's, as a claim answers.
 func (s *Service) workerTools(ctx context.Context, p *auth.Principal, workerID string) (map[string]bool, error) {
@@ -259,7 +260,7 @@ func (s *Service) workerTools(ctx context.Context, p *auth.Principal, workerID s
 	}
 	tools := make(map[string]bool, len(names))
 	for i := range min(len(names), len(versions)) {
-		tools[toolKey(names[i], versions[i])] = true
+		tools[toolKey(names[i], versions[i])], tools[anyVersion(names[i])] = true, true
 	}
 	return tools, nil
 }
