@@ -188,7 +188,7 @@ func (s *Service) Claim(ctx context.Context, p *auth.Principal, workerID string,
 // this instance cannot open them any better then.
 type longPoll struct {
 	parked   bool
-	tools    map[string]bool // the worker's name@version pairs (toolKey), which wake it
+	tools    map[string]bool // the worker's tools (workerTools), whose work wakes it
 	deadline time.Time
 	pause    time.Duration
 	skip     []string
@@ -245,10 +245,10 @@ func (s *Service) claimOrWait(ctx context.Context, p *auth.Principal, workerID s
 	return nil, true, nil
 }
 
-// workerTools reads the name@version pairs (toolKey, and anyVersion of
-// each name) the key's worker
-// serves, which a long poll parks with so that only work it can take wakes
-// it; not_found for an unknown worker or another key's, as a claim answers.
+// workerTools reads the name@version pairs the key's worker serves (toolKey,
+// and anyVersion of each name), which a long poll parks with so that only
+// work it can take wakes it; not_found for an unknown worker or another
+// key's, as a claim answers.
 func (s *Service) workerTools(ctx context.Context, p *auth.Principal, workerID string) (map[string]bool, error) {
 	var names, versions []string
 	err := s.pool.QueryRow(ctx, sqlWorkerTools, workerID, p.WorkspaceID, p.KeyID).Scan(&names, &versions)
