@@ -354,11 +354,15 @@ type claimed struct {
 // workspace's included, to one round of 20 a pass). A webhook has at most
 // perWebhook sends in flight, the pass at most maxInFlight; the pass ends
 // when every send it started has been recorded. The report of held
-// deliveries (reportHeld) only logs: its failure is logged and the pass
-// goes on, since stopping it held every webhook's deliveries for a log line.
+// deliveries (reportHeld) only logs: the pass goes on past its failure,
+// since stopping there held every webhook's deliveries for a log line, and
+// answers it with the pass's own, so that the sweep reports it as it
+// reports any task's (a database outage summarised, not an error line
+// per pass: the crash test caught one every 100 ms).
 func (s *Service) Deliver(ctx context.Context, now time.Time) (int, error) {
-	if err := s.reportHeld(ctx, now); err != nil {
-		s.logger.Error("webhook deliveries: the report of held deliveries failed; delivering", "err", err)
+	heldErr := s.reportHeld(ctx, now)
+	if heldErr != nil {
+		heldErr = fmt.Errorf("report held deliveries: %w", heldErr)
 	}
 	p := s.newPass()
 	total := 0
@@ -395,7 +399,7 @@ func (s *Service) Deliver(ctx context.Context, now time.Time) (int, error) {
 		p.await(ctx, p.send(ctx, batch), roundWait)
 	}
 	p.wg.Wait()
-	return total, p.err()
+	return total, errors.Join(heldErr, p.err())
 }
 
 // RoundTime is what a sweep keeps for delivery (sweep.Task.Needs): a

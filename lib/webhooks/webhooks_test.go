@@ -1836,9 +1836,11 @@ func TestASecretUnderAMissingKeyHoldsDeliveries(t *testing.T) {
 	require.Equal(t, float64(1), sent[0]["attempts"])
 }
 
-// A failing report of held deliveries (a log-only check) is logged and the
-// pass delivers: it returned before sending, so a fault in a log line held
-// every webhook's deliveries (carried QA).
+// A failing report of held deliveries (a log-only check) does not stop the
+// pass: it returned before sending, so a fault in a log line held every
+// webhook's deliveries (carried QA). Its error is answered with the pass's,
+// for the sweep to report as any task's, never logged here: logged as an
+// error, it filled the log during a database outage (crash test).
 func TestAFailedHeldReportDoesNotStopDeliveries(t *testing.T) {
 	var logs apitest.LockedBuffer
 	env, c := start(t, true, apitest.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
@@ -1852,11 +1854,10 @@ func TestAFailedHeldReportDoesNotStopDeliveries(t *testing.T) {
 	webhooks.BreakHeldReport(env.App.Server.Webhooks)
 
 	n, err := env.App.Server.Webhooks.Deliver(ctx, c.Now())
-	require.NoError(t, err)
+	require.ErrorContains(t, err, "report held deliveries")
 	require.Equal(t, 1, n)
 	require.Equal(t, 1, rcv.count(), "sent despite the report's failure")
-	require.Contains(t, logs.String(), "the report of held deliveries failed")
-	require.Contains(t, logs.String(), "err=")
+	require.NotContains(t, logs.String(), "level=ERROR")
 }
 
 // seedDeliveries stores n delivered deliveries of webhook hook (workspace
