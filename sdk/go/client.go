@@ -156,12 +156,19 @@ func NewClient(cfg Config) (*Client, error) {
 // sleepCtx waits d or until ctx ends, or until the channel of
 // withRetryCutoff closes.
 func sleepCtx(ctx context.Context, d time.Duration) error {
+	cutoff, _ := ctx.Value(retryCutoffKey{}).(<-chan struct{})
 	if d <= 0 {
-		return ctx.Err()
+		// No wait (a begin's retry_request), but once cut off no new try
+		// either: DoEffect's begins run under a cutoff at its ctx's end.
+		select {
+		case <-cutoff:
+			return errRetryCutoff
+		default:
+			return ctx.Err()
+		}
 	}
 	t := time.NewTimer(d)
 	defer t.Stop()
-	cutoff, _ := ctx.Value(retryCutoffKey{}).(<-chan struct{})
 	select {
 	case <-ctx.Done():
 		return ctx.Err()

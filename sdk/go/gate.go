@@ -168,7 +168,10 @@ type EffectOutcome[T any] struct {
 // the server may have granted execute) is asked again under the same
 // request_id past the client's retries, for up to 30 seconds from the
 // first failure and within ctx: a lease one of them granted is given back
-// to the repeat while it is live, instead of lapsing held by nobody.
+// to the repeat while it is live, instead of lapsing held by nobody. A
+// begin already sent when ctx ends runs on to its answer (for up to 10
+// seconds); an execute it brings is reported failed without calling the
+// action (which surely did not run), and DoEffect returns ctx's error.
 //
 // While the action runs its lease is heartbeated. ctx passed to the action
 // is cancelled with cause ErrLeaseLost if the server says the lease is gone,
@@ -202,6 +205,12 @@ func DoEffect[T any](ctx context.Context, c *Client, req BeginRequest, action fu
 		}
 		switch b.Decision {
 		case DecisionExecute:
+			if ctx.Err() != nil {
+				// Granted as ctx ended: the action is not called, so the
+				// attempt surely did not act and is released for the next
+				// caller rather than left to lapse indeterminate.
+				return nil, releaseUnrun(ctx, c, b, sent)
+			}
 			return runLeased(ctx, c, b, sent, action)
 		case DecisionDuplicate:
 			out := &EffectOutcome[T]{EffectID: b.EffectID, Attempt: b.Attempt, Duplicate: true}
@@ -253,9 +262,16 @@ const beginPatience = 30 * time.Second
 // default policy) though the action never ran (chaos QA). A failure that
 // surely granted nothing (not_applied, a refusal) is returned at once.
 func beginAnswered(ctx context.Context, c *Client, req BeginRequest) (*BeginResponse, error) {
+	bctx, stop := sentRunsOn(ctx)
+	defer stop()
 	var horizon time.Time
 	for attempt := 0; ; attempt++ {
-		b, err := c.Begin(ctx, req)
+		if err := ctx.Err(); err != nil && attempt == 0 {
+			// Not sent once ctx has ended: its execute could only be
+			// released, spending one of the key's max_attempts.
+			return nil, err
+		}
+		b, err := c.Begin(bctx, req)
 		if err != nil && attempt > 0 {
 			err = unconfirmedIf(true, err) // an earlier call's answers were lost
 		}
@@ -273,6 +289,38 @@ func beginAnswered(ctx context.Context, c *Client, req BeginRequest) (*BeginResp
 			return nil, err
 		}
 	}
+}
+
+// beginGrace is how long a begin already sent may still take to answer
+// once the caller's ctx has ended.
+const beginGrace = 10 * time.Second
+
+// sentRunsOn returns the context DoEffect's begins are sent under: a begin
+// already sent when ctx ends runs on to its answer (for up to beginGrace),
+// while waits before a repeat end with ctx. Cut off, a begin that granted
+// execute left its lease to lapse held by nobody, and the key turned
+// indeterminate (blocked under the default policy) though the action never
+// ran (sdk QA; the TypeScript SDK's doEffect awaits a begin already sent,
+// and the Python SDK's do_effect_async releases what it answers).
+func sentRunsOn(ctx context.Context) (context.Context, context.CancelFunc) {
+	bctx, cancel := context.WithCancel(withRetryCutoff(context.WithoutCancel(ctx), ctx.Done()))
+	stopAfter := context.AfterFunc(ctx, func() { time.AfterFunc(beginGrace, cancel) })
+	return bctx, func() { stopAfter(); cancel() }
+}
+
+// releaseUnrun reports failed an execute granted after ctx ended, whose
+// action was never called, and returns ctx's error (joined with the
+// report's failure, if any: the lease then lapses, indeterminate).
+func releaseUnrun(ctx context.Context, c *Client, b *BeginResponse, sent time.Time) error {
+	var expires time.Time
+	if b.LeaseExpiresAt != nil {
+		expires = *b.LeaseExpiresAt
+	}
+	err := fmt.Errorf("ratchet: effect %s: the action was not run: %w", b.EffectID, context.Cause(ctx))
+	if rerr := reportEffect(ctx, c, b, OutcomeFailed, nil, &leaseExpiry{t: localExpiry(expires, b.serverDate, sent)}); rerr != nil {
+		return errors.Join(err, fmt.Errorf("ratchet: release its lease: %w", rerr))
+	}
+	return err
 }
 
 // How often DoEffect asks again while another caller holds the lease: from

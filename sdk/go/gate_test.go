@@ -804,3 +804,77 @@ func TestGetPolicyStructuring(t *testing.T) {
 		t.Fatalf("read %+v", s)
 	}
 }
+
+// A ctx that ends while a begin is on its way does not cut that begin: its
+// answer may be an execute, whose lease, abandoned, lapsed held by nobody
+// and turned the key indeterminate (blocked under the default policy)
+// though the action never ran, as the TypeScript SDK's doEffect and the
+// Python SDK's do_effect_async avoid (sdk QA). The execute that comes back
+// is released (reported failed: the action surely did not run) and
+// DoEffect returns the ctx's error without calling the action.
+func TestDoEffectReleasesALeaseGrantedAsItsContextEnded(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	arrived := make(chan struct{})
+	grant := execute()
+	g := &fakeGate{answers: []func(http.ResponseWriter){func(w http.ResponseWriter) {
+		close(arrived)
+		<-ctx.Done() // the caller gave up while the server was granting execute
+		grant(w)
+	}}}
+	c, _ := testClient(t, g)
+	go func() { <-arrived; cancel() }()
+	_, err := DoEffect(ctx, c, beginReq, func(context.Context, Lease) (sendResult, error) {
+		t.Error("the action ran after its ctx had ended")
+		return sendResult{}, nil
+	})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("err %v", err)
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.reports) != 1 || g.reports[0]["outcome"] != "failed" || g.reports[0]["lease_token"] != "lt_1" {
+		t.Fatalf("reports %v, want the lease released as failed", g.reports)
+	}
+}
+
+// A ctx that has ended before a begin is sent ends DoEffect without one,
+// and one that ends while a begin is asked again at once (409
+// retry_request) sends no more: a begin sent once ctx had ended could only
+// be released, and an execute released as failed spends one of the key's
+// max_attempts.
+func TestDoEffectSendsNoBeginOnceItsContextEnded(t *testing.T) {
+	t.Parallel()
+	g := &fakeGate{answers: []func(http.ResponseWriter){execute()}}
+	c, _ := testClient(t, g)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	act := func(context.Context, Lease) (sendResult, error) {
+		t.Error("acted")
+		return sendResult{}, nil
+	}
+	if _, err := DoEffect(ctx, c, beginReq, act); !errors.Is(err, context.Canceled) {
+		t.Fatalf("err %v", err)
+	}
+	g.mu.Lock()
+	if len(g.begins) != 0 || len(g.reports) != 0 {
+		t.Fatalf("begins %d reports %v", len(g.begins), g.reports)
+	}
+	g.mu.Unlock()
+
+	ctx, cancel = context.WithCancel(context.Background())
+	g = &fakeGate{answers: []func(http.ResponseWriter){func(w http.ResponseWriter) {
+		cancel() // the caller gives up as the server asks for the begin again
+		apiError(w, 409, CodeRetryRequest, nil)
+	}, execute()}}
+	c, _ = testClient(t, g)
+	c.sleep = sleepCtx
+	if _, err := DoEffect(ctx, c, beginReq, act); !IsCode(err, CodeRetryRequest) && !errors.Is(err, context.Canceled) {
+		t.Fatalf("err %v", err)
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.begins) != 1 || len(g.reports) != 0 {
+		t.Fatalf("begins %d reports %v", len(g.begins), g.reports)
+	}
+}
