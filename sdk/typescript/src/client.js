@@ -690,7 +690,9 @@ export class Ratchet {
    * ends the call as Go's ctx does: before a begin it throws its reason,
    * during an in_flight wait EffectInFlightError (its cause the reason), and
    * during the action it aborts lease.signal; a begin already sent is
-   * awaited (its lease would be nobody's) and an outcome is still reported.
+   * awaited (its lease would be nobody's), an execute it brings after the
+   * abort is reported 'failed' without calling the action (which surely did
+   * not run) and the reason thrown, and an outcome is still reported.
    */
   async doEffect(request, action, { inFlightTimeoutMs, signal } = {}) {
     // Refused before a lease is taken: after, the call's failure would leave
@@ -715,6 +717,15 @@ export class Ratchet {
       const effectId = answer.effect_id ?? '';
       switch (answer.decision) {
         case 'execute':
+          if (signal?.aborted) {
+            // Granted after the signal aborted: the action is not called, so
+            // the attempt surely did not act and is released for the next
+            // caller rather than left to lapse indeterminate (sdk QA: the
+            // action was called with an aborted lease.signal, and one that
+            // honoured it reported nothing).
+            await this.#reportEffect(effectId, answer.lease_token, 'failed', undefined, { end: sent + leaseMs }).catch(() => {});
+            throw signal.reason;
+          }
           return this.#runLeased(answer, sent + leaseMs, action, signal);
         case 'duplicate': {
           const reason = placeholderReason(answer.result);

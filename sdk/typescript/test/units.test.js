@@ -2011,6 +2011,31 @@ test('doEffect honours its signal before a begin, while in flight and during the
   }), { signal: acting.signal }), /interrupted/);
 });
 
+// An execute that comes back after the signal aborted (a begin already
+// sent is awaited: its lease would be nobody's) is reported failed without
+// calling the action, which surely did not run, and the signal's reason
+// thrown, as Python's do_effect_async and Go's DoEffect do. The action was
+// called with an aborted lease.signal, and one that honoured it reported
+// nothing: the lease lapsed and the key turned indeterminate (blocked
+// under the default policy) though nothing ran (sdk QA).
+test('doEffect releases an execute granted after its signal aborted', async (t) => {
+  const leaving = new AbortController();
+  const reports = [];
+  const server = await fakeServer(t, (method, path, body) => {
+    if (path.endsWith('/begin')) {
+      leaving.abort(new Error('caller gone')); // while the execute is on its way
+      return [200, { decision: 'execute', effect_id: 'eff_1', state: 'leased', attempt: 1, lease_token: 'tok',
+        lease_expires_at: new Date(Date.now() + 60_000).toISOString() }, { Date: new Date().toUTCString() }];
+    }
+    if (path.endsWith('/report')) reports.push(body);
+    return [200, { id: 'eff_1', state: 'failed' }];
+  });
+  const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
+  await assert.rejects(client.doEffect({ effectType: 'email.send', idempotencyKey: 'k', payload: {} },
+    () => assert.fail('acted after the signal aborted'), { signal: leaving.signal }), /caller gone/);
+  assert.deepEqual(reports, [{ lease_token: 'tok', outcome: 'failed' }]);
+});
+
 test('an unknown worker id registers again', async (t) => {
   const claims = [];
   await serve(t, (method, path) => {
