@@ -342,8 +342,12 @@ func runLeased[T any](ctx context.Context, c *Client, b *BeginResponse, sent tim
 	defer cancel(nil)
 	// The heartbeats run until the outcome is reported, not just while the
 	// action runs: a report retried through a server blip must still find
-	// the lease. They end with the caller's ctx, as the action does.
-	hbCtx, stopHB := context.WithCancel(ctx)
+	// the lease. Nor do they end with the caller's ctx: an action still at
+	// the vendor when ctx ends keeps its lease until it returns (sdk QA:
+	// the lease lapsed under it, and under on_indeterminate retry or probe
+	// another caller acted alongside it), as in the Python and TypeScript
+	// SDKs.
+	hbCtx, stopHB := context.WithCancel(context.WithoutCancel(ctx))
 	// Deferred too: if the action panics, the heartbeats must stop so the
 	// lease lapses (an honest indeterminate) instead of being kept alive.
 	defer stopHB()

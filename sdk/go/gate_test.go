@@ -878,3 +878,37 @@ func TestDoEffectSendsNoBeginOnceItsContextEnded(t *testing.T) {
 		t.Fatalf("begins %d reports %v", len(g.begins), g.reports)
 	}
 }
+
+// The lease is heartbeated until the action returns, not until the caller's
+// ctx ends: an action still at the vendor when ctx ends (a call that does
+// not take ctx, or one that stops only at its next step) kept running while
+// its lease lapsed unextended, and under on_indeterminate retry or probe
+// another caller was granted execute and acted alongside it (sdk QA; the
+// Python and TypeScript SDKs heartbeat until the action settles).
+func TestDoEffectHeartbeatsUntilTheActionReturns(t *testing.T) {
+	t.Parallel()
+	g := &fakeGate{answers: []func(http.ResponseWriter){decision(200, map[string]any{"decision": "execute",
+		"effect_id": "eff_1", "state": "leased", "attempt": 1, "lease_token": "lt_1",
+		"lease_expires_at": time.Now().Add(3 * time.Second)})}}
+	beat := make(chan struct{})
+	var once sync.Once
+	g.heartbeat = func(w http.ResponseWriter) {
+		once.Do(func() { close(beat) })
+		writeJSON(w, 200, map[string]any{"effect_id": "eff_1", "lease_expires_at": time.Now().Add(3 * time.Second)})
+	}
+	c, _ := testClient(t, g)
+	ctx, cancel := context.WithCancel(context.Background())
+	_, err := DoEffect(ctx, c, beginReq, func(actx context.Context, _ Lease) (sendResult, error) {
+		cancel() // the caller gives up while the action is at the vendor
+		<-actx.Done()
+		select {
+		case <-beat: // the lease is still kept while the action finishes
+		case <-time.After(20 * time.Second):
+			t.Error("no heartbeat kept the lease of an action still running after its ctx ended")
+		}
+		return sendResult{}, actx.Err()
+	})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("err %v", err)
+	}
+}
