@@ -728,14 +728,26 @@ class Ratchet:
                           stop: threading.Event, lost: threading.Event) -> None:
         # Paced at a third of the lease left, within 1 s to 1 min; the
         # action is told the lease is lost on a refusal, or a second before
-        # its end by this process's clock when heartbeats keep failing.
+        # its end by this process's clock when heartbeats keep failing. A
+        # heartbeat is always tried before the lease is given up (as Go's):
+        # a lease of 3 s or less was given up unbeaten, and lapsed under an
+        # action still running (sdk QA).
+        tried = False  # a heartbeat was sent since the lease was last extended
+        extended = False  # a heartbeat has extended the lease
         while True:
             left = state["end"] - time.monotonic()
-            if stop.wait(min(max(left / 3, 1.0), 60.0, max(left - 1.0, 0.0))):
+            pause = min(max(left / 3, 1.0), 60.0, max(left - 1.0, 0.0))
+            if extended and not tried:
+                pause = max(pause, 1.0)  # just extended: not a beat in a loop on a short estimate
+            if stop.wait(pause):
                 return
-            if time.monotonic() >= state["end"] - 1.0:
+            if tried and time.monotonic() >= state["end"] - 1.0:
                 lost.set()
                 return
+            # The first try since the lease was extended gets its second
+            # even past the point the action must be told.
+            floor = 0.1 if tried else 1.0
+            tried = True
             sent = time.monotonic()
             try:
                 # No retries inside the call (a 429's wait could outlast the
@@ -746,7 +758,7 @@ class Ratchet:
                 beat, date = self._transport.call("POST", "/effects/" + path_id(effect_id) + "/heartbeat",
                                                   {"lease_token": token}, safe=True, max_retries=0, with_date=True,
                                                   timeout=min(self._transport.timeout, 10.0,
-                                                              max(state["end"] - 1.0 - sent, 0.1)))
+                                                              max(state["end"] - 1.0 - sent, floor)))
             except RatchetError as err:
                 if err.status in (404, 409):
                     lost.set()
@@ -757,6 +769,7 @@ class Ratchet:
             seconds = _lease_seconds(beat.get("lease_expires_at"), date)
             if seconds > 0:
                 state["end"] = sent + seconds
+            tried, extended = False, True
 
 
     # -- operator calls -----------------------------------------------------

@@ -2917,11 +2917,11 @@ class BatchedReportsTest(unittest.TestCase):
 
 class GateLeaseTest(unittest.TestCase):
     @staticmethod
-    def leased(path: str):
-        """A fake gate's answer to a begin (execute, leased for a minute) or
-        a heartbeat (extended as long); None for any other path."""
+    def leased(path: str, seconds: float = 60):
+        """A fake gate's answer to a begin (execute, leased for a minute, or
+        seconds) or a heartbeat (extended as long); None for any other path."""
         from datetime import timedelta, timezone
-        expires = (datetime.now(timezone.utc) + timedelta(seconds=60)).isoformat().replace("+00:00", "Z")
+        expires = (datetime.now(timezone.utc) + timedelta(seconds=seconds)).isoformat().replace("+00:00", "Z")
         if path.endswith("/begin"):
             return 200, {"decision": "execute", "effect_id": "eff_1", "state": "leased", "attempt": 1,
                          "lease_token": "tok", "lease_expires_at": expires}, {}
@@ -3296,19 +3296,44 @@ class GateLeaseTest(unittest.TestCase):
         out = client.do_effect("email.send", "k", lambda lease: self.fail("acted"), {}, in_flight_timeout=0.35)
         self.assertEqual((out.duplicate, out.result, len(begins)), (True, {"sent": True}, 5))
 
+    def test_a_short_lease_is_heartbeated_before_it_is_given_up(self) -> None:
+        # A lease of 2 s (a begin's lease_seconds may shorten the policy's)
+        # left no time to beat a second before its end: it was given up as
+        # lost without one heartbeat tried, and lapsed under an action still
+        # running, which another caller could then be granted (sdk QA). As
+        # Go's DoEffect, one heartbeat is tried before a lease is given up,
+        # and the lease it extends is kept.
+        beat = threading.Event()
+
+        def respond(method, path, body):
+            if path.endswith("/begin"):
+                return self.leased(path, 2)
+            if path.endswith("/heartbeat"):
+                beat.set()
+                return self.leased(path)
+            return 200, {"id": "eff_1", "state": body["outcome"]}, {}
+
+        client, _ = self.client_of(respond)
+        seen = []
+
+        def action(lease):
+            seen.append(beat.wait(15))
+            seen.append(lease.lost.is_set())
+            return {"sent": True}
+
+        client.do_effect("email.send", "k", action, {})
+        self.assertEqual(seen, [True, False])
+
     def test_the_action_is_told_before_its_lease_lapses_when_a_heartbeat_hangs(self) -> None:
         # A heartbeat that is never answered (a partition, a stalled proxy)
         # is given up in time to tell the action a second before the 4 s
         # lease ends; it used to be waited on for 10 s, past the lapse, when
         # another caller may be granted execute.
-        from datetime import datetime, timedelta, timezone
         release = threading.Event()
 
         def respond(method, path, body):
             if path.endswith("/begin"):
-                expires = (datetime.now(timezone.utc) + timedelta(seconds=4)).isoformat().replace("+00:00", "Z")
-                return 200, {"decision": "execute", "effect_id": "eff_1", "state": "leased", "attempt": 1,
-                             "lease_token": "tok", "lease_expires_at": expires}, {}
+                return self.leased(path, 4)
             if path.endswith("/heartbeat"):
                 release.wait(30)
                 return 409, error("lease_expired"), {}
