@@ -880,19 +880,30 @@ export class Ratchet {
 
   // Paced at a third of the lease left, within 1 s to 1 min; the action is
   // told the lease is lost on a refusal, or a second before its end by this
-  // process's clock when heartbeats keep failing.
+  // process's clock when heartbeats keep failing. A heartbeat is always
+  // tried before the lease is given up (as Go's): a lease of 3 s or less was
+  // given up unbeaten, and lapsed under an action still running (sdk QA).
   async #heartbeat(effectId, token, state, signal, lost) {
+    let tried = false; // a heartbeat was sent since the lease was last extended
+    let extended = false; // a heartbeat has extended the lease
     for (;;) {
       const left = state.end - Date.now();
+      let pause = Math.min(Math.max(left / 3, 1_000), 60_000, Math.max(left - 1_000, 0));
+      // Just extended: not a beat in a loop on a short estimate.
+      if (extended && !tried) pause = Math.max(pause, 1_000);
       try {
-        await sleep(Math.min(Math.max(left / 3, 1_000), 60_000, Math.max(left - 1_000, 0)), signal);
+        await sleep(pause, signal);
       } catch {
         return; // the outcome was reported
       }
-      if (Date.now() >= state.end - 1_000) {
+      if (tried && Date.now() >= state.end - 1_000) {
         lost.abort(new Error('ratchet: the lease lapsed while heartbeats failed'));
         return;
       }
+      // The first try since the lease was extended gets its second even
+      // past the point the action must be told.
+      const floor = tried ? 100 : 1_000;
+      tried = true;
       const sent = Date.now();
       try {
         const [beat, date] = await this.#transport.call('POST', `/effects/${pathId(effectId)}/heartbeat`, { lease_token: token },
@@ -902,9 +913,11 @@ export class Ratchet {
           // told (QA: with 10 s, one unanswered beat told it long after the
           // lease lapsed and another caller could act).
           { safe: true, maxRetries: 0, signal, withDate: true,
-            timeoutMs: Math.min(this.#transport.timeoutMs, 10_000, Math.max(state.end - 1_000 - sent, 100)) });
+            timeoutMs: Math.min(this.#transport.timeoutMs, 10_000, Math.max(state.end - 1_000 - sent, floor)) });
         const ms = leaseLength(beat?.lease_expires_at, date);
         if (ms > 0) state.end = sent + ms;
+        tried = false;
+        extended = true;
       } catch (err) {
         if (err instanceof RatchetError && (err.status === 404 || err.status === 409)) {
           lost.abort(err);

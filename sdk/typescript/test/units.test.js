@@ -2036,6 +2036,35 @@ test('doEffect releases an execute granted after its signal aborted', async (t) 
   assert.deepEqual(reports, [{ lease_token: 'tok', outcome: 'failed' }]);
 });
 
+// A lease of 2 s (a begin's leaseSeconds may shorten the policy's) left no
+// time to beat a second before its end: it was given up as lost without one
+// heartbeat tried, and lapsed under an action still running, which another
+// caller could then be granted (sdk QA). As Go's DoEffect, one heartbeat is
+// tried before a lease is given up, and the lease it extends is kept.
+test('a short lease is heartbeated before it is given up', async (t) => {
+  let beat;
+  const beaten = new Promise((r) => { beat = r; });
+  const server = await fakeServer(t, (method, path, body) => {
+    if (path.endsWith('/begin')) {
+      return [200, { decision: 'execute', effect_id: 'eff_1', state: 'leased', attempt: 1, lease_token: 'tok',
+        lease_expires_at: new Date(Date.now() + 2_000).toISOString() }];
+    }
+    if (path.endsWith('/heartbeat')) {
+      beat();
+      return [200, { effect_id: 'eff_1', lease_expires_at: new Date(Date.now() + 60_000).toISOString() }];
+    }
+    return [200, { id: 'eff_1', state: body.outcome }];
+  });
+  const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
+  const out = await client.doEffect({ effectType: 'email.send', idempotencyKey: 'k', payload: {} }, async (lease) => {
+    const seen = await Promise.race([beaten.then(() => 'beat'), new Promise((r) => lease.signal.addEventListener('abort', () => r('given up'), { once: true }))]);
+    assert.equal(seen, 'beat');
+    assert.equal(lease.signal.aborted, false);
+    return { sent: true };
+  });
+  assert.deepEqual(out.result, { sent: true });
+});
+
 test('an unknown worker id registers again', async (t) => {
   const claims = [];
   await serve(t, (method, path) => {
