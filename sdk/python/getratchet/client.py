@@ -1476,8 +1476,11 @@ def _unrecordable_result(err: RatchetError) -> Optional[str]:
     under result the gate refused: "invalid_request at <field>", the
     reason the Go and TypeScript SDKs record; the body, which only the
     result can make unreadable: nested more levels deep than the gate
-    reads), or None for other refusals."""
-    if err.code == PAYLOAD_TOO_LARGE:
+    reads), or None for other refusals. A bare 413 (a proxy's body limit
+    before the server, without Ratchet's envelope) refuses it for good too,
+    as Go's DoEffect reads it (sdk QA: raised as not reported, the lease
+    lapsed, and under on_indeterminate retry the next caller acted again)."""
+    if err.code == PAYLOAD_TOO_LARGE or (err.status == 413 and not err.code):
         return PAYLOAD_TOO_LARGE
     if err.code == INVALID_REQUEST:
         for item in err.validation:

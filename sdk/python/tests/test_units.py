@@ -3198,6 +3198,28 @@ class GateLeaseTest(unittest.TestCase):
                 self.assertEqual([body.get("result") for path, body in calls if path.endswith("/report")][-1],
                                  {"ratchet": "result_not_recorded", "reason": "invalid_request at " + field})
 
+    def test_a_result_a_proxy_refuses_for_its_size_is_recorded_with_the_placeholder(self) -> None:
+        # A bare 413 (a proxy's body limit before the server, no Ratchet
+        # envelope) refuses the result for good, as the server's own
+        # payload_too_large does: the success is recorded with the
+        # placeholder, as Go's DoEffect records it. It was raised as not
+        # reported and the lease lapsed: indeterminate, and under
+        # on_indeterminate retry the next caller acted again (sdk QA).
+        calls = []
+
+        def respond(method, path, body):
+            calls.append((path, body))
+            if path.endswith("/report") and body["result"].get("ratchet") != "result_not_recorded":
+                return 413, b"<html><body>413 Request Entity Too Large</body></html>", {"Content-Type": "text/html"}
+            return self.leased(path) or (200, {"id": "eff_1", "state": body["outcome"]}, {})
+
+        client, _ = self.client_of(respond)
+        with self.assertRaises(getratchet.ResultNotStored) as raised:
+            client.do_effect("email.send", "k", lambda lease: {"pdf": "x" * 1000}, {})
+        self.assertEqual(raised.exception.reason, "payload_too_large")
+        self.assertEqual([body.get("result") for path, body in calls if path.endswith("/report")][-1],
+                         {"ratchet": "result_not_recorded", "reason": "payload_too_large"})
+
     def test_a_duplicate_whose_result_only_looks_like_the_placeholder_is_a_result(self) -> None:
         # The placeholder is exactly {"ratchet", "reason"}, as Go reads it:
         # an action's own result with more fields is handed back (it was
