@@ -961,13 +961,17 @@ function unsendableResult(result) {
   return Buffer.byteLength(json) > MAX_RESULT_BYTES ? 'payload_too_large' : null;
 }
 
-/** Why a success's result cannot be recorded (its size, or a field under
+/** Why a success's result cannot be recorded (its size, a bare 413's too, or a field under
  * result the gate refused: "invalid_request at <field>", the reason the Go
  * and Python SDKs record; the body, which only the result can make
  * unreadable: nested more levels deep than the gate reads), or null for
  * other refusals. */
 function unrecordableResult(err) {
-  if (err.code === 'payload_too_large') return 'payload_too_large';
+  // A bare 413 (a proxy's body limit before the server, without Ratchet's
+  // envelope) refuses it for good too, as Go's DoEffect reads it (sdk QA:
+  // thrown as not reported, the lease lapsed, and under on_indeterminate
+  // retry the next caller acted again).
+  if (err.code === 'payload_too_large' || (err.status === 413 && !err.code)) return 'payload_too_large';
   if (err.code === 'invalid_request') {
     for (const item of err.validation) {
       const field = String(item?.field ?? '');

@@ -1791,21 +1791,37 @@ test('a report the server keeps failing is given up', async (t) => {
 // than the gate reads); it was thrown as not reported, and the lease lapsed.
 test('a result refused at a field is recorded with the placeholder Go records', async (t) => {
   for (const field of ['result.note', 'body']) {
-    const results = [];
-    const server = await fakeServer(t, (method, path, body) => {
-      const answer = leased(path);
-      if (answer) return answer;
-      results.push(body.result);
-      if (body.result?.ratchet !== 'result_not_recorded') {
-        return [400, error('invalid_request', { validation: [{ field, message: 'refused' }] })];
-      }
-      return [200, { id: 'eff_1', state: 'succeeded' }];
-    });
-    const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
+    const [client, results] = await refusingResults(t, [400, error('invalid_request', { validation: [{ field, message: 'refused' }] })]);
     await assert.rejects(client.doEffect({ effectType: 'email.send', idempotencyKey: 'k', payload: {} }, () => ({ note: 'a\u0000b' })),
       (err) => err instanceof ResultNotStoredError && err.reason === `invalid_request at ${field}`);
     assert.deepEqual(results.at(-1), { ratchet: 'result_not_recorded', reason: `invalid_request at ${field}` });
   }
+});
+
+/** A client of a fake gate that leases, refuses each success report but
+ * the placeholder's with refusal, and records every report's result. */
+async function refusingResults(t, refusal) {
+  const results = [];
+  const server = await fakeServer(t, (method, path, body) => {
+    const answer = leased(path);
+    if (answer) return answer;
+    results.push(body.result);
+    if (body.result?.ratchet !== 'result_not_recorded') return refusal;
+    return [200, { id: 'eff_1', state: 'succeeded' }];
+  });
+  return [new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' }), results];
+}
+
+// A bare 413 (a proxy's body limit before the server, no Ratchet envelope)
+// refuses the result for good, as the server's own payload_too_large does:
+// the success is recorded with the placeholder, as Go's DoEffect records it.
+// It was thrown as not reported and the lease lapsed: indeterminate, and
+// under on_indeterminate retry the next caller acted again (sdk QA).
+test('a result a proxy refuses for its size is recorded with the placeholder', async (t) => {
+  const [client, results] = await refusingResults(t, [413, Buffer.from('<html><body>413 Request Entity Too Large</body></html>')]);
+  await assert.rejects(client.doEffect({ effectType: 'email.send', idempotencyKey: 'k', payload: {} }, () => ({ pdf: 'x'.repeat(1000) })),
+    (err) => err instanceof ResultNotStoredError && err.reason === 'payload_too_large');
+  assert.deepEqual(results.at(-1), { ratchet: 'result_not_recorded', reason: 'payload_too_large' });
 });
 
 // A begin whose answers are lost past the transport's retries is asked again
