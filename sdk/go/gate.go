@@ -131,7 +131,7 @@ func NotPerformed(err error) error {
 type Lease struct {
 	EffectID       string
 	Attempt        int       // this attempt's number, from 1
-	LeaseExpiresAt time.Time // heartbeated by DoEffect while the action runs
+	LeaseExpiresAt time.Time // as the grant answered it; DoEffect heartbeats the lease while the action runs, without updating this field
 	// Probe is true when a prior attempt's outcome is unknown and the policy
 	// is on_indeterminate: probe. Check the vendor for PriorAttempt first:
 	// if it happened, return what you found instead of acting again.
