@@ -39,7 +39,7 @@ func Check(body []byte, t reflect.Type) *apierr.Error {
 	// ("k\xff1", "k\xfe1") would name one effect. The scan names the
 	// string that holds them (fuzz QA: every such body was refused at
 	// "body").
-	s := bodyScan{b: body, utf8: !utf8.Valid(body)}
+	s := bodyScan{b: body, utf8: !utf8.Valid(body), keys: make([][]byte, 0, 8)}
 	s.value(t, nil)
 	if s.err == nil && s.utf8 {
 		return notUTF8("body")
@@ -55,13 +55,27 @@ func notUTF8(field string) *apierr.Error {
 // and its own key or index (nil: the root). The dotted name is built only
 // for a refusal: building it at every level made a deeply nested body cost
 // memory and time quadratic in its depth (fuzzing: 10 000 levels under the
-// 1 MiB limit took 4 GB).
+// 1 MiB limit took 4 GB). Places are taken from chunks of the scan's
+// (bodyScan.child), and a key is the body's own bytes (decoded only when
+// escaped): a place and a key string allocated per key were most of a small
+// body's allocations.
 type place struct {
 	up  *place
-	key string
+	key []byte
 }
 
-func (p *place) child(key string) *place { return &place{up: p, key: key} }
+// placeChunk is how many places a scan takes at once. A chunk is never
+// grown in place, so a place's address holds while the scan runs.
+const placeChunk = 8
+
+// child is the place of key (or index) under up.
+func (s *bodyScan) child(up *place, key []byte) *place {
+	if len(s.places) == cap(s.places) {
+		s.places = make([]place, 0, placeChunk)
+	}
+	s.places = append(s.places, place{up: up, key: key})
+	return &s.places[len(s.places)-1]
+}
 
 // field is the place's dotted path from the body root ("body" for the root).
 func (p *place) field() string {
@@ -70,17 +84,19 @@ func (p *place) field() string {
 	}
 	var keys []string
 	for q := p; q != nil; q = q.up {
-		keys = append(keys, q.key)
+		keys = append(keys, string(q.key))
 	}
 	slices.Reverse(keys)
 	return strings.Join(keys, ".")
 }
 
 type bodyScan struct {
-	b    []byte
-	i    int
-	err  *apierr.Error
-	utf8 bool // the body holds bytes that are not UTF-8: each string is checked
+	b      []byte
+	i      int
+	err    *apierr.Error
+	utf8   bool     // the body holds bytes that are not UTF-8: each string is checked
+	places []place  // the chunk child takes places from
+	keys   [][]byte // the keys read so far of the objects open, outermost first (keySet)
 }
 
 func (s *bodyScan) space() {
@@ -203,12 +219,13 @@ func (s *bodyScan) object(t reflect.Type, path *place) {
 	if t != nil && t.Kind() == reflect.Struct {
 		fields = ExactFields(t)
 	}
-	var seen keySet
+	seen := keySet{start: len(s.keys)}
 	s.i++ // {
 	for s.err == nil {
 		s.space()
 		if s.i >= len(s.b) || s.b[s.i] == '}' {
 			s.i++
+			s.keys = s.keys[:seen.start]
 			return
 		}
 		if s.b[s.i] == ',' {
@@ -219,8 +236,8 @@ func (s *bodyScan) object(t reflect.Type, path *place) {
 		if s.err != nil {
 			return
 		}
-		at := path.child(key)
-		if !seen.add(key) {
+		at := s.child(path, key)
+		if !seen.add(&s.keys, key) {
 			s.err = apierr.InvalidField(at.field(), "is repeated: an object may name each key once")
 			return
 		}
@@ -228,7 +245,7 @@ func (s *bodyScan) object(t reflect.Type, path *place) {
 		switch {
 		case fields != nil:
 			var ok bool
-			if ft, ok = fields[key]; !ok {
+			if ft, ok = fields[string(key)]; !ok {
 				// The body decoded with unknown fields disallowed, so the
 				// key matched a field only by case-folding.
 				s.err = apierr.InvalidField(at.field(), "is not a known field (field names are case-sensitive)")
@@ -259,7 +276,13 @@ func (s *bodyScan) array(t reflect.Type, path *place) {
 			s.i++
 			continue
 		}
-		s.value(et, path.child(strconv.Itoa(n)))
+		var index []byte
+		if n < len(smallIndices) {
+			index = smallIndices[n]
+		} else {
+			index = strconv.AppendInt(nil, int64(n), 10)
+		}
+		s.value(et, s.child(path, index))
 		n++
 	}
 }
@@ -302,9 +325,9 @@ func (s *bodyScan) skip() {
 }
 
 // str reads the string at s.i and answers it decoded (only keys need the
-// text; a value's is discarded). A refusal inside it is named by path
-// ("body" at the root).
-func (s *bodyScan) str(path *place) string {
+// text; a value's is discarded): the body's own bytes unless it holds an
+// escape. A refusal inside it is named by path ("body" at the root).
+func (s *bodyScan) str(path *place) []byte {
 	start := s.i
 	s.i++ // opening quote
 	escaped := false
@@ -314,7 +337,7 @@ func (s *bodyScan) str(path *place) string {
 			escaped = true
 			if s.i+1 < len(s.b) && s.b[s.i+1] == 'u' {
 				if s.err = s.unicodeEscape(path); s.err != nil {
-					return ""
+					return nil
 				}
 				continue
 			}
@@ -325,18 +348,18 @@ func (s *bodyScan) str(path *place) string {
 			raw := s.b[start:s.i]
 			if s.utf8 && !utf8.Valid(raw) {
 				s.err = notUTF8(path.field())
-				return ""
+				return nil
 			}
 			if !escaped {
-				return string(raw[1 : len(raw)-1])
+				return raw[1 : len(raw)-1]
 			}
 			var v string
 			_ = json.Unmarshal(raw, &v) // well-formed: the body decoded
-			return v
+			return []byte(v)
 		}
 		s.i++
 	}
-	return ""
+	return nil
 }
 
 // unicodeEscape reads the \uXXXX escape at s.i (a pair, for a surrogate
@@ -376,38 +399,53 @@ func (s *bodyScan) hex4(i int) rune {
 	return rune(v)
 }
 
-// keySet holds an object's keys: a slice while the object is small (a
-// request's own objects), a map once it is not (a free-form payload may hold
-// a hundred thousand keys, and a linear look per key made that quadratic:
-// eleven seconds of CPU for one 1 MiB body).
+// smallIndices are the array indices a place names without allocating.
+var smallIndices = func() [][]byte {
+	out := make([][]byte, 128)
+	for i := range out {
+		out[i] = strconv.AppendInt(nil, int64(i), 10)
+	}
+	return out
+}()
+
+// keySet holds an object's keys: while the object is small (a request's own
+// objects) in the scan's stack of open objects' keys from start on, a map
+// once it is not (a free-form payload may hold a hundred thousand keys, and
+// a linear look per key made that quadratic: eleven seconds of CPU for one
+// 1 MiB body). The keys are the body's bytes (bodyScan.str), copied only
+// into the map; one stack for the scan, not a slice per object, spares a
+// small body's objects their allocations.
 type keySet struct {
-	few  []string
-	many map[string]struct{}
+	start int
+	many  map[string]struct{}
 }
 
 const keySetSliceMax = 32
 
 // add records k and reports whether it was new.
-func (ks *keySet) add(k string) bool {
+// add records k and reports whether it was new; stack is the scan's keys
+// (the object's from ks.start on).
+func (ks *keySet) add(stack *[][]byte, k []byte) bool {
 	if ks.many != nil {
-		if _, dup := ks.many[k]; dup {
+		if _, dup := ks.many[string(k)]; dup {
 			return false
 		}
-		ks.many[k] = struct{}{}
+		ks.many[string(k)] = struct{}{}
 		return true
 	}
-	for _, x := range ks.few {
-		if x == k {
+	few := (*stack)[ks.start:]
+	for _, x := range few {
+		if bytes.Equal(x, k) {
 			return false
 		}
 	}
-	ks.few = append(ks.few, k)
-	if len(ks.few) > keySetSliceMax {
-		ks.many = make(map[string]struct{}, 2*len(ks.few))
-		for _, x := range ks.few {
-			ks.many[x] = struct{}{}
+	*stack = append(*stack, k)
+	if few = (*stack)[ks.start:]; len(few) > keySetSliceMax {
+		ks.many = make(map[string]struct{}, 2*len(few))
+		for _, x := range few {
+			ks.many[string(x)] = struct{}{}
 		}
-		ks.few = nil
+		*stack = (*stack)[:ks.start]
 	}
 	return true
 }

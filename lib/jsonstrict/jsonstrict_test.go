@@ -52,6 +52,15 @@ func TestCheck(t *testing.T) {
 		`{"extra":"\ud800"}`:                                "extra",
 		`{"extra":{"k\ud800":1}}`:                           "extra", // a bad key is named by its object
 		`{"extra":"\ud83d\ude00","name":"\\u0000 is text"}`: "",
+		// An object's keys are kept on one stack for the scan: a nested
+		// object's keys are its own, and its parent's resume after it.
+		`{"extra":{"a":{"b":1,"c":2},"c":3,"b":{"a":4}}}`:            "",
+		`{"extra":{"a":{"b":1},"b":2,"a":3}}`:                        "extra.a",
+		`{"extra":{"a":[{"a":1},{"a":2,"a":3}]}}`:                    "extra.a.1.a",
+		`{"extra":{` + many(40) + `,"z":{"k1":1},"k1":2}}`:           "extra.k1",
+		`{"extra":{"z":{` + many(40) + `},"k1":1,"z":2}}`:            "extra.z",
+		`{"extra":[` + strings.Repeat("0,", 200) + `{"y":1,"y":2}]}`: "extra.200.y",
+		`{"extra":{"\u0061":1,"a":2}}`:                               "extra.a",
 	} {
 		err := Check([]byte(body), reflect.TypeFor[limit]())
 		got := ""
