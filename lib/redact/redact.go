@@ -38,6 +38,16 @@ func PreviewJSON(doc []byte) []byte {
 	if len(bytes.TrimSpace(doc)) == 0 {
 		return []byte("null")
 	}
+	if p, ok := previewPlain(doc); ok {
+		return p
+	}
+	return previewDecoded(doc)
+}
+
+// previewDecoded is PreviewJSON through encoding/json's token reader: every
+// document previewPlain leaves to it (and the reference its tests hold
+// previewPlain to, byte for byte).
+func previewDecoded(doc []byte) []byte {
 	dec := json.NewDecoder(bytes.NewReader(doc))
 	dec.UseNumber()
 	var buf bytes.Buffer
@@ -194,4 +204,153 @@ func skipRest(dec *json.Decoder) error {
 		}
 	}
 	return nil
+}
+
+// previewPlain previews a document without encoding/json's token reader,
+// which allocated for every key and value (and an error for each scalar
+// it read: 16 allocations for {"n":1234}), when that is plainly the same:
+// the document is one valid JSON value, and every key the preview shows is
+// printable ASCII that encoding/json writes back unchanged (no escape, no
+// HTML character), at most MaxKeyRunes long, and no object needs its keys
+// counted (MaxKeys, MaxBytes). Otherwise ok is false and PreviewJSON reads
+// the document with the token reader, as it always did: cut keys, escapes,
+// bytes beyond ASCII and oversized objects stay its work.
+func previewPlain(doc []byte) (out []byte, ok bool) {
+	if !json.Valid(doc) {
+		return nil, false
+	}
+	w := plainWalk{b: doc, out: make([]byte, 0, 64)}
+	w.value(0)
+	if w.bail {
+		return nil, false
+	}
+	return w.out, true
+}
+
+// plainWalk is previewPlain's pass over a valid document.
+type plainWalk struct {
+	b    []byte
+	i    int
+	out  []byte
+	bail bool // a key or an object previewPlain leaves to the token reader
+}
+
+func (w *plainWalk) space() {
+	for w.i < len(w.b) && (w.b[w.i] == ' ' || w.b[w.i] == '\t' || w.b[w.i] == '\n' || w.b[w.i] == '\r') {
+		w.i++
+	}
+}
+
+// value previews the value at w.i, depth objects deep, as preview does.
+func (w *plainWalk) value(depth int) {
+	w.space()
+	switch c := w.b[w.i]; {
+	case c == '{':
+		if depth >= MaxDepth {
+			w.out = append(w.out, `"<object>"`...)
+			w.skip()
+			return
+		}
+		w.object(depth)
+	case c == '[':
+		w.out = append(w.out, `"<array>"`...)
+		w.skip()
+	case c == '"':
+		w.out = append(w.out, `"<string>"`...)
+		w.skip()
+	case c == 't' || c == 'f':
+		w.out = append(w.out, `"<boolean>"`...)
+		w.skip()
+	case c == 'n':
+		w.out = append(w.out, "null"...)
+		w.skip()
+	default:
+		w.out = append(w.out, `"<number>"`...)
+		w.skip()
+	}
+}
+
+func (w *plainWalk) object(depth int) {
+	w.out = append(w.out, '{')
+	w.i++ // {
+	for kept := 0; !w.bail; {
+		w.space()
+		switch w.b[w.i] {
+		case '}':
+			w.i++
+			w.out = append(w.out, '}')
+			return
+		case ',':
+			w.i++
+			continue
+		}
+		if kept >= MaxKeys || len(w.out) >= MaxBytes {
+			w.bail = true // the rest is counted under "…"
+			return
+		}
+		start := w.i + 1
+		w.skip()
+		key := w.b[start : w.i-1]
+		if len(key) > MaxKeyRunes || !plainKey(key) {
+			w.bail = true
+			return
+		}
+		if kept > 0 {
+			w.out = append(w.out, ',')
+		}
+		w.out = append(w.out, '"')
+		w.out = append(w.out, key...)
+		w.out = append(w.out, '"', ':')
+		w.space()
+		w.i++ // :
+		w.value(depth + 1)
+		kept++
+	}
+}
+
+// plainKey reports whether json.Marshal writes key back as it is: printable
+// ASCII without a quote, a backslash or an HTML character (<, >, &).
+func plainKey(key []byte) bool {
+	for _, c := range key {
+		if c < 0x20 || c >= 0x7f || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			return false
+		}
+	}
+	return true
+}
+
+// skip passes over the valid value at w.i (after any space).
+func (w *plainWalk) skip() {
+	w.space()
+	depth := 0
+	for w.i < len(w.b) {
+		switch w.b[w.i] {
+		case '"':
+			for w.i++; w.b[w.i] != '"'; w.i++ {
+				if w.b[w.i] == '\\' {
+					w.i++
+				}
+			}
+			w.i++
+			if depth == 0 {
+				return
+			}
+			continue
+		case '{', '[':
+			depth++
+		case '}', ']':
+			if depth == 0 {
+				return
+			}
+			if depth--; depth == 0 {
+				w.i++
+				return
+			}
+		case ',', ':', ' ', '\t', '\n', '\r':
+			if depth == 0 {
+				return
+			}
+		}
+		w.i++
+	}
 }
