@@ -13,6 +13,7 @@ import (
 
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/auth"
+	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/redact"
 	"github.com/getratchet/ratchet/lib/seal"
 	ratchet "github.com/getratchet/ratchet/sdk/go"
@@ -252,7 +253,7 @@ func (s *Service) lockForReport(ctx context.Context, tx pgx.Tx, p *auth.Principa
 	for i, it := range sorted {
 		jobIDs[i], tokens[i] = it.jobID, it.req.LeaseToken
 	}
-	rows, err := tx.Query(ctx, sqlReportLock, jobIDs, workspaceID, tokens, p.Tools != nil)
+	rows, err := tx.Query(ctx, sqlReportLock, db.TextArray(jobIDs), workspaceID, db.TextArray(tokens), p.Tools != nil)
 	if err != nil {
 		return nil, fmt.Errorf("report lock: %w", err)
 	}
@@ -539,8 +540,9 @@ func (s *Service) applyReports(ctx context.Context, tx pgx.Tx, workspaceID strin
 	if unasked == nil {
 		unasked = []string{}
 	}
-	if err := tx.QueryRow(ctx, sqlReportApply, workspaceID, now, jobIDs, attempts, next, due, finished, output, preview,
-		outcome, retryable, retryAfter, errSealed, updateJob, warning, rejected, unasked).Scan(nil, &finishing); err != nil {
+	if err := tx.QueryRow(ctx, sqlReportApply, workspaceID, now, db.TextArray(jobIDs), attempts, db.TextArray(next), due,
+		finished, output, preview, db.TextArray(outcome), retryable, retryAfter, errSealed, updateJob, warning, rejected,
+		db.TextArray(unasked)).Scan(nil, &finishing); err != nil {
 		return nil, fmt.Errorf("report apply: %w", err)
 	}
 	return finishing, nil
