@@ -18,6 +18,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/jsonx"
 )
 
 // Check refuses, in one pass over a body that has already decoded into t,
@@ -289,40 +290,7 @@ func (s *bodyScan) array(t reflect.Type, path *place) {
 
 // skip passes over the value at s.i without looking inside it (a
 // Deferred): the body decoded, so it is well-formed JSON.
-func (s *bodyScan) skip() {
-	s.space()
-	depth := 0
-	for s.i < len(s.b) {
-		switch s.b[s.i] {
-		case '"':
-			for s.i++; s.i < len(s.b) && s.b[s.i] != '"'; s.i++ {
-				if s.b[s.i] == '\\' {
-					s.i++
-				}
-			}
-			s.i++ // closing quote
-			if depth == 0 {
-				return
-			}
-			continue
-		case '{', '[':
-			depth++
-		case '}', ']':
-			if depth == 0 {
-				return // a scalar's end: its container's close
-			}
-			if depth--; depth == 0 {
-				s.i++
-				return
-			}
-		case ',', ' ', '\t', '\n', '\r':
-			if depth == 0 {
-				return // a scalar's end
-			}
-		}
-		s.i++
-	}
-}
+func (s *bodyScan) skip() { s.i = jsonx.SkipValue(s.b, s.i) }
 
 // str reads the string at s.i and answers it decoded (only keys need the
 // text; a value's is discarded): the body's own bytes unless it holds an

@@ -221,3 +221,43 @@ func OutsideStrings(doc []byte, visit func(c byte) (stop bool)) {
 		}
 	}
 }
+
+// SkipValue answers the index just past the JSON value at b[i:] (after any
+// whitespace before it), which must be well-formed (decoded, or json.Valid):
+// past a string's closing quote or a container's closing bracket, at the
+// character after a scalar. It does not validate; it only passes over.
+func SkipValue(b []byte, i int) int {
+	for i < len(b) && isJSONSpace(b[i]) {
+		i++
+	}
+	depth := 0
+	for ; i < len(b); i++ {
+		switch c := b[i]; c {
+		case '"':
+			for i++; i < len(b) && b[i] != '"'; i++ {
+				if b[i] == '\\' {
+					i++
+				}
+			}
+			if depth == 0 {
+				return i + 1
+			}
+		case '{', '[':
+			depth++
+		case '}', ']':
+			if depth == 0 {
+				return i // a scalar's end: its container's close
+			}
+			if depth--; depth == 0 {
+				return i + 1
+			}
+		default:
+			if depth == 0 && (c == ',' || c == ':' || isJSONSpace(c)) {
+				return i // a scalar's end
+			}
+		}
+	}
+	return i
+}
+
+func isJSONSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }

@@ -92,3 +92,23 @@ func TestUnescapedRewritesHTMLEscapesOnly(t *testing.T) {
 	plain := []byte(`{"a":"\u0001"}`)
 	require.Equal(t, plain, Unescaped(plain), "other escapes stay")
 }
+
+// SkipValue passes over one well-formed value, whatever it holds, and
+// stops at what follows it.
+func TestSkipValuePassesOverOneValue(t *testing.T) {
+	t.Parallel()
+	for doc, rest := range map[string]string{
+		`  "a\"b\\",1`:                    `,1`,
+		`{"a":[1,{"b":"}]"}],"c":"\""} x`: ` x`,
+		`[[],{}]]`:                        `]`,
+		`-1.5e3}`:                         `}`,
+		`true :`:                          ` :`,
+		`null`:                            ``,
+		`"k":1`:                           `:1`,
+		"12\n,":                           "\n,",
+	} {
+		if got := doc[SkipValue([]byte(doc), 0):]; got != rest {
+			t.Errorf("%q: left %q, want %q", doc, got, rest)
+		}
+	}
+}

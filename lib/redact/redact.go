@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"hash/fnv"
 	"unicode/utf8"
+
+	"github.com/getratchet/ratchet/lib/jsonx"
 )
 
 // Limits keep a preview small whatever the document: deeper objects collapse
@@ -320,37 +322,4 @@ func plainKey(key []byte) bool {
 }
 
 // skip passes over the valid value at w.i (after any space).
-func (w *plainWalk) skip() {
-	w.space()
-	depth := 0
-	for w.i < len(w.b) {
-		switch w.b[w.i] {
-		case '"':
-			for w.i++; w.b[w.i] != '"'; w.i++ {
-				if w.b[w.i] == '\\' {
-					w.i++
-				}
-			}
-			w.i++
-			if depth == 0 {
-				return
-			}
-			continue
-		case '{', '[':
-			depth++
-		case '}', ']':
-			if depth == 0 {
-				return
-			}
-			if depth--; depth == 0 {
-				w.i++
-				return
-			}
-		case ',', ':', ' ', '\t', '\n', '\r':
-			if depth == 0 {
-				return
-			}
-		}
-		w.i++
-	}
-}
+func (w *plainWalk) skip() { w.i = jsonx.SkipValue(w.b, w.i) }
