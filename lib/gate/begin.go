@@ -78,6 +78,7 @@ type Decision struct {
 
 const (
 	maxDimensions     = 16
+	maxDimensionName  = 64 // dimensionRe's
 	maxDimensionValue = 255
 )
 
@@ -215,11 +216,7 @@ func (s *Service) prepare(p *auth.Principal, req BeginRequest) (*beginInput, err
 	if err != nil {
 		return nil, apierr.InvalidField("payload", "must be valid JSON")
 	}
-	hashed := make(map[string]string, len(dims))
-	for k, v := range dims {
-		hashed[k] = fmt.Sprintf("%x", s.hash("dimension:"+k+":"+v))
-	}
-	hashedJSON, _ := json.Marshal(hashed)
+	hashedJSON := s.hashedDimensions(names, dims)
 
 	now := s.clock()
 	in := &beginInput{
@@ -262,6 +259,28 @@ func (s *Service) prepare(p *auth.Principal, req BeginRequest) (*beginInput, err
 		in.lease = &l
 	}
 	return in, nil
+}
+
+// hashedDimensions is the dimensions column: a JSON object of each
+// dimension's name (names, sorted) to the keyed hash of its value, in hex.
+// Written directly, as json.Marshal of a map of them writes it: a name
+// passed prepare's dimensionRe and a hex digest, neither has a character
+// JSON escapes (TestHashedDimensionsAsJSONMarshal).
+func (s *Service) hashedDimensions(names []string, dims map[string]string) []byte {
+	const digestHex = 2 * 32 // the keyed hash is HMAC-SHA-256
+	out := make([]byte, 0, 2+len(names)*(len(`"":"",`)+maxDimensionName+digestHex))
+	out = append(out, '{')
+	for i, k := range names {
+		if i > 0 {
+			out = append(out, ',')
+		}
+		out = append(out, '"')
+		out = append(out, k...)
+		out = append(out, `":"`...)
+		out = hex.AppendEncode(out, s.hash("dimension:"+k+":"+dims[k]))
+		out = append(out, '"')
+	}
+	return append(out, '}')
 }
 
 func rawOrNull(doc json.RawMessage) json.RawMessage {
