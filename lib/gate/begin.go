@@ -130,10 +130,14 @@ type beginInput struct {
 	joinsGroup bool
 }
 
+// args are begin's parameters ($1-$20, then the risk's $21-$24), in one
+// slice of their length.
 func (in *beginInput) args() []any {
-	return append([]any{in.ws, in.effectType, in.key, in.cost, in.dimNames, in.lease, in.fingerprint, in.now,
+	args := make([]any, 0, 20+riskArgs)
+	args = append(args, in.ws, in.effectType, in.key, in.cost, in.dimNames, in.lease, in.fingerprint, in.now,
 		in.effectID, in.dims, in.payload, in.preview, in.tokenHash, in.keyID, in.approvalID, in.runID,
-		in.groupID, in.compensation, in.compensates, in.eventID}, in.risk.args()...)
+		in.groupID, in.compensation, in.compensates, in.eventID)
+	return in.risk.appendArgs(args)
 }
 
 // lockedArgs are the locked path's parameters ($1-$8).

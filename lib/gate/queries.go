@@ -172,7 +172,7 @@ func effectCols(alias string, nullSafe bool) string {
 //	$10 hashed dimensions (jsonb)  $11 sealed payload  $12 payload preview (jsonb)
 //	$13 lease token hash  $14 key id  $15 new approval id  $16 run id
 //	$17 group id  $18 sealed compensation  $19 compensates effect id
-//	$20 new event id  then riskInput.args(): $21 the key's daily spend
+//	$20 new event id  then riskInput.appendArgs: $21 the key's daily spend
 //	ceiling  $22 a ceiling's denial code that replaces execute (after a
 //	refused charge, see Begin)  $23 new circuit event id  $24 new event id
 //	for a lapsed breaker's close (sqlBeginFast only)

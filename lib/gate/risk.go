@@ -35,13 +35,16 @@ func newRiskInput(p *auth.Principal, now time.Time) riskInput {
 		closeEventID: ids.NewAt(ids.Event, now)}
 }
 
-// args are begin's parameters $21-$24.
-func (r *riskInput) args() []any {
+// riskArgs is how many parameters appendArgs adds.
+const riskArgs = 4
+
+// appendArgs appends begin's parameters $21-$24 to args.
+func (r *riskInput) appendArgs(args []any) []any {
 	var code *string
 	if r.refused != nil {
 		code = &r.refused.Code
 	}
-	return []any{r.keyCeiling, code, r.tripEventID, r.closeEventID}
+	return append(args, r.keyCeiling, code, r.tripEventID, r.closeEventID)
 }
 
 // refusedCeiling reports whether err is gate_refuse's, and which ceiling
