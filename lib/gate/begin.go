@@ -214,9 +214,7 @@ func (s *Service) prepare(p *auth.Principal, req BeginRequest) (*beginInput, err
 	if dims == nil {
 		dims = map[string]string{}
 	}
-	operation, err := canonjson.Marshal(map[string]any{
-		"effect_type": req.EffectType, "payload": rawOrNull(payload), "cost_micros": req.CostMicros, "dimensions": dims,
-	})
+	operation, err := canonicalOperation(req.EffectType, payload, req.CostMicros, dims)
 	if err != nil {
 		return nil, apierr.InvalidField("payload", "must be valid JSON")
 	}
@@ -263,6 +261,41 @@ func (s *Service) prepare(p *auth.Principal, req BeginRequest) (*beginInput, err
 		in.lease = &l
 	}
 	return in, nil
+}
+
+// canonicalOperation is what a begin's fingerprint hashes: the canonical
+// JSON of {"cost_micros", "dimensions", "effect_type", "payload"}, the
+// bytes canonjson.Marshal writes for a map of them, which every stored
+// fingerprint was made of (TestCanonicalOperationAsTheMap). Each value is
+// canonicalised on its own and the object written around them in
+// canonjson's key order: through the map, encoding/json marshalled the
+// payload into the map's JSON (compacting and escaping it) and canonjson
+// parsed all of it back, a second pass over the payload.
+func canonicalOperation(effectType string, payload json.RawMessage, cost *int64, dims map[string]string) (
+	[]byte, error) {
+	p, err := canonjson.Marshal(rawOrNull(payload))
+	if err != nil {
+		return nil, err
+	}
+	d, err := canonjson.Marshal(dims)
+	if err != nil {
+		return nil, err
+	}
+	t, err := canonjson.Marshal(effectType)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]byte, 0, len(`{"cost_micros":,"dimensions":,"effect_type":,"payload":}`)+20+len(d)+len(t)+len(p))
+	out = append(out, `{"cost_micros":`...)
+	if cost == nil {
+		out = append(out, "null"...)
+	} else {
+		out = strconv.AppendInt(out, *cost, 10)
+	}
+	out = append(append(out, `,"dimensions":`...), d...)
+	out = append(append(out, `,"effect_type":`...), t...)
+	out = append(append(out, `,"payload":`...), p...)
+	return append(out, '}'), nil
 }
 
 // hashedDimensions is the dimensions column: a JSON object of each

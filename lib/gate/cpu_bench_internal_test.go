@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/auth"
+	"github.com/getratchet/ratchet/lib/canonjson"
 	"github.com/getratchet/ratchet/lib/keyedhash"
 	"github.com/getratchet/ratchet/lib/seal"
 )
@@ -107,4 +108,38 @@ func TestHashedDimensionsAsJSONMarshal(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, string(wantJSON), in.dims)
 	}
+}
+
+// TestCanonicalOperationAsTheMap: a begin's operation, which its stored
+// fingerprint hashes, is byte for byte what canonjson.Marshal wrote for the
+// map of its four fields, which every fingerprint stored so far was made
+// of: a payload of any shape, escapes, numbers and bad UTF-8, any cost and
+// dimensions. A difference would answer idempotency_key_reuse to the
+// retry of every effect begun before it.
+func TestCanonicalOperationAsTheMap(t *testing.T) {
+	payloads := []string{"", "null", "{}", "[]", "0", `"s"`, "true",
+		`{"to":"user_123","template":"welcome"}`,
+		` { "b" : [1, 1.0, 1e3, -0, 0.10000000000000001, 18446744073709551615, 1E-400, 12345678901234567890123],
+		   "a" : {"z":null,"y":false,"x":"<&>\u2028\u2029\"\\\n\t é 😀"} } `,
+		"{\"bad\":\"\xff\xfe ok\",\"\xc3\":1}", `{"a":1,"a":2}`, `[{"k":[[[]]]},"\u0000",3.14159265358979323846]`,
+		`"` + strings.Repeat("x<", 500) + `"`,
+	}
+	costs := []*int64{nil, ptr(int64(0)), ptr(int64(1500)), ptr(int64(1_000_000_000_000_000_000))}
+	dimss := []map[string]string{{}, {"recipient": "user_123"},
+		{"b": "<&>", "a": "é\u2028", "c": "\xff", "A.b_c-9": strings.Repeat("v", 255)}}
+	for _, raw := range payloads {
+		for _, cost := range costs {
+			for _, dims := range dimss {
+				payload := nullJSON(json.RawMessage(raw))
+				want, werr := canonjson.Marshal(map[string]any{
+					"effect_type": "email.send", "payload": rawOrNull(payload), "cost_micros": cost, "dimensions": dims,
+				})
+				got, gerr := canonicalOperation("email.send", payload, cost, dims)
+				require.Equal(t, werr != nil, gerr != nil, "payload %q: %v, %v", raw, werr, gerr)
+				require.Equal(t, string(want), string(got), "payload %q", raw)
+			}
+		}
+	}
+	_, err := canonicalOperation("t", json.RawMessage(`{"a":`), nil, map[string]string{})
+	require.Error(t, err)
 }
