@@ -354,11 +354,23 @@ type effectRow struct {
 	CreatedAt, UpdatedAt                                            time.Time
 }
 
-func (r *effectRow) dest() []any {
-	return []any{&r.ID, &r.WorkspaceID, &r.EffectType, &r.IdempotencyKey, &r.Fingerprint, &r.State,
+// effectRowColumns is how many columns effectColumns lists (dest's length).
+const effectRowColumns = 23
+
+func (r *effectRow) dest() []any { return r.appendDest(make([]any, 0, effectRowColumns)) }
+
+// destWith is dest followed by extra, in one slice.
+func (r *effectRow) destWith(extra any) []any {
+	return append(r.appendDest(make([]any, 0, effectRowColumns+1)), extra)
+}
+
+// appendDest appends the row's scan targets to dst: a caller scanning
+// columns before the row's gives their targets in dst, one slice for all.
+func (r *effectRow) appendDest(dst []any) []any {
+	return append(dst, &r.ID, &r.WorkspaceID, &r.EffectType, &r.IdempotencyKey, &r.Fingerprint, &r.State,
 		&r.DenialCode, &r.Attempt, &r.LeaseSeconds, &r.LeaseExpiresAt, &r.AttemptStartedAt, &r.Probe,
 		&r.ApprovalID, &r.ApprovalState, &r.Result, &r.ResultPreview, &r.PayloadPreview, &r.CostMicros,
-		&r.RunID, &r.GroupID, &r.CompensatesEffectID, &r.CreatedAt, &r.UpdatedAt}
+		&r.RunID, &r.GroupID, &r.CompensatesEffectID, &r.CreatedAt, &r.UpdatedAt)
 }
 
 // effectiveState is the state as callers see it: a lapsed lease is
@@ -371,9 +383,10 @@ func (r *effectRow) effectiveState(now time.Time) string {
 }
 
 func scanBegin(row pgx.Row) (ev eval, found, inserted bool, e effectRow, err error) {
-	dest := []any{&ev.onIndeterminate, &ev.maxAttempts, &ev.maxCost, &ev.approvalAbove, &ev.precheck,
-		&ev.missingDimensions, &ev.fresh, &ev.approvalReason, &ev.lease, &found, &inserted}
-	err = row.Scan(append(dest, e.dest()...)...)
+	dest := append(make([]any, 0, 11+effectRowColumns), &ev.onIndeterminate, &ev.maxAttempts, &ev.maxCost,
+		&ev.approvalAbove, &ev.precheck, &ev.missingDimensions, &ev.fresh, &ev.approvalReason, &ev.lease, &found,
+		&inserted)
+	err = row.Scan(e.appendDest(dest)...)
 	return
 }
 

@@ -143,3 +143,11 @@ func TestCanonicalOperationAsTheMap(t *testing.T) {
 	_, err := canonicalOperation("t", json.RawMessage(`{"a":`), nil, map[string]string{})
 	require.Error(t, err)
 }
+
+// TestEffectRowColumns: the scan targets' count, which sizes the slices
+// scans build, is effectColumns'.
+func TestEffectRowColumns(t *testing.T) {
+	require.Len(t, effectColumns, effectRowColumns)
+	require.Len(t, (&effectRow{}).dest(), effectRowColumns)
+	require.Equal(t, effectRowColumns, cap((&effectRow{}).dest()))
+}

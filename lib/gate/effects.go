@@ -141,7 +141,7 @@ func (s *Service) getEffect(ctx context.Context, q db.Querier, workspaceID, id s
 		row      effectRow
 		attempts []byte
 	)
-	err := q.QueryRow(ctx, sqlGetEffect, id, workspaceID).Scan(append(row.dest(), &attempts)...)
+	err := q.QueryRow(ctx, sqlGetEffect, id, workspaceID).Scan(row.destWith(&attempts)...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Effect{}, apierr.NotFound("effect")
 	}
@@ -221,7 +221,7 @@ func (s *Service) ListEffects(ctx context.Context, workspaceID string, f ListFil
 			row      effectRow
 			attempts []byte
 		)
-		if err := rows.Scan(append(row.dest(), &attempts)...); err != nil {
+		if err := rows.Scan(row.destWith(&attempts)...); err != nil {
 			return nil, fmt.Errorf("list effects: %w", err)
 		}
 		e, err := s.view(&row, attempts, now, false)

@@ -306,7 +306,7 @@ func scanReport(row pgx.Row) (effectRow, []byte, error) {
 		e    effectRow
 		atts []byte
 	)
-	err := row.Scan(append(e.dest(), &atts)...)
+	err := row.Scan(e.destWith(&atts)...)
 	return e, atts, err
 }
 
