@@ -214,7 +214,7 @@ func (s *Service) prepare(p *auth.Principal, req BeginRequest) (*beginInput, err
 	if dims == nil {
 		dims = map[string]string{}
 	}
-	operation, err := canonicalOperation(req.EffectType, payload, req.CostMicros, dims)
+	operation, err := canonicalOperation(req.EffectType, payload, req.CostMicros, names, dims)
 	if err != nil {
 		return nil, apierr.InvalidField("payload", "must be valid JSON")
 	}
@@ -270,17 +270,27 @@ func (s *Service) prepare(p *auth.Principal, req BeginRequest) (*beginInput, err
 // canonicalised on its own and the object written around them in
 // canonjson's key order: through the map, encoding/json marshalled the
 // payload into the map's JSON (compacting and escaping it) and canonjson
-// parsed all of it back, a second pass over the payload.
-func canonicalOperation(effectType string, payload json.RawMessage, cost *int64, dims map[string]string) (
-	[]byte, error) {
+// parsed all of it back, a second pass over the payload. The dimensions
+// are written in names' order (dims' names, sorted), each name as it is:
+// one that passed prepare's dimensionRe has no character JSON escapes.
+func canonicalOperation(effectType string, payload json.RawMessage, cost *int64, names []string,
+	dims map[string]string) ([]byte, error) {
 	p, err := canonjson.Marshal(rawOrNull(payload))
 	if err != nil {
 		return nil, err
 	}
-	d, err := canonjson.Marshal(dims)
-	if err != nil {
-		return nil, err
+	d := []byte{'{'}
+	for i, k := range names {
+		v, err := canonjson.Marshal(dims[k])
+		if err != nil {
+			return nil, err
+		}
+		if i > 0 {
+			d = append(d, ',')
+		}
+		d = append(append(append(append(d, '"'), k...), `":`...), v...)
 	}
+	d = append(d, '}')
 	t, err := canonjson.Marshal(effectType)
 	if err != nil {
 		return nil, err

@@ -126,7 +126,8 @@ func TestCanonicalOperationAsTheMap(t *testing.T) {
 	}
 	costs := []*int64{nil, ptr(int64(0)), ptr(int64(1500)), ptr(int64(1_000_000_000_000_000_000))}
 	dimss := []map[string]string{{}, {"recipient": "user_123"},
-		{"b": "<&>", "a": "é\u2028", "c": "\xff", "A.b_c-9": strings.Repeat("v", 255)}}
+		{"b": "<&>", "a": "é\u2028", "c": "\xff", "A.b_c-9": strings.Repeat("v", 255), "d": "\"\\\x00\t"},
+		{"z": "1", "Z": "2", "0": "3", "_": "4", ".": "5"}}
 	for _, raw := range payloads {
 		for _, cost := range costs {
 			for _, dims := range dimss {
@@ -134,13 +135,13 @@ func TestCanonicalOperationAsTheMap(t *testing.T) {
 				want, werr := canonjson.Marshal(map[string]any{
 					"effect_type": "email.send", "payload": rawOrNull(payload), "cost_micros": cost, "dimensions": dims,
 				})
-				got, gerr := canonicalOperation("email.send", payload, cost, dims)
+				got, gerr := canonicalOperation("email.send", payload, cost, sortedKeys(dims), dims)
 				require.Equal(t, werr != nil, gerr != nil, "payload %q: %v, %v", raw, werr, gerr)
 				require.Equal(t, string(want), string(got), "payload %q", raw)
 			}
 		}
 	}
-	_, err := canonicalOperation("t", json.RawMessage(`{"a":`), nil, map[string]string{})
+	_, err := canonicalOperation("t", json.RawMessage(`{"a":`), nil, nil, map[string]string{})
 	require.Error(t, err)
 }
 
