@@ -279,7 +279,11 @@ func canonicalOperation(effectType string, payload json.RawMessage, cost *int64,
 	if err != nil {
 		return nil, err
 	}
-	d := []byte{'{'}
+	size := 2 // the dimensions' object, as long as it is when no value needs an escape
+	for _, k := range names {
+		size += len(k) + len(dims[k]) + len(`"":"",`)
+	}
+	d := append(make([]byte, 0, size), '{')
 	for i, k := range names {
 		v, err := canonjson.Marshal(dims[k])
 		if err != nil {
