@@ -2,11 +2,14 @@ package redact
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net/url"
+	"reflect"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -31,7 +34,13 @@ import (
 //   - strconv's "parsing \"…\"" quotes its input: the input is withheld.
 //   - an HTTP client's *url.Error names its URL, user info (net/http
 //     strips the password only) and query string (tokens) included: both
-//     are withheld.
+//     are withheld. So is the part url.Parse quotes of a URL it refused (a
+//     password holding a "/" reads as a port: `invalid port ":<its
+//     first part>" after host`; an escape; a host's character).
+//   - time.Parse's *time.ParseError and time.ParseDuration's error quote
+//     the text they refused; encoding/json's "unknown field" quotes a key
+//     of its input, and its *UnmarshalTypeError the number it refused
+//     (a map key's text too): the quoted values are withheld.
 //
 // Loggers built by Logger apply it to every error they log.
 func ErrorText(err error) string {
@@ -125,6 +134,25 @@ func withheld(e error) (string, bool) {
 	case *url.Error:
 		// As url.Error's own text has it.
 		return fmt.Sprintf("%s %q: %s", t.Op, safeURL(t.URL), ErrorText(t.Err)), true
+	case url.EscapeError:
+		return "invalid URL escape (withheld from logs)", true
+	case url.InvalidHostError:
+		return "invalid character in host name (withheld from logs)", true
+	case *time.ParseError:
+		return "parsing time (value withheld from logs) as " + strconv.Quote(t.Layout), true
+	case *json.UnmarshalTypeError:
+		// Value is the JSON kind, and for a number (a map key's text
+		// too) the text after it: "number 4111…".
+		kind, rest, quoted := strings.Cut(t.Value, " ")
+		if !quoted || rest == "" {
+			return "", false
+		}
+		return strings.Replace(t.Error(), "unmarshal "+t.Value+" into", "unmarshal "+kind+" (value withheld from logs) into", 1), true
+	}
+	for _, prefix := range quotingPrefixes {
+		if strings.HasPrefix(e.Error(), prefix) {
+			return prefix + "(withheld from logs)", true
+		}
 	}
 	// pgx's newEncodeError: "unable to encode %#v into %s format for %s
 	// (OID %d): %w", a fmt wrapper and no type of its own.
@@ -133,6 +161,12 @@ func withheld(e error) (string, bool) {
 	}
 	return "", false
 }
+
+// quotingPrefixes begin the texts of errors of no type of their own that
+// quote what they refused after them: url.Parse's port, time.ParseDuration's
+// text and unit, encoding/json's unknown key.
+var quotingPrefixes = []string{"invalid port ", "time: invalid duration ", "time: unknown unit ",
+	"time: missing unit in duration ", "json: unknown field "}
 
 // safeURL is u without its user info, query and fragment.
 func safeURL(u string) string {
@@ -221,11 +255,100 @@ func safeAttr(a slog.Attr) slog.Attr {
 		}
 		return slog.Group(a.Key, safe...)
 	case slog.KindAny:
-		if err, ok := v.Any().(error); ok {
-			return slog.String(a.Key, ErrorText(err))
+		switch x := v.Any().(type) {
+		case error:
+			return slog.String(a.Key, ErrorText(x))
+		case *url.URL:
+			if x != nil {
+				return slog.String(a.Key, safeURL(x.String()))
+			}
+		case url.URL:
+			return slog.String(a.Key, safeURL(x.String()))
+		case []error:
+			texts := make([]string, len(x))
+			for i, err := range x {
+				texts[i] = ErrorText(err)
+			}
+			return slog.String(a.Key, "["+strings.Join(texts, "; ")+"]")
+		default:
+			// A handler writes any other value as fmt's %+v, which
+			// writes an error it holds (a field, an element) by its own
+			// text, and a URL with its password and query (logs QA: a
+			// struct, map or slice holding an error logged the value
+			// ErrorText withholds).
+			if holdsErrorOrURL(reflect.ValueOf(x), 0) {
+				return slog.String(a.Key, fmt.Sprintf("a %T, its value withheld from logs (it holds an error or a URL)", x))
+			}
 		}
 	}
 	return slog.Attr{Key: a.Key, Value: v}
+}
+
+var (
+	errorType = reflect.TypeFor[error]()
+	urlType   = reflect.TypeFor[url.URL]()
+)
+
+// maxHoldsDepth bounds holdsErrorOrURL's descent; a value nested deeper
+// (or a cycle) is taken to hold one.
+const maxHoldsDepth = 8
+
+// holdsErrorOrURL says whether v, or anything fmt would print of it, is a
+// non-nil error or a url.URL.
+func holdsErrorOrURL(v reflect.Value, depth int) bool {
+	if !v.IsValid() {
+		return false
+	}
+	if depth > maxHoldsDepth {
+		return true
+	}
+	switch v.Kind() {
+	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice:
+		if v.IsNil() {
+			return false
+		}
+	}
+	if t := v.Type(); t == urlType || t.Implements(errorType) {
+		return true
+	}
+	switch v.Kind() {
+	case reflect.Pointer, reflect.Interface:
+		return holdsErrorOrURL(v.Elem(), depth+1)
+	case reflect.Slice, reflect.Array:
+		if mayHoldNothing(v.Type().Elem()) {
+			return false
+		}
+		for i := range v.Len() {
+			if holdsErrorOrURL(v.Index(i), depth+1) {
+				return true
+			}
+		}
+	case reflect.Map:
+		for it := v.MapRange(); it.Next(); {
+			if holdsErrorOrURL(it.Key(), depth+1) || holdsErrorOrURL(it.Value(), depth+1) {
+				return true
+			}
+		}
+	case reflect.Struct:
+		for i := range v.NumField() {
+			if holdsErrorOrURL(v.Field(i), depth+1) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// mayHoldNothing says a value of t is a plain one (a number, a string): a
+// slice of bytes or of ids need not be walked.
+func mayHoldNothing(t reflect.Type) bool {
+	switch t.Kind() {
+	case reflect.Bool, reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr,
+		reflect.Float32, reflect.Float64, reflect.Complex64, reflect.Complex128, reflect.String:
+		return !t.Implements(errorType)
+	}
+	return false
 }
 
 var _ slog.Handler = errorHandler{}

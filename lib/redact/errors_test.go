@@ -2,6 +2,7 @@ package redact
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"go/ast"
@@ -16,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -263,4 +265,91 @@ func isErrorCall(e ast.Expr) bool {
 func isErrIdent(e ast.Expr) bool {
 	id, ok := e.(*ast.Ident)
 	return ok && (id.Name == "err" || strings.HasSuffix(id.Name, "err") || strings.HasSuffix(id.Name, "Err"))
+}
+
+// Parsers quote what they refused: url.Parse a piece of a URL (a password
+// holding a "/" reads as a port), time.Parse and time.ParseDuration the
+// text, encoding/json an unknown key and a refused number (a map key's
+// text too). ErrorText withholds each quoted value and keeps the rest
+// (logs QA: each was logged whole).
+func TestErrorTextWithholdsWhatParsersQuote(t *testing.T) {
+	t.Parallel()
+	_, portErr := url.Parse("postgres://ratchet:" + marker + "/rest@db.example/ratchet")
+	_, timeErr := time.Parse(time.RFC3339, marker)
+	_, durErr := time.ParseDuration(marker)
+	_, unitErr := time.ParseDuration("5" + marker)
+	var strict struct{ A int }
+	dec := json.NewDecoder(strings.NewReader(`{"` + marker + `": 1}`))
+	dec.DisallowUnknownFields()
+	unknownErr := dec.Decode(&strict)
+	var byNumber map[int]int
+	keyErr := json.Unmarshal([]byte(`{"`+marker+`": 1}`), &byNumber)
+	for _, err := range []error{portErr, timeErr, durErr, unitErr, unknownErr, keyErr} {
+		require.Error(t, err)
+		require.Contains(t, err.Error(), marker, "the parser quotes the value (else the test holds nothing)")
+		got := ErrorText(fmt.Errorf("read: %w", err))
+		require.NotContains(t, got, marker)
+		require.Contains(t, got, "read: ")
+		require.Contains(t, got, "withheld from logs")
+	}
+	require.Equal(t, `read: parse "(URL withheld from logs)": invalid port (withheld from logs)`,
+		ErrorText(fmt.Errorf("read: %w", portErr)))
+	require.Equal(t, `parsing time (value withheld from logs) as "2006-01-02T15:04:05Z07:00"`, ErrorText(timeErr))
+	require.Equal(t, "json: cannot unmarshal number (value withheld from logs) into Go value of type int", ErrorText(keyErr))
+
+	// An escape and a host's character are a few characters of the URL.
+	_, escapeErr := url.Parse("https://hook.example/p%zz")
+	require.Equal(t, `parse "(URL withheld from logs)": invalid URL escape (withheld from logs)`, ErrorText(escapeErr))
+	_, hostErr := url.Parse("https://ho%st/")
+	require.Equal(t, `parse "(URL withheld from logs)": invalid URL escape (withheld from logs)`, ErrorText(hostErr))
+	_, hostErr = url.Parse("https://ho st/")
+	require.Equal(t, `parse "(URL withheld from logs)": invalid character in host name (withheld from logs)`, ErrorText(hostErr))
+
+	// A refused kind names no value and keeps its text.
+	var n int
+	kindErr := json.Unmarshal([]byte(`"x"`), &n)
+	require.Equal(t, kindErr.Error(), ErrorText(kindErr))
+}
+
+// holder holds an error where fmt's %+v writes its text.
+type holder struct {
+	Name string
+	err  error
+}
+
+// A handler writes a value that is not an error by fmt's %+v, which writes
+// the errors it holds by their own texts and a URL with its password and
+// query: Logger withholds a value holding either (an error list, a struct,
+// a map, a pointer), writes a URL without them and an error list as
+// ErrorText has each (logs QA: each was logged whole), and keeps plain
+// values.
+func TestLoggerWithholdsErrorsAndURLsInsideOtherValues(t *testing.T) {
+	t.Parallel()
+	var buf bytes.Buffer
+	l := Logger(slog.New(slog.NewJSONHandler(&buf, nil)))
+	pe := &pgconn.PgError{Severity: "ERROR", Code: "22P02", Message: marker}
+	hook, err := url.Parse("https://user:" + marker + "@hook.example/in?token=" + marker)
+	require.NoError(t, err)
+	l.Warn("values", "errs", []error{errors.New("first"), pe}, "held", holder{Name: "n", err: pe},
+		"byName", map[string]any{"cause": pe}, "ptr", &holder{err: pe}, "deep", [][]any{{pe}},
+		"url", hook, "urlValue", *hook, "escape", []url.EscapeError{url.EscapeError(marker)})
+	l.With("bound", map[string]error{"x": pe}).Warn("bound")
+	out := buf.String()
+	require.NotContains(t, out, marker)
+	require.Contains(t, out, `"errs":"[first; ERROR: data exception, its message withheld from logs (SQLSTATE 22P02)]"`)
+	require.Contains(t, out, `"held":"a redact.holder, its value withheld from logs (it holds an error or a URL)"`)
+	require.Contains(t, out, `"url":"https://…@hook.example/in?…"`)
+	require.Contains(t, out, `"urlValue":"https://…@hook.example/in?…"`)
+	for _, key := range []string{"byName", "ptr", "deep", "escape", "bound"} {
+		require.Contains(t, out, `"`+key+`":"`)
+	}
+
+	buf.Reset()
+	var nilURL *url.URL
+	l.Info("plain", "ids", []string{"a", marker}, "counts", map[string]int{"n": 1}, "held", holder{Name: marker},
+		"nilErrs", []error(nil), "nilURL", nilURL, "bytes", []byte("ab"))
+	out = buf.String()
+	require.Contains(t, out, `"ids":["a","`+marker+`"]`, "plain values are logged as they are")
+	require.Contains(t, out, `"held":{"Name":"`+marker+`"}`)
+	require.Contains(t, out, `"counts":{"n":1}`)
 }
