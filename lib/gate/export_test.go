@@ -2,6 +2,7 @@ package gate
 
 import (
 	"context"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -128,3 +129,6 @@ var (
 // SQLListApprovals is GET /approvals's statement before db.NewestFirst
 // pages it.
 const SQLListApprovals = sqlListApprovals
+
+// Logger is the logger the service writes with.
+func (s *Service) Logger() *slog.Logger { return s.logger }

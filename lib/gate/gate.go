@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/redact"
 	"github.com/getratchet/ratchet/lib/seal"
 )
 
@@ -81,16 +82,18 @@ type Service struct {
 
 // New returns the gate. hash is the keyed hash used for dimension values
 // (auth.Service.Hash); now is the clock every decision uses; logger hears
-// of stored values a read cannot open (nil: slog.Default()).
+// of stored values a read cannot open (nil: slog.Default()), its errors
+// as redact.ErrorText has them.
 func New(pool *pgxpool.Pool, sealer *seal.Sealer, hash func(string) []byte, now func() time.Time,
 	logger *slog.Logger) *Service {
 	if now == nil {
 		now = time.Now
 	}
-	if logger == nil {
-		logger = slog.Default()
-	}
-	return &Service{pool: pool, sealer: sealer, hash: hash, now: now, logger: logger, maxGroupSteps: MaxGroupSteps,
+	// Through redact.Logger, as the jobs', webhooks' and sweeper's are:
+	// every error the gate logs is written as redact.ErrorText has it, on
+	// whatever logger it was given (logs QA: one given a plain logger, or
+	// nil, logged a data exception's message, which quotes the value).
+	return &Service{pool: pool, sealer: sealer, hash: hash, now: now, logger: redact.Logger(logger), maxGroupSteps: MaxGroupSteps,
 		walletMoves: maxWalletMoves}
 }
 
