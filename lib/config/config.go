@@ -5,10 +5,12 @@ package config
 
 import (
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -122,7 +124,7 @@ func Load() (*Config, error) {
 func oneLine(err error) error {
 	var pe *envconfig.ParseError
 	if ok := asParseError(err, &pe); ok {
-		return fmt.Errorf("config: %s is malformed (%v)", pe.KeyName, pe.Err)
+		return fmt.Errorf("config: %s is malformed (%s)", pe.KeyName, parseProblem(pe))
 	}
 	msg := err.Error()
 	if strings.HasPrefix(msg, "required key ") {
@@ -130,6 +132,21 @@ func oneLine(err error) error {
 		return fmt.Errorf("config: %s is required but not set", name)
 	}
 	return fmt.Errorf("config: %w", err)
+}
+
+// parseProblem is what is wrong with pe's value, without it: the parse's
+// own error quotes it (`strconv.ParseInt: parsing "…"`, `time: invalid
+// duration "…"`), and the error is logged at start-up (logs QA: a secret
+// pasted into PORT or a duration setting was logged whole).
+func parseProblem(pe *envconfig.ParseError) string {
+	var ne *strconv.NumError
+	switch {
+	case errors.As(pe.Err, &ne):
+		return "want " + pe.TypeName + ": " + ne.Err.Error()
+	case pe.TypeName == "time.Duration":
+		return "want a duration, e.g. 5s"
+	}
+	return "want " + pe.TypeName
 }
 
 func asParseError(err error, target **envconfig.ParseError) bool {
