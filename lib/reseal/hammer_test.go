@@ -50,7 +50,7 @@ func TestRollingDeployClaimHammer(t *testing.T) {
 	const lag, upd = 0, 1
 	name := [2]string{"lagging", "updated"}
 
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute) // a watchdog: 4-25 s here, 2 min ran out once under -race at load 16
 	defer cancel()
 	h := &hammer{ctx: ctx, key: ws.Key}
 
