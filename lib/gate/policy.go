@@ -84,6 +84,14 @@ func (d *DimensionLimitInput) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
+// MarshalJSON writes the limit's bytes back as they were kept, as
+// json.RawMessage does (without it a request re-encoded, by a test or a
+// client built on these types, carried each limit as base64: the strict
+// decoder's fuzz test found it).
+func (d DimensionLimitInput) MarshalJSON() ([]byte, error) {
+	return json.RawMessage(d).MarshalJSON()
+}
+
 // Policy is an effect type's policy. An unconfigured type reads as the safe
 // default with version 0.
 type Policy struct {

@@ -8,6 +8,9 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/gate"
+	"github.com/getratchet/ratchet/lib/jsonstrict"
 )
 
 func TestPolicyDefaultAndStarters(t *testing.T) {
@@ -323,4 +326,16 @@ func TestPolicyPutStaleAgainstALaterCeilingIsAConflict(t *testing.T) {
 		"approval_above_micros": 500}), http.StatusConflict, "version_conflict")
 	errCode(t, b.env.Do("PUT", "/api/v1/policies/sms.send", b.ws.Key, map[string]any{"expected_version": 2,
 		"approval_above_micros": 500}), http.StatusBadRequest, "approval_threshold_above_ceiling")
+}
+
+// A policy PUT's body re-encodes as it was read: a dimension's limit is
+// kept as written and written back as JSON, not as the base64 of its bytes
+// (the strict decoder's fuzz test: {"":{}} came back as "e30=").
+func TestAPolicyRequestReencodesItsDimensionLimits(t *testing.T) {
+	body := []byte(`{"dimension_limits":{"recipient":{"daily_count":3},"":{}}}`)
+	var req gate.PutPolicyRequest
+	require.NoError(t, jsonstrict.Decode(body, &req))
+	again, err := json.Marshal(req.DimensionLimits)
+	require.NoError(t, err)
+	require.JSONEq(t, `{"recipient":{"daily_count":3},"":{}}`, string(again))
 }
