@@ -232,6 +232,9 @@ func runJobsModel(t *testing.T, seed uint64, ops int) {
 			m.readRun(r)
 		}
 	}
+	if !t.Failed() {
+		checkEventLedger(t, m.env, m.ws.ID)
+	}
 	t.Logf("covered: %v", m.seen)
 	jmCovered.add(m.seen)
 }
@@ -1675,6 +1678,7 @@ func runConcurrentJobsModel(t *testing.T, seed uint64, goroutines, ops int) {
 	}
 	wg.Wait()
 	c.checkFinal()
+	checkEventLedger(t, c.envs[0], c.ws.ID)
 	grants := 0
 	for _, j := range c.order {
 		grants += len(j.grants)

@@ -337,3 +337,33 @@ func TestDependentsAndExhaustedEventsFollowEachEndingOnce(t *testing.T) {
 	require.Equal(t, []string{"FAILED", "FAILED", "SUCCEEDED"}, e.finished)
 	require.Equal(t, 2, e.exhausted)
 }
+
+// checkEventLedger checks workspace ws's run.finished and step.exhausted
+// events against what its runs and steps went through, after a model's
+// random sequence: a run ended once more than it was reopened (once, or
+// not at all while RUNNING), with one run.finished per end; a step was
+// exhausted once per replay that found it EXHAUSTED, and once more if it
+// is EXHAUSTED now, with one step.exhausted per exhaustion.
+func checkEventLedger(t *testing.T, env *apitest.Env, ws string) {
+	t.Helper()
+	rows, err := env.App.Pool.Query(ctx, `
+		SELECT r.id, r.status, r.reopened + CASE WHEN r.status = 'RUNNING' THEN 0 ELSE 1 END,
+		       (SELECT count(*) FROM events e WHERE e.type = 'run.finished' AND e.subject_id = r.id)
+		FROM job_runs r WHERE r.workspace_id = $1
+		UNION ALL
+		SELECT j.step_id, j.status,
+		       (SELECT count(*) FROM job_replays p WHERE p.job_id = j.id AND p.prior_status = 'EXHAUSTED')
+		         + CASE WHEN j.status = 'EXHAUSTED' THEN 1 ELSE 0 END,
+		       (SELECT count(*) FROM events e WHERE e.type = 'step.exhausted' AND e.subject_id = j.step_id)
+		FROM jobs j WHERE j.workspace_id = $1`, ws)
+	require.NoError(t, err)
+	var id, status string
+	var ends, events int
+	_, err = pgx.ForEachRow(rows, []any{&id, &status, &ends, &events}, func() error {
+		if ends != events {
+			t.Errorf("%s (%s): ended %d times, %d events", id, status, ends, events)
+		}
+		return nil
+	})
+	require.NoError(t, err)
+}
