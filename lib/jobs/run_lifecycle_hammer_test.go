@@ -367,3 +367,109 @@ func checkEventLedger(t *testing.T, env *apitest.Env, ws string) {
 	})
 	require.NoError(t, err)
 }
+
+// Runs of dependent steps (a root, a step after its success and one after
+// its failure, a step after the first, and an unrelated one) under
+// concurrent claims and reports of every outcome, cancels, replays and
+// finishes, then drained: no step is left waiting for a dependency that
+// ended (no sweep ran), every run ends as its steps decide it, and the
+// events follow every end (checkEventLedger).
+func TestRunsOfDependentStepsUnderChaosEndAsTheirStepsDecide(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const runs = 8
+	var runIDs, stepIDs []string
+	one := ptr[int64](1)
+	for i := range runs {
+		runID := b.run(t)
+		runIDs = append(runIDs, runID)
+		in := func(k int) json.RawMessage { return json.RawMessage(fmt.Sprint(10*i + k)) }
+		root := b.enqueue(t, runID, jobs.EnqueueRequest{Input: in(0), MaxAttempts: one}).StepID
+		onOK := b.enqueue(t, runID, jobs.EnqueueRequest{Input: in(1), MaxAttempts: one, AfterStepID: &root,
+			AfterStatus: ptr("SUCCEEDED")}).StepID
+		onFail := b.enqueue(t, runID, jobs.EnqueueRequest{Input: in(2), MaxAttempts: one, AfterStepID: &root,
+			AfterStatus: ptr("FAILED")}).StepID
+		below := b.enqueue(t, runID, jobs.EnqueueRequest{Input: in(3), MaxAttempts: one, AfterStepID: &onOK,
+			AfterStatus: ptr("SUCCEEDED")}).StepID
+		apart := b.enqueue(t, runID, jobs.EnqueueRequest{Input: in(4), MaxAttempts: one}).StepID
+		stepIDs = append(stepIDs, root, onOK, onFail, below, apart)
+	}
+	const claimers = 4
+	wids := make([]string, claimers)
+	for i := range wids {
+		wids[i] = b.register(t)
+	}
+	outcomes := []jobs.ReportRequest{{Status: jobs.StatusSucceeded}, {Status: jobs.StatusSucceeded},
+		{Status: "FAILED", Error: notRetryable}, {Status: "FAILED"}}
+	errs := make([]error, claimers+2*runs)
+	apitest.StartTogether(len(errs), func(g int) {
+		switch {
+		case g < claimers:
+			n := g
+			errs[g] = b.claimUntilEmpty(wids[g], 1+g%3, func(js []jobs.ClaimedJob) {
+				for _, j := range js {
+					n++
+					req := outcomes[n%len(outcomes)]
+					req.LeaseToken = j.LeaseToken
+					if _, err := b.svc.Report(ctx, b.worker, j.JobID, req); err != nil {
+						if e, ok := apierr.As(err); !ok || (e.Code != apierr.CodeInvalidState && e.Code != "lease_lost") {
+							errs[g] = err
+						}
+					}
+				}
+			})
+		case g < claimers+runs:
+			_, errs[g] = b.svc.FinishRun(ctx, b.ws, runIDs[g-claimers])
+		default:
+			// A cancel of one step of the run, then replays of its
+			// steps over and over (refused while a step has not ended, or
+			// its dependency has not), racing the claims and reports.
+			k := g - claimers - runs
+			steps := stepIDs[5*k : 5*k+5]
+			_, err := b.svc.CancelStep(ctx, b.ws, steps[(k+2)%5])
+			if e, ok := apierr.As(err); err != nil && (!ok || e.Code != apierr.CodeInvalidState) {
+				errs[g] = err
+				return
+			}
+			for i := range 60 {
+				_, err = b.svc.Replay(ctx, b.worker, steps[i%5], jobs.ReplayRequest{AcknowledgeDuplicateRisk: ptr(true)})
+				if e, ok := apierr.As(err); err != nil && (!ok || e.Code != apierr.CodeInvalidState) {
+					errs[g] = err
+					return
+				}
+			}
+		}
+	})
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	for { // the replays' jobs, and any the claimers missed
+		js := b.claim(t, wids[0], 50)
+		if len(js) == 0 {
+			break
+		}
+		for _, j := range js {
+			b.succeed(t, j)
+		}
+	}
+	for _, runID := range runIDs {
+		r := b.getRun(t, runID)
+		want := "SUCCEEDED"
+		for _, st := range r.Steps {
+			require.True(t, st.Status == jobs.StatusSucceeded || st.Status == jobs.StatusExhausted ||
+				st.Status == jobs.StatusCancelled || st.Status == jobs.StatusSkipped,
+				"run %s: step %s is %s with nothing left to run", runID, st.ID, st.Status)
+			if st.Status == jobs.StatusExhausted || st.Status == jobs.StatusCancelled {
+				want = "FAILED"
+			}
+		}
+		require.Equal(t, want, r.Status, "run %s", runID)
+	}
+	checkEventLedger(t, b.env, b.ws)
+	var summary string
+	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT string_agg(s, ', ') FROM (
+		SELECT status || ' ' || count(*) AS s FROM jobs WHERE workspace_id = $1 GROUP BY status
+		UNION ALL SELECT 'replays ' || count(*) FROM job_replays WHERE workspace_id = $1
+		UNION ALL SELECT 'reopens ' || sum(reopened) FROM job_runs WHERE workspace_id = $1) x`, b.ws).Scan(&summary))
+	t.Logf("steps and replays: %s", summary)
+}
