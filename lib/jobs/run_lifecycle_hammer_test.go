@@ -49,6 +49,17 @@ func (b *bundle) requireEndedOnce(t testing.TB, runID, want string) runEnd {
 	return e
 }
 
+// reportEnd reports j's attempt, its last: SUCCEEDED, or with fail a
+// non-retryable failure that exhausts it.
+func (b *bundle) reportEnd(j jobs.ClaimedJob, fail bool) error {
+	req := jobs.ReportRequest{LeaseToken: j.LeaseToken, Status: jobs.StatusSucceeded}
+	if fail {
+		req = jobs.ReportRequest{LeaseToken: j.LeaseToken, Status: "FAILED", Error: notRetryable}
+	}
+	_, err := b.svc.Report(ctx, b.worker, j.JobID, req)
+	return err
+}
+
 // distinct makes the n-th enqueue of a test its own step (its own
 // generated key).
 func distinct(n int) jobs.EnqueueRequest {
@@ -89,14 +100,7 @@ func TestRacingLastStepsAndFinishEndTheRunOnce(t *testing.T) {
 	var calls []func() error
 	for _, p := range all {
 		for k, j := range p.jobs {
-			calls = append(calls, func() error {
-				req := jobs.ReportRequest{LeaseToken: j.LeaseToken, Status: jobs.StatusSucceeded}
-				if p.fail[k] {
-					req = jobs.ReportRequest{LeaseToken: j.LeaseToken, Status: "FAILED", Error: notRetryable}
-				}
-				_, err := b.svc.Report(ctx, b.worker, j.JobID, req)
-				return err
-			})
+			calls = append(calls, func() error { return b.reportEnd(j, p.fail[k]) })
 		}
 		if p.finish {
 			calls = append(calls, func() error { _, err := b.svc.FinishRun(ctx, b.ws, p.runID); return err })
@@ -142,8 +146,7 @@ func TestAnEnqueueRacingFinishAndTheLastReportNeverLandsInAnEndedRun(t *testing.
 		case 0:
 			_, errs[i] = b.svc.FinishRun(ctx, b.ws, p.runID)
 		case 1:
-			_, errs[i] = b.svc.Report(ctx, b.worker, p.job.JobID, jobs.ReportRequest{LeaseToken: p.job.LeaseToken,
-				Status: jobs.StatusSucceeded})
+			errs[i] = b.reportEnd(p.job, false)
 		default:
 			res, err := b.svc.Enqueue(ctx, b.ws, p.runID, distinct(1))
 			if e, ok := apierr.As(err); ok && e.Code == apierr.CodeInvalidState {
@@ -209,11 +212,7 @@ func TestAReplayReopeningARunRacingItsOtherStepsEnd(t *testing.T) {
 			_, errs[i] = b.svc.Replay(ctx, b.worker, p.replayed, jobs.ReplayRequest{AcknowledgeDuplicateRisk: ptr(true)})
 			return
 		}
-		req := jobs.ReportRequest{LeaseToken: p.other.LeaseToken, Status: jobs.StatusSucceeded}
-		if p.otherFails {
-			req = jobs.ReportRequest{LeaseToken: p.other.LeaseToken, Status: "FAILED", Error: notRetryable}
-		}
-		_, errs[i] = b.svc.Report(ctx, b.worker, p.other.JobID, req)
+		errs[i] = b.reportEnd(p.other, p.otherFails)
 	})
 	for _, err := range errs {
 		require.NoError(t, err)
@@ -281,8 +280,7 @@ func TestACancelRacingTheLastReportEndsTheRunOnce(t *testing.T) {
 			cancelled[i/2], errs[i] = err == nil, err
 			return
 		}
-		_, errs[i] = b.svc.Report(ctx, b.worker, p.job.JobID, jobs.ReportRequest{LeaseToken: p.job.LeaseToken,
-			Status: jobs.StatusSucceeded})
+		errs[i] = b.reportEnd(p.job, false)
 	})
 	for _, err := range errs {
 		require.NoError(t, err)
