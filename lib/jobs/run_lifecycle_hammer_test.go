@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -470,4 +471,55 @@ func TestRunsOfDependentStepsUnderChaosEndAsTheirStepsDecide(t *testing.T) {
 		UNION ALL SELECT 'replays ' || count(*) FROM job_replays WHERE workspace_id = $1
 		UNION ALL SELECT 'reopens ' || sum(reopened) FROM job_runs WHERE workspace_id = $1) x`, b.ws).Scan(&summary))
 	t.Logf("steps and replays: %s", summary)
+}
+
+// A read ending a last step whose lease lapsed (GET /runs/{id}, the list of
+// runs) races the report of the run's other last step and more reads: the
+// run ends FAILED once, with one step.exhausted saying the lease lapsed.
+func TestReadsEndingALapsedLastStepRacingTheOtherLastReport(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const runs = 30
+	type pending struct {
+		runID string
+		alive jobs.ClaimedJob
+	}
+	all := make([]pending, runs)
+	for i := range all {
+		p := &all[i]
+		p.runID = b.run(t)
+		_, claimed := b.lastAttemptsClaimed(t, p.runID, 2)
+		p.alive = claimed[0]
+		_, err := b.svc.FinishRun(ctx, b.ws, p.runID)
+		require.NoError(t, err)
+	}
+	b.clock.Add(time.Minute) // both leases lapse; the report of one is still recorded
+	errs := make([]error, 4*runs)
+	apitest.StartTogether(len(errs), func(i int) {
+		p := all[i/4]
+		switch i % 4 {
+		case 0:
+			errs[i] = b.reportEnd(p.alive, false)
+			if e, ok := apierr.As(errs[i]); ok && e.Code == apierr.CodeInvalidState {
+				errs[i] = nil // a read ended it first, as lapsed
+			}
+		case 1, 2:
+			_, errs[i] = b.svc.GetRun(ctx, b.ws, p.runID)
+		default:
+			_, errs[i] = b.svc.ListRuns(ctx, b.ws, "", "", 10)
+		}
+	})
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	for _, p := range all {
+		b.getRun(t, p.runID)
+		e := b.requireEndedOnce(t, p.runID, "FAILED")
+		require.Zero(t, e.reopened)
+	}
+	checkEventLedger(t, b.env, b.ws)
+	var notLapsed int
+	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM events
+		WHERE workspace_id = $1 AND type = 'step.exhausted' AND NOT (data->>'leaseLapsed')::bool`, b.ws).Scan(&notLapsed))
+	require.Zero(t, notLapsed, "every exhaustion here is a lapse")
 }
