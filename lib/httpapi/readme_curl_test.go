@@ -58,6 +58,40 @@ func TestGuidesCurlSequences(t *testing.T) {
 	require.GreaterOrEqual(t, curls, 3, "the guides' sh blocks lost their curl commands")
 }
 
+// A guide whose sh blocks set up the reader's shell (mint a key, name the
+// origin) exports there every variable its code then reads: the worker
+// guide minted a WORKER key and left the reader to guess that its Go code
+// reads the secret from RATCHET_WORKER_KEY. Guides without sh blocks name
+// their variables in the code's comments.
+func TestGuidesExportWhatTheirCodeReads(t *testing.T) {
+	t.Parallel()
+	guides, err := filepath.Glob(filepath.Join("..", "..", "docs", "guides", "*.md"))
+	require.NoError(t, err)
+	reads := regexp.MustCompile(`os\.Getenv\("([A-Z0-9_]+)"\)|process\.env\.([A-Z0-9_]+)`)
+	checked := 0
+	for _, guide := range guides {
+		raw, err := os.ReadFile(guide)
+		require.NoError(t, err)
+		exported := map[string]bool{}
+		for _, s := range readmeShellSteps(t, string(raw)) {
+			if s.kind == stepExport {
+				name, _, _ := strings.Cut(strings.Fields(strings.TrimPrefix(s.text, "export "))[0], "=")
+				exported[name] = true
+			}
+		}
+		if len(exported) == 0 {
+			continue
+		}
+		for _, m := range reads.FindAllStringSubmatch(string(raw), -1) {
+			name := m[1] + m[2]
+			checked++
+			require.True(t, exported[name], "docs/guides/%s: its code reads %s, which its sh blocks never export",
+				filepath.Base(guide), name)
+		}
+	}
+	require.Positive(t, checked, "no guide's code reads a variable its sh blocks export any more")
+}
+
 // replayShellBlocks replays the sh blocks of one document, after the given
 // answers, and answers how many curl commands it ran.
 func replayShellBlocks(t *testing.T, env *apitest.Env, file string, answers []any) int {
