@@ -235,11 +235,17 @@ type errorBody struct {
 // turns each <, > and & of a job's input into six bytes, so a claim measured
 // against ClaimInputBudget by its stored inputs could pass the platforms'
 // answer limits all the same (review).
+// The answer is encoded in a pooled buffer (jsonx.Borrow), written as
+// jsonx.Marshal would answer it: a ResponseWriter copies what it is given.
 func writeJSON(w http.ResponseWriter, status int, body any) {
-	b, err := jsonx.Marshal(body)
-	if err != nil {
+	e := jsonx.Borrow()
+	defer e.Release()
+	var b []byte
+	if err := e.Value(body); err != nil {
 		status = http.StatusInternalServerError
 		b = []byte(`{"error":{"code":"internal_error","message":"Internal error.","detail":{}}}`)
+	} else {
+		b = e.Bytes()
 	}
 	writeEncoded(w, encoded{status: status, body: b})
 }

@@ -5,6 +5,7 @@ package jsonx
 import (
 	"bytes"
 	"encoding/json"
+	"sync"
 	"unicode/utf8"
 )
 
@@ -104,6 +105,30 @@ func (e *Encoder) Value(v any) error {
 	}
 	e.buf.Truncate(e.buf.Len() - 1) // Encode ends each value with a newline
 	return nil
+}
+
+// encoders keeps Encoders for Borrow: Marshal makes a json.Encoder and
+// grows a fresh buffer from nothing for every answer, a few allocations
+// and copies each (pprof of the gate's begin and report: writeJSON).
+var encoders = sync.Pool{New: func() any { return NewEncoder() }}
+
+// maxKept bounds the buffer Release keeps: one grown by a large answer (a
+// claim's inputs, a page, up to answer.Budget) is let go, not held by the
+// pool for every small answer after it.
+const maxKept = 64 << 10
+
+// Borrow is an empty Encoder from a pool, for an answer written at once
+// and let go: Release it when what Bytes answered is no longer used.
+func Borrow() *Encoder { return encoders.Get().(*Encoder) }
+
+// Release empties e and gives it back to Borrow's pool. Neither e nor what
+// its Bytes answered may be used after.
+func (e *Encoder) Release() {
+	if e.buf.Cap() > maxKept {
+		return
+	}
+	e.buf.Reset()
+	encoders.Put(e)
 }
 
 // Len is how many bytes are written so far: at least what Bytes answers.
