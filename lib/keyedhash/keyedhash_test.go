@@ -78,6 +78,14 @@ func BenchmarkSum(b *testing.B) {
 			k.Sum(v)
 		}
 	})
+	b.Run("SumString", func(b *testing.B) {
+		k := New(key)
+		s := string(v)
+		b.ReportAllocs()
+		for b.Loop() {
+			k.SumString(s)
+		}
+	})
 }
 
 // The key is New's copy: a caller's slice changed afterwards changes no
@@ -90,4 +98,15 @@ func TestTheKeyIsCopied(t *testing.T) {
 	runtime.GC() // a pool's items survive one GC (its victim cache), not two
 	runtime.GC()
 	require.Equal(t, want, k.Sum([]byte("value")))
+}
+
+// SumString is Sum of the string's bytes, for short values and for one
+// past what a mac's buffer keeps, and after it.
+func TestSumStringIsSum(t *testing.T) {
+	key := []byte("test-key-hash-secret-0123456789")
+	k := New(key)
+	for _, v := range []string{"", "rk_abc_0123", string(bytes.Repeat([]byte("y"), 3*maxScratch)), "short after long"} {
+		require.Equal(t, plain(key, []byte(v)), k.SumString(v), "%.20q", v)
+		require.Equal(t, k.Sum([]byte(v)), k.SumString(v))
+	}
 }
