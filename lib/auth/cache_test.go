@@ -1,8 +1,12 @@
 package auth
 
 import (
+	"context"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/getratchet/ratchet/lib/ids"
 )
 
 // A lookup that read a key before this instance revoked it does not cache
@@ -16,12 +20,36 @@ func TestARevocationDuringALookupIsNotCachedOver(t *testing.T) {
 	epoch := s.forgets // the lookup begins
 	s.forget("key_a")  // the revocation commits meanwhile
 	s.store("key_a", hash, p, now, epoch)
-	if s.cached("key_a", hash, now) != nil {
+	if s.cached([]byte("key_a"), hash, now) != nil {
 		t.Fatal("a key read before its revocation was cached after it")
 	}
 
 	s.store("key_a", hash, p, now, s.forgets) // a lookup that began after
-	if s.cached("key_a", hash, now) != p {
+	if s.cached([]byte("key_a"), hash, now) != p {
 		t.Fatal("a key read after every revocation was not cached")
+	}
+}
+
+// A key answered from the cache costs its secret's sum alone: no string of
+// its id, no copy of its secret (pprof: authorize's allocations). It is
+// the same principal, and a revocation still takes it out of the cache.
+func TestACachedKeyAllocatesItsSumOnly(t *testing.T) {
+	now := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	s := NewService(nil, "test-key-hash-secret", time.Minute, func() time.Time { return now })
+	id := ids.New(ids.Key)
+	secret := secretPrefix + strings.TrimPrefix(id, "key_") + "_" + ids.Random(32)
+	p := &Principal{KeyID: id}
+	s.store(id, s.Hash(secret), p, now, s.forgets)
+	ctx := context.Background()
+	got, err := s.authenticate(ctx, secret, true, true)
+	if err != nil || got != p {
+		t.Fatalf("cached key: %v, %v", got, err)
+	}
+	if n := testing.AllocsPerRun(100, func() { _, _ = s.authenticate(ctx, secret, true, true) }); n > 1 {
+		t.Fatalf("a cached key's authentication made %v allocations, want 1", n)
+	}
+	s.forget(id)
+	if s.cached([]byte(id), s.Hash(secret), now) != nil {
+		t.Fatal("a revoked key was still cached")
 	}
 }

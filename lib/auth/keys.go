@@ -105,7 +105,7 @@ func (s *Service) Limiter() *Limiter { return s.limiter }
 // Hash is HMAC-SHA-256 with KEY_HASH_SECRET; also used for values that must be
 // matched but never stored in clear (dimension values).
 func (s *Service) Hash(v string) []byte {
-	return s.hashSecret.Sum([]byte(v))
+	return s.hashSecret.SumString(v)
 }
 
 func errBadKey() error {
@@ -163,16 +163,29 @@ func RequireLive(ctx context.Context, tx pgx.Tx, keyID string) error {
 
 // parseSecret splits rk_<id body>_<hex>.
 func parseSecret(secret string) (keyID string, ok bool) {
+	var buf [keyIDLen]byte
+	id, ok := appendKeyID(buf[:0], secret)
+	return string(id), ok
+}
+
+// keyIDLen is a key id's length, ids.Len(ids.Key) (TestParseSecret).
+const keyIDLen = len(ids.Key) + 27
+
+// appendKeyID appends to buf the id of the key whose secret is
+// rk_<id body>_<hex>, when secret is one: authenticate makes a string of
+// it only for a key it reads from the database (pprof: the id's string,
+// made for every request, was one of authorize's allocations).
+func appendKeyID(buf []byte, secret string) ([]byte, bool) {
 	rest, ok := strings.CutPrefix(secret, secretPrefix)
 	if !ok {
-		return "", false
+		return buf, false
 	}
 	body, random, ok := strings.Cut(rest, "_")
 	if !ok || len(random) != 64 {
-		return "", false
+		return buf, false
 	}
-	id := ids.Key + "_" + body
-	return id, ids.Valid(ids.Key, id)
+	buf = append(append(append(buf, ids.Key...), '_'), body...)
+	return buf, ids.Valid(ids.Key, string(buf))
 }
 
 const authSQL = `
@@ -251,7 +264,8 @@ func (s *Service) AuthenticateSettling(ctx context.Context, secret string) (*Pri
 // limit when count is set, and answering from the cache when useCache is set
 // and the cache holds the key.
 func (s *Service) authenticate(ctx context.Context, secret string, count, useCache bool) (*Principal, error) {
-	keyID, ok := parseSecret(secret)
+	var buf [keyIDLen]byte
+	id, ok := appendKeyID(buf[:0], secret)
 	if !ok {
 		return nil, errBadKey()
 	}
@@ -261,13 +275,13 @@ func (s *Service) authenticate(ctx context.Context, secret string, count, useCac
 
 	var hit *Principal
 	if useCache {
-		hit = s.cached(keyID, hash, now)
+		hit = s.cached(id, hash, now)
 	}
 	if hit != nil {
 		if hit.RateLimitPerMinute == nil || !count {
 			return hit, nil
 		}
-		ok, retry, err := s.limiter.Allow(ctx, "key:"+keyID, *hit.RateLimitPerMinute, time.Minute)
+		ok, retry, err := s.limiter.Allow(ctx, "key:"+hit.KeyID, *hit.RateLimitPerMinute, time.Minute)
 		if err != nil {
 			return nil, err
 		}
@@ -277,6 +291,7 @@ func (s *Service) authenticate(ctx context.Context, secret string, count, useCac
 		return hit, nil
 	}
 
+	keyID := string(id)
 	s.mu.Lock()
 	epoch := s.forgets
 	s.mu.Unlock()
@@ -309,12 +324,12 @@ func (s *Service) authenticate(ctx context.Context, secret string, count, useCac
 	return p, nil
 }
 
-func (s *Service) cached(keyID string, hash []byte, now time.Time) *Principal {
+func (s *Service) cached(keyID []byte, hash []byte, now time.Time) *Principal {
 	if s.cacheTTL <= 0 {
 		return nil
 	}
 	s.mu.Lock()
-	c, ok := s.cache[keyID]
+	c, ok := s.cache[string(keyID)] // no string made for the look-up
 	s.mu.Unlock()
 	if !ok || now.After(c.expires) || subtle.ConstantTimeCompare(c.hash, hash) != 1 {
 		return nil

@@ -16,6 +16,7 @@ func TestParseSecret(t *testing.T) {
 	t.Parallel()
 	id := ids.New(ids.Key)
 	secret := secretPrefix + strings.TrimPrefix(id, "key_") + "_" + ids.Random(32)
+	require.Equal(t, ids.Len(ids.Key), keyIDLen)
 	got, ok := parseSecret(secret)
 	require.True(t, ok)
 	require.Equal(t, id, got)
