@@ -32,11 +32,21 @@ type encoded struct {
 	original string
 }
 
+var (
+	jsonContentType = []string{"application/json; charset=utf-8"}
+	noStore         = []string{"no-store"}
+)
+
 // writeEncoded writes an encoded JSON answer (writeJSON's too), marked as
 // given again when it is.
 func writeEncoded(w http.ResponseWriter, a encoded) {
-	w.Header().Set("Content-Type", "application/json; charset=utf-8")
-	w.Header().Set("Cache-Control", "no-store")
+	// Assigned, not Set: Set makes a one-value slice for each header of
+	// every answer. The slices are shared, so nothing may change their
+	// values in place (Set and Add replace a header's slice, net/http and
+	// httptest only read it).
+	h := w.Header()
+	h["Content-Type"] = jsonContentType
+	h["Cache-Control"] = noStore
 	if a.original != "" {
 		w.Header().Set(ReplayedHeader, "true")
 		w.Header().Set(OriginalRequestHeader, a.original)

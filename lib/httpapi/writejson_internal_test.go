@@ -14,14 +14,19 @@ import (
 )
 
 // writeJSONAsBefore is writeJSON as it was before it encoded in a pooled
-// buffer: jsonx.Marshal, then writeEncoded.
+// buffer and assigned its headers' shared values: jsonx.Marshal, then
+// writeEncoded as it was.
 func writeJSONAsBefore(w http.ResponseWriter, status int, body any) {
 	b, err := jsonx.Marshal(body)
 	if err != nil {
 		status = http.StatusInternalServerError
 		b = []byte(`{"error":{"code":"internal_error","message":"Internal error.","detail":{}}}`)
 	}
-	writeEncoded(w, encoded{status: status, body: b})
+	w.Header().Set("Content-Type", "application/json; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+	_, _ = w.Write(newline)
 }
 
 // TestWriteJSONAnswersAsMarshalDid holds the pooled encoding to the bytes,
@@ -60,14 +65,22 @@ func TestWriteJSONAnswersAsMarshalDid(t *testing.T) {
 	for round := range 2 {
 		for i, body := range bodies {
 			want, got := httptest.NewRecorder(), httptest.NewRecorder()
-			want.Header().Set(RequestIDHeader, "req_1")
-			got.Header().Set(RequestIDHeader, "req_1")
+			for _, h := range []http.Header{want.Header(), got.Header()} {
+				h.Set(RequestIDHeader, "req_1")
+				h.Set("Cache-Control", "private") // replaced
+			}
 			writeJSONAsBefore(want, 201, body)
 			writeJSON(got, 201, body)
 			require.Equal(t, want.Code, got.Code, "round %d body %d", round, i)
 			require.Equal(t, want.Header(), got.Header(), "round %d body %d", round, i)
 			require.Equal(t, want.Body.String(), got.Body.String(), "round %d body %d", round, i)
+			// The shared values are not changed by an answer's header
+			// changed after it.
+			got.Header().Add("Cache-Control", "max-age=0")
+			got.Header().Set("Content-Type", "text/plain")
 		}
+		require.Equal(t, []string{"application/json; charset=utf-8"}, jsonContentType)
+		require.Equal(t, []string{"no-store"}, noStore)
 	}
 }
 
