@@ -890,15 +890,13 @@ func TestTheSDKWorkersLogNothingUserControlled(t *testing.T) {
 			`kind="unreadable answer"`)
 	}
 	t.Run("python", func(t *testing.T) {
-		python := interpreter(t, "RATCHET_PYTHON", "python3", "Python 3.10 or newer (Debian: apt-get install python3)",
-			"-c", "import sys; print(sys.version_info >= (3, 10))")
+		python := pythonInterpreter(t)
 		script, err := filepath.Abs("testdata/leak_worker.py")
 		require.NoError(t, err)
 		run(t, pythonSDK, python, script)
 	})
 	t.Run("typescript", func(t *testing.T) {
-		node := interpreter(t, "RATCHET_NODE", "node", "Node.js 18 or newer (Debian: apt-get install nodejs)",
-			"-e", "console.log(String(Number(process.versions.node.split('.')[0]) >= 18).replace(/^./, c => c.toUpperCase()))")
+		node := nodeInterpreter(t)
 		run(t, ".", node, "testdata/leak_worker.mjs")
 	})
 }

@@ -167,18 +167,14 @@ func sdkRequestDrift(t *testing.T, doc map[string]any, sent []sentRequest, notSe
 
 func TestPythonSDKRequestsMatchTheOpenAPIDocument(t *testing.T) {
 	t.Parallel()
-	python := interpreter(t, "RATCHET_PYTHON", "python3", "Python 3.10 or newer (Debian: apt-get install python3)",
-		"-c", "import sys; print(sys.version_info >= (3, 10))")
-	sent := recordSDKRequests(t, "testdata", []string{"PYTHONPATH=../" + pythonSDK}, python, "requests.py")
+	sent := recordSDKRequests(t, "testdata", []string{"PYTHONPATH=../" + pythonSDK}, pythonInterpreter(t), "requests.py")
 	require.Empty(t, sdkRequestDrift(t, openAPIDoc(t), sent, otherSDKRequestFieldsNotSent["python"]),
 		"what the Python SDK sends differs from the OpenAPI document")
 }
 
 func TestTypeScriptSDKRequestsMatchTheOpenAPIDocument(t *testing.T) {
 	t.Parallel()
-	node := interpreter(t, "RATCHET_NODE", "node", "Node.js 18 or newer (Debian: apt-get install nodejs)",
-		"-e", "console.log(String(Number(process.versions.node.split('.')[0]) >= 18).replace(/^./, c => c.toUpperCase()))")
-	sent := recordSDKRequests(t, "testdata", nil, node, "requests.mjs")
+	sent := recordSDKRequests(t, "testdata", nil, nodeInterpreter(t), "requests.mjs")
 	require.Empty(t, sdkRequestDrift(t, openAPIDoc(t), sent, otherSDKRequestFieldsNotSent["typescript"]),
 		"what the TypeScript SDK sends differs from the OpenAPI document")
 }

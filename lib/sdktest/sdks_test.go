@@ -32,8 +32,7 @@ const (
 // RATCHET_PYTHON names the interpreter (python3 by default, 3.10 or newer).
 func TestPythonSDK(t *testing.T) {
 	t.Parallel()
-	python := interpreter(t, "RATCHET_PYTHON", "python3", "Python 3.10 or newer (Debian: apt-get install python3)",
-		"-c", "import sys; print(sys.version_info >= (3, 10))")
+	python := pythonInterpreter(t)
 	out := runAgainstServer(t, pythonSDK, nil, python, "-m", "unittest", "discover", "-v", "-s", "tests", "-t", "tests")
 	ran := regexp.MustCompile(`(?m)^Ran (\d+) tests?`).FindStringSubmatch(out)
 	require.NotNil(t, ran, "no unittest summary in:\n%s", out)
@@ -61,8 +60,7 @@ func TestConsole(t *testing.T) {
 // test, or fewer than atLeast.
 func runNodeTests(t *testing.T, dir, sub, pattern string, atLeast int, configure ...func(*config.Config)) {
 	t.Helper()
-	node := interpreter(t, "RATCHET_NODE", "node", "Node.js 18 or newer (Debian: apt-get install nodejs)",
-		"-e", "console.log(String(Number(process.versions.node.split('.')[0]) >= 18).replace(/^./, c => c.toUpperCase()))")
+	node := nodeInterpreter(t)
 	files, err := filepath.Glob(filepath.Join(dir, sub, pattern))
 	require.NoError(t, err)
 	require.NotEmpty(t, files, "no test files in %s/%s", dir, sub)
@@ -113,6 +111,20 @@ func requireRanAll(t *testing.T, out, ran string, skipped bool, atLeast int) {
 	n, err := strconv.Atoi(ran)
 	require.NoError(t, err)
 	require.GreaterOrEqual(t, n, atLeast, "fewer tests ran than exist:\n%s", out)
+}
+
+// pythonInterpreter is RATCHET_PYTHON (python3 by default), 3.10 or newer.
+func pythonInterpreter(t *testing.T) string {
+	t.Helper()
+	return interpreter(t, "RATCHET_PYTHON", "python3", "Python 3.10 or newer (Debian: apt-get install python3)",
+		"-c", "import sys; print(sys.version_info >= (3, 10))")
+}
+
+// nodeInterpreter is RATCHET_NODE (node by default), 18 or newer.
+func nodeInterpreter(t *testing.T) string {
+	t.Helper()
+	return interpreter(t, "RATCHET_NODE", "node", "Node.js 18 or newer (Debian: apt-get install nodejs)",
+		"-e", "console.log(String(Number(process.versions.node.split('.')[0]) >= 18).replace(/^./, c => c.toUpperCase()))")
 }
 
 // interpreter finds the program named by env (or def) and checks its
