@@ -113,6 +113,39 @@ type Options struct {
 	// hands before it is acknowledged and a crash of the server loses none
 	// (fsync stays off: the machine does not crash, only postgres).
 	Crashable bool
+
+	// host is what Provision asks of the machine; nil means this one.
+	// Tests set it to prove each branch of the choice of source.
+	host *machine
+}
+
+// machine is every lookup the choice of a PostgreSQL source depends on, so
+// that tests can stand in for a machine without binaries, Docker or a
+// server (TestProvisionChoosesASource).
+type machine struct {
+	getenv     func(string) string // $DATABASE_URL and $PATH
+	globs      []string            // install locations off $PATH
+	geteuid    func() int
+	lookupUser func(string) (*user.User, error)
+	dockerPing func(context.Context) error
+	// urlWait bounds the wait for a $DATABASE_URL server to answer.
+	urlWait time.Duration
+}
+
+var thisMachine = &machine{
+	getenv:     os.Getenv,
+	globs:      binaryGlobs,
+	geteuid:    os.Geteuid,
+	lookupUser: user.Lookup,
+	dockerPing: dockerReachable,
+	urlWait:    readyTimeout,
+}
+
+func (o Options) machine() *machine {
+	if o.host != nil {
+		return o.host
+	}
+	return thisMachine
 }
 
 func (o Options) logf(format string, args ...any) {
@@ -173,12 +206,19 @@ func Provision(ctx context.Context, opts Options) (*Cluster, error) {
 		}
 		return c, nil
 	}
-	if u := os.Getenv("DATABASE_URL"); u != "" {
+	h := opts.machine()
+	if u := h.getenv("DATABASE_URL"); u != "" {
 		if opts.DataDir != "" {
 			opts.logf("testpg: DATABASE_URL is set; ignoring data dir %s", opts.DataDir)
 		}
-		if err := waitReady(ctx, u, nil); err != nil {
-			return nil, fmt.Errorf("testpg: DATABASE_URL is set but not usable: %w", err)
+		// A URL that does not parse never will: say so at once rather
+		// than retrying it for the whole wait. The parse error names no
+		// password (pgx redacts it).
+		if _, err := pgx.ParseConfig(u); err != nil {
+			return nil, fmt.Errorf("testpg: DATABASE_URL is set but is not a PostgreSQL connection string: %w", err)
+		}
+		if err := waitReady(ctx, u, nil, h.urlWait); err != nil {
+			return nil, fmt.Errorf("testpg: DATABASE_URL is set but not usable (unset it to use local PostgreSQL binaries or Docker): %w", err)
 		}
 		opts.logf("testpg: using DATABASE_URL")
 		return &Cluster{URL: u, source: "env"}, nil
@@ -317,8 +357,8 @@ func withDatabase(connString, name string) (string, error) {
 // budget runs out, ctx ends, or exited is closed (the server process died).
 // Errors that retrying cannot fix (bad password, missing database) end the
 // wait immediately.
-func waitReady(ctx context.Context, connString string, exited <-chan struct{}) error {
-	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
+func waitReady(ctx context.Context, connString string, exited <-chan struct{}, budget time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, budget)
 	defer cancel()
 	var lastErr error
 	for {
@@ -393,14 +433,14 @@ var versionRE = regexp.MustCompile(`\(PostgreSQL\) (\d+)`)
 // findBinaries returns the directory of the newest PostgreSQL server
 // binaries, or of major version wantMajor if it is non-zero (an existing
 // data directory can only be opened by its own major version).
-func findBinaries(wantMajor int) (pgBinaries, error) {
+func findBinaries(h *machine, wantMajor int) (pgBinaries, error) {
 	var dirs []string
-	for _, d := range filepath.SplitList(os.Getenv("PATH")) {
+	for _, d := range filepath.SplitList(h.getenv("PATH")) {
 		if d != "" {
 			dirs = append(dirs, d)
 		}
 	}
-	for _, g := range binaryGlobs {
+	for _, g := range h.globs {
 		m, _ := filepath.Glob(g)
 		dirs = append(dirs, m...)
 	}
@@ -471,12 +511,12 @@ type serverUser struct {
 	uid, gid uint32
 }
 
-func lookupServerUser() (*serverUser, error) {
-	if os.Geteuid() != 0 {
+func lookupServerUser(h *machine) (*serverUser, error) {
+	if h.geteuid() != 0 {
 		return nil, nil
 	}
 	for _, name := range []string{"postgres", "nobody"} {
-		u, err := user.Lookup(name)
+		u, err := h.lookupUser(name)
 		if err != nil {
 			continue
 		}
@@ -609,11 +649,11 @@ func provisionLocal(ctx context.Context, opts Options) (c *Cluster, err error) {
 			wantMajor, _ = strconv.Atoi(strings.TrimSpace(string(b)))
 		}
 	}
-	bin, err := findBinaries(wantMajor)
+	bin, err := findBinaries(opts.machine(), wantMajor)
 	if err != nil {
 		return nil, err
 	}
-	su, err := lookupServerUser()
+	su, err := lookupServerUser(opts.machine())
 	if err != nil {
 		return nil, err
 	}
@@ -965,7 +1005,7 @@ func (s *localServer) waitStarted(ctx context.Context, dataDir string) error {
 		case <-time.After(25 * time.Millisecond):
 		}
 	}
-	return waitReady(ctx, s.url, s.exited)
+	return waitReady(ctx, s.url, s.exited, readyTimeout)
 }
 
 // postmasterRunning reports the postmaster whose pid dataDir's
@@ -1064,7 +1104,7 @@ func tail(b []byte, n int) string {
 // container is also removed by testcontainers' reaper (Ryuk) if this process
 // dies without calling Close.
 func provisionContainer(ctx context.Context, opts Options) (*Cluster, error) {
-	if err := dockerReachable(ctx); err != nil {
+	if err := opts.machine().dockerPing(ctx); err != nil {
 		return nil, fmt.Errorf("docker daemon not reachable: %w", err)
 	}
 	cmd := []string{"postgres"}
@@ -1086,7 +1126,7 @@ func provisionContainer(ctx context.Context, opts Options) (*Cluster, error) {
 	}
 	connString, err := ctr.ConnectionString(ctx, "sslmode=disable")
 	if err == nil {
-		err = waitReady(ctx, connString, nil)
+		err = waitReady(ctx, connString, nil, readyTimeout)
 	}
 	if err != nil {
 		_ = terminate()

@@ -122,7 +122,7 @@ func TestWithDatabase(t *testing.T) {
 // other test still gets a server through DATABASE_URL or Docker.
 func TestProvisionLocal(t *testing.T) {
 	t.Parallel()
-	bin, err := findBinaries(0)
+	bin, err := findBinaries(thisMachine, 0)
 	if errors.Is(err, ErrNoBinaries) {
 		t.Skipf("local-binaries path not testable: %v", err)
 	}
@@ -198,7 +198,7 @@ func TestProvisionLocal(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 
-		su, err := lookupServerUser()
+		su, err := lookupServerUser(thisMachine)
 		require.NoError(t, err)
 		plan, err := prepareThrowaway(bin, su)
 		require.NoError(t, err)
