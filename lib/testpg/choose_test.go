@@ -195,6 +195,18 @@ func TestFindBinaries(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, binaryResult(onPath, 15), b)
 	})
+	// initdb and postgres run in another working directory: a relative
+	// $PATH entry must come back absolute (it came back as found and
+	// the server would not start).
+	t.Run("a relative PATH entry", func(t *testing.T) {
+		cwd, err := os.Getwd()
+		require.NoError(t, err)
+		rel, err := filepath.Rel(cwd, onPath)
+		require.NoError(t, err)
+		b, err := findBinaries(machineWith(rel, nil), 0)
+		require.NoError(t, err)
+		require.Equal(t, onPath, b.dir)
+	})
 	t.Run("equal versions: PATH order wins", func(t *testing.T) {
 		second := fakeBinDir(t, filepath.Join(root, "second"), 15, 0)
 		b, err := findBinaries(machineWith(second+string(os.PathListSeparator)+onPath, nil), 0)

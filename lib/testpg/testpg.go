@@ -436,8 +436,14 @@ var versionRE = regexp.MustCompile(`\(PostgreSQL\) (\d+)`)
 func findBinaries(h *machine, wantMajor int) (pgBinaries, error) {
 	var dirs []string
 	for _, d := range filepath.SplitList(h.getenv("PATH")) {
-		if d != "" {
-			dirs = append(dirs, d)
+		// initdb and postgres run in their own working directory, where
+		// a relative $PATH entry ("bin") would name nothing: resolve it
+		// against ours, where it was found.
+		if d == "" {
+			continue
+		}
+		if abs, err := filepath.Abs(d); err == nil {
+			dirs = append(dirs, abs)
 		}
 	}
 	for _, g := range h.globs {
