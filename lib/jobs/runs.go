@@ -646,7 +646,12 @@ func (s *Service) readRun(ctx context.Context, q db.Querier, workspaceID, runID 
 // FinishRun requests completion: the run ends as soon as its steps decide it.
 func (s *Service) FinishRun(ctx context.Context, workspaceID, runID string) (Run, error) {
 	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, sqlRunLockExclusive, runID); err != nil {
+		// The run key is taken only for a run of this workspace (see
+		// sqlRunOfWorkspaceLockExclusive), in the statement that checks it.
+		var locked string
+		if err := tx.QueryRow(ctx, sqlRunOfWorkspaceLockExclusive, runID, workspaceID).Scan(&locked); errors.Is(err, pgx.ErrNoRows) {
+			return apierr.NotFound("run")
+		} else if err != nil {
 			return fmt.Errorf("lock run: %w", err)
 		}
 		var id string

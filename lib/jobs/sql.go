@@ -314,8 +314,17 @@ const sqlEnqueue = `SELECT * FROM jobs_enqueue($1::text, $2::text, $3::text, $4:
 // run key exclusively and went for the rows (sweeper review: a deadlock
 // whose victim might be the replay).
 const (
-	sqlRunLockExclusive   = `SELECT pg_advisory_xact_lock(hashtextextended($1::text, 0))`
-	sqlRunLockShared      = `SELECT pg_advisory_xact_lock_shared(hashtextextended($1::text, 0))`
+	sqlRunLockExclusive = `SELECT pg_advisory_xact_lock(hashtextextended($1::text, 0))`
+	sqlRunLockShared    = `SELECT pg_advisory_xact_lock_shared(hashtextextended($1::text, 0))`
+	// sqlRunOfWorkspaceLockExclusive takes run $1's key exclusively only
+	// if the run is workspace $2's, in one statement (no row otherwise):
+	// another tenant naming the run's id neither waits behind the run's
+	// transactions nor holds its key for as long as its own transaction
+	// lasts (review: a finish sent with another workspace's run id locked
+	// that run before the workspace was checked). It reads the run's row
+	// without locking it, so the lock order above is unchanged.
+	sqlRunOfWorkspaceLockExclusive = `SELECT pg_advisory_xact_lock(hashtextextended(id, 0))::text
+FROM job_runs WHERE id = $1::text AND workspace_id = $2::text`
 	sqlRunSettleExclusive = `SELECT pg_advisory_xact_lock(hashtextextended($1::text, 1))`
 	// sqlStepRunLockShared takes the shared run key of step $1's run, and
 	// answers that run; no row when the step is gone.
