@@ -232,14 +232,19 @@ func (s *Service) wakeAfterReport(workspaceID string, w reportWakes) {
 		return
 	}
 	for _, name := range w.slots {
-		// A claim of the same tool first, at any version: the endpoint's
-		// next job is most likely one (wake QA: the claim parked longest,
-		// of another tool on another endpoint, took the wake, found
-		// nothing and kept it); failing one, any claim, as the next job
-		// may be another tool's.
-		if !s.wake.wakeOne(workspaceID, anyVersion(name)) {
-			s.wake.wakeOne(workspaceID, "")
-		}
+		s.wakeForSlot(workspaceID, name)
+	}
+}
+
+// wakeForSlot wakes a claim for a slot an attempt of tool name freed in
+// workspaceID. A claim of the same tool first, at any version: the
+// endpoint's next job is most likely one (wake QA: the claim parked
+// longest, of another tool on another endpoint, took the wake, found
+// nothing and kept it); failing one, any claim, as the next job may be
+// another tool's.
+func (s *Service) wakeForSlot(workspaceID, name string) {
+	if !s.wake.wakeOne(workspaceID, anyVersion(name)) {
+		s.wake.wakeOne(workspaceID, "")
 	}
 }
 

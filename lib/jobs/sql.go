@@ -447,6 +447,15 @@ func failLapsed(now, warning string) string {
 )`
 }
 
+// sweptJobs ends a statement that frees slots (after failLapsed): it
+// answers how many jobs it changed and, in parallel arrays, each one's
+// workspace, tool name and handler version, and whether its endpoint has a
+// limit (its slot was freed), for the wakes after its commit (sweptWakes).
+const sweptJobs = `
+SELECT count(*)::int, coalesce(array_agg(workspace_id), '{}'), coalesce(array_agg(name), '{}'),
+    coalesce(array_agg(coalesce(version, '')), '{}'), coalesce(array_agg(endpoint_id IN (SELECT id FROM gated)), '{}')
+FROM upd`
+
 // lapseGates is the first statement of a sweep that frees slots (the
 // freeing statement ends with failLapsed): pick answers the ids and
 // endpoints of up to $2 jobs to free; on their endpoints it takes the gate
@@ -593,9 +602,8 @@ WITH lapsed AS (
     UPDATE jobs j SET status = 'QUEUED', due_at = j.lease_expires_at, ready_at = j.lease_expires_at,
         lease_token = NULL, updated_at = $1::timestamptz
     FROM lapsed WHERE j.id = lapsed.id
-    RETURNING j.id, j.attempt, j.endpoint_id
-` + failLapsed("$1", "$4") + `
-SELECT count(*) FROM upd`
+    RETURNING j.id, j.attempt, j.endpoint_id, j.workspace_id, j.name, j.version
+` + failLapsed("$1", "$4") + sweptJobs
 
 const (
 	sqlEndpointGateExclusive = `SELECT pg_advisory_xact_lock(hashtextextended($1::text, 0))`
@@ -942,9 +950,8 @@ WITH lapsed AS (
 ), upd AS (
     UPDATE jobs j SET slot_attempt = NULL, updated_at = $1::timestamptz
     FROM lapsed WHERE j.id = lapsed.id AND j.slot_attempt = lapsed.slot_attempt
-    RETURNING j.id, lapsed.slot_attempt AS attempt, j.endpoint_id
-` + failLapsed("$1", "$3") + `
-SELECT count(*) FROM upd`
+    RETURNING j.id, lapsed.slot_attempt AS attempt, j.endpoint_id, j.workspace_id, j.name, j.version
+` + failLapsed("$1", "$3") + sweptJobs
 
 // sqlExecutionByToken reads the execution a lease token names, as
 // jobs_report_lock does. $1 job, $2 token.

@@ -217,8 +217,18 @@ const RequeueLapsedAfter = 5 * time.Minute
 
 // requeueLapsed puts back in the queue jobs whose lease lapsed more than
 // RequeueLapsedAfter ago on an attempt that was not their last.
+// Once committed, each requeued job wakes a parked claim of its exact
+// version, the one that can take it; failing one, a job that freed a slot
+// wakes a claim as a report freeing it does (wakeForSlot): with the job
+// back in the queue, the slot may go to another job on its endpoint (the
+// sweeper runs in the server's process, so its claims wait for its wake;
+// wake QA: they waited for their next poll).
 func (s *Service) requeueLapsed(ctx context.Context, limit int) (int, error) {
-	n, err := s.freeSlots(ctx, sqlRequeueGates, sqlRequeueLapsed, limit, RequeueLapsedAfter.Milliseconds())
+	n, err := s.freeSlots(ctx, sqlRequeueGates, sqlRequeueLapsed, limit, func(j sweptJob) {
+		if !s.wake.wakeOne(j.workspaceID, toolKey(j.name, j.version)) && j.gated {
+			s.wakeForSlot(j.workspaceID, j.name)
+		}
+	}, RequeueLapsedAfter.Milliseconds())
 	if err != nil {
 		return 0, fmt.Errorf("requeue lapsed: %w", err)
 	}
@@ -227,9 +237,14 @@ func (s *Service) requeueLapsed(ctx context.Context, limit int) (int, error) {
 
 // releaseHeldSlots frees the concurrency slots of up to limit cancelled
 // attempts whose lease expired without a report (their worker stopped or
-// died), failing their executions with LapseWarning.
+// died), failing their executions with LapseWarning. Once committed, each
+// freed slot wakes a claim as a report freeing it does (wakeForSlot).
 func (s *Service) releaseHeldSlots(ctx context.Context, limit int) (int, error) {
-	n, err := s.freeSlots(ctx, sqlHeldSlotGates, sqlReleaseHeldSlots, limit)
+	n, err := s.freeSlots(ctx, sqlHeldSlotGates, sqlReleaseHeldSlots, limit, func(j sweptJob) {
+		if j.gated {
+			s.wakeForSlot(j.workspaceID, j.name)
+		}
+	})
 	if err != nil {
 		return 0, fmt.Errorf("release held slots: %w", err)
 	}
@@ -243,10 +258,17 @@ func (s *Service) releaseHeldSlots(ctx context.Context, limit int) (int, error) 
 // candidates (lapseGates); when there are any, free, a later statement so
 // that it reads after the locks, frees those candidates still due (the same
 // parameters, then LapseWarning for the executions it fails, then the
-// endpoints and the candidates) and answers how many.
-func (s *Service) freeSlots(ctx context.Context, gates, free string, limit int, extra ...any) (int, error) {
-	n := 0
+// endpoints and the candidates) and answers how many (sweptJobs). Once that
+// committed, wake is called for each job it changed.
+func (s *Service) freeSlots(ctx context.Context, gates, free string, limit int, wake func(sweptJob),
+	extra ...any) (int, error) {
+	var (
+		n                   int
+		ws, names, versions []string
+		gated               []bool
+	)
 	err := s.txRetrying(ctx, func(tx pgx.Tx) error {
+		n, ws = 0, nil // a retried transaction starts over
 		args := append([]any{s.now(), limit}, extra...)
 		var endpoints, jobs []string
 		if err := tx.QueryRow(ctx, gates, args...).Scan(&endpoints, &jobs); err != nil {
@@ -255,9 +277,24 @@ func (s *Service) freeSlots(ctx context.Context, gates, free string, limit int, 
 		if len(endpoints) == 0 {
 			return nil
 		}
-		return tx.QueryRow(ctx, free, append(args, LapseWarning, endpoints, jobs)...).Scan(&n)
+		return tx.QueryRow(ctx, free, append(args, LapseWarning, endpoints, jobs)...).Scan(&n, &ws, &names,
+			&versions, &gated)
 	})
-	return n, err
+	if err != nil {
+		return 0, err
+	}
+	for i := range ws {
+		wake(sweptJob{workspaceID: ws[i], name: names[i], version: versions[i], gated: gated[i]})
+	}
+	return n, nil
+}
+
+// sweptJob is a job a sweep that frees slots changed (sweptJobs): its
+// workspace, tool and handler version, and whether its endpoint's slot
+// was freed.
+type sweptJob struct {
+	workspaceID, name, version string
+	gated                      bool
 }
 
 // releaseStranded releases WAITING steps whose dependency ended without a

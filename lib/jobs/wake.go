@@ -19,7 +19,9 @@ import "sync"
 // with a worker per tool, the claim parked longest, of another tool, was
 // woken, found nothing and parked again, and the job waited for its
 // worker's next poll). A freed concurrency slot wakes a claim of the tool
-// whose attempt freed it, at any version, else any claim (reportWakes).
+// whose attempt freed it, at any version, else any claim (wakeForSlot: a
+// report's, and the sweeper's, which runs in the server's process; a job
+// it requeues wakes a claim of its exact version first).
 // Changes that may free several jobs at once wake
 // every claim parked in the workspace (wakeAll). A woken claim that stops
 // without looking again (it claimed other jobs, or its wait ended) passes
