@@ -237,16 +237,8 @@ func (s *Service) wakeAfterReport(workspaceID string, w reportWakes) {
 }
 
 // wakeForSlot wakes a claim for a slot an attempt of tool name freed in
-// workspaceID. A claim of the same tool first, at any version: the
-// endpoint's next job is most likely one (wake QA: the claim parked
-// longest, of another tool on another endpoint, took the wake, found
-// nothing and kept it); failing one, any claim, as the next job may be
-// another tool's.
-func (s *Service) wakeForSlot(workspaceID, name string) {
-	if !s.wake.wakeOne(workspaceID, anyVersion(name)) {
-		s.wake.wakeOne(workspaceID, "")
-	}
-}
+// workspaceID (waker.wakeSlot).
+func (s *Service) wakeForSlot(workspaceID, name string) { s.wake.wakeSlot(workspaceID, name) }
 
 // lockForReport locks the items' jobs in id order and reads them with the
 // executions their tokens name.

@@ -19,9 +19,10 @@ import "sync"
 // with a worker per tool, the claim parked longest, of another tool, was
 // woken, found nothing and parked again, and the job waited for its
 // worker's next poll). A freed concurrency slot wakes a claim of the tool
-// whose attempt freed it, at any version, else any claim (wakeForSlot: a
-// report's, and the sweeper's, which runs in the server's process; a job
-// it requeues wakes a claim of its exact version first).
+// whose attempt freed it, at any version, else any claim, and that claim,
+// finding nothing, passes it once to another tool's (wakeSlot: a report's,
+// and the sweeper's, which runs in the server's process; a job it requeues
+// wakes a claim of its exact version first).
 // Changes that may free several jobs at once wake
 // every claim parked in the workspace (wakeAll). A woken claim that stops
 // without looking again (it claimed other jobs, or its wait ended) passes
@@ -39,6 +40,10 @@ type parkedClaim struct {
 	ch     chan struct{}
 	tools  map[string]bool
 	wokeBy string
+	// slot is the tool whose freed slot woke this claim as the tool's own
+	// claim (wakeSlot), "" otherwise: should its look find nothing, the
+	// slot may be for another tool's job on the endpoint (passSlot).
+	slot string
 }
 
 // toolKey is how the waker names an exact name@version; anyVersion names
@@ -57,21 +62,26 @@ func newWaker() *waker { return &waker{parked: map[string][]*parkedClaim{}} }
 // the look, so that work committed after the look's snapshot still wakes
 // the claim. The channel is closed when a wake picks the claim. leave must
 // be called once the claim stops waiting on it; last says the claim will
-// not look again, so a wake it received is passed on.
-func (w *waker) park(ws string, tools map[string]bool) (woken <-chan struct{}, leave func(last bool)) {
+// not look again, so a wake it received is passed on. leave answers the
+// tool whose freed slot woke the claim (parkedClaim.slot), for the claim's
+// next look to pass on (passSlot) if it finds nothing.
+func (w *waker) park(ws string, tools map[string]bool) (woken <-chan struct{}, leave func(last bool) (slot string)) {
 	c := &parkedClaim{ch: make(chan struct{}), tools: tools}
 	w.mu.Lock()
 	w.parked[ws] = append(w.parked[ws], c)
 	w.mu.Unlock()
-	return c.ch, func(last bool) {
+	return c.ch, func(last bool) string {
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		select {
 		case <-c.ch: // woken, so already off the list
-			if last {
-				w.wakeOneLocked(ws, c.wokeBy)
+			if !last {
+				return c.slot
 			}
-			return
+			if next := w.pickLocked(ws, func(p *parkedClaim) bool { return p.serves(c.wokeBy) }); next != nil {
+				next.wokeBy, next.slot = c.wokeBy, c.slot
+			}
+			return ""
 		default:
 		}
 		q := w.parked[ws]
@@ -82,6 +92,7 @@ func (w *waker) park(ws string, tools map[string]bool) (woken <-chan struct{}, l
 			}
 		}
 		w.store(ws, q)
+		return ""
 	}
 }
 
@@ -95,16 +106,58 @@ func (w *waker) wakeOne(ws, tool string) bool {
 }
 
 func (w *waker) wakeOneLocked(ws, tool string) bool {
+	c := w.pickLocked(ws, func(c *parkedClaim) bool { return c.serves(tool) })
+	if c != nil {
+		c.wokeBy = tool
+	}
+	return c != nil
+}
+
+// pickLocked wakes the claim parked longest in workspace ws that match
+// accepts, and answers it (nil: none), for the caller to say what woke it
+// (under w.mu, before the claim can read it).
+func (w *waker) pickLocked(ws string, match func(*parkedClaim) bool) *parkedClaim {
 	q := w.parked[ws]
 	for i, c := range q {
-		if c.serves(tool) {
-			c.wokeBy = tool
+		if match(c) {
 			close(c.ch)
 			w.store(ws, append(q[:i:i], q[i+1:]...))
-			return true
+			return c
 		}
 	}
-	return false
+	return nil
+}
+
+// wakeSlot wakes a claim for a concurrency slot an attempt of tool name
+// freed in workspace ws: a claim of the same tool first, at any version,
+// as the endpoint's next job is most likely one (wake QA: the claim parked
+// longest, of another tool on another endpoint, took the wake, found
+// nothing and kept it); failing one, any claim, as the next job may be
+// another tool's. The same tool's claim that then finds nothing passes the
+// wake on to another tool's (passSlot): on an endpoint serving two tools,
+// the slot is the other's when its tool has nothing queued (wake QA: that
+// claim slept to its next poll, up to a second).
+func (w *waker) wakeSlot(ws, name string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	tool := anyVersion(name)
+	if c := w.pickLocked(ws, func(c *parkedClaim) bool { return c.serves(tool) }); c != nil {
+		c.wokeBy, c.slot = tool, name
+		return
+	}
+	w.wakeOneLocked(ws, "")
+}
+
+// passSlot passes on a wake for a slot tool name freed (wakeSlot) that
+// the claim woken for it found nothing to take with: to the claim parked
+// longest in ws that serves no version of name. Once only: that claim,
+// finding nothing either, keeps the wake, so a freed slot costs at most
+// one look more than before, and the report that freed it no query.
+func (w *waker) passSlot(ws, name string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	tool := anyVersion(name)
+	w.pickLocked(ws, func(c *parkedClaim) bool { return !c.serves(tool) })
 }
 
 // wakeAll wakes every claim parked in workspace ws. Call it after the

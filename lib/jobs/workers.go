@@ -192,6 +192,7 @@ type longPoll struct {
 	deadline time.Time
 	pause    time.Duration
 	skip     []string
+	slot     string // the tool whose freed slot woke the last wait (waker.passSlot)
 }
 
 // claimOrWait is one poll of Claim: it claims, and when nothing was claimed
@@ -205,13 +206,19 @@ func (s *Service) claimOrWait(ctx context.Context, p *auth.Principal, workerID s
 	first bool, poll *longPoll) (jobs []ClaimedJob, again bool, err error) {
 	var woken <-chan struct{}
 	if poll.parked {
-		var leave func(last bool)
+		var leave func(last bool) string
 		woken, leave = s.wake.park(p.WorkspaceID, poll.tools)
-		defer func() { leave(!again) }()
+		defer func() { poll.slot = leave(!again) }()
 	}
 	jobs, err = s.claimOnce(ctx, p, workerID, limit, key, &poll.skip)
 	if s.looked != nil && err == nil {
 		s.looked(workerID)
+	}
+	if slot := poll.slot; slot != "" && err == nil {
+		poll.slot = ""
+		if len(jobs) == 0 {
+			s.wake.passSlot(p.WorkspaceID, slot) // the slot may be another tool's
+		}
 	}
 	if err != nil || len(jobs) > 0 {
 		return jobs, false, err
