@@ -406,49 +406,35 @@ func TestALongPollForAnotherKeysWorkerIsNotFound(t *testing.T) {
 // A freed slot wakes a claim of the tool whose attempt freed it before a
 // claim of another tool parked longer, which, woken, found nothing and
 // kept the wake, while the claim the slot was for slept to its next poll.
+// With nothing of that tool queued on the endpoint, that claim finds
+// nothing and passes the wake on to the other tool's claim, whose job the
+// slot is for (wake QA: that claim slept to its next poll, up to a second).
 func TestAFreedSlotWakesAClaimOfItsTool(t *testing.T) {
 	t.Parallel()
-	b := setup(t, "send_email@1", "send_sms@1")
-	b.limitedEndpoint(t, "mailer", 1)
-	other := b.register(t, jobs.Tool{Name: "send_sms", Version: "1"})
-	wid := b.register(t)
-	run := b.run(t)
-	b.enqueue(t, run, jobs.EnqueueRequest{Endpoint: ptr("mailer"), Input: json.RawMessage(`1`)})
-	b.clock.Add(time.Millisecond) // claimed in order
-	second := b.enqueue(t, run, jobs.EnqueueRequest{Endpoint: ptr("mailer"), Input: json.RawMessage(`2`)})
-	j := b.claimOne(t, wid)
-	b.parkClaim(t, other) // parked longest; cancelled at the test's end
-	parked := b.parkClaim(t, wid)
+	for name, next := range map[string]jobs.EnqueueRequest{
+		"its tool's job":     {Endpoint: ptr("mailer"), Input: json.RawMessage(`2`)},
+		"another tool's job": {Name: "send_sms", Version: "1", Endpoint: ptr("mailer")},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, "send_email@1", "send_sms@1")
+			b.limitedEndpoint(t, "mailer", 1)
+			other := b.register(t, jobs.Tool{Name: "send_sms", Version: "1"})
+			wid := b.register(t)
+			run := b.run(t)
+			b.enqueue(t, run, jobs.EnqueueRequest{Endpoint: ptr("mailer"), Input: json.RawMessage(`1`)})
+			b.clock.Add(time.Millisecond) // claimed in order
+			second := b.enqueue(t, run, next)
+			j := b.claimOne(t, wid)
+			forOther := b.parkClaim(t, other) // parked longest; cancelled at the test's end
+			forEmail := b.parkClaim(t, wid)
 
-	b.succeed(t, j)
-	require.Equal(t, []string{second.StepID}, claimedSteps(<-parked))
-}
-
-// A freed slot of an endpoint serving two tools wakes a claim of the tool
-// whose attempt freed it; with nothing of that tool queued, that claim
-// passes the wake on to a claim of the other tool, whose job the slot is
-// for (wake QA: the other tool's claim slept to its next poll, up to a
-// second, the first claim having taken the wake and found nothing).
-func TestAFreedSlotWithNothingOfItsToolQueuedWakesAnotherToolsClaim(t *testing.T) {
-	t.Parallel()
-	b := setup(t, "send_email@1", "send_sms@1")
-	b.limitedEndpoint(t, "mailer", 1)
-	other := b.register(t, jobs.Tool{Name: "send_sms", Version: "1"})
-	wid := b.register(t)
-	run := b.run(t)
-	b.enqueue(t, run, jobs.EnqueueRequest{Endpoint: ptr("mailer")})
-	sms := b.enqueue(t, run, jobs.EnqueueRequest{Name: "send_sms", Version: "1", Endpoint: ptr("mailer")})
-	j := b.claimOne(t, wid)
-	looked := b.looks.count(wid)
-	email := b.parkClaim(t, wid) // the email tool's claim, woken first; finds nothing to take
-	parked := b.parkClaim(t, other)
-
-	b.succeed(t, j)
-	b.waitLook(t, wid, looked+1) // the email claim looked again, woken
-	require.Equal(t, []string{sms.StepID}, claimedSteps(<-parked))
-	select {
-	case res := <-email:
-		require.Empty(t, res.Jobs)
-	default: // still parked: cancelled at the test's end
+			b.succeed(t, j)
+			parked := forEmail
+			if next.Name == "send_sms" {
+				parked = forOther
+			}
+			require.Equal(t, []string{second.StepID}, claimedSteps(<-parked))
+		})
 	}
 }
