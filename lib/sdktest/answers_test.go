@@ -988,7 +988,7 @@ func TestGoSDKRequestBodiesMatchTheOpenAPIDocument(t *testing.T) {
 			return err
 		},
 		func() error {
-			_, err := c.UpdateWebhook(ctx, "w", ratchet.WebhookUpdate{URL: &url, Events: []string{"x"}, Disabled: &disabled})
+			_, err := c.UpdateWebhook(ctx, "w", ratchet.WebhookUpdate{URL: &url, Events: []string{ratchet.EventRunFinished}, Disabled: &disabled})
 			return err
 		},
 		func() error { _, err := c.DeleteWebhook(ctx, "w"); return err },
@@ -999,7 +999,7 @@ func TestGoSDKRequestBodiesMatchTheOpenAPIDocument(t *testing.T) {
 			return err
 		},
 		func() error {
-			_, err := c.CreateKeyWithKey(ctx, ratchet.KeySpec{Name: "n", Preset: "WORKER", Scopes: []string{"s"},
+			_, err := c.CreateKeyWithKey(ctx, ratchet.KeySpec{Name: "n", Preset: "WORKER", Scopes: []string{"jobs:work"},
 				Tools: []string{"t@1"}, DailySpendCeilingMicros: ratchet.Micros(1), RateLimitPerMinute: &attempt}, "k")
 			return err
 		},
@@ -1109,7 +1109,8 @@ func routeOf(t *testing.T, doc map[string]any, method, path string) string {
 }
 
 // sentDrift is each field of body (at path, within route's request)
-// schema s does not name; sent notes each field sent, by route and path.
+// schema s does not name, and each string sent that its field's enum does
+// not hold; sent notes each field sent, by route and path.
 func sentDrift(route, path string, body any, s any, sent map[string]bool) []string {
 	m, _ := s.(map[string]any)
 	var problems []string
@@ -1131,6 +1132,11 @@ func sentDrift(route, path string, body any, s any, sent map[string]bool) []stri
 	case []any:
 		for _, x := range v {
 			problems = append(problems, sentDrift(route, strings.TrimSuffix(path, ".")+"[].", x, m["items"], sent)...)
+		}
+	case string:
+		if enum := anySlice(m["enum"]); enum != nil && !slices.Contains(enum, any(v)) {
+			problems = append(problems, fmt.Sprintf("%s %s=%s: not one of the field's values %v", route,
+				strings.TrimSuffix(path, "."), v, enum))
 		}
 	}
 	return problems

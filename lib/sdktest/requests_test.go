@@ -42,6 +42,13 @@ type requestRecorder struct {
 }
 
 func (r *requestRecorder) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	r.record(req)
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write([]byte("{}"))
+}
+
+// record keeps req as sent.
+func (r *requestRecorder) record(req *http.Request) {
 	var body any
 	if b, err := io.ReadAll(req.Body); err == nil && len(b) > 0 {
 		if json.Unmarshal(b, &body) != nil {
@@ -56,8 +63,6 @@ func (r *requestRecorder) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	r.sent = append(r.sent, sentRequest{req.Method, strings.TrimPrefix(req.URL.Path, "/api/v1"), query,
 		req.Header.Get("Idempotency-Key") != "", body})
 	r.mu.Unlock()
-	w.Header().Set("Content-Type", "application/json")
-	_, _ = w.Write([]byte("{}"))
 }
 
 // otherSDKRequestFieldsNotSent: request schema fields an SDK sends by no
@@ -180,7 +185,8 @@ func TestTypeScriptSDKRequestsMatchTheOpenAPIDocument(t *testing.T) {
 }
 
 // The comparison reports each kind of drift: a query parameter the route
-// does not take, or a value outside its enum, a body field it does not take, a keyed route sent without a
+// does not take, or a value outside its enum, a body field it does not take
+// (or a value outside its enum), a keyed route sent without a
 // key, what a route called takes that nothing sent, a route of the Go SDK's
 // not called, and a field listed as not sent that is.
 func TestSDKRequestComparisonCatchesDrift(t *testing.T) {
@@ -191,6 +197,7 @@ func TestSDKRequestComparisonCatchesDrift(t *testing.T) {
 			"state": "INDETERMINATE"}},
 		{method: "POST", path: "/circuits/e/close", body: map[string]any{}},
 		{method: "POST", path: "/approvals/a/approve", keyed: true, body: map[string]any{"notes": "n"}},
+		{method: "POST", path: "/jobs/j/report", body: map[string]any{"leaseToken": "lt", "status": "DONE"}},
 	}, map[string]string{"GET /effects ?limit": "why"})
 	require.Subset(t, problems, []string{
 		"GET /effects ?effectType: sent, not a query parameter of the route",
@@ -201,6 +208,7 @@ func TestSDKRequestComparisonCatchesDrift(t *testing.T) {
 		"POST /approvals/{id}/approve notes: sent, not in the request schema",
 		"POST /approvals/{id}/approve note: taken by the route, sent by no method",
 		"POST /runs: called by the Go SDK, by no method here",
+		"POST /jobs/{id}/report status=DONE: not one of the field's values [SUCCEEDED FAILED]",
 	})
 	for _, p := range problems {
 		require.NotContains(t, p, "GET /effects ?cursor", "a query parameter sent is not reported")

@@ -58,7 +58,7 @@ const calls = [
   () => r.listWebhookDeliveries('w', list),
   () => r.retryWebhookDeliveries('w', ['d'], k),
   () => r.rotateWebhookSecret('w', { previousExpiresInSeconds: 90, replacePrevious: true, idempotencyKey: 'k' }),
-  () => r.createKey({ name: 'n', preset: 'WORKER', scopes: ['s'], tools: ['t@1'], dailySpendCeilingMicros: 1,
+  () => r.createKey({ name: 'n', preset: 'WORKER', scopes: ['jobs:work'], tools: ['t@1'], dailySpendCeilingMicros: 1,
     rateLimitPerMinute: 2, idempotencyKey: 'k' }),
   () => r.listKeys({ createdBy: 'k', ...list }),
   () => r.currentKey(),

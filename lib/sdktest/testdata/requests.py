@@ -64,7 +64,7 @@ calls = [
     lambda: r.list_webhook_deliveries("w", **page),
     lambda: r.retry_webhook_deliveries("w", ["d"], idempotency_key="k"),
     lambda: r.rotate_webhook_secret("w", previous_expires_in=90, replace_previous=True, idempotency_key="k"),
-    lambda: r.create_key("n", preset="WORKER", scopes=["s"], tools=["t@1"], daily_spend_ceiling_micros=1,
+    lambda: r.create_key("n", preset="WORKER", scopes=["jobs:work"], tools=["t@1"], daily_spend_ceiling_micros=1,
                          rate_limit_per_minute=2, idempotency_key="k"),
     lambda: r.list_keys(created_by="k", **page),
     lambda: r.current_key(),
