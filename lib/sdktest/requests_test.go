@@ -72,11 +72,23 @@ var otherSDKRequestFieldsNotSent = map[string]map[string]string{
 	"typescript": {},
 }
 
-// recordSDKRequests runs the script (name args) in dir against a recorder
-// and answers what it sent.
-func recordSDKRequests(t *testing.T, dir string, env []string, name string, args ...string) []sentRequest {
+// requests is what was sent.
+func (r *requestRecorder) requests() []sentRequest {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.sent)
+}
+
+// sentRecorder answers the requests of a script and keeps what was sent.
+type sentRecorder interface {
+	http.Handler
+	requests() []sentRequest
+}
+
+// recordSDKRequests runs the script (name args) in dir against rec and
+// answers what it sent.
+func recordSDKRequests(t *testing.T, rec sentRecorder, dir string, env []string, name string, args ...string) []sentRequest {
 	t.Helper()
-	rec := &requestRecorder{}
 	srv := httptest.NewServer(rec)
 	defer srv.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -86,9 +98,7 @@ func recordSDKRequests(t *testing.T, dir string, env []string, name string, args
 	cmd.Env = append(append(os.Environ(), "RATCHET_RECORDER_URL="+srv.URL, "PYTHONDONTWRITEBYTECODE=1"), env...)
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "%s %v failed:\n%s", name, args, out)
-	rec.mu.Lock()
-	defer rec.mu.Unlock()
-	return slices.Clone(rec.sent)
+	return rec.requests()
 }
 
 // sdkRequestDrift is each way sent differs from doc: a body field, or a
@@ -172,14 +182,14 @@ func sdkRequestDrift(t *testing.T, doc map[string]any, sent []sentRequest, notSe
 
 func TestPythonSDKRequestsMatchTheOpenAPIDocument(t *testing.T) {
 	t.Parallel()
-	sent := recordSDKRequests(t, "testdata", []string{"PYTHONPATH=../" + pythonSDK}, pythonInterpreter(t), "requests.py")
+	sent := recordSDKRequests(t, &requestRecorder{}, "testdata", []string{"PYTHONPATH=../" + pythonSDK}, pythonInterpreter(t), "requests.py")
 	require.Empty(t, sdkRequestDrift(t, openAPIDoc(t), sent, otherSDKRequestFieldsNotSent["python"]),
 		"what the Python SDK sends differs from the OpenAPI document")
 }
 
 func TestTypeScriptSDKRequestsMatchTheOpenAPIDocument(t *testing.T) {
 	t.Parallel()
-	sent := recordSDKRequests(t, "testdata", nil, nodeInterpreter(t), "requests.mjs")
+	sent := recordSDKRequests(t, &requestRecorder{}, "testdata", nil, nodeInterpreter(t), "requests.mjs")
 	require.Empty(t, sdkRequestDrift(t, openAPIDoc(t), sent, otherSDKRequestFieldsNotSent["typescript"]),
 		"what the TypeScript SDK sends differs from the OpenAPI document")
 }
