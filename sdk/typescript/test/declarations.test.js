@@ -146,3 +146,137 @@ test('every Ratchet method that calls the API is declared with a trailing Reques
 // caller's in its place (requestOptions.idempotencyKey).
 const keyedActions = ['cancelStep', 'updateEffectPolicy', 'openCircuit', 'closeCircuit', 'emergencyStop',
   'releaseEmergencyStop', 'updateWebhook', 'pauseEndpoint', 'resumeEndpoint', 'closeEndpointCircuit'];
+
+// Every option the client reads is declared for its method. A static
+// extraction from src/client.js: each Ratchet method's parameters, a
+// destructured one by its keys, a named one by what the method reads of it
+// (X.name, X?.name, `{ ... } = X`) and, passed on to a function or private
+// method of the same file, by what that reads of its parameter; each is
+// looked up in the declared method's parameter at the same position (an
+// inline object type, an interface with what it extends, or an
+// intersection of those). Its limits:
+// a parameter read through another variable (`const o = X; o.name`), a
+// spread (`...X` passed whole), or a computed key is not seen, and a
+// helper of another module is not followed.
+const clientJs = readFileSync(new URL('../src/client.js', import.meta.url), 'utf8');
+
+// closing is the index of the bracket closing the one at open, strings and
+// comments skipped.
+function closing(src, open) {
+  const pairs = { '(': ')', '{': '}', '[': ']' };
+  const stack = [];
+  for (let i = open; i < src.length; i++) {
+    const c = src[i];
+    if (c === '/' && src[i + 1] === '/') { i = src.indexOf('\n', i); continue; }
+    if (c === '/' && src[i + 1] === '*') { i = src.indexOf('*/', i) + 1; continue; }
+    if (c === "'" || c === '"' || c === '`') {
+      for (i++; i < src.length && src[i] !== c; i++) if (src[i] === '\\') i++;
+      continue;
+    }
+    if (pairs[c]) stack.push(pairs[c]);
+    else if (c === ')' || c === '}' || c === ']') {
+      assert.equal(c, stack.pop(), `unbalanced ${c} at ${i}`);
+      if (stack.length === 0) return i;
+    }
+  }
+  throw new Error(`no bracket closing ${open}`);
+}
+
+// topLevel splits s at its top-level commas (or ;).
+function topLevel(s, sep = /[,;]/) {
+  const out = [];
+  let depth = 0;
+  let start = 0;
+  for (let i = 0; i < s.length; i++) {
+    const c = s[i];
+    if ('({[<'.includes(c)) depth++;
+    else if (')}]>'.includes(c) && !(c === '>' && s[i - 1] === '=')) depth--;
+    else if (depth === 0 && sep.test(c)) { out.push(s.slice(start, i).trim()); start = i + 1; }
+  }
+  out.push(s.slice(start).trim());
+  return out.filter(Boolean);
+}
+
+// jsFunctions: each function of client.js (Ratchet's methods, private ones
+// by #name, and top-level functions) with its parameters and body.
+const jsFunctions = new Map();
+for (const m of clientJs.matchAll(/^(?: {2}(?:async )?(#?\w+)|(?:async )?function (\w+))\(/gm)) {
+  const name = m[1] ?? m[2];
+  const open = m.index + m[0].length - 1;
+  const close = closing(clientJs, open);
+  const bodyOpen = clientJs.indexOf('{', close);
+  jsFunctions.set(name, { params: topLevel(clientJs.slice(open + 1, close)), body: clientJs.slice(bodyOpen, closing(clientJs, bodyOpen) + 1) });
+}
+
+// destructured is the keys of a destructuring pattern `{ a, b = 1, c: d }`.
+const destructured = (pattern) => topLevel(pattern.slice(pattern.indexOf('{') + 1, pattern.lastIndexOf('}')))
+  .filter((e) => !e.startsWith('...')).map((e) => e.match(/^(\w+)/)[1]);
+
+// reads is the option names function name reads of its parameter at index.
+function reads(name, index, seen = new Set()) {
+  const fn = jsFunctions.get(name);
+  if (!fn || seen.has(`${name}/${index}`)) return [];
+  seen.add(`${name}/${index}`);
+  const param = fn.params[index];
+  if (param === undefined) return [];
+  if (param.startsWith('{')) return destructured(param.slice(0, closing(param, 0) + 1));
+  const x = param.match(/^(\w+)/)[1];
+  const out = [...fn.body.matchAll(new RegExp(`\\b${x}\\??\\.(\\w+)`, 'g'))].map((m) => m[1]);
+  for (const m of fn.body.matchAll(new RegExp(`(\\{[^{}]*\\})\\s*=\\s*${x}\\b`, 'g'))) out.push(...destructured(m[1]));
+  for (const m of fn.body.matchAll(/(?:this\.)?(#?\w+)\(/g)) {
+    if (!jsFunctions.has(m[1])) continue;
+    const open = m.index + m[0].length - 1;
+    const args = topLevel(fn.body.slice(open + 1, closing(fn.body, open)));
+    args.forEach((a, j) => { if (a === x) out.push(...reads(m[1], j, seen)); });
+  }
+  return out;
+}
+
+// declaredProps is the property names of declared type text t (an
+// intersection's, each part's), null for a type that is not an object's.
+function declaredProps(t) {
+  t = t.trim();
+  const parts = topLevel(t, /&/);
+  if (parts.length > 1) {
+    const all = parts.map(declaredProps);
+    return all.includes(null) ? null : all.flat();
+  }
+  if (t.startsWith('{')) {
+    return topLevel(t.slice(1, closing(t, 0))).map((e) => e.replace(/^readonly /, '').match(/^(\w+)/)?.[1]).filter(Boolean);
+  }
+  const name = t.match(/^(\w+)/)?.[1];
+  // Not an options object: its reads (tools.map, name.length) are the value's own.
+  if (t.endsWith('[]') || !/^[A-Z]/.test(t) || ['Array', 'Record', 'Date'].includes(name)) return null;
+  const iface = new RegExp(`^export interface ${name}(?:<[^>]*>)?(?: extends ([^{]+))? \\{`, 'm').exec(dts);
+  assert.ok(iface, `no interface ${name} in the declarations`);
+  const open = iface.index + iface[0].length - 1;
+  const props = [...dts.slice(open, closing(dts, open)).matchAll(/^ {2}(?:readonly )?(\w+)\??:/gm)].map((m) => m[1]);
+  for (const base of iface[1] ? topLevel(iface[1]) : []) props.push(...declaredProps(base));
+  return props;
+}
+
+test('every option the client reads is declared for its method', () => {
+  const ratchet = body('declare class', 'Ratchet');
+  const missing = [];
+  for (const name of Object.getOwnPropertyNames(sdk.Ratchet.prototype)) {
+    const decl = new RegExp(`^ {2}${name === 'constructor' ? 'constructor' : name}(?:<[^(]*>)?\\(`, 'm').exec(ratchet);
+    if (!decl || !jsFunctions.has(name)) continue; // an undeclared method is the test above's
+    const open = decl.index + decl[0].length - 1;
+    const params = topLevel(ratchet.slice(open + 1, closing(ratchet, open)), /,/);
+    jsFunctions.get(name).params.forEach((_, i) => {
+      const read = [...new Set(reads(name, i))];
+      if (read.length === 0) return;
+      const type = params[i]?.slice(params[i].indexOf(':') + 1);
+      const props = type ? declaredProps(type) : [];
+      if (props === null) return;
+      for (const r of read) if (!props.includes(r)) missing.push(`${name} parameter ${i + 1}: ${r}`);
+    });
+  }
+  assert.deepEqual(missing, [], 'options client.js reads that index.d.ts does not declare for the method');
+  // The extraction sees each kind of read: destructured, X.name, and
+  // through a helper (perCall) and a private method (#keyed).
+  assert.ok(reads('listKeys', 0).includes('createdBy'));
+  assert.ok(reads('begin', 0).includes('effectType'), 'begin(request): request.effectType not seen');
+  assert.ok(reads('startRun', 2).includes('signal'), 'startRun(..., options): perCall(options) not followed');
+  assert.ok(reads('closeCircuit', 1).includes('idempotencyKey'), 'closeCircuit(..., options): #keyed not followed');
+});
