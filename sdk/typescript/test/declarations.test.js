@@ -147,8 +147,9 @@ test('every Ratchet method that calls the API is declared with a trailing Reques
 const keyedActions = ['cancelStep', 'updateEffectPolicy', 'openCircuit', 'closeCircuit', 'emergencyStop',
   'releaseEmergencyStop', 'updateWebhook', 'pauseEndpoint', 'resumeEndpoint', 'closeEndpointCircuit'];
 
-// Every option the client reads is declared for its method. A static
-// extraction from src/client.js: each Ratchet method's parameters, a
+// Every option the client (and the worker) reads is declared for its
+// method. A static extraction from src/client.js (src/worker.js): each
+// Ratchet (Worker) method's parameters, a
 // destructured one by its keys, a named one by what the method reads of it
 // (X.name, X?.name, `{ ... } = X`) and, passed on to a function or private
 // method of the same file, by what that reads of its parameter; each is
@@ -197,16 +198,25 @@ function topLevel(s, sep = /[,;]/) {
   return out.filter(Boolean);
 }
 
-// jsFunctions: each function of client.js (Ratchet's methods, private ones
-// by #name, and top-level functions) with its parameters and body.
-const jsFunctions = new Map();
-for (const m of clientJs.matchAll(/^(?: {2}(?:async )?(#?\w+)|(?:async )?function (\w+))\(/gm)) {
-  const name = m[1] ?? m[2];
-  const open = m.index + m[0].length - 1;
-  const close = closing(clientJs, open);
-  const bodyOpen = clientJs.indexOf('{', close);
-  jsFunctions.set(name, { params: topLevel(clientJs.slice(open + 1, close)), body: clientJs.slice(bodyOpen, closing(clientJs, bodyOpen) + 1) });
+// functionsOf: each function of the source of class name (its methods,
+// private ones by #name, and the file's top-level functions) with its
+// parameters and body.
+function functionsOf(src, name) {
+  const fns = new Map();
+  const start = src.indexOf(`export class ${name} `);
+  const end = closing(src, src.indexOf('{', start));
+  for (const m of src.matchAll(/^(?: {2}(?:async )?(#?\w+)|(?:async )?function (\w+))\(/gm)) {
+    if (m[1] && (m.index < start || m.index > end)) continue; // another class's
+    const open = m.index + m[0].length - 1;
+    const close = closing(src, open);
+    const bodyOpen = src.indexOf('{', close);
+    fns.set(m[1] ?? m[2], { params: topLevel(src.slice(open + 1, close)), body: src.slice(bodyOpen, closing(src, bodyOpen) + 1) });
+  }
+  return fns;
 }
+const workerJs = readFileSync(new URL('../src/worker.js', import.meta.url), 'utf8');
+const jsClasses = { Ratchet: functionsOf(clientJs, 'Ratchet'), Worker: functionsOf(workerJs, 'Worker') };
+let jsFunctions = jsClasses.Ratchet;
 
 // destructured is the keys of a destructuring pattern `{ a, b = 1, c: d }`.
 const destructured = (pattern) => topLevel(pattern.slice(pattern.indexOf('{') + 1, pattern.lastIndexOf('}')))
@@ -255,10 +265,11 @@ function declaredProps(t) {
   return props;
 }
 
-test('every option the client reads is declared for its method', () => {
-  const ratchet = body('declare class', 'Ratchet');
+for (const cls of ['Ratchet', 'Worker']) test(`${cls}: every option it reads is declared for its method`, () => {
+  jsFunctions = jsClasses[cls];
+  const ratchet = body('declare class', cls);
   const missing = [];
-  for (const name of Object.getOwnPropertyNames(sdk.Ratchet.prototype)) {
+  for (const name of Object.getOwnPropertyNames(sdk[cls].prototype)) {
     const decl = new RegExp(`^ {2}${name === 'constructor' ? 'constructor' : name}(?:<[^(]*>)?\\(`, 'm').exec(ratchet);
     if (!decl || !jsFunctions.has(name)) continue; // an undeclared method is the test above's
     const open = decl.index + decl[0].length - 1;
@@ -272,7 +283,11 @@ test('every option the client reads is declared for its method', () => {
       for (const r of read) if (!props.includes(r)) missing.push(`${name} parameter ${i + 1}: ${r}`);
     });
   }
-  assert.deepEqual(missing, [], 'options client.js reads that index.d.ts does not declare for the method');
+  assert.deepEqual(missing, [], 'options the class reads that index.d.ts does not declare for the method');
+  if (cls === 'Worker') {
+    assert.ok(reads('start', 0).includes('pollIntervalMs'));
+    return;
+  }
   // The extraction sees each kind of read: destructured, X.name, and
   // through a helper (perCall) and a private method (#keyed).
   assert.ok(reads('listKeys', 0).includes('createdBy'));
