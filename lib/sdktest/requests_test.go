@@ -47,8 +47,8 @@ func (r *requestRecorder) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	_, _ = w.Write([]byte("{}"))
 }
 
-// record keeps req as sent.
-func (r *requestRecorder) record(req *http.Request) {
+// record keeps req as sent, and returns it.
+func (r *requestRecorder) record(req *http.Request) sentRequest {
 	var body any
 	if b, err := io.ReadAll(req.Body); err == nil && len(b) > 0 {
 		if json.Unmarshal(b, &body) != nil {
@@ -59,10 +59,12 @@ func (r *requestRecorder) record(req *http.Request) {
 	for name, values := range req.URL.Query() {
 		query[name] = strings.Join(values, ",")
 	}
+	s := sentRequest{req.Method, strings.TrimPrefix(req.URL.Path, "/api/v1"), query,
+		req.Header.Get("Idempotency-Key") != "", body}
 	r.mu.Lock()
-	r.sent = append(r.sent, sentRequest{req.Method, strings.TrimPrefix(req.URL.Path, "/api/v1"), query,
-		req.Header.Get("Idempotency-Key") != "", body})
+	r.sent = append(r.sent, s)
 	r.mu.Unlock()
+	return s
 }
 
 // otherSDKRequestFieldsNotSent: request schema fields an SDK sends by no

@@ -78,9 +78,7 @@ func (r *workerRecorder) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		answer(map[string]any{})
 		return
 	}
-	r.record(req)
-	n := len(r.requestRecorder.requests())
-	last := r.requestRecorder.requests()[n-1]
+	last := r.record(req)
 	route := strings.Split(strings.TrimPrefix(last.path, "/"), "/")
 	result := func(id string) map[string]any {
 		r.mu.Lock()
