@@ -172,10 +172,15 @@ func (s *Service) exhaustLapsed(ctx context.Context, runID *string, limit int) (
 }
 
 // exhaustLapsedIn is exhaustLapsed limited to a run, a workspace, or (both
-// nil) neither.
+// nil) neither. Once committed, the parked claims of each workspace whose
+// jobs it ended are woken, as a report ending a job wakes them: an ending
+// frees its endpoint's slot and may release dependents (the sweeper runs
+// in the server's process, so its claims slept to their next poll).
 func (s *Service) exhaustLapsedIn(ctx context.Context, runID, workspaceID *string, limit int) (int, error) {
 	n := 0
+	var ended []endedStep
 	err := s.txRetrying(ctx, func(tx pgx.Tx) error {
+		ended = nil // a retried transaction starts over
 		now := s.now()
 		gates, args := sqlLapsedGates, []any{now, limit, runID, workspaceID}
 		if runID == nil && workspaceID == nil {
@@ -203,9 +208,20 @@ func (s *Service) exhaustLapsedIn(ctx context.Context, runID, workspaceID *strin
 		for i := range done {
 			done[i].lapsed = true
 		}
+		ended = done
 		return s.afterEnded(ctx, tx, done)
 	})
-	return n, err
+	if err != nil {
+		return n, err
+	}
+	woken := map[string]bool{}
+	for _, e := range ended {
+		if !woken[e.workspaceID] {
+			woken[e.workspaceID] = true
+			s.wake.wakeAll(e.workspaceID)
+		}
+	}
+	return n, nil
 }
 
 // RequeueLapsedAfter is how long a lapsed lease on an attempt that was not

@@ -54,6 +54,26 @@ func TestASweepThatFreesWorkWakesAParkedClaim(t *testing.T) {
 		require.Equal(t, "QUEUED", b.step(t, late.StepID).Status)
 		require.Equal(t, []string{next.StepID}, claimedSteps(<-parked))
 	})
+	t.Run("lapsed last attempt ended", func(t *testing.T) {
+		// A job on its last attempt whose worker crashed held the
+		// endpoint's only slot: the sweep ends it, freeing the slot for
+		// the next job.
+		b := setup(t)
+		b.limitedEndpoint(t, "mailer", 1)
+		wid := b.register(t)
+		run := b.run(t)
+		last := b.enqueue(t, run, jobs.EnqueueRequest{Endpoint: ptr("mailer"), TimeoutMs: ptr[int64](1_000),
+			MaxAttempts: ptr[int64](1), Input: json.RawMessage(`1`)})
+		b.clock.Add(time.Millisecond) // claimed in order
+		next := b.enqueue(t, run, jobs.EnqueueRequest{Endpoint: ptr("mailer"), Input: json.RawMessage(`2`)})
+		require.Equal(t, last.JobID, b.claimOne(t, wid).JobID)
+		parked := b.parkClaim(t, wid) // its first look found the slot taken
+
+		b.clock.Add(lapsedFor)
+		b.sweep(t)
+		require.Equal(t, "EXHAUSTED", b.step(t, last.StepID).Status)
+		require.Equal(t, []string{next.StepID}, claimedSteps(<-parked))
+	})
 	t.Run("held slot released", func(t *testing.T) {
 		// A cancelled attempt whose worker never reported held the
 		// endpoint's only slot until its lease expired.
