@@ -58,40 +58,41 @@ func TestASweepThatFreesWorkWakesAParkedClaim(t *testing.T) {
 		// A job on its last attempt whose worker crashed held the
 		// endpoint's only slot: the sweep ends it, freeing the slot for
 		// the next job.
-		b := setup(t)
-		b.limitedEndpoint(t, "mailer", 1)
-		wid := b.register(t)
-		run := b.run(t)
-		last := b.enqueue(t, run, jobs.EnqueueRequest{Endpoint: ptr("mailer"), TimeoutMs: ptr[int64](1_000),
-			MaxAttempts: ptr[int64](1), Input: json.RawMessage(`1`)})
-		b.clock.Add(time.Millisecond) // claimed in order
-		next := b.enqueue(t, run, jobs.EnqueueRequest{Endpoint: ptr("mailer"), Input: json.RawMessage(`2`)})
-		require.Equal(t, last.JobID, b.claimOne(t, wid).JobID)
+		b, wid, held, next := slotHeldByAClaim(t, ptr[int64](1))
 		parked := b.parkClaim(t, wid) // its first look found the slot taken
 
 		b.clock.Add(lapsedFor)
 		b.sweep(t)
-		require.Equal(t, "EXHAUSTED", b.step(t, last.StepID).Status)
+		require.Equal(t, "EXHAUSTED", b.step(t, held.StepID).Status)
 		require.Equal(t, []string{next.StepID}, claimedSteps(<-parked))
 	})
 	t.Run("held slot released", func(t *testing.T) {
 		// A cancelled attempt whose worker never reported held the
 		// endpoint's only slot until its lease expired.
-		b := setup(t)
-		b.limitedEndpoint(t, "mailer", 1)
-		wid := b.register(t)
-		run := b.run(t)
-		first := b.enqueue(t, run, jobs.EnqueueRequest{Endpoint: ptr("mailer"), TimeoutMs: ptr[int64](1_000),
-			Input: json.RawMessage(`1`)})
-		b.clock.Add(time.Millisecond) // claimed in order
-		second := b.enqueue(t, run, jobs.EnqueueRequest{Endpoint: ptr("mailer"), Input: json.RawMessage(`2`)})
-		require.Equal(t, first.JobID, b.claimOne(t, wid).JobID)
-		_, err := b.svc.CancelStep(ctx, b.ws, first.StepID)
+		b, wid, held, next := slotHeldByAClaim(t, nil)
+		_, err := b.svc.CancelStep(ctx, b.ws, held.StepID)
 		require.NoError(t, err)
 		parked := b.parkClaim(t, wid) // its first look found the slot held
 
 		b.clock.Add(lapsedFor)
 		b.sweep(t)
-		require.Equal(t, []string{second.StepID}, claimedSteps(<-parked))
+		require.Equal(t, []string{next.StepID}, claimedSteps(<-parked))
 	})
+}
+
+// slotHeldByAClaim is an endpoint with one slot, held by a claim of its
+// first job (of maxAttempts, if given, timing out after a second) by wid,
+// and a second job queued behind it.
+func slotHeldByAClaim(t *testing.T, maxAttempts *int64) (b *bundle, wid string, held, next jobs.EnqueueResult) {
+	t.Helper()
+	b = setup(t)
+	b.limitedEndpoint(t, "mailer", 1)
+	wid = b.register(t)
+	run := b.run(t)
+	held = b.enqueue(t, run, jobs.EnqueueRequest{Endpoint: ptr("mailer"), TimeoutMs: ptr[int64](1_000),
+		MaxAttempts: maxAttempts, Input: json.RawMessage(`1`)})
+	b.clock.Add(time.Millisecond) // claimed in order
+	next = b.enqueue(t, run, jobs.EnqueueRequest{Endpoint: ptr("mailer"), Input: json.RawMessage(`2`)})
+	require.Equal(t, held.JobID, b.claimOne(t, wid).JobID)
+	return b, wid, held, next
 }
