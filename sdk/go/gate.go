@@ -143,7 +143,13 @@ type Lease struct {
 type EffectOutcome[T any] struct {
 	EffectID string
 	Attempt  int // the attempt that produced Result
-	// Result is the action's result, or the recorded one for a duplicate.
+	// Result is the action's result, or the recorded one for a duplicate,
+	// decoded into T by encoding/json: where T holds an any (T any,
+	// map[string]any) a recorded number comes back a float64, and an
+	// integer beyond 2^53 rounded, unlike the action's own value. A T typed
+	// for the result (a struct with int64 fields, json.Number,
+	// json.RawMessage) keeps it exact. (Decoding any's numbers otherwise
+	// would change the type callers of 0.x already read.)
 	Result T
 	// Duplicate is true when the effect had already succeeded: the action
 	// was not run and Result is the recorded result.

@@ -138,6 +138,36 @@ func TestDoEffectDuplicateReturnsRecordedResult(t *testing.T) {
 	}
 }
 
+// A recorded result is decoded into T: typed for it, an integer beyond
+// 2^53 comes back exact; into an any, as encoding/json reads it (a float64,
+// the type 0.x callers assert), as EffectOutcome.Result documents.
+func TestDoEffectDuplicateDecodesTheRecordedResultIntoT(t *testing.T) {
+	t.Parallel()
+	const big = int64(1)<<53 + 1
+	dup := func() *fakeGate {
+		return &fakeGate{answers: []func(http.ResponseWriter){decision(200, map[string]any{"decision": "duplicate",
+			"effect_id": "eff_1", "state": "succeeded", "attempt": 1, "result": json.RawMessage(`{"id":9007199254740993}`)})}}
+	}
+	c, _ := testClient(t, dup())
+	typed, err := DoEffect(context.Background(), c, beginReq, func(context.Context, Lease) (struct{ ID int64 }, error) {
+		t.Error("acted on a duplicate")
+		return struct{ ID int64 }{}, nil
+	})
+	if err != nil || typed.Result.ID != big {
+		t.Fatalf("typed result %+v err %v, want ID %d", typed, err, big)
+	}
+	c, _ = testClient(t, dup())
+	untyped, err := DoEffect(context.Background(), c, beginReq, func(context.Context, Lease) (any, error) {
+		t.Error("acted on a duplicate")
+		return nil, nil
+	})
+	if m, ok := untyped.Result.(map[string]any); err != nil || !ok {
+		t.Fatalf("untyped result %#v err %v", untyped.Result, err)
+	} else if _, isFloat := m["id"].(float64); !isFloat {
+		t.Fatalf("untyped id %T, want the float64 encoding/json reads", m["id"])
+	}
+}
+
 func TestDoEffectInFlightWaitsAndAsksAgain(t *testing.T) {
 	t.Parallel()
 	inFlight := decision(200, map[string]any{"decision": "in_flight", "effect_id": "eff_1", "state": "leased",

@@ -1,0 +1,68 @@
+package ratchet
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The answers that carry a secret print it masked whatever the verb or
+// logger, while the field and the JSON encoding keep it.
+func TestSecretBearingAnswersPrintTheirSecretsMasked(t *testing.T) {
+	const secret = "s3cr3t-value-never-printed"
+	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	values := map[string]any{
+		"ClaimedJob":     ClaimedJob{JobID: "job_1", LeaseToken: secret, Input: json.RawMessage(`{"a":1}`)},
+		"BeginResponse":  BeginResponse{Decision: DecisionExecute, EffectID: "eff_1", LeaseToken: secret},
+		"NewAPIKey":      NewAPIKey{APIKey: APIKey{ID: "key_1", Name: "ci"}, Secret: secret},
+		"NewWebhook":     NewWebhook{Webhook: Webhook{ID: "wh_1", URL: "https://example.test/hook"}, Secret: secret},
+		"RotatedWebhook": RotatedWebhook{NewWebhook: NewWebhook{Webhook: Webhook{ID: "wh_1"}, Secret: secret}, PreviousSecretExpiresAt: &at},
+	}
+	for name, v := range values {
+		t.Run(name, func(t *testing.T) {
+			var printed []string
+			for _, verb := range []string{"%v", "%+v", "%#v", "%s", "%q", "%x", "%d"} {
+				printed = append(printed, fmt.Sprintf(verb, v))
+			}
+			// Behind a pointer and inside a slice too.
+			ptr := reflect.New(reflect.TypeOf(v))
+			ptr.Elem().Set(reflect.ValueOf(v))
+			printed = append(printed, fmt.Sprintf("%+v", []any{v}), fmt.Sprintf("%+v", ptr.Interface()))
+			var text, js bytes.Buffer
+			slog.New(slog.NewTextHandler(&text, nil)).Info("got", "answer", v)
+			slog.New(slog.NewJSONHandler(&js, nil)).Info("got", "answer", v)
+			printed = append(printed, text.String(), js.String())
+			for _, out := range printed {
+				if strings.Contains(out, secret) || strings.Contains(out, fmt.Sprintf("%x", secret)) {
+					t.Errorf("printed the secret: %s", out)
+				}
+			}
+			if got := fmt.Sprintf("%+v", v); !strings.Contains(got, "[redacted]") {
+				t.Errorf("%%+v = %s, want the secret's place marked [redacted]", got)
+			}
+			if got := fmt.Sprintf("%#v", v); !strings.HasPrefix(got, "ratchet."+name+"{") || strings.Contains(got, "Fields") {
+				t.Errorf("%%#v = %s, want it named ratchet.%s", got, name)
+			}
+			if !strings.Contains(js.String(), "[redacted]") {
+				t.Errorf("slog JSON = %s, want the secret's place marked [redacted]", js.String())
+			}
+			raw, err := json.Marshal(v)
+			if err != nil || !strings.Contains(string(raw), `"`+secret+`"`) {
+				t.Errorf("json.Marshal = %s, %v: want the secret kept", raw, err)
+			}
+		})
+	}
+	r := values["RotatedWebhook"].(RotatedWebhook)
+	if got := fmt.Sprintf("%+v", r); !strings.Contains(got, "PreviousSecretExpiresAt:") || !strings.Contains(got, "ID:wh_1") {
+		t.Errorf("%%+v of a RotatedWebhook = %s, want its own fields and its subscription's", got)
+	}
+	var empty ClaimedJob
+	if got := fmt.Sprintf("%+v", empty); strings.Contains(got, "[redacted]") {
+		t.Errorf("%%+v of a job without a token = %s, want no token marked", got)
+	}
+}
