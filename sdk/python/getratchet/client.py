@@ -18,6 +18,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, cast
 from . import _json
 from ._aio import await_alone, is_async, loop_running
 from ._http import Transport, new_request_id, path_id
+from ._secrets import hide_secrets
 from ._time import aware
 from .errors import (INVALID_REQUEST, LEASE_LOST, PAYLOAD_TOO_LARGE, ApprovalRequired, ConnectionLost, EffectBlocked,
                      EffectDenied, EffectInFlight, NotPerformed, OutcomeNotReported, RatchetError, ResultNotStored)
@@ -373,7 +374,7 @@ class Ratchet:
             if err.status == 403 and isinstance(err.body, dict) and err.body.get("decision") == "denied":
                 return err.body, 0.0, err.request_id
             raise
-        return answer, _lease_seconds(answer.get("lease_expires_at"), date), ""
+        return hide_secrets(answer), _lease_seconds(answer.get("lease_expires_at"), date), ""
 
     def report_effect(self, effect_id: str, lease_token: str, outcome: str, result: Any = None,
                       *, timeout: Optional[float] = None) -> Effect:
@@ -813,7 +814,7 @@ class Ratchet:
         body = {"limit": limit, "waitSeconds": wait_seconds, "claimId": claim_id or new_request_id()}
         answer = self._transport.call("POST", "/workers/" + path_id(worker_id) + "/claim", body, safe=True,
                                       timeout=max(self._transport.timeout, wait_seconds + 10.0), call_timeout=timeout)
-        return answer.get("jobs") or []
+        return [hide_secrets(job) for job in answer.get("jobs") or []]
 
     def heartbeat_job(self, job_id: str, lease_token: str, *, timeout: Optional[float] = None) -> JobHeartbeat:
         """Extends a job's lease by its length from now: {"leaseExpiresAt",
@@ -1075,7 +1076,7 @@ class Ratchet:
         (until the subscription is deleted: the server then erases that
         answer, and the same call raises RatchetError not_found)."""
         answer = self._keyed("/webhooks", {"url": url, "events": list(events)}, idempotency_key, timeout)
-        return cast(NewWebhook, answer)
+        return cast(NewWebhook, hide_secrets(answer))
 
     def list_webhooks(self, *, limit: Optional[int] = None, cursor: Optional[str] = None,
                       timeout: Optional[float] = None) -> WebhookPage:
@@ -1157,7 +1158,7 @@ class Ratchet:
         if replace_previous:
             body["replace_previous"] = True
         answer = self._keyed("/webhooks/" + path_id(webhook_id) + "/rotate-secret", body, idempotency_key, timeout)
-        return cast(NewWebhook, answer)
+        return cast(NewWebhook, hide_secrets(answer))
 
     # keys (keys:write)
 
@@ -1177,7 +1178,7 @@ class Ratchet:
                                    "daily_spend_ceiling_micros": daily_spend_ceiling_micros,
                                    "rate_limit_per_minute": rate_limit_per_minute}, drop_none=True))
         answer = self._keyed("/keys", body, idempotency_key, timeout)
-        return cast(NewApiKey, answer)
+        return cast(NewApiKey, hide_secrets(answer))
 
     def list_keys(self, *, created_by: Optional[str] = None, limit: Optional[int] = None,
                   cursor: Optional[str] = None, timeout: Optional[float] = None) -> ApiKeyPage:

@@ -17,6 +17,7 @@ from . import _json
 from ._aio import await_alone
 from ._failurelog import LOGGER, FailureLog
 from ._http import Abort, Transport, new_request_id, path_id
+from ._secrets import hide_secrets
 from .errors import (FORBIDDEN, INVALID_REQUEST, INVALID_STATE, LEASE_EXPIRED, LEASE_LOST, MAX_RETRY_AFTER_MS,
                      MIN_RETRY_AFTER_MS, NOT_FOUND, PAYLOAD_TOO_LARGE, ConnectionLost, InvalidDecisionError, LeaseLost,
                      NonRetryableError, RatchetError, ReportNotRecorded, RetryableError, clamp_retry_after_ms)
@@ -943,7 +944,7 @@ class Worker:
                 self._claim_id = None  # answered: nothing was leased under it
             raise
         self._claim_id = None
-        return answer.get("jobs") or []
+        return [hide_secrets(job) for job in answer.get("jobs") or []]
 
     def _dispatch(self, job: Dict[str, Any], sent: float) -> None:
         context = JobContext(job_id=job["jobId"], step_id=job.get("stepId", ""), run_id=job.get("runId", ""),

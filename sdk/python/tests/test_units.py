@@ -3408,6 +3408,33 @@ class OperatorCallsTest(unittest.TestCase):
         self.assertEqual(server.seen[0][2]["Idempotency-Key"], "mint:k")
         self.assertEqual(server.seen[0][3], {"name": "k", "tools": None, "preset": "AGENT"})
 
+    def test_answers_with_a_secret_print_it_masked(self) -> None:
+        # A script that printed the key it minted, or a log of a begin's or a
+        # claim's answer, wrote the credential: repr and str mask it, while
+        # the field, equality and JSON keep it.
+        secret = "s3cr3t-never-printed"
+        calls = {
+            "create_key": (lambda c: c.create_key("k", preset="AGENT"), {"id": "key_1", "secret": secret}),
+            "create_webhook": (lambda c: c.create_webhook("https://x.test/h", ["run.finished"]),
+                               {"id": "wh_1", "secret": secret}),
+            "rotate_webhook_secret": (lambda c: c.rotate_webhook_secret("wh_1"), {"id": "wh_1", "secret": secret}),
+            "begin": (lambda c: c.begin("email.send", "k"),
+                      {"decision": "execute", "effect_id": "eff_1", "lease_token": secret}),
+            "claim": (lambda c: c.claim("wkr_1")[0],
+                      {"jobs": [{"jobId": "job_1", "leaseToken": secret, "input": {"a": 1}}]}),
+        }
+        for name, (call, body) in calls.items():
+            client, _ = self.client([(200, body, {})])
+            answer = call(client)
+            for printed in (repr(answer), str(answer), f"{answer}", "%s" % (answer,), repr([answer])):
+                self.assertNotIn(secret, printed, name)
+                self.assertIn("[redacted]", printed, name)
+            self.assertIsInstance(answer, dict, name)
+            field = "leaseToken" if name == "claim" else "lease_token" if name == "begin" else "secret"
+            self.assertEqual(answer[field], secret, name)
+            self.assertIn(secret, json.dumps(answer), name)
+            self.assertEqual(answer, body["jobs"][0] if name == "claim" else body, name)
+
     def test_actions_are_repeated_under_an_idempotency_key_of_their_own(self) -> None:
         # A close whose answer was lost, retried without a key after the
         # breaker tripped again, closed the new trip; a cancel retried after a
