@@ -6,6 +6,7 @@ import {
   NotPerformedError, OutcomeNotReportedError, RatchetError, ResultNotStoredError, markUnconfirmed,
 } from './errors.js';
 import { stringify } from './json.js';
+import { hideSecrets } from './secrets.js';
 import { Transport, newRequestId, pathId, sleep } from './transport.js';
 import { Worker, batchResults, isGeneratorFunction } from './worker.js';
 
@@ -201,20 +202,22 @@ export class Ratchet {
    * thrown (its `error` holds the code). A request_id (random when not
    * given) spans the call's retries. */
   async begin(request, options) {
-    return (await this.#begin(request, options))[0];
+    return hideSecrets((await this.#begin(request, options))[0]);
   }
 
   /** begin's answer and, for an execute, the lease's length in ms by the
-   * server's clock (its expiry less the answer's Date, whole seconds). */
+   * server's clock (its expiry less the answer's Date, whole seconds).
+   * retryCutoff, once aborted, ends the waits between the transport's
+   * retries, never an attempt already sent (doEffect's signal). */
   async #begin({ effectType, idempotencyKey, payload = null, costMicros, dimensions, runId, groupId, compensation,
-    compensatesEffectId, leaseSeconds, requestId }, options) {
+    compensatesEffectId, leaseSeconds, requestId }, options, retryCutoff) {
     const body = {
       effect_type: effectType, idempotency_key: idempotencyKey, payload, request_id: requestId ?? newRequestId(),
       ...defined({ cost_micros: costMicros, dimensions, run_id: runId, group_id: groupId, compensation,
         compensates_effect_id: compensatesEffectId, lease_seconds: leaseSeconds }),
     };
     try {
-      const [answer, date] = await this.#transport.call('POST', '/effects/begin', body, { ...perCall(options), safe: true, withDate: true });
+      const [answer, date] = await this.#transport.call('POST', '/effects/begin', body, { ...perCall(options), safe: true, withDate: true, retryCutoff });
       return [answer, leaseLength(answer.lease_expires_at, date), ''];
     } catch (err) {
       // A denial is an answer; its X-Request-Id is the error's (its body has none).
@@ -418,7 +421,7 @@ export class Ratchet {
    * secret, shown once. Sent under an Idempotency-Key (random unless given)
    * that spans its retries, so a lost answer does not register it twice. */
   createWebhook(url, events, { idempotencyKey } = {}, options) {
-    return this.#keyed('POST', '/webhooks', { url, events }, idempotencyKey, options);
+    return this.#keyed('POST', '/webhooks', { url, events }, idempotencyKey, options).then(hideSecrets);
   }
 
   /** Pages the workspace's webhooks (no secrets). */
@@ -468,7 +471,7 @@ export class Ratchet {
     const seconds = typeof previousExpiresInSeconds === 'number' ? Math.max(Math.ceil(previousExpiresInSeconds), 0) : previousExpiresInSeconds;
     const body = defined({ previous_secret_expires_in_seconds: seconds,
       replace_previous: replacePrevious ? true : undefined });
-    return this.#keyed('POST', `/webhooks/${pathId(webhookId)}/rotate-secret`, body, idempotencyKey, options);
+    return this.#keyed('POST', `/webhooks/${pathId(webhookId)}/rotate-secret`, body, idempotencyKey, options).then(hideSecrets);
   }
 
   /** Mints an API key (scope keys:write): a preset ('OPERATOR', 'AGENT',
@@ -478,7 +481,7 @@ export class Ratchet {
   createKey({ name, preset, scopes, tools, dailySpendCeilingMicros, rateLimitPerMinute, idempotencyKey } = {}, options) {
     const body = { name, tools: tools ?? null, ...defined({ preset, scopes, daily_spend_ceiling_micros: dailySpendCeilingMicros,
       rate_limit_per_minute: rateLimitPerMinute }) };
-    return this.#keyed('POST', '/keys', body, idempotencyKey, options);
+    return this.#keyed('POST', '/keys', body, idempotencyKey, options).then(hideSecrets);
   }
 
   /** Pages the workspace's keys (no secrets); createdBy, a key id, lists
@@ -621,7 +624,7 @@ export class Ratchet {
     const answer = await this.#transport.call('POST', `/workers/${pathId(workerId)}/claim`, body, {
       ...perCall(options), safe: true, timeoutMs: Math.max(this.#transport.timeoutMs, waitSeconds * 1000 + 10_000),
     });
-    return answer?.jobs ?? [];
+    return (answer?.jobs ?? []).map(hideSecrets);
   }
 
   /** Extends a job's lease: { leaseExpiresAt, cancelRequested }. A
@@ -689,7 +692,8 @@ export class Ratchet {
    * ApprovalRequiredError and EffectDeniedError. signal (an AbortSignal)
    * ends the call as Go's ctx does: before a begin it throws its reason,
    * during an in_flight wait EffectInFlightError (its cause the reason), and
-   * during the action it aborts lease.signal; a begin already sent is
+   * during the action it aborts lease.signal; between a begin's retries it
+   * sends no more (the last failure thrown); a begin already sent is
    * awaited (its lease would be nobody's), an execute it brings after the
    * abort is reported 'failed' without calling the action (which surely did
    * not run) and the reason thrown, and an outcome is still reported.
@@ -778,7 +782,11 @@ export class Ratchet {
     for (let attempt = 0; ; attempt++) {
       let wait;
       try {
-        return await this.#begin(req);
+        // The signal ends the transport's waits between retries too, as
+        // Go's sentRunsOn: given none, a doEffect aborted during a begin's
+        // backoff went on sending begins for up to maxRetries more, and the
+        // execute one brought was only released (sdk QA).
+        return await this.#begin(req, undefined, signal);
       } catch (err) {
         if (err instanceof RatchetError) {
           if (attempt > 0) markUnconfirmed(err); // an earlier call's answers were lost
@@ -840,7 +848,10 @@ export class Ratchet {
       if (reason === null) {
         try {
           await this.#reportEffect(effectId, token, 'succeeded', result, state);
-          return { effectId, attempt: answer.attempt, result, duplicate: false };
+          // undefined was recorded as null, which a duplicate answers: the
+          // same here (it was undefined, so a caller that told the two
+          // apart by === null took a duplicate of nothing for a result).
+          return { effectId, attempt: answer.attempt, result: result === undefined ? null : result, duplicate: false };
         } catch (err) {
           reason = err instanceof RatchetError ? unrecordableResult(err) : null;
           if (reason === null) throw new OutcomeNotReportedError(effectId, result, err);

@@ -497,7 +497,9 @@ export interface EffectOutcome<T> {
   effectId: string;
   attempt: number;
   /** The action's result, or for a duplicate the result recorded earlier
-   * (the same shape when every caller of the key runs the same action). */
+   * (the same shape when every caller of the key runs the same action):
+   * an action that returns undefined gives null, what was recorded and
+   * what a duplicate answers. */
   result: T;
   duplicate: boolean;
 }
@@ -1074,7 +1076,7 @@ export declare class Ratchet {
   heartbeatJob(jobId: string, leaseToken: string, requestOptions?: RequestOptions): Promise<{ leaseExpiresAt: string; cancelRequested: boolean }>;
   reportJob(jobId: string, report: JobReport, requestOptions?: RequestOptions): Promise<JobReportResult>;
   reportJobs(reports: Array<JobReport & { jobId: string }>, requestOptions?: RequestOptions): Promise<BatchJobResult[]>;
-  doEffect<T>(request: BeginRequest, action: (lease: Lease) => T | Promise<T>, options?: { inFlightTimeoutMs?: number | undefined; signal?: AbortSignal | undefined }): Promise<EffectOutcome<T>>;
+  doEffect<T>(request: BeginRequest, action: (lease: Lease) => T | Promise<T>, options?: { inFlightTimeoutMs?: number | undefined; signal?: AbortSignal | undefined }): Promise<EffectOutcome<Exclude<T, undefined | void> | (undefined extends T ? null : never)>>;
 }
 
 export declare function createRatchet(options: RatchetOptions): Ratchet;

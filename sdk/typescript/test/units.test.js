@@ -2,6 +2,7 @@
 
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
+import { inspect } from 'node:util';
 import { createServer } from 'node:http';
 import { createServer as createNetServer } from 'node:net';
 import { test } from 'node:test';
@@ -2052,6 +2053,54 @@ test('doEffect releases an execute granted after its signal aborted', async (t) 
   assert.deepEqual(reports, [{ lease_token: 'tok', outcome: 'failed' }]);
 });
 
+// The signal ends the waits between a begin's transport retries too, as
+// Go's DoEffect's ctx does (sentRunsOn): the begin already sent is awaited,
+// but none is sent after the signal aborted. Given none, an aborted
+// doEffect went on sending begins through maxRetries, and an execute one of
+// them brought was only released, spending one of the key's attempts (sdk QA).
+test('doEffect sends no begin retry after its signal aborted', async (t) => {
+  quickBackoff(t);
+  const leaving = new AbortController();
+  let begins = 0;
+  const server = await fakeServer(t, (method, path) => {
+    if (!path.endsWith('/begin')) return assert.fail(`${path} was called`);
+    begins += 1;
+    leaving.abort(new Error('caller gone')); // while the first begin is on its way
+    return [500, error('internal_error')];
+  });
+  const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
+  await assert.rejects(client.doEffect({ effectType: 'email.send', idempotencyKey: 'k', payload: {} },
+    () => assert.fail('acted after the signal aborted'), { signal: leaving.signal }));
+  assert.equal(begins, 1, 'a begin was sent again after the signal aborted');
+});
+
+// An action that returns undefined is recorded as null, which a duplicate
+// answers: a fresh run's outcome says null too (it said undefined, so the
+// two answers of one key differed, as Go's nil and Python's None do not).
+test('doEffect gives a fresh run of an action that returned undefined the null a duplicate answers', async (t) => {
+  const reports = [];
+  let fresh = true;
+  const server = await fakeServer(t, (method, path, body) => {
+    if (path.endsWith('/begin')) {
+      // The server answers a success reported without a result null.
+      if (!fresh) return [200, { decision: 'duplicate', effect_id: 'eff_1', state: 'succeeded', attempt: 1, result: reports[0].result ?? null }];
+      fresh = false;
+      return [200, { decision: 'execute', effect_id: 'eff_1', state: 'leased', attempt: 1, lease_token: 'tok',
+        lease_expires_at: new Date(Date.now() + 60_000).toISOString() }, { Date: new Date().toUTCString() }];
+    }
+    reports.push(body);
+    return [200, { id: 'eff_1', state: 'succeeded' }];
+  });
+  const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
+  const request = { effectType: 'email.send', idempotencyKey: 'k', payload: {} };
+  const first = await client.doEffect(request, async () => undefined);
+  const again = await client.doEffect(request, () => assert.fail('acted on a duplicate'));
+  assert.deepEqual(reports, [{ lease_token: 'tok', outcome: 'succeeded' }]);
+  assert.equal(again.duplicate, true);
+  assert.strictEqual(again.result, null);
+  assert.strictEqual(first.result, again.result);
+});
+
 // A lease of 2 s (a begin's leaseSeconds may shorten the policy's) left no
 // time to beat a second before its end: it was given up as lost without one
 // heartbeat tried, and lapsed under an action still running, which another
@@ -2985,4 +3034,30 @@ test('a resolve whose read fails otherwise sends nothing', async (t) => {
   const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
   await assert.rejects(client.resolveEffect('eff_1', { outcome: 'failed' }), (err) => err.code === 'not_found');
   assert.deepEqual(server.seen.map((s) => s.method), ['GET']);
+});
+
+test('answers that carry a secret print it masked, their fields and JSON unchanged', async (t) => {
+  // A script that console.logged the key it minted, or a log of a begin's
+  // or a claim's answer, wrote the credential.
+  const secret = 's3cr3t-never-printed';
+  const calls = {
+    createKey: [(c) => c.createKey({ name: 'k', preset: 'AGENT' }), { id: 'key_1', secret }, 'secret'],
+    createWebhook: [(c) => c.createWebhook('https://example.com/h', ['run.finished']), { id: 'whk_1', secret }, 'secret'],
+    rotateWebhookSecret: [(c) => c.rotateWebhookSecret('whk_1'), { id: 'whk_1', secret }, 'secret'],
+    begin: [(c) => c.begin({ effectType: 'email.send', idempotencyKey: 'k' }),
+      { decision: 'execute', effect_id: 'eff_1', lease_token: secret }, 'lease_token'],
+    claim: [async (c) => (await c.claim('wkr_1'))[0], { jobs: [{ jobId: 'job_1', leaseToken: secret, input: { a: 1 } }] }, 'leaseToken'],
+  };
+  for (const [name, [call, body, field]] of Object.entries(calls)) {
+    const server = await fakeServer(t, [[200, body]]);
+    const answer = await call(new Ratchet({ baseUrl: server.url, apiKey: 'rk_test', timeoutMs: 5000 }));
+    for (const printed of [inspect(answer), inspect([answer]), inspect({ answer }, { depth: 5 })]) {
+      assert.ok(!printed.includes(secret), `${name} printed its secret: ${printed}`);
+      assert.ok(printed.includes('[redacted]'), `${name}: ${printed}`);
+    }
+    assert.equal(answer[field], secret, name);
+    assert.deepEqual(JSON.parse(JSON.stringify(answer)), name === 'claim' ? body.jobs[0] : body, name);
+    assert.deepEqual(answer, name === 'claim' ? body.jobs[0] : body, name);
+    assert.deepEqual(Object.keys(answer), Object.keys(name === 'claim' ? body.jobs[0] : body), name);
+  }
 });
