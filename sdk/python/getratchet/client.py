@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, cast
 
 from . import _json
 from ._aio import await_alone, is_async, loop_running
-from ._http import Transport, new_request_id, path_id
+from ._http import Abort, Transport, new_request_id, path_id
 from ._secrets import hide_secrets
 from ._time import aware
 from .errors import (INVALID_REQUEST, LEASE_LOST, PAYLOAD_TOO_LARGE, ApprovalRequired, ConnectionLost, EffectBlocked,
@@ -363,13 +363,16 @@ class Ratchet:
         body.update({k: v for k, v in options.items() if v is not None})
         return body
 
-    def _begin(self, body: Dict[str, Any], timeout: Optional[float] = None) -> Tuple[Dict[str, Any], float, str]:
+    def _begin(self, body: Dict[str, Any], timeout: Optional[float] = None,
+               retry_cutoff: Optional[Abort] = None) -> Tuple[Dict[str, Any], float, str]:
         """begin's answer; for an execute, the lease's length in seconds by
         the server's clock (its expiry less the answer's Date); for a
-        denial, the answer's X-Request-Id (its body holds none)."""
+        denial, the answer's X-Request-Id (its body holds none).
+        retry_cutoff, once fired, ends the waits between the transport's
+        retries, never an attempt already sent."""
         try:
             answer, date = self._transport.call("POST", "/effects/begin", body, safe=True, with_date=True,
-                                                call_timeout=timeout)
+                                                call_timeout=timeout, retry_cutoff=retry_cutoff)
         except RatchetError as err:
             if err.status == 403 and isinstance(err.body, dict) and err.body.get("decision") == "denied":
                 return err.body, 0.0, err.request_id
@@ -511,8 +514,9 @@ class Ratchet:
         threads (asyncio.to_thread), so the loop is never blocked. Outcomes
         and exceptions are do_effect's. Cancelled while the action runs,
         nothing is reported (it may have acted: the lease lapses,
-        indeterminate); cancelled before it was called, a lease granted
-        meanwhile is reported failed (the action surely did not run)."""
+        indeterminate); cancelled before it was called, the begin already
+        sent is awaited but not retried, and a lease granted meanwhile is
+        reported failed (the action surely did not run)."""
         _check_action(action, "do_effect_async", False)
         begin_options.setdefault("request_id", new_request_id())
         handed = _Handover()
@@ -618,7 +622,11 @@ class Ratchet:
         attempt = 0
         while True:
             try:
-                return self._begin(body)
+                # A cancelled task's begin sends no retry either, as Go's
+                # sentRunsOn and TypeScript's signal (sdk QA: the retries went
+                # on through max_retries, and an execute one brought was
+                # only released, spending one of the key's attempts).
+                return self._begin(body, retry_cutoff=None if handed is None else handed.cutoff)
             except RatchetError as err:
                 if attempt > 0:
                     err._unconfirmed = True  # an earlier call's answers were lost
@@ -1383,6 +1391,8 @@ class _Handover:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.abandoned = threading.Event()
+        # Fired with abandoned: ends the waits between a begin's retries.
+        self.cutoff = Abort("cancelled")
         self._leased: Optional[Tuple[Dict[str, Any], float]] = None
 
     def give(self, leased: Tuple[Dict[str, Any], float]) -> bool:
@@ -1398,6 +1408,7 @@ class _Handover:
         it never took, for release."""
         with self._lock:
             self.abandoned.set()
+            self.cutoff.fire()
             return self._leased
 
 

@@ -3129,6 +3129,35 @@ class GateLeaseTest(unittest.TestCase):
         self.assertEqual([body["outcome"] for path, body in calls if path.endswith("/report")], ["failed"])
         self.assertEqual(ran, [])
 
+    def test_do_effect_async_cancelled_during_begin_sends_no_retry(self) -> None:
+        # The begin already sent is awaited, but its transport's retries are
+        # not sent once the task was cancelled, as Go's DoEffect's ctx and
+        # TypeScript's signal end them: they went on through max_retries, and
+        # an execute one brought was only released, spending an attempt.
+        import asyncio
+        begins, begun, answer = [], threading.Event(), threading.Event()
+
+        def respond(method, path, body):
+            begins.append(path)
+            begun.set()
+            answer.wait(10)
+            return 500, error("internal_error"), {}
+
+        client, _ = self.client_of(respond)
+        client._transport.sleep = lambda seconds: None
+
+        async def main():
+            task = asyncio.ensure_future(client.do_effect_async("email.send", "k", lambda lease: None, {}))
+            while not begun.is_set():
+                await asyncio.sleep(0.01)
+            task.cancel()
+            with self.assertRaises(asyncio.CancelledError):
+                await task
+            answer.set()
+
+        asyncio.run(main())  # which joins the begin's thread
+        self.assertEqual(begins, ["/api/v1/effects/begin"])
+
     def test_do_effect_async_cancelled_while_acting_reports_nothing(self) -> None:
         import asyncio
         calls = []
