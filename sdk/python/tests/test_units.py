@@ -3102,7 +3102,6 @@ class GateLeaseTest(unittest.TestCase):
         # The task is cancelled while its begin is on a thread; the lease
         # that begin then brings back is reported failed (the action surely
         # never ran), not left to lapse indeterminate and block the key.
-        import asyncio
         calls, begun, answer = [], threading.Event(), threading.Event()
         record = self.recording(calls)
 
@@ -3114,17 +3113,7 @@ class GateLeaseTest(unittest.TestCase):
 
         client, _ = self.client_of(respond)
         ran = []
-
-        async def main():
-            task = asyncio.ensure_future(client.do_effect_async("email.send", "k", lambda lease: ran.append(1), {}))
-            while not begun.is_set():
-                await asyncio.sleep(0.01)
-            task.cancel()
-            with self.assertRaises(asyncio.CancelledError):
-                await task
-            answer.set()
-
-        asyncio.run(main())
+        self.cancel_during_begin(client, lambda lease: ran.append(1), begun, answer)
         wait_until(lambda: any(path.endswith("/report") for path, _ in calls))
         self.assertEqual([body["outcome"] for path, body in calls if path.endswith("/report")], ["failed"])
         self.assertEqual(ran, [])
@@ -3134,7 +3123,6 @@ class GateLeaseTest(unittest.TestCase):
         # not sent once the task was cancelled, as Go's DoEffect's ctx and
         # TypeScript's signal end them: they went on through max_retries, and
         # an execute one brought was only released, spending an attempt.
-        import asyncio
         begins, begun, answer = [], threading.Event(), threading.Event()
 
         def respond(method, path, body):
@@ -3145,9 +3133,18 @@ class GateLeaseTest(unittest.TestCase):
 
         client, _ = self.client_of(respond)
         client._transport.sleep = lambda seconds: None
+        self.cancel_during_begin(client, lambda lease: None, begun, answer)
+        self.assertEqual(begins, ["/api/v1/effects/begin"])
+
+    def cancel_during_begin(self, client: getratchet.Ratchet, action, begun: threading.Event,
+                            answer: threading.Event) -> None:
+        """Cancels a do_effect_async of action once its begin reached the
+        server (begun), then lets the server answer it (answer); returns
+        once the begin's thread ended (asyncio.run joins it)."""
+        import asyncio
 
         async def main():
-            task = asyncio.ensure_future(client.do_effect_async("email.send", "k", lambda lease: None, {}))
+            task = asyncio.ensure_future(client.do_effect_async("email.send", "k", action, {}))
             while not begun.is_set():
                 await asyncio.sleep(0.01)
             task.cancel()
@@ -3155,8 +3152,7 @@ class GateLeaseTest(unittest.TestCase):
                 await task
             answer.set()
 
-        asyncio.run(main())  # which joins the begin's thread
-        self.assertEqual(begins, ["/api/v1/effects/begin"])
+        asyncio.run(main())
 
     def test_do_effect_async_cancelled_while_acting_reports_nothing(self) -> None:
         import asyncio
