@@ -27,8 +27,8 @@ func fakeMachine(t *testing.T, env map[string]string) *machine {
 	}
 }
 
-// fakeBinDir writes initdb and postgres stand-ins answering --version as
-// PostgreSQL major; initdb exits with initdbStatus.
+// fakeBinDir writes initdb, postgres and pg_ctl stand-ins, postgres
+// answering --version as PostgreSQL major; initdb exits with initdbStatus.
 func fakeBinDir(t *testing.T, dir string, major, initdbStatus int) string {
 	t.Helper()
 	require.NoError(t, os.MkdirAll(dir, 0o755))
@@ -36,6 +36,7 @@ func fakeBinDir(t *testing.T, dir string, major, initdbStatus int) string {
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "postgres"), []byte(version), 0o755))
 	initdb := "#!/bin/sh\necho 'initdb: fake failure' >&2\nexit " + strconv.Itoa(initdbStatus) + "\n"
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "initdb"), []byte(initdb), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "pg_ctl"), []byte("#!/bin/sh\nexit 1\n"), 0o755))
 	return dir
 }
 
@@ -169,6 +170,11 @@ func TestFindBinaries(t *testing.T) {
 	onlyPostgres := filepath.Join(root, "half")
 	fakeBinDir(t, onlyPostgres, 17, 0)
 	require.NoError(t, os.Remove(filepath.Join(onlyPostgres, "initdb")))
+	// A server package without pg_ctl starts clusters but cannot crash
+	// them (Cluster.Crash): it does not count either.
+	noPgCtl := filepath.Join(root, "nopgctl")
+	fakeBinDir(t, noPgCtl, 18, 0)
+	require.NoError(t, os.Remove(filepath.Join(noPgCtl, "pg_ctl")))
 	globs := []string{filepath.Join(root, "lib", "*", "bin")}
 
 	machineWith := func(path string, globs []string) *machine {
@@ -178,9 +184,9 @@ func TestFindBinaries(t *testing.T) {
 	}
 
 	t.Run("the newest of several versions", func(t *testing.T) {
-		b, err := findBinaries(machineWith(onlyPostgres+string(os.PathListSeparator)+onPath, globs), 0)
+		b, err := findBinaries(machineWith(onlyPostgres+string(os.PathListSeparator)+noPgCtl+string(os.PathListSeparator)+onPath, globs), 0)
 		require.NoError(t, err)
-		require.Equal(t, 16, b.major, "a postgres without initdb beside it does not count")
+		require.Equal(t, 16, b.major, "a postgres without initdb or pg_ctl beside it does not count")
 		require.Equal(t, filepath.Join(root, "lib", "16", "bin"), b.dir)
 	})
 	t.Run("the data directory's version", func(t *testing.T) {
@@ -214,9 +220,49 @@ func TestFindBinaries(t *testing.T) {
 		require.Equal(t, second, b.dir)
 	})
 	t.Run("none", func(t *testing.T) {
-		_, err := findBinaries(machineWith(onlyPostgres, nil), 0)
+		_, err := findBinaries(machineWith(onlyPostgres+string(os.PathListSeparator)+noPgCtl, nil), 0)
 		require.ErrorIs(t, err, ErrNoBinaries)
+		require.ErrorContains(t, err, "pg_ctl")
 	})
+}
+
+// Docker reachable but its image pull never ending (a registry that does
+// not answer): Provision gives up after the machine's containerWait and
+// says so, rather than hang.
+func TestProvisionContainerHasATimeLimit(t *testing.T) {
+	t.Parallel()
+	h := fakeMachine(t, nil)
+	h.dockerPing = func(context.Context) error { return nil }
+	h.containerWait = 50 * time.Millisecond
+	terminated := false
+	h.runContainer = func(ctx context.Context, _ []string) (string, func() error, error) {
+		if _, ok := ctx.Deadline(); !ok {
+			return "", nil, errors.New("started without a time limit")
+		}
+		<-ctx.Done() // the pull that never ends
+		return "", func() error { terminated = true; return nil }, ctx.Err()
+	}
+	c, err := Provision(context.Background(), Options{host: h})
+	require.Nil(t, c)
+	require.ErrorContains(t, err, "not up within 50ms")
+	require.ErrorContains(t, err, "registry")
+	require.True(t, terminated, "what was started is removed")
+}
+
+// As root the server runs as another user, who must reach the data
+// directory: when it cannot, the error names the variable scripts/dev
+// takes another directory from.
+func TestPersistentDataDirOutOfReachNamesTheVariable(t *testing.T) {
+	t.Parallel()
+	parent := filepath.Join(t.TempDir(), "private")
+	dataDir := filepath.Join(parent, "pg")
+	require.NoError(t, os.MkdirAll(dataDir, 0o755))
+	require.NoError(t, os.Chmod(parent, 0o700))
+	require.NoError(t, os.WriteFile(filepath.Join(dataDir, "PG_VERSION"), []byte("16\n"), 0o600))
+	su := &serverUser{name: "postgres", uid: uint32(os.Getuid()) + 4242, gid: uint32(os.Getgid()) + 4242}
+	_, err := preparePersistent(pgBinaries{dir: "/nonexistent", major: 16}, su, dataDir)
+	require.ErrorContains(t, err, "cannot access "+parent)
+	require.ErrorContains(t, err, "RATCHET_DEV_PGDATA")
 }
 
 func binaryResult(dir string, major int) pgBinaries { return pgBinaries{dir: dir, major: major} }

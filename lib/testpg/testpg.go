@@ -79,6 +79,9 @@ const (
 	// superuser is the bootstrap superuser created by initdb (and by the
 	// container image), so URLs look the same whatever the source.
 	superuser = "postgres"
+	// containerTimeout bounds starting the Docker container, image pull
+	// included: a registry that never answers must not hang the caller.
+	containerTimeout = 5 * time.Minute
 	// maxSocketPath is a conservative limit for the unix socket path
 	// (sun_path is 108 bytes on Linux, 104 on macOS).
 	maxSocketPath = 100
@@ -128,17 +131,24 @@ type machine struct {
 	geteuid    func() int
 	lookupUser func(string) (*user.User, error)
 	dockerPing func(context.Context) error
+	// runContainer starts the container (pulling its image if need be)
+	// and answers its connection string and how to remove it.
+	runContainer func(ctx context.Context, cmd []string) (url string, terminate func() error, err error)
+	// containerWait bounds runContainer and the wait for its server.
+	containerWait time.Duration
 	// urlWait bounds the wait for a $DATABASE_URL server to answer.
 	urlWait time.Duration
 }
 
 var thisMachine = &machine{
-	getenv:     os.Getenv,
-	globs:      binaryGlobs,
-	geteuid:    os.Geteuid,
-	lookupUser: user.Lookup,
-	dockerPing: dockerReachable,
-	urlWait:    readyTimeout,
+	getenv:        os.Getenv,
+	globs:         binaryGlobs,
+	geteuid:       os.Geteuid,
+	lookupUser:    user.Lookup,
+	dockerPing:    dockerReachable,
+	runContainer:  runContainer,
+	containerWait: containerTimeout,
+	urlWait:       readyTimeout,
 }
 
 func (o Options) machine() *machine {
@@ -405,7 +415,7 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 
 // ErrNoBinaries says no local PostgreSQL server binaries were found: a
 // Crashable cluster cannot be started on this machine.
-var ErrNoBinaries = errors.New("no PostgreSQL server binaries (initdb, postgres) found in $PATH or /usr/lib/postgresql/*/bin")
+var ErrNoBinaries = errors.New("no PostgreSQL server binaries (initdb, postgres, pg_ctl) found in $PATH or /usr/lib/postgresql/*/bin")
 
 var (
 	errServerExited = errors.New("postgres exited")
@@ -431,7 +441,7 @@ type pgBinaries struct {
 var versionRE = regexp.MustCompile(`\(PostgreSQL\) (\d+)`)
 
 // findBinaries returns the directory of the newest PostgreSQL server
-// binaries, or of major version wantMajor if it is non-zero (an existing
+// binaries (initdb, postgres and pg_ctl, which Cluster.Crash runs), or of major version wantMajor if it is non-zero (an existing
 // data directory can only be opened by its own major version).
 func findBinaries(h *machine, wantMajor int) (pgBinaries, error) {
 	var dirs []string
@@ -455,7 +465,7 @@ func findBinaries(h *machine, wantMajor int) (pgBinaries, error) {
 	var found []pgBinaries
 	for _, d := range dirs {
 		postgres := filepath.Join(d, "postgres")
-		if !isExecutable(postgres) || !isExecutable(filepath.Join(d, "initdb")) {
+		if !isExecutable(postgres) || !isExecutable(filepath.Join(d, "initdb")) || !isExecutable(filepath.Join(d, "pg_ctl")) {
 			continue
 		}
 		key := postgres
@@ -856,7 +866,7 @@ func preparePersistent(bin pgBinaries, su *serverUser, dataDir string) (*localPl
 			"stop it, or choose another data directory", dataDir, pid)
 	}
 	if err := su.canReach(dataDir); err != nil {
-		return nil, fmt.Errorf("%w; choose a data directory outside it", err)
+		return nil, fmt.Errorf("%w; choose a data directory outside it (scripts/dev: set RATCHET_DEV_PGDATA)", err)
 	}
 	socketDir := dataDir
 	if len(socketDir)+len("/.s.PGSQL.65535") > maxSocketPath {
@@ -1106,17 +1116,42 @@ func tail(b []byte, n int) string {
 // ---------------------------------------------------------------------------
 // Docker
 
-// provisionContainer starts ContainerImage with testcontainers-go. The
-// container is also removed by testcontainers' reaper (Ryuk) if this process
-// dies without calling Close.
+// provisionContainer starts ContainerImage with testcontainers-go, within
+// the machine's containerWait (an image pull from a registry that never
+// answers would otherwise hang the caller). The container is also removed
+// by testcontainers' reaper (Ryuk) if this process dies without calling
+// Close.
 func provisionContainer(ctx context.Context, opts Options) (*Cluster, error) {
-	if err := opts.machine().dockerPing(ctx); err != nil {
+	h := opts.machine()
+	if err := h.dockerPing(ctx); err != nil {
 		return nil, fmt.Errorf("docker daemon not reachable: %w", err)
 	}
 	cmd := []string{"postgres"}
 	for _, s := range throwawaySettings {
 		cmd = append(cmd, "-c", s)
 	}
+	startCtx, cancel := context.WithTimeout(ctx, h.containerWait)
+	defer cancel()
+	connString, terminate, err := h.runContainer(startCtx, cmd)
+	if err == nil {
+		err = waitReady(startCtx, connString, nil, readyTimeout)
+	}
+	if err != nil {
+		if terminate != nil {
+			_ = terminate()
+		}
+		if ctx.Err() == nil && startCtx.Err() != nil {
+			return nil, fmt.Errorf("start %s container: not up within %v (is the image's registry reachable?): %w", ContainerImage, h.containerWait, err)
+		}
+		return nil, fmt.Errorf("start %s container: %w", ContainerImage, err)
+	}
+	opts.logf("testpg: started Docker container %s", ContainerImage)
+	return &Cluster{URL: connString, source: "docker", closeFn: terminate}, nil
+}
+
+// runContainer is thisMachine's runContainer: ContainerImage through
+// testcontainers-go, the server started with cmd.
+func runContainer(ctx context.Context, cmd []string) (string, func() error, error) {
 	ctr, err := tcpostgres.Run(ctx, ContainerImage,
 		testcontainers.WithLogger(tclog.NewNoopLogger()),
 		tcpostgres.WithDatabase(superuser),
@@ -1127,19 +1162,13 @@ func provisionContainer(ctx context.Context, opts Options) (*Cluster, error) {
 	)
 	terminate := func() error { return testcontainers.TerminateContainer(ctr) }
 	if err != nil {
-		_ = terminate()
-		return nil, fmt.Errorf("start %s container: %w", ContainerImage, err)
+		return "", terminate, err
 	}
 	connString, err := ctr.ConnectionString(ctx, "sslmode=disable")
-	if err == nil {
-		err = waitReady(ctx, connString, nil, readyTimeout)
-	}
 	if err != nil {
-		_ = terminate()
-		return nil, fmt.Errorf("%s container: %w", ContainerImage, err)
+		return "", terminate, err
 	}
-	opts.logf("testpg: started Docker container %s", ContainerImage)
-	return &Cluster{URL: connString, source: "docker", closeFn: terminate}, nil
+	return connString, terminate, nil
 }
 
 // dockerReachable pings the Docker daemon. testcontainers may panic when no
