@@ -32,6 +32,7 @@ import (
 
 	"github.com/getratchet/ratchet/lib/config"
 	"github.com/getratchet/ratchet/lib/db"
+	"github.com/getratchet/ratchet/lib/redact"
 	"github.com/getratchet/ratchet/migrations"
 )
 
@@ -39,7 +40,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
-		fmt.Fprintln(os.Stderr, "benchratchet:", err)
+		fmt.Fprintln(os.Stderr, "benchratchet:", redact.ErrorText(err))
 		os.Exit(1)
 	}
 }
@@ -195,7 +196,7 @@ func (b *bench) runFigures(ctx context.Context, prefixes []string) error {
 		fmt.Fprintf(b.log, "benchratchet: %s\n", f.name)
 		if err := f.run(ctx, b); err != nil {
 			err = fmt.Errorf("%s: %w", f.name, err)
-			fmt.Fprintf(b.out, "# FAILED %s\n", strings.ReplaceAll(err.Error(), "\n", " "))
+			fmt.Fprintf(b.out, "# FAILED %s\n", strings.ReplaceAll(redact.ErrorText(err), "\n", " "))
 			errs = append(errs, err)
 		}
 	}

@@ -38,6 +38,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/getratchet/ratchet/lib/redact"
 	"github.com/getratchet/ratchet/lib/testpg"
 )
 
@@ -45,7 +46,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:]); err != nil {
-		fmt.Fprintln(os.Stderr, "bench:", err)
+		fmt.Fprintln(os.Stderr, "bench:", redact.ErrorText(err))
 		os.Exit(1)
 	}
 }
@@ -139,8 +140,8 @@ func run(ctx context.Context, args []string) error {
 			}
 			out := runSuite(ctx, adminURL, s, round, o.quick)
 			if out.Err != nil {
-				failed = append(failed, fmt.Sprintf("round %d %s: %v", round, s, out.Err))
-				logf("round %d %s FAILED: %v", round, s, out.Err)
+				failed = append(failed, fmt.Sprintf("round %d %s: %s", round, s, redact.ErrorText(out.Err)))
+				logf("round %d %s FAILED: %s", round, s, redact.ErrorText(out.Err))
 			}
 			outs = append(outs, out)
 		}
@@ -253,7 +254,7 @@ func provision(ctx context.Context, o options) (adminURL, kind string, closeFn f
 	}
 	return cluster.URL, kind, func() {
 		if err := cluster.Close(); err != nil {
-			logf("stop cluster: %v", err)
+			logf("stop cluster: %s", redact.ErrorText(err))
 		}
 		if dir != "" {
 			os.RemoveAll(dir)
@@ -272,7 +273,7 @@ func runSuite(ctx context.Context, adminURL, suite string, round int, quick bool
 	}
 	defer func() {
 		if err := testpg.DropDatabase(context.Background(), adminURL, name); err != nil {
-			logf("drop %s: %v", name, err)
+			logf("drop %s: %s", name, redact.ErrorText(err))
 		}
 	}()
 	load := loadavg()

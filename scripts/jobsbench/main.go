@@ -29,6 +29,7 @@ import (
 	"github.com/getratchet/ratchet/lib/config"
 	"github.com/getratchet/ratchet/lib/ids"
 	"github.com/getratchet/ratchet/lib/jobs"
+	"github.com/getratchet/ratchet/lib/redact"
 	"github.com/getratchet/ratchet/lib/testpg"
 )
 
@@ -45,7 +46,7 @@ func main() {
 	)
 	flag.Parse()
 	if err := run(*admin, *mode, *depth, *enqueueN, *workN, *workers, *batch, *latencyN); err != nil {
-		fmt.Fprintln(os.Stderr, "jobsbench:", err)
+		fmt.Fprintln(os.Stderr, "jobsbench:", redact.ErrorText(err))
 		os.Exit(1)
 	}
 }

@@ -28,6 +28,7 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/getratchet/ratchet/lib/redact"
 	"github.com/getratchet/ratchet/lib/testpg"
 )
 
@@ -87,7 +88,7 @@ func run(args []string) int {
 		logf("%s", strings.TrimPrefix(fmt.Sprintf(format, args...), "testpg: "))
 	}})
 	if err != nil {
-		logf("%v", err)
+		logf("%s", redact.ErrorText(err))
 		mu.Lock()
 		defer mu.Unlock()
 		if received != nil {
@@ -97,7 +98,7 @@ func run(args []string) int {
 	}
 	teardown := func() {
 		if err := cluster.Close(); err != nil {
-			logf("teardown: %v", err)
+			logf("teardown: %s", redact.ErrorText(err))
 		}
 	}
 
@@ -117,7 +118,7 @@ func run(args []string) int {
 	}
 	mu.Unlock()
 	if err != nil {
-		logf("%v", err)
+		logf("%s", redact.ErrorText(err))
 		teardown()
 		return 127
 	}

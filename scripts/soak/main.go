@@ -16,6 +16,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/getratchet/ratchet/lib/redact"
 	"io"
 	"log"
 	"math/rand/v2"
@@ -58,7 +59,7 @@ func main() {
 	d.setUp(ctx)
 	db, err := sql.Open("pgx", *dbURL)
 	if err != nil {
-		log.Fatal(err)
+		log.Fatal(redact.ErrorText(err))
 	}
 	defer db.Close()
 	if *backlog > 0 {
@@ -106,7 +107,7 @@ func main() {
 	stop, cancelStop := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancelStop()
 	if err := d.worker.Stop(stop); err != nil {
-		fmt.Println("# worker stop:", err)
+		fmt.Println("# worker stop:", redact.ErrorText(err))
 	}
 	d.client.CloseIdleConnections()
 	time.Sleep(2 * time.Second) // let the server see the closes
@@ -188,7 +189,7 @@ func (d *driver) pause(ctx context.Context) {
 
 func must(err error) {
 	if err != nil {
-		log.Fatal(err)
+		log.Fatal(redact.ErrorText(err))
 	}
 }
 
