@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -576,6 +577,27 @@ func TestCronSweepNeedsSecret(t *testing.T) {
 		require.Equal(t, http.StatusUnauthorized, unset.Do("POST", "/api/cron/sweep", "x", nil).Status)
 	}
 	require.Equal(t, 1, strings.Count(logs.String(), "CRON_SECRET is not set"))
+}
+
+// HEAD is answered elsewhere as GET without its body; on the cron sweep,
+// whose GET does work, it ran a whole pass for a request meant to change
+// nothing (ops QA). It is an unknown route there, as any other method the
+// path does not take, and the sweep does not run.
+func TestCronSweepHeadDoesNotSweep(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	var passes atomic.Int32
+	env.App.Server.Sweeper = sweep.New(time.Now, slog.New(slog.NewTextHandler(io.Discard, nil)),
+		sweep.Task{Name: "jobs.lapsed_leases", Run: func(context.Context, time.Time) (int, error) {
+			passes.Add(1)
+			return 0, nil
+		}})
+	r := env.Do("HEAD", "/api/cron/sweep", "test-cron-secret", nil)
+	require.Equal(t, http.StatusNotFound, r.Status)
+	require.Equal(t, "GET, POST", r.Header.Get("Allow"))
+	require.Zero(t, passes.Load(), "HEAD ran the sweep")
+	env.Must(http.StatusOK, "GET", "/api/cron/sweep", "test-cron-secret", nil)
+	require.Equal(t, int32(1), passes.Load(), "GET sweeps")
 }
 
 // A pass that could not reach the database answers 503 beside its result,

@@ -101,6 +101,10 @@ type Route struct {
 	// such as MCP that speaks its own framing). The request id, body limit,
 	// logging and the route's Auth still apply.
 	Raw http.Handler
+	// Acts marks a GET that does work (the cron sweep, which Vercel cron
+	// calls with GET): HEAD, answered elsewhere as GET without its body,
+	// is an unknown route on its path rather than a run of that work.
+	Acts bool
 }
 
 // DefaultTimeout bounds a request that names no Timeout.

@@ -118,6 +118,7 @@ func (s *Server) coreRoutes() []Route {
 			Response: sweep.Result{}, Status: 200,
 			Errors:  []string{apierr.CodeUnauthorized, apierr.CodeDatabaseUnavailable},
 			Timeout: CronTimeout, Handle: s.cronSweep,
+			Acts: true,
 		},
 		{
 			Method: "POST", Pattern: "/api/cron/sweep", Name: "cron.sweep.post", Tag: "operations", Auth: AuthCron,

@@ -231,8 +231,8 @@ func (s *Server) serveGroup(w http.ResponseWriter, r *http.Request, g *group) {
 		return
 	}
 	route = g.routes[r.Method]
-	if route == nil && r.Method == http.MethodHead {
-		route = g.routes[http.MethodGet]
+	if get := g.routes[http.MethodGet]; route == nil && r.Method == http.MethodHead && get != nil && !get.Acts {
+		route = get
 	}
 	if route == nil {
 		allow := make([]string, 0, len(g.routes))
