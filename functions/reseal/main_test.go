@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"net/http"
 	"os"
@@ -16,6 +17,7 @@ import (
 	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/config"
 	"github.com/getratchet/ratchet/lib/reseal"
+	"github.com/getratchet/ratchet/lib/seal"
 )
 
 func TestMain(m *testing.M) { os.Exit(apitest.Main(m)) }
@@ -132,6 +134,28 @@ func TestAnInvocationCutShortAnswersItsReport(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, rep.Complete)
 	require.True(t, rep.Counted)
+}
+
+// A run stopped before it reached its database reports the configured
+// current key id (it answered "currentKeyId": ""), and on Lambda an error
+// met after the reserve began (a malformed DATABASE_URL) is the
+// invocation's error, not a run cut short to continue (ops QA).
+func TestARunStoppedBeforeConnectingNamesTheKey(t *testing.T) {
+	t.Setenv("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?pool_max_conns=many")
+	t.Setenv("KEY_HASH_SECRET", "reseal-test-secret-0123456789")
+	t.Setenv("RESULT_ENCRYPTION_KEY", key(9))
+	t.Setenv("RESULT_ENCRYPTION_KEYS", "")
+	id := seal.KeyID(bytes.Repeat([]byte{9}, 32))
+	rep, err := run(context.Background(), Event{})
+	require.ErrorContains(t, err, "DATABASE_URL is malformed")
+	require.Equal(t, hex.EncodeToString(id[:]), rep.CurrentKeyID)
+	require.False(t, rep.Complete)
+	require.False(t, rep.Counted)
+
+	ctx, cancel := context.WithTimeout(context.Background(), lambdaReserve/2)
+	defer cancel()
+	_, err = invoke(ctx, Event{})
+	require.ErrorContains(t, err, "DATABASE_URL is malformed")
 }
 
 // A run names the values that fail to open under their key (table, key,

@@ -348,9 +348,19 @@ func (c column) damaged(key []string) DamagedValue {
 	return d
 }
 
-func (r *Resealer) currentKeyID() string {
-	id := r.sealer.CurrentKeyID()
+func (r *Resealer) currentKeyID() string { return keyIDText(r.sealer) }
+
+func keyIDText(sealer *seal.Sealer) string {
+	id := sealer.CurrentKeyID()
 	return hex.EncodeToString(id[:])
+}
+
+// Unstarted is the report of a run or check that stopped before it read
+// anything (its database not reached, its time up or interrupted while it
+// connected): the configured current key id, no columns, nothing counted,
+// not complete. Without it such a report answered "currentKeyId": "".
+func Unstarted(sealer *seal.Sealer) Report {
+	return Report{CurrentKeyID: keyIDText(sealer), Damaged: []DamagedValue{}}
 }
 
 // The statements are built from the column list above, never from input.
