@@ -233,6 +233,17 @@ func decodeDimensionLimit(raw json.RawMessage) (lim DimensionLimit, sub string, 
 		name, _ := strconv.Unquote(strings.TrimPrefix(derr.Error(), "json: unknown field "))
 		return lim, "." + name, errors.New("is not a known field; a limit is " + shape)
 	case errors.As(derr, &typ) && typ.Field != "":
+		// A number out of the field's range or no integer (1.5) is told
+		// the field's bounds, as any other bounded integer's (ops QA: it
+		// read only "must be an integer or null"); a string, its type.
+		if strings.HasPrefix(typ.Value, "number") {
+			switch typ.Field {
+			case "daily_micros":
+				return lim, "." + typ.Field, errors.New(money.Rule + ", or null")
+			case "daily_count":
+				return lim, "." + typ.Field, errors.New("must be an integer of at least 1, or null")
+			}
+		}
 		return lim, "." + typ.Field, errors.New("must be an integer or null")
 	}
 	return lim, "", errors.New("must be " + shape)

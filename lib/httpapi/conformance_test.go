@@ -101,6 +101,13 @@ func TestConformanceDecodeListsEveryProblem(t *testing.T) {
 		require.ErrorAs(t, err, &ae)
 		require.Contains(t, ae.Detail["validation"], apierr.FieldError{Field: "budgetMicros", Message: money.Rule}, body)
 	}
+	// A number that is no integer is told the field's bounds too (ops QA:
+	// maxAttempts 1.5 read "must be an integer", 11 "from 1 to 10").
+	for _, body := range []string{`{"maxAttempts":1.5}`, `{"maxAttempts":1.5,"x":1}`} {
+		err = httpapi.DecodeJSON([]byte(body), &jobs.EnqueueRequest{})
+		require.ErrorAs(t, err, &ae)
+		require.Contains(t, ae.Detail["validation"], apierr.FieldError{Field: "maxAttempts", Message: "must be an integer from 1 to 10"}, body)
+	}
 	// An integer sent as a string is a string (review: "30" was told the
 	// range), whether the decoder or the walk found it.
 	for _, body := range []string{`{"lease_seconds":"30"}`, `{"lease_seconds":"30","colour":1}`,

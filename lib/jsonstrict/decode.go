@@ -416,35 +416,45 @@ func safeMessage(err error) string {
 // type's, as its handler tells a value in the type's range (QA: a rotation's
 // 10^20 seconds was told "-2^63 to 2^63-1" where 10^9 was told "0 to
 // 604800").
+// A number that is no integer (1.5, 1.0, 1e3) in an integer field whose
+// tag bounds it, or in an amount of money, is told the bounds too, as a
+// list's limit is (apierr.LimitRule) and an MCP tool's argument (ops QA:
+// maxAttempts 1.5 was told only "must be an integer", 11 "from 1 to 10");
+// in a field bounded by its type alone it must be an integer.
 // A string is a string, whatever it holds ("30" must be an integer).
 func kindRule(v any, t, root reflect.Type, path string) string {
 	var literal string
+	number := false
 	switch v := v.(type) {
 	case json.Number:
-		literal = string(v)
+		literal, number = string(v), true
 	case numberDescription:
-		literal, _ = strings.CutPrefix(string(v), "number ")
+		literal, number = strings.CutPrefix(string(v), "number ")
 	}
-	if integerKind(t.Kind()) && integerLiteral.MatchString(literal) {
-		if name := path[strings.LastIndex(path, ".")+1:]; strings.HasSuffix(name, "_micros") || strings.HasSuffix(name, "Micros") {
-			return money.Rule
-		}
-		lo, hi := fmt.Sprintf("-2^%d", t.Bits()-1), fmt.Sprintf("2^%d-1", t.Bits()-1)
-		if t.Kind() >= reflect.Uint {
-			lo, hi = "0", fmt.Sprintf("2^%d-1", t.Bits())
-		}
-		if f, ok := fieldAt(root, path); ok {
-			rules := schematags.Rules(f)
-			if v, ok := rules["min"]; ok {
-				lo = v
-			}
-			if v, ok := rules["max"]; ok {
-				hi = v
-			}
-		}
-		return fmt.Sprintf("must be an integer from %s to %s", lo, hi)
+	if !integerKind(t.Kind()) || !number {
+		return "must be " + jsonKind(t.Kind().String())
 	}
-	return "must be " + jsonKind(t.Kind().String())
+	if name := path[strings.LastIndex(path, ".")+1:]; strings.HasSuffix(name, "_micros") || strings.HasSuffix(name, "Micros") {
+		return money.Rule
+	}
+	lo, hi := fmt.Sprintf("-2^%d", t.Bits()-1), fmt.Sprintf("2^%d-1", t.Bits()-1)
+	if t.Kind() >= reflect.Uint {
+		lo, hi = "0", fmt.Sprintf("2^%d-1", t.Bits())
+	}
+	tagged := false
+	if f, ok := fieldAt(root, path); ok {
+		rules := schematags.Rules(f)
+		if v, ok := rules["min"]; ok {
+			lo, tagged = v, true
+		}
+		if v, ok := rules["max"]; ok {
+			hi, tagged = v, true
+		}
+	}
+	if !integerLiteral.MatchString(literal) && !tagged {
+		return "must be an integer"
+	}
+	return fmt.Sprintf("must be an integer from %s to %s", lo, hi)
 }
 
 // fieldAt finds the struct field a body's dotted path (array elements and

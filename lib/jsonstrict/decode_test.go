@@ -87,6 +87,36 @@ func TestDecodeTellsAnOverflowTheFieldsBounds(t *testing.T) {
 		decodeProblems(t, `{"lease":-9223372036854775809}`))
 }
 
+// A number that is no integer in a field whose tag bounds it is told the
+// bounds, as an integer out of them is (ops QA: 1.5 read only "must be an
+// integer"), whether the decoder (alone) or the walk (beside an unknown
+// key) found it; a field bounded by its type alone must be an integer, and
+// a string is a string.
+func TestDecodeTellsANonIntegerTheFieldsBounds(t *testing.T) {
+	t.Parallel()
+	for _, extra := range []string{"", `,"zzz":1`} {
+		got := decodeProblems(t, `{"lease":1.5,"floor":2e0,"nested":[{"tries":1.0}],"count":1.5,"small":"3"`+extra+`}`)
+		require.Subset(t, got, []apierr.FieldError{
+			{Field: "lease", Message: "must be an integer from 5 to 3600"},
+		}, extra)
+		if extra == "" {
+			continue // the decoder stops at its first problem
+		}
+		require.Equal(t, []apierr.FieldError{
+			{Field: "count", Message: "must be an integer"},
+			{Field: "floor", Message: "must be an integer from 1 to 2^31-1"},
+			{Field: "lease", Message: "must be an integer from 5 to 3600"},
+			{Field: "nested.0.tries", Message: "must be an integer from 1 to 10"},
+			{Field: "small", Message: "must be an integer"},
+			{Field: "zzz", Message: "is not a known field"},
+		}, got)
+	}
+	require.Equal(t, []apierr.FieldError{{Field: "nested.0.tries", Message: "must be an integer from 1 to 10"}},
+		decodeProblems(t, `{"nested":[{"tries":2.5}]}`))
+	require.Equal(t, []apierr.FieldError{{Field: "lease", Message: "must be an integer"}},
+		decodeProblems(t, `{"lease":"30"}`))
+}
+
 // What the walk over the body as JSON values could not tell is listed too
 // (review): integer fields written 1.0 or 1e3, a negative or out-of-range
 // integer, a key naming a field only through case-folding. Whichever the
