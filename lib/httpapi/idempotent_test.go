@@ -461,10 +461,19 @@ func TestIdempotencyKeyOfARouteThatPanickedIsFree(t *testing.T) {
 	})
 	first := sendKeyed(srv, ws.Key, "panic")
 	require.Equal(t, http.StatusInternalServerError, first.Code, "%s", first.Body)
-	require.Zero(t, webhookCount(t, env, ws.Key))
-	retry := sendKeyed(srv, ws.Key, "panic")
+	requireRetryActs(t, env, srv, ws.Key, "panic")
+}
+
+// requireRetryActs checks that the first request under the key of outcome
+// left no webhook, and that the retry acts at once (not told to wait for a
+// claim to lapse) and makes the one webhook.
+func requireRetryActs(t *testing.T, env *apitest.Env, srv *httpapi.Server, key, outcome string) {
+	t.Helper()
+	require.Zero(t, webhookCount(t, env, key), "the webhook rolled back with its request")
+	retry := sendKeyed(srv, key, outcome)
 	require.Equal(t, http.StatusCreated, retry.Code, "%s", retry.Body)
-	require.Equal(t, 1, webhookCount(t, env, ws.Key))
+	require.Empty(t, retry.Header().Get(httpapi.ReplayedHeader))
+	require.Equal(t, 1, webhookCount(t, env, key))
 }
 
 // A keyed replay of a step whose last lease lapsed ends the lapsed job on
