@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/money"
 )
 
@@ -25,4 +26,22 @@ func TestDimensionLimitNamesItsBounds(t *testing.T) {
 		require.Equal(t, c.sub, sub, c.raw)
 		require.EqualError(t, err, c.msg, c.raw)
 	}
+}
+
+// A policy's bounded integer out of its bounds is told them in the words
+// a number that is no integer is (lib/jsonstrict: "must be an integer
+// from 5 to 3600"): it read "must be from 5 to 3600", and a daily_count of
+// 0 "must be at least 1".
+func TestPolicyBoundsAreWordedAsTheDecoders(t *testing.T) {
+	t.Parallel()
+	zero := int64(0)
+	p := Policy{Mode: ModeAllow, OnIndeterminate: OnIndeterminateBlock, SurgeAction: "monitor", LeaseSeconds: 3601,
+		MaxAttempts: 1, SurgeCooldownSeconds: 60, RetentionDays: 1,
+		DimensionLimits: map[string]DimensionLimit{"vendor": {DailyCount: &zero}}}
+	var pr apierr.Problems
+	p.validate(&pr)
+	require.Equal(t, apierr.Problems{
+		{Field: "lease_seconds", Message: "must be an integer from 5 to 3600"},
+		{Field: "dimension_limits.vendor.daily_count", Message: "must be an integer of at least 1"},
+	}, pr)
 }

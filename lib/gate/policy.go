@@ -284,7 +284,7 @@ func (p *Policy) validate(pr *apierr.Problems) {
 	}
 	between := func(field string, v *int, lo, hi int) {
 		if v != nil && (*v < lo || *v > hi) {
-			pr.Add(field, "must be from %d to %d", lo, hi)
+			pr.Add(field, "must be an integer from %d to %d", lo, hi) // as 1.5 is told (lib/jsonstrict)
 		}
 	}
 	amount := func(field string, v *int64) {
@@ -335,7 +335,7 @@ func (p *Policy) validate(pr *apierr.Problems) {
 			pr.Add("dimension_limits."+name, "must set daily_micros or daily_count")
 		}
 		if lim.DailyCount != nil && *lim.DailyCount < 1 {
-			pr.Add("dimension_limits."+name+".daily_count", "must be at least 1")
+			pr.Add("dimension_limits."+name+".daily_count", "must be an integer of at least 1")
 		}
 	}
 }
