@@ -333,7 +333,7 @@ func decodeArguments[In any](args json.RawMessage, resolved, urlOnly *jsonschema
 // limitWording is err, except that a limit argument of the URL (urlOnly's)
 // that the decoder refuses (1.5, "5", 2^63) is refused in the words REST
 // answers its ?limit= with (apierr.LimitRule), the same code and field: it
-// was told "must be an integer", as a body's integer is (QA).
+// was told only "must be an integer", without the bounds REST names (QA).
 func limitWording(err error, urlOnly *jsonschema.Resolved) error {
 	e, ok := apierr.As(err)
 	if !ok || urlOnly.Schema().Properties["limit"] == nil {
