@@ -175,6 +175,9 @@ type Worker struct {
 	jitter       func() float64
 	reportLinger time.Duration // zero: reportLinger
 	log          *slog.Logger  // the default failure log's logger; nil: slog.Default()
+	// afterReturn, when set, runs once a handler that returned in time has
+	// been awaited, before its result is judged (hctx is its context).
+	afterReturn func(hctx context.Context)
 }
 
 // clock is the worker's time source; tests replace it to pace the poll loop
@@ -1282,7 +1285,18 @@ func (w *Worker) execute(ctx, jobsCtx context.Context, rt *registeredTool, j Cla
 			close(handlerReturned)
 		}()
 		out, err := rt.invoke(hctx, j.Input, job)
-		done <- handlerResult{out, err}
+		// Why it was cancelled, if it was, as it returned: a timeout, a
+		// cancel request or a stop landing after that does not change how
+		// its result is judged, as in the TypeScript and Python workers
+		// (sdk QA: Go read it once awaited, so an ordinary error returned
+		// just before a stop was reported as the stop's). Heartbeat answers
+		// from then on are ignored.
+		var cause error
+		if hctx.Err() != nil {
+			cause = context.Cause(hctx)
+		}
+		stopHeartbeat()
+		done <- handlerResult{out, err, cause}
 	}()
 	res, finished := w.await(hctx, jobsCtx, done)
 	stopHeartbeat()
@@ -1343,11 +1357,10 @@ func (w *Worker) execute(ctx, jobsCtx context.Context, rt *registeredTool, j Cla
 		}
 		return handlerReturned
 	}
-	out, err := res.out, res.err
-	cause := context.Cause(hctx)
-	if hctx.Err() == nil {
-		cause = nil
+	if w.afterReturn != nil {
+		w.afterReturn(hctx)
 	}
+	out, err, cause := res.out, res.err, res.cause
 	if errors.Is(cause, ErrLeaseLost) {
 		// After a heartbeat's lease_lost, or a lapse while heartbeats
 		// failed, a success is reported all the same: the server records
@@ -1384,8 +1397,9 @@ func (w *Worker) stopGraceOr() time.Duration { return w.opts.StopGrace }
 
 // handlerResult is what a handler returned.
 type handlerResult struct {
-	out json.RawMessage
-	err error
+	out   json.RawMessage
+	err   error
+	cause error // context.Cause of its context as it returned; nil while that was live
 }
 
 // timeoutGrace is how long a handler whose timeout passed has to return

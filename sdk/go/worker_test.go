@@ -3316,3 +3316,35 @@ func bareHeartbeatRefusal(t *testing.T, status int) {
 		}
 	}
 }
+
+// Why a handler was cancelled is read as it returns: a stop landing after
+// it returned an ordinary error (here Start's context ending before the
+// worker judged the result) leaves that error as reported, as in the
+// TypeScript and Python workers (sdk QA: Go read the cause once it had
+// awaited the handler, and reported "worker stopped before the handler
+// finished" for an error the handler returned on its own).
+func TestWorkerJudgesAResultByWhyItWasCancelledAsItReturned(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	id := f.add("quick", "1", welcomeIn{}, 60000)
+	c, _ := testClient(t, f)
+	w := NewWorker(c)
+	must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "quick", Version: "1",
+		Handler: func(ctx context.Context, _ welcomeIn, _ JobContext) (welcomeOut, error) {
+			return welcomeOut{}, errors.New("card declined")
+		}}))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	w.afterReturn = func(hctx context.Context) {
+		cancel() // Start's context ends: the handlers' contexts end with ErrWorkerStopped
+		<-hctx.Done()
+	}
+	must(t, w.Start(ctx, StartOptions{PollInterval: 10 * time.Millisecond, OnError: func(error) {}}))
+	e := f.waitReport(t, id)["error"].(map[string]any)
+	if e["message"] != "card declined" || e["retryable"] != true {
+		t.Fatalf("report %v", e)
+	}
+	if err := stopWithin(t, w, context.Background()); err != nil {
+		t.Fatalf("Stop: %v", err) // no handler was cut off
+	}
+}
