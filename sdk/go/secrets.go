@@ -8,7 +8,8 @@ import (
 )
 
 // The answers that carry a secret (a lease token, a key's or a webhook's
-// secret) print it masked: fmt's verbs (%v, %+v, %#v, %s, any other) and
+// secret), and the job reports a caller builds with a lease token, print it
+// masked: fmt's verbs (%v, %+v, %#v, %s, any other) and
 // log/slog (its JSON handler included) show "[redacted]" in its place, so a
 // caller that logs or prints one whole does not write the credential. The
 // field itself and the value's JSON encoding are unchanged: read the field
@@ -29,7 +30,8 @@ func redactedSecret(s string) string {
 var mirrorNames = strings.NewReplacer("ratchet.claimedJobFields", "ratchet.ClaimedJob",
 	"ratchet.beginResponseFields", "ratchet.BeginResponse", "ratchet.newAPIKeyFields", "ratchet.NewAPIKey",
 	"ratchet.rotatedWebhookFields", "ratchet.RotatedWebhook", "ratchet.newWebhookFields", "ratchet.NewWebhook",
-	"newWebhookFields:", "NewWebhook:")
+	"newWebhookFields:", "NewWebhook:", "ratchet.batchJobReportFields", "ratchet.BatchJobReport",
+	"ratchet.jobReportFields", "ratchet.JobReport", "jobReportFields:", "JobReport:")
 
 // formatRedacted prints masked (a method-less copy of a value with its
 // secrets masked) for f's verb and flags.
@@ -45,6 +47,11 @@ type (
 	rotatedWebhookFields struct {
 		newWebhookFields
 		PreviousSecretExpiresAt *time.Time `json:"previous_secret_expires_at"`
+	}
+	jobReportFields      JobReport
+	batchJobReportFields struct {
+		JobID string `json:"jobId"`
+		jobReportFields
 	}
 )
 
@@ -112,3 +119,29 @@ func (r RotatedWebhook) Format(f fmt.State, verb rune) {
 
 // LogValue is r for log/slog, its new signing Secret masked.
 func (r RotatedWebhook) LogValue() slog.Value { return slog.AnyValue(r.masked()) }
+
+func (r JobReport) masked() jobReportFields {
+	r.LeaseToken = redactedSecret(r.LeaseToken)
+	return jobReportFields(r)
+}
+
+// Format prints r with its LeaseToken masked.
+func (r JobReport) Format(f fmt.State, verb rune) {
+	formatRedacted(f, verb, r.masked())
+}
+
+// LogValue is r for log/slog, its LeaseToken masked.
+func (r JobReport) LogValue() slog.Value { return slog.AnyValue(r.masked()) }
+
+func (b BatchJobReport) masked() batchJobReportFields {
+	return batchJobReportFields{JobID: b.JobID, jobReportFields: b.JobReport.masked()}
+}
+
+// Format prints b with its LeaseToken masked (it is declared here, not
+// promoted from JobReport, so JobID is printed too).
+func (b BatchJobReport) Format(f fmt.State, verb rune) {
+	formatRedacted(f, verb, b.masked())
+}
+
+// LogValue is b for log/slog, its LeaseToken masked.
+func (b BatchJobReport) LogValue() slog.Value { return slog.AnyValue(b.masked()) }

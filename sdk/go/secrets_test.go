@@ -22,6 +22,9 @@ func TestSecretBearingAnswersPrintTheirSecretsMasked(t *testing.T) {
 		"NewAPIKey":      NewAPIKey{APIKey: APIKey{ID: "key_1", Name: "ci"}, Secret: secret},
 		"NewWebhook":     NewWebhook{Webhook: Webhook{ID: "wh_1", URL: "https://example.test/hook"}, Secret: secret},
 		"RotatedWebhook": RotatedWebhook{NewWebhook: NewWebhook{Webhook: Webhook{ID: "wh_1"}, Secret: secret}, PreviousSecretExpiresAt: &at},
+		"JobReport":      JobReport{LeaseToken: secret, Status: ReportSucceeded, Output: json.RawMessage(`{"a":1}`)},
+		"BatchJobReport": BatchJobReport{JobID: "job_1", JobReport: JobReport{LeaseToken: secret, Status: ReportFailed,
+			Error: &JobError{Message: "boom", Retryable: true}}},
 	}
 	for name, v := range values {
 		t.Run(name, func(t *testing.T) {
@@ -60,6 +63,17 @@ func TestSecretBearingAnswersPrintTheirSecretsMasked(t *testing.T) {
 	r := values["RotatedWebhook"].(RotatedWebhook)
 	if got := fmt.Sprintf("%+v", r); !strings.Contains(got, "PreviousSecretExpiresAt:") || !strings.Contains(got, "ID:wh_1") {
 		t.Errorf("%%+v of a RotatedWebhook = %s, want its own fields and its subscription's", got)
+	}
+	b := values["BatchJobReport"].(BatchJobReport)
+	for _, got := range []string{fmt.Sprintf("%v", b), fmt.Sprintf("%+v", b), fmt.Sprintf("%#v", b)} {
+		if !strings.Contains(got, "job_1") || !strings.Contains(got, "FAILED") {
+			t.Errorf("a BatchJobReport printed %s, want its JobID and its report's fields", got)
+		}
+	}
+	var js bytes.Buffer
+	slog.New(slog.NewJSONHandler(&js, nil)).Info("got", "report", b)
+	if !strings.Contains(js.String(), `"jobId":"job_1"`) || !strings.Contains(js.String(), `"status":"FAILED"`) {
+		t.Errorf("slog JSON of a BatchJobReport = %s, want its jobId and status", js.String())
 	}
 	var empty ClaimedJob
 	if got := fmt.Sprintf("%+v", empty); strings.Contains(got, "[redacted]") {
