@@ -364,14 +364,37 @@ func (r *reporter) sendOnce(batch []queuedReport, sent time.Time) error {
 		}
 		return err
 	}
+	var failures []queuedReport // successes whose output the server can never record, as failures
 	for i, x := range res {
-		if x.Err != nil {
-			r.fail(batch[i], x.Err)
-		} else {
+		if x.Err == nil {
 			r.recorded(batch[i], sent)
+		} else if q, ok := r.outputRefused(batch[i], x.Err); ok {
+			// Reported as a failure instead, as single does, and as the
+			// Python and TypeScript workers read such a refusal in a batch
+			// (sdk QA: given up here, the job ran again at every lapse).
+			failures = append(failures, q)
+		} else {
+			r.fail(batch[i], x.Err)
 		}
 	}
+	if len(failures) > 0 {
+		r.sendEach(failures)
+	}
 	return nil
+}
+
+// outputRefused says whether err, a report's refusal, refuses the output of
+// a success the server can never record; if so it tells OnError and answers
+// the non-retryable failure to report instead.
+func (r *reporter) outputRefused(q queuedReport, err error) (queuedReport, bool) {
+	why, ok := unrecordableOutput(err)
+	if !ok || q.report.Status != ReportSucceeded {
+		return q, false
+	}
+	r.onErr(&ReportNotRecordedError{What: "output_refused", JobID: q.job.JobID, Attempt: q.job.Attempt, Err: err})
+	q.report = JobReport{LeaseToken: q.report.LeaseToken, Status: ReportFailed,
+		Error: &JobError{Message: why, Retryable: false}}
+	return q, true
 }
 
 // sendEach delivers a refused batch report by report, each with send's
@@ -399,10 +422,8 @@ func (r *reporter) sendEach(batch []queuedReport) {
 // lapse.
 func (r *reporter) single(ctx context.Context, q queuedReport, sent time.Time) error {
 	_, err := r.c.ReportJob(ctx, q.job.JobID, q.report)
-	if why, ok := unrecordableOutput(err); ok && q.report.Status == ReportSucceeded {
-		r.onErr(&ReportNotRecordedError{What: "output_refused", JobID: q.job.JobID, Attempt: q.job.Attempt, Err: err})
-		q.report = JobReport{LeaseToken: q.report.LeaseToken, Status: ReportFailed,
-			Error: &JobError{Message: why, Retryable: false}}
+	if failed, ok := r.outputRefused(q, err); ok {
+		q = failed
 		_, err = r.c.ReportJob(ctx, q.job.JobID, q.report)
 	}
 	if err == nil {

@@ -122,6 +122,49 @@ func TestBatchLeaseLostAffectsOnlyThatJob(t *testing.T) {
 	}
 }
 
+// A success a batch answers invalid_request at its output (the server can
+// never record it) is reported as a non-retryable failure instead, as a
+// single report's such refusal is, and as the Python and TypeScript workers
+// read one in a batch (sdk QA: the Go reporter gave it up, and the job ran
+// again at every lapse of its lease); the other reports of the batch are
+// recorded as they were.
+func TestBatchOutputRefusalIsReportedAsAFailure(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	f.refuseOutput = map[string]bool{"job_r1": true}
+	c, _ := testClient(t, f)
+	sink := &errSink{}
+	r := newReporter(context.Background(), c, sink.add, time.Hour)
+	ids := queueReports(r, 3, time.Now().Add(10*time.Minute))
+	if !closeWithin(t, r, context.Background()) {
+		t.Fatal("close gave up")
+	}
+	f.mu.Lock()
+	batches := append([]int(nil), f.batches...)
+	f.mu.Unlock()
+	if len(batches) != 1 || batches[0] != 3 {
+		t.Fatalf("batches %v", batches)
+	}
+	for _, id := range []string{ids[0], ids[2]} {
+		if rep := f.report(t, id); rep["status"] != "SUCCEEDED" {
+			t.Fatalf("report of %s %v", id, rep)
+		}
+	}
+	rep := f.report(t, ids[1])
+	if e, _ := rep["error"].(map[string]any); rep["status"] != "FAILED" || e["retryable"] != false ||
+		e["message"] != "handler output refused by the server at output.n" {
+		t.Fatalf("report %v", rep)
+	}
+	var refused *ReportNotRecordedError
+	if errs := sink.list(); len(errs) != 1 || !errors.As(errs[0], &refused) || refused.What != "output_refused" ||
+		refused.JobID != ids[1] {
+		t.Fatalf("OnError %v", errs)
+	}
+	if r.lostReports() != 0 {
+		t.Fatalf("%d counted lost", r.lostReports())
+	}
+}
+
 // A server without the batch route still gets every report, one by one.
 func TestBatchRefusedFallsBackToSingleReports(t *testing.T) {
 	t.Parallel()

@@ -41,6 +41,7 @@ type fakeJobs struct {
 	refuse        map[string]string                                       // job id → error code a batch answers for it
 	refuseDetail  map[string]map[string]any                               // job id → that refusal's detail
 	noBatch       bool                                                    // answer the batch route 404, as an older server would
+	refuseOutput  map[string]bool                                         // job id → its success is refused invalid_request at output.n (both routes)
 	claimError    func() (status int, code string, detail map[string]any) // optional refusal of a claim
 	// reportError optionally refuses a report request (single or batch)
 	// as a whole before looking at it.
@@ -157,6 +158,11 @@ func (f *fakeJobs) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case strings.HasSuffix(p, "/report"):
 		id := strings.Split(p, "/")[2]
 		f.mu.Lock()
+		if f.refuseOutput[id] && body["status"] == ReportSucceeded {
+			f.mu.Unlock()
+			apiError(w, 400, CodeInvalidRequest, outputRefusal)
+			return
+		}
 		if code := f.refuse[id]; code != "" {
 			detail := f.refuseDetail[id]
 			f.mu.Unlock()
@@ -173,6 +179,10 @@ func (f *fakeJobs) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// outputRefusal is the detail of a report refused for its output (a NUL in
+// a string at output.n, say), on either route.
+var outputRefusal = map[string]any{"validation": []any{map[string]any{"field": "output.n", "message": "must not hold NUL"}}}
+
 // batchReport serves POST /jobs/report: each report stored like a single
 // one (without jobId), answered in its slot; refused ones are not stored.
 func (f *fakeJobs) batchReport(w http.ResponseWriter, raw json.RawMessage) {
@@ -187,6 +197,11 @@ func (f *fakeJobs) batchReport(w http.ResponseWriter, raw json.RawMessage) {
 	for _, r := range body.Reports {
 		var id string
 		_ = json.Unmarshal(r["jobId"], &id)
+		if f.refuseOutput[id] && string(r["status"]) == `"`+ReportSucceeded+`"` {
+			results = append(results, map[string]any{"jobId": id, "error": map[string]any{"code": CodeInvalidRequest,
+				"message": "invalid request", "detail": outputRefusal}})
+			continue
+		}
 		if code := f.refuse[id]; code != "" {
 			results = append(results, map[string]any{"jobId": id, "error": map[string]any{"code": code, "message": "refused",
 				"detail": f.refuseDetail[id]}})
