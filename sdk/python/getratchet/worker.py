@@ -157,12 +157,22 @@ class _Active:
         # stop cancelled the handler: its job does not run again for this
         # worker's leaving it.
         self.settled_elsewhere = False
-        self.beats_done = threading.Event()
+        self.beats_done = threading.Event()  # the handler returned (or was left running): heartbeats end
+        # Fired with beats_done: cuts a heartbeat in flight, whose answer
+        # would come after the handler finished (end_beats).
+        self.beats_cut = Abort("the handler finished", cuts_answers=True)
         self.reporting = False  # the handler is done; lease_end no longer moves (under the worker's lock)
         self.own_failure = False  # its report fails on its own (under the worker's lock): see Worker._report
         self.straggler = False  # the supervisor went on without the handler (under the worker's lock)
         self.given_up = False  # a second interrupt gave it up: the supervisor waits for nothing more
         self.told = False  # its report's loss went to on_error (under the worker's lock)
+
+    def end_beats(self) -> None:
+        """Ends the heartbeats: none is sent from now, and the answer of one
+        in flight is not read, as the Go and TypeScript workers end theirs
+        (cutting the one in flight) once the handler returns."""
+        self.beats_done.set()
+        self.beats_cut.fire()
 
     def stop(self) -> None:
         """The worker's stop deadline passed: cancel the handler, and have
@@ -1108,6 +1118,10 @@ class Worker:
                         straggler = active.straggler
                         if straggler:
                             self._stragglers -= 1
+                    # Heartbeat answers from now on are not read (a 401 once
+                    # it returned stopped the worker; Go and TypeScript stop
+                    # the heartbeats as the handler returns).
+                    active.end_beats()
                     active.wake.set()
                     if straggler:
                         self._release_slot()  # its slot was kept until now
@@ -1115,9 +1129,14 @@ class Worker:
             context._deadline = (time.monotonic() + context.timeout_ms / 1000 if context.timeout_ms > 0
                                  else float("inf"))
             threading.Thread(target=run_handler, name=f"ratchet-handler-{tool.ref}", daemon=True).start()
-            threading.Thread(target=self._heartbeats, args=(active,), name="ratchet-heartbeat", daemon=True).start()
+            beats = threading.Thread(target=self._heartbeats, args=(active,), name="ratchet-heartbeat", daemon=True)
+            beats.start()
             self._watch(active, outcome)
-            active.beats_done.set()
+            # The heartbeats end before the report is sent, as in Go and
+            # TypeScript: one in flight is cut, not waited for (review: the
+            # report went out while a heartbeat could still act on its answer).
+            active.end_beats()
+            beats.join()
             with self._lock:
                 active.reporting = True
                 if not outcome.get("returned"):
@@ -1238,14 +1257,16 @@ class Worker:
             try:
                 beat = self._transport.call("POST", "/jobs/" + path_id(context.job_id) + "/heartbeat",
                                             {"leaseToken": context._lease_token}, safe=True, max_retries=0,
-                                            timeout=min(self._transport.timeout, _beat_cutoff(active.lease_end - sent)))
+                                            timeout=min(self._transport.timeout, _beat_cutoff(active.lease_end - sent)),
+                                            abort=active.beats_cut)
             except RatchetError as err:
-                if active.beats_done.is_set() and not _key_refused(err):
+                if active.beats_done.is_set():
                     # The handler is done: its report, answered on its own,
-                    # settles the attempt, and neither a refusal nor a
-                    # failure of this heartbeat is told (the Go and
-                    # TypeScript workers end the heartbeat before
-                    # reporting; review: a 5xx was told to on_error).
+                    # settles the attempt, and neither a refusal (a 401
+                    # included: it no longer stops the worker) nor a failure
+                    # of this heartbeat is acted on or told (the Go and
+                    # TypeScript workers end the heartbeat as the handler
+                    # returns; review: a 5xx was told to on_error).
                     return
                 if err.status in (403, 404, 409) and not _not_ratchets(err):
                     # The lease is lost (a newer claim) or the job ended:
@@ -1274,6 +1295,8 @@ class Worker:
                 failed, failures = err, failures + 1
                 continue
             failures = 0
+            if active.beats_done.is_set():
+                return  # the handler is done (above)
             if beat.get("cancelRequested"):
                 # The lease is not extended for a cancelled job.
                 active.settled_elsewhere = True

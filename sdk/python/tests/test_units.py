@@ -1955,12 +1955,28 @@ class WorkerRulesTest(unittest.TestCase):
         told = self.heartbeat_answered_after_the_report(0, None)  # no answer: a lost connection
         self.assertEqual([e for e in told if isinstance(e, ConnectionLost)], [])
 
-    def heartbeat_answered_after_the_report(self, status: int, body: dict) -> List[BaseException]:
+    def test_a_heartbeat_refused_401_once_the_handler_is_done_does_not_stop_the_worker(self) -> None:
+        # As in Go and TypeScript, which end the heartbeat as the handler
+        # returns: a revoked key's 401 answering a heartbeat of a finished
+        # job is not read (review: it stopped the worker after the report).
+        self.beat_waits()  # the first heartbeat goes out at once, not a third of the lease on
+        refused: List[bool] = []
+        told = self.heartbeat_answered_after_the_report(401, error("unauthorized"), refused)
+        self.assertEqual([e for e in told if isinstance(e, RatchetError)], [])
+        self.assertEqual(refused, [False])
+
+    def heartbeat_answered_after_the_report(self, status: int, body: dict,
+                                            refused: Optional[List[bool]] = None) -> List[BaseException]:
         """Runs one job whose heartbeat is in flight when its handler
         returns, held until the report lands and then answered status and
-        body; answers what on_error was told."""
+        body; answers what on_error was told, and appends to refused
+        whether the worker was refused before it was stopped. The report
+        goes out once the heartbeats ended (they are ended, not awaited, as
+        the handler returns; review: they were not joined)."""
         reported = threading.Event()
         seen = {"claims": 0, "beats": 0}
+        beats_ended = threading.Event()
+        beats_before_report: List[bool] = []
 
         def respond(method, path, body):
             if path.endswith("/register"):
@@ -1973,6 +1989,7 @@ class WorkerRulesTest(unittest.TestCase):
                 seen["beats"] += 1
                 reported.wait(10)
                 return status, body, {}
+            beats_before_report.append(beats_ended.is_set())
             reported.set()
             return 200, {"jobId": "job_1", "status": body["status"], "attempt": 1}, {}
 
@@ -1980,11 +1997,14 @@ class WorkerRulesTest(unittest.TestCase):
         self.addCleanup(server.close)
         client = getratchet.Ratchet(server.url, "rk_test")
         client.register_tool("t", "1", lambda input, context: wait_until(lambda: seen["beats"] >= 1) or {"ok": True})
-        beats_ended = threading.Event()
         real = getratchet.worker.Worker._heartbeats
 
         def heartbeats(worker, active):
             real(worker, active)
+            if refused is not None:
+                # Held until the report lands, or a second at most: a report
+                # sent without waiting for the heartbeats lands meanwhile.
+                reported.wait(1)
             beats_ended.set()
 
         told: List[BaseException] = []
@@ -1992,7 +2012,10 @@ class WorkerRulesTest(unittest.TestCase):
             client.worker.start(1, poll_interval=0.05, block=False, on_error=told.append)
             self.addCleanup(client.worker.stop, 5)
             self.assertTrue(beats_ended.wait(15))
-            self.assertTrue(reported.is_set())
+            self.assertTrue(reported.wait(15))
+            self.assertEqual(beats_before_report, [True])
+            if refused is not None:
+                refused.append(client.worker._refused is not None)
             self.assertTrue(client.worker.stop(5))  # on_error told what was queued
         return told
 
