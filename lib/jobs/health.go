@@ -27,7 +27,9 @@ type QueueHealth struct {
 	// lease expiry, or at their reports if sooner).
 	Due                    int64 `json:"due" jsonschema:"how many of the queued jobs a claim could take now, were nothing holding them; the rest are retries and delayed enqueues waiting for their time, and replayed jobs waiting for their cancelled attempt to report or its lease to expire"`
 	OldestQueuedAgeSeconds int64 `json:"oldestQueuedAgeSeconds"`
-	WorkersSeen            int64 `json:"workersSeen"`
+	// WorkersSeen counts the workers serving this exact version that polled
+	// in the last workerSeenWindow under a key not revoked since.
+	WorkersSeen int64 `json:"workersSeen" jsonschema:"workers registered for this exact name@version that polled (or registered) in the last 2 minutes, under a key not revoked since (a revoked key's worker never claims again)"`
 	// The endpoints of its queued jobs that hold them: circuit open, paused,
 	// every concurrency slot taken (maxConcurrent) while a job needs a new
 	// one (a lapsed job keeps its own), this minute's rateLimitPerMinute

@@ -105,3 +105,25 @@ func TestQueueHealthNamesTheLimitsOnlyForDueJobs(t *testing.T) {
 	require.Equal(t, []string{"mailer"}, h.AtLimitEndpoints, "the due job waits for the slot")
 	require.Empty(t, h.RateLimitedEndpoints, "a new minute's allowance is unused")
 }
+
+// A worker whose key was revoked never claims again (401), so queue health
+// does not count it as serving its version, however recently it polled,
+// and says plainly that none does (jobs QA: it counted for two minutes
+// after the revoke, message null, while nothing could take the jobs).
+func TestQueueHealthDoesNotCountTheWorkersOfARevokedKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.enqueue(t, b.run(t), jobs.EnqueueRequest{Input: json.RawMessage(`1`)})
+	b.register(t) // seen as it registers
+	h := b.health(t)
+	require.Equal(t, int64(1), h.WorkersSeen)
+	require.Nil(t, h.Message)
+
+	_, err := b.env.App.Pool.Exec(ctx, `UPDATE api_keys SET revoked_at = $2 WHERE id = $1`, b.worker.KeyID,
+		b.clock.Now())
+	require.NoError(t, err)
+	h = b.health(t)
+	require.Zero(t, h.WorkersSeen, "its worker polled a moment ago, but can never claim again")
+	require.NotNil(t, h.Message)
+	require.Contains(t, *h.Message, "No worker serving send_email@1")
+}

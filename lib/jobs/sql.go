@@ -1007,7 +1007,11 @@ WHERE e.id = j.endpoint_id AND $3::bool AND NOT j.held AND e.max_concurrent IS N
 
 // sqlQueueHealth summarises queued work per exact name@version (all of it,
 // and how much is due: a retry or a delayed enqueue waits for its time),
-// with the workers that polled for it recently. A RUNNING job whose lease lapsed is
+// with the workers that polled for it recently and whose key is not
+// revoked: a revoked key's worker never claims again (401), so counting it
+// for the two minutes after its last poll read a queue no worker could take
+// as served, its message null (jobs QA; seed 000: "check that a worker is
+// online, its key works"). A RUNNING job whose lease lapsed is
 // waiting too (its worker is gone, and it is claimable again): it counts,
 // as of its lease's expiry, unless that was its last attempt (no claim takes
 // it; the sweeper or the next read of its run ends it EXHAUSTED). Pages go
@@ -1066,7 +1070,8 @@ WITH q AS (
     ORDER BY name, version LIMIT $6
 ), w AS (
     SELECT t.name, t.version, count(DISTINCT wk.id)::bigint AS seen
-    FROM job_workers wk, unnest(wk.names, wk.versions) AS t(name, version)
+    FROM job_workers wk JOIN api_keys k ON k.id = wk.key_id AND k.revoked_at IS NULL,
+         unnest(wk.names, wk.versions) AS t(name, version)
     WHERE wk.workspace_id = $1::text AND wk.last_seen_at > $3::timestamptz
     GROUP BY t.name, t.version
 )
