@@ -200,7 +200,7 @@ func (s *Service) reportMany(ctx context.Context, tx pgx.Tx, p *auth.Principal, 
 				}
 			}
 		}
-		if _, err := s.release(ctx, tx, done, dependents); err != nil {
+		if _, _, err := s.release(ctx, tx, done, dependents); err != nil {
 			return nil, reportWakes{}, err
 		}
 		for _, runID := range runs {

@@ -1220,7 +1220,7 @@ func (s *Service) afterEnded(ctx context.Context, tx pgx.Tx, done []endedStep) e
 			return fmt.Errorf("lock run: %w", err)
 		}
 	}
-	runs, err := s.release(ctx, tx, done, true)
+	runs, _, err := s.release(ctx, tx, done, true)
 	if err != nil {
 		return err
 	}
@@ -1238,11 +1238,16 @@ func (s *Service) settleTouched(ctx context.Context, tx pgx.Tx, runs, held map[s
 	return nil
 }
 
+// queuedJob is a job a release queued: its workspace and exact tool
+// (toolKey), for a wake once the release commits.
+type queuedJob struct{ workspaceID, tool string }
+
 // release records step.exhausted events and, when dependents may exist,
 // releases them with the whole cascade of skips (sqlReleaseDependents). It
-// returns the runs touched.
-func (s *Service) release(ctx context.Context, tx pgx.Tx, done []endedStep, dependents bool) (map[string]bool, error) {
+// returns the runs touched and the jobs it queued.
+func (s *Service) release(ctx context.Context, tx pgx.Tx, done []endedStep, dependents bool) (map[string]bool, []queuedJob, error) {
 	runs := map[string]bool{}
+	var queued []queuedJob
 	var events []event
 	stepIDs := make([]string, 0, len(done))
 	for _, e := range done {
@@ -1265,22 +1270,32 @@ func (s *Service) release(ctx context.Context, tx pgx.Tx, done []endedStep, depe
 	for frontier := stepIDs; dependents && len(frontier) > 0; {
 		rows, err := tx.Query(ctx, sqlReleaseDependents, frontier, s.now())
 		if err != nil {
-			return nil, fmt.Errorf("release dependents: %w", err)
+			return nil, nil, fmt.Errorf("release dependents: %w", err)
 		}
-		released, err := scanEnded(rows)
+		released, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (releasedStep, error) {
+			var e releasedStep
+			err := r.Scan(&e.stepID, &e.runID, &e.workspaceID, &e.status, &e.name, &e.version)
+			return e, err
+		})
 		if err != nil {
-			return nil, fmt.Errorf("release dependents: %w", err)
+			return nil, nil, fmt.Errorf("release dependents: %w", err)
 		}
 		frontier = nil
 		for _, r := range released {
 			runs[r.runID] = true
-			if r.status == StatusSkipped {
+			switch r.status {
+			case StatusSkipped:
 				frontier = append(frontier, r.stepID)
+			case StatusQueued:
+				queued = append(queued, queuedJob{workspaceID: r.workspaceID, tool: toolKey(r.name, r.version)})
 			}
 		}
 	}
-	return runs, s.recordEvents(ctx, tx, events)
+	return runs, queued, s.recordEvents(ctx, tx, events)
 }
+
+// releasedStep is a row sqlReleaseDependents moved.
+type releasedStep struct{ stepID, runID, workspaceID, status, name, version string }
 
 // lockAndSettle checks a run's completion under the run locks (see sql.go).
 // shared says the caller does not hold the run's shared lock yet.

@@ -401,7 +401,7 @@ UPDATE jobs j SET status = x.next,
     updated_at = $2::timestamptz
 FROM decided x
 WHERE j.id = x.id AND j.status = 'WAITING'
-RETURNING j.step_id, j.run_id, j.workspace_id, j.id, j.status, j.attempt`
+RETURNING j.step_id, j.run_id, j.workspace_id, j.status, j.name, j.version`
 
 // sqlStrandedDependents finds up to $1 ended steps that WAITING steps still
 // depend on (the sweeper's backstop for a release no request made), taking

@@ -320,9 +320,16 @@ type sweptJob struct {
 // counted again (sweeper review: the dependencies read were counted, so
 // two passes at once counted each release twice). Those it released
 // before an error count too.
+//
+// Once each dependency's release commits, every job it queued wakes a
+// parked claim of its exact version, as an enqueue's does: the sweeper runs
+// in the local server's process, and its parked claims slept to their next
+// poll (jobs QA).
 func (s *Service) releaseStranded(ctx context.Context, limit int) (int, error) {
+	var woken []queuedJob // the jobs the current dependency's release queued
 	return s.eachInTx(ctx, sqlStrandedDependents, limit, "stranded dependents",
 		func(tx pgx.Tx, dep string) (bool, error) {
+			woken = nil
 			// The dependency's run is locked shared before its dependents'
 			// rows, as every transaction releasing or unskipping steps
 			// takes them (the lock order, see sqlRunLockShared): a replay
@@ -344,11 +351,16 @@ func (s *Service) releaseStranded(ctx context.Context, limit int) (int, error) {
 			// dependents; its own status is not used. The runs touched
 			// are those of the steps it released (its own: a step depends
 			// only on a step of its run).
-			runs, err := s.release(ctx, tx, []endedStep{{stepID: dep}}, true)
+			runs, queued, err := s.release(ctx, tx, []endedStep{{stepID: dep}}, true)
 			if err != nil {
 				return false, err
 			}
+			woken = queued
 			return len(runs) > 0, s.settleTouched(ctx, tx, runs, map[string]bool{runID: true})
+		}, func() {
+			for _, q := range woken {
+				s.wake.wakeOne(q.workspaceID, q.tool)
+			}
 		})
 }
 
@@ -363,7 +375,7 @@ func (s *Service) settleRuns(ctx context.Context, limit int) (int, error) {
 			return false, fmt.Errorf("lock run: %w", err)
 		}
 		return s.settleRun(ctx, tx, id)
-	})
+	}, nil)
 }
 
 // eachInTx reads up to limit ids with pick (what names the read in its
@@ -372,9 +384,10 @@ func (s *Service) settleRuns(ctx context.Context, limit int) (int, error) {
 // the same ones first on every pass, so a record whose handling fails each
 // time kept every one behind it waiting for good (sweeper review). It
 // answers how many do changed (true), and the errors of those that
-// failed, joined.
+// failed, joined. committed (nil: none) runs after each transaction that
+// committed, for wakes that must not come before their data is visible.
 func (s *Service) eachInTx(ctx context.Context, pick string, limit int, what string,
-	do func(tx pgx.Tx, id string) (bool, error)) (int, error) {
+	do func(tx pgx.Tx, id string) (bool, error), committed func()) (int, error) {
 	rows, err := s.pool.Query(ctx, pick, limit)
 	if err != nil {
 		return 0, fmt.Errorf("%s: %w", what, err)
@@ -397,6 +410,9 @@ func (s *Service) eachInTx(ctx context.Context, pick string, limit int, what str
 				break
 			}
 			continue
+		}
+		if committed != nil {
+			committed()
 		}
 		if changed {
 			n++

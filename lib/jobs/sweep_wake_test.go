@@ -66,6 +66,29 @@ func TestASweepThatFreesWorkWakesAParkedClaim(t *testing.T) {
 		require.Equal(t, "EXHAUSTED", b.step(t, held.StepID).Status)
 		require.Equal(t, []string{next.StepID}, claimedSteps(<-parked))
 	})
+	t.Run("stranded dependent released", func(t *testing.T) {
+		// A dependency ended with no request releasing its dependent (the
+		// sweeper's backstop): the job it queues wakes a claim of its exact
+		// version, not the one of another tool parked longer, which would
+		// find nothing and keep the wake.
+		b := setup(t, "send_email@1", "send_sms@1")
+		run := b.run(t)
+		first := b.enqueue(t, run, jobs.EnqueueRequest{Input: json.RawMessage(`"a"`)})
+		dep := b.enqueue(t, run, jobs.EnqueueRequest{Input: json.RawMessage(`"d"`), AfterStepID: &first.StepID,
+			AfterStatus: ptr("SUCCEEDED")})
+		email := b.register(t)
+		require.Equal(t, first.JobID, b.claimOne(t, email).JobID)
+		sms := b.register(t, jobs.Tool{Name: "send_sms", Version: "1"})
+		other := b.parkClaim(t, sms) // parked longest
+		parked := b.parkClaim(t, email)
+		_, err := b.env.App.Pool.Exec(ctx, `UPDATE jobs SET status = 'SUCCEEDED', due_at = NULL, ready_at = NULL,
+			finished_at = $2 WHERE step_id = $1`, first.StepID, b.clock.Now())
+		require.NoError(t, err)
+
+		b.sweep(t)
+		require.Equal(t, []string{dep.StepID}, claimedSteps(<-parked))
+		_ = other // cancelled at cleanup, holding no job
+	})
 	t.Run("held slot released", func(t *testing.T) {
 		// A cancelled attempt whose worker never reported held the
 		// endpoint's only slot until its lease expired.
