@@ -51,7 +51,9 @@ func (s *Server) contractsRoutes() []Route {
 			Method: "GET", Pattern: "/api/v1/steps/{id}/replay", Name: "steps.replay.preview", Tag: "jobs",
 			Scopes: replay,
 			Summary: "Preview a replay: eligible (job EXHAUSTED or CANCELLED, its afterStepId dependency ended as " +
-				"it needs) and, when not, ineligibleReason; the current handlerVersion (send it " +
+				"it needs, and when handlerVersionForbidden (every contract of its handler version is FORBIDDEN, " +
+				"so only an upgrade replays it) some upgrade not FORBIDDEN accepts its input) and, when not, " +
+				"ineligibleReason; the current handlerVersion (send it " +
 				"back as expectedHandlerVersion) and upgrades[]: every other contract of the tool with compatible " +
 				"(the saved input validates against its inputSchema; the input is never returned) and forbidden. " +
 				"inputUnreadable: true when this server cannot decrypt the saved input (its encryption key is not " +

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -58,13 +59,19 @@ type ReplayPreview struct {
 	// IneligibleReason says why a replay would be refused now (the step's
 	// status, or its dependency: agent QA, a CANCELLED step read
 	// eligible: false with nothing saying why); null when eligible.
-	IneligibleReason *string         `json:"ineligibleReason"`
-	HandlerVersion   string          `json:"handlerVersion"`
-	ContractVersion  *int            `json:"contractVersion"`
-	Attempt          int             `json:"attempt"`
-	MaxAttempts      int             `json:"maxAttempts"`
-	EndpointPaused   bool            `json:"endpointPaused"`
-	Upgrades         []ReplayUpgrade `json:"upgrades" openapi:"notNull"`
+	IneligibleReason *string `json:"ineligibleReason"`
+	HandlerVersion   string  `json:"handlerVersion"`
+	// HandlerVersionForbidden says every contract of name@handlerVersion is
+	// FORBIDDEN: a replay of the same version is refused (409), as its
+	// enqueue is, and only an upgrade can run the step. eligible then says
+	// whether one can: some upgrade neither FORBIDDEN nor known not to fit
+	// (jobs QA: the preview read eligible for a step no replay could run).
+	HandlerVersionForbidden bool            `json:"handlerVersionForbidden" jsonschema:"true when every contract of the step's tool at its handlerVersion is FORBIDDEN: a replay of the same version is then refused (409 invalid_state), as its enqueue is, and only a replay onto an upgrade that is not forbidden can run the step (eligible is false, with ineligibleReason, when no upgrade can); false otherwise"`
+	ContractVersion         *int            `json:"contractVersion"`
+	Attempt                 int             `json:"attempt"`
+	MaxAttempts             int             `json:"maxAttempts"`
+	EndpointPaused          bool            `json:"endpointPaused"`
+	Upgrades                []ReplayUpgrade `json:"upgrades" openapi:"notNull"`
 	// InputUnreadable says the step's saved input is sealed with a key this
 	// instance lacks (RESULT_ENCRYPTION_KEY / RESULT_ENCRYPTION_KEYS), or
 	// is damaged, so no upgrade can be shown to fit: each reads compatible
@@ -200,14 +207,10 @@ func (s *Service) PreviewReplay(ctx context.Context, workspaceID, stepID string)
 	if err != nil {
 		return ReplayPreview{}, fmt.Errorf("replay targets: %w", err)
 	}
-	why := j.ineligible()
-	out := ReplayPreview{StepID: stepID, JobID: j.id, Name: j.name, Status: j.status, Eligible: why == "",
+	out := ReplayPreview{StepID: stepID, JobID: j.id, Name: j.name, Status: j.status,
 		HandlerVersion: j.version, ContractVersion: intPtr(j.contractVersion), Attempt: j.attempt,
 		MaxAttempts: j.maxAttempts, EndpointPaused: j.paused, Upgrades: []ReplayUpgrade{},
-		InputUnreadable: openErr != nil}
-	if why != "" {
-		out.IneligibleReason = &why
-	}
+		InputUnreadable: openErr != nil, HandlerVersionForbidden: j.versionForbidden}
 	for _, c := range targets {
 		if j.contractVersion != nil && int(*j.contractVersion) == c.ContractVersion {
 			continue // the current contract is a same-version replay, not a target
@@ -225,6 +228,21 @@ func (s *Service) PreviewReplay(ctx context.Context, workspaceID, stepID string)
 			u.Compatible = len(problems) == 0
 		}
 		out.Upgrades = append(out.Upgrades, u)
+	}
+	why := j.ineligible()
+	if why == "" && j.versionForbidden && !slices.ContainsFunc(out.Upgrades, func(u ReplayUpgrade) bool {
+		// One whose fit cannot be told (inputUnreadable) may take the
+		// step once the key is configured again, as a same-version
+		// replay may (eligible says what the step's state allows).
+		return !u.Forbidden && (u.Compatible || out.InputUnreadable)
+	}) {
+		why = fmt.Sprintf("Every contract of %s@%s is FORBIDDEN, so a replay of the same version is refused, "+
+			"and no other contract of the tool that is not FORBIDDEN accepts the saved input: publish an ACTIVE "+
+			"contract it fits, then replay onto it (targetContractVersion).", j.name, j.version)
+	}
+	out.Eligible = why == ""
+	if why != "" {
+		out.IneligibleReason = &why
 	}
 	return out, nil
 }

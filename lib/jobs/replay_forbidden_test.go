@@ -43,3 +43,51 @@ func TestASameVersionReplayOfAForbiddenHandlerVersionIsRefused(t *testing.T) {
 	require.Equal(t, "2", res.HandlerVersion)
 	require.Equal(t, "QUEUED", b.step(t, st.StepID).Status)
 }
+
+// The preview of a step whose handler version is wholly FORBIDDEN agrees
+// with what a replay does: the same-version replay is refused, so the step
+// is eligible only while an upgrade that is not FORBIDDEN accepts its saved
+// input, and handlerVersionForbidden says only an upgrade can run it (jobs
+// QA: it read eligible: true, ineligibleReason null, while every replay
+// was refused).
+func TestTheReplayPreviewOfAForbiddenHandlerVersionSaysOnlyAnUpgradeRuns(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	st := b.enqueue(t, b.run(t), jobs.EnqueueRequest{Input: json.RawMessage(`{}`), MaxAttempts: ptr[int64](1)})
+	b.fail(t, b.claimOne(t, b.register(t)), &jobs.ReportError{Retryable: ptr(false)})
+	publish := func(version, status, schema string) {
+		t.Helper()
+		_, err := b.svc.PublishContract(ctx, b.ws, "key_test", "send_email", jobs.PublishContractRequest{
+			HandlerVersion: version, InputSchema: json.RawMessage(schema), Status: &status})
+		require.NoError(t, err)
+	}
+	preview := func() jobs.ReplayPreview {
+		t.Helper()
+		p, err := b.svc.PreviewReplay(ctx, b.ws, st.StepID)
+		require.NoError(t, err)
+		return p
+	}
+	p := preview()
+	require.True(t, p.Eligible, "no contract at all: the same version replays")
+	require.False(t, p.HandlerVersionForbidden)
+
+	publish("1", "FORBIDDEN", `{"type":"object"}`)
+	publish("2", "FORBIDDEN", `{"type":"object"}`)
+	publish("3", "ACTIVE", `{"type":"object","required":["to"]}`)
+	p = preview()
+	require.True(t, p.HandlerVersionForbidden)
+	require.False(t, p.Eligible, "the same version is refused, contract 2 is FORBIDDEN, 3 does not fit")
+	require.NotNil(t, p.IneligibleReason)
+	require.Contains(t, *p.IneligibleReason, "FORBIDDEN")
+	_, err := b.svc.Replay(ctx, b.worker, st.StepID, jobs.ReplayRequest{AcknowledgeDuplicateRisk: ptr(true)})
+	require.Equal(t, apierr.CodeInvalidState, code(t, err), "as the replay finds")
+
+	publish("4", "ACTIVE", `{"type":"object"}`)
+	p = preview()
+	require.True(t, p.HandlerVersionForbidden, "the same version is still refused")
+	require.True(t, p.Eligible, "contract 4 takes the step")
+	require.Nil(t, p.IneligibleReason)
+	_, err = b.svc.Replay(ctx, b.worker, st.StepID, jobs.ReplayRequest{AcknowledgeDuplicateRisk: ptr(true),
+		TargetContractVersion: ptr[int64](4), ExpectedHandlerVersion: ptr("1"), AcknowledgeVersionChange: ptr(true)})
+	require.NoError(t, err, "as the replay finds")
+}

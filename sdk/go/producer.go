@@ -441,8 +441,13 @@ type ReplayPreview struct {
 	IneligibleReason *string `json:"ineligibleReason"`
 	// HandlerVersion is the step's current handler version: pass it as
 	// ReplayOptions.ExpectedHandlerVersion for an upgrade.
-	HandlerVersion  string `json:"handlerVersion"`
-	ContractVersion *int   `json:"contractVersion"` // the step's contract, if any
+	HandlerVersion string `json:"handlerVersion"`
+	// HandlerVersionForbidden is true when every contract of the step's
+	// tool at HandlerVersion is FORBIDDEN: a Replay of the same version is
+	// refused (409 invalid_state), and only one onto an upgrade runs the
+	// step (Eligible is false when no upgrade can).
+	HandlerVersionForbidden bool `json:"handlerVersionForbidden"`
+	ContractVersion         *int `json:"contractVersion"` // the step's contract, if any
 	// Attempt is the step's attempt now: pass it as
 	// ReplayOptions.ExpectedAttempt so that a retried replay runs once.
 	Attempt        int             `json:"attempt"`

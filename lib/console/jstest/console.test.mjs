@@ -1663,6 +1663,31 @@ test('a replay onto another handler: the contracts that fit offered, the version
 	assert.deepEqual([cells(replayed).Handler, cells(replayed).Contract, cells(replayed).Reason], ['1 → 2', '1 → 2', '—']);
 });
 
+test('a replay of a handler version whose every contract is FORBIDDEN offers only an upgrade', async () => {
+	// Jobs QA: the preview read eligible and the form offered "the same
+	// handler", which the service refuses (409) for a FORBIDDEN version.
+	const key = await signup();
+	const run = (await api('POST', '/runs', key, { name: 'images' })).body;
+	const step = (await api('POST', `/runs/${run.id}/steps`, key, { name: 'crop_image', version: '1', input: { url: 'https://x/y.png' } })).body;
+	assert.equal((await api('POST', `/steps/${step.stepId}/cancel`, key, {})).status, 200);
+	const publish = (handlerVersion, status) => api('POST', '/tools/crop_image/contracts', key, { handlerVersion, inputSchema: { type: 'object' }, status });
+	assert.equal((await publish('1', 'FORBIDDEN')).status, 201);
+	assert.equal((await publish('2', 'ACTIVE')).status, 201);
+
+	const ui = await mount(key, '#/steps/' + step.stepId);
+	const f = formOf(button(ui.root, 'Replay'));
+	const target = field(f, 'target');
+	assert.deepEqual(target.querySelectorAll('option').map((o) => o.value), ['2'], 'no same-handler replay');
+	const box = field(f, 'ackVersion');
+	assert.deepEqual([box.parentNode.hasAttribute('hidden'), box.hasAttribute('required')], [false, true], 'its review asked for at once');
+	field(f, 'ack').checked = true;
+	box.checked = true;
+	await f.dispatch('submit');
+	await app.rendered();
+	const s = (await api('GET', `/steps/${step.stepId}`, key)).body;
+	assert.deepEqual([s.durableJob.status, s.version], ['QUEUED', '2'], alerts(ui).join());
+});
+
 test('the pages an operator watches refresh themselves in place, but not under an edit', async () => {
 	const key = await signup();
 	await api('PUT', '/policies/push.send', key, { mode: 'require_approval' });

@@ -2081,9 +2081,18 @@ async function replayForm(stepId) {
 	// same handler), and then required as the replay's own box is.
 	const ackVersionBox = h('input', { type: 'checkbox', name: 'ackVersion' });
 	const ackVersion = h('label', { class: 'check', hidden: true }, ackVersionBox, ' I reviewed the new handler’s schema and side effects');
+	// A handler version whose every contract is FORBIDDEN is not replayed
+	// as it is (409): only an upgrade is offered, chosen from the start
+	// (jobs QA: the form offered the same handler, which could only fail).
+	const same = p.handlerVersionForbidden ? [] : [['', `the same handler (${p.handlerVersion})`]];
+	const upgradeOnly = p.handlerVersionForbidden && choosable.length > 0;
 	const target = choosable.length
-		? select('Run with', 'target', [['', `the same handler (${p.handlerVersion})`], ...choosable.map((u) => [String(u.contractVersion), `contract ${u.contractVersion}: handler ${u.handlerVersion}`])], '')
+		? select('Run with', 'target', [...same, ...choosable.map((u) => [String(u.contractVersion), `contract ${u.contractVersion}: handler ${u.handlerVersion}`])], upgradeOnly ? String(choosable[0].contractVersion) : '')
 		: null;
+	if (upgradeOnly) {
+		shown(ackVersion, true);
+		ackVersionBox.setAttribute('required', '');
+	}
 	if (target)
 		target.querySelector('select').addEventListener('change', (ev) => {
 			const other = ev.target.value !== '';

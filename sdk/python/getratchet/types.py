@@ -592,6 +592,7 @@ class ReplayPreview(TypedDict):
     contractVersion: Optional[int]
     eligible: bool
     ineligibleReason: Optional[str]
+    handlerVersionForbidden: bool
     endpointPaused: bool
     inputUnreadable: bool
     upgrades: List[ReplayUpgrade]

@@ -256,6 +256,8 @@ export interface ReplayPreview {
   ineligibleReason: string | null;
   /** The step's current handler version: expectedHandlerVersion of an upgrade. */
   handlerVersion: string;
+  /** True when every contract of the tool at handlerVersion is FORBIDDEN: a replay of the same version is refused (409 invalid_state), and only one onto an upgrade runs the step (eligible is false when no upgrade can). */
+  handlerVersionForbidden: boolean;
   contractVersion: number | null;
   /** Pass as expectedAttempt. */
   attempt: number;
