@@ -249,7 +249,11 @@ func (s *Service) PreviewReplay(ctx context.Context, workspaceID, stepID string)
 
 // readReplayJob reads the step's job without a lock. A job whose lease
 // lapsed on its last attempt is ended first (as a read of the step does), so
-// a dead job reads EXHAUSTED and is replayable at once.
+// a dead job reads EXHAUSTED and is replayable at once; so is its
+// dependency's (afterStepId, of the same run), whose end decides whether it
+// may be replayed (jobs QA: a step cancelled while it waited read "has not
+// ended" for a dependency any read of the run showed EXHAUSTED, and its
+// replay was refused until a sweep).
 func (s *Service) readReplayJob(ctx context.Context, workspaceID, stepID string) (replayJob, error) {
 	for settled := false; ; settled = true {
 		j, err := scanReplayJob(db.Conn(ctx, s.pool).QueryRow(ctx, sqlReplayPreview, stepID, workspaceID))
@@ -259,7 +263,8 @@ func (s *Service) readReplayJob(ctx context.Context, workspaceID, stepID string)
 		if err != nil {
 			return j, fmt.Errorf("replay read: %w", err)
 		}
-		if settled || j.status != StatusRunning || j.attempt < j.maxAttempts {
+		lapsible := j.status == StatusRunning && j.attempt >= j.maxAttempts
+		if settled || !lapsible && (j.dependency == nil || *j.dependency != StatusRunning) {
 			return j, nil
 		}
 		if n, err := s.exhaustLapsed(ctx, &j.runID, 1000); err != nil || n == 0 {
