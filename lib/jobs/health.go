@@ -105,8 +105,9 @@ func (h QueueHealth) explain() *string {
 		if h.Due == 0 {
 			waiting = fmt.Sprintf("%d job(s) are queued, none due yet", h.Queued)
 		}
-		parts = append(parts, fmt.Sprintf("No worker serving %s@%s has polled in the last %d minutes; %s. "+
-			"Start a worker whose WORKER key lists %s@%s and that registers exactly that version.",
+		parts = append(parts, fmt.Sprintf("No worker serving %s@%s has polled in the last %d minutes under a key "+
+			"that is not revoked; %s. Start a worker whose WORKER key lists %s@%s and that registers exactly "+
+			"that version.",
 			h.Name, h.Version, int(workerSeenWindow.Minutes()), waiting, h.Name, h.Version))
 	}
 	if len(h.OpenCircuitEndpoints) > 0 {

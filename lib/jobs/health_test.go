@@ -125,5 +125,6 @@ func TestQueueHealthDoesNotCountTheWorkersOfARevokedKey(t *testing.T) {
 	h = b.health(t)
 	require.Zero(t, h.WorkersSeen, "its worker polled a moment ago, but can never claim again")
 	require.NotNil(t, h.Message)
-	require.Contains(t, *h.Message, "No worker serving send_email@1")
+	require.Contains(t, *h.Message, "No worker serving send_email@1 has polled in the last 2 minutes under a key "+
+		"that is not revoked")
 }

@@ -27,7 +27,7 @@ func TestAStepWhoseDependencyLapsedOnItsLastAttemptIsReplayableAtOnce(t *testing
 	_, err := b.svc.CancelStep(ctx, b.ws, onFailure.StepID)
 	require.NoError(t, err)
 	require.Equal(t, dep.JobID, b.claimOne(t, b.register(t)).JobID) // its worker dies
-	b.clock.Add(11500 * time.Millisecond)                            // past the timeout and the grace
+	b.clock.Add(11500 * time.Millisecond)                           // past the timeout and the grace
 
 	p, err := b.svc.PreviewReplay(ctx, b.ws, onFailure.StepID)
 	require.NoError(t, err)
