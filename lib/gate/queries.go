@@ -142,7 +142,7 @@ func effectCols(alias string, nullSafe bool) string {
 // ---- Begin, report and heartbeat: PL/pgSQL functions ----
 //
 // The hot statements live in migrations as the functions gate_begin (0013,
-// as steps; 0008 before) and gate_begin_locked (0008), both calling
+// as steps; 0008 before) and gate_begin_locked (0077; 0008 before), both calling
 // gate_evaluate, the policy's and the circuits' verdict (0013; 0010
 // before), gate_report (0013) and gate_heartbeat (0010); this file holds
 // only their calls. There is no Go copy of their SQL to edit: a change is a
@@ -253,8 +253,10 @@ SELECT lease_expires_at FROM e`
 
 // sqlBeginLocked reads the effect with the same evaluation, holding its row
 // until the transaction ends. Under READ COMMITTED a waiter gets the newest
-// version of the row once the holder commits. (Every begin passed
-// sqlBeginFast's check of its key first.)
+// version of the row once the holder commits, and the function evaluates
+// the policy and the circuits only once it holds the row (0077), so a
+// breaker or the emergency stop opened while it waited refuses it. (Every
+// begin passed sqlBeginFast's check of its key first.)
 const sqlBeginLocked = `SELECT * FROM gate_begin_locked($1::text, $2::text, $3::text, $4::bigint, $5::text[],
     $6::int, $7::text, $8::timestamptz)`
 
