@@ -144,3 +144,35 @@ func (s *Service) rolledBack(ctx context.Context, id string) error {
 	return apierr.Conflict(apierr.CodeGroupUnwinding, "The effect's group's rollback started (%s): its effect "+
 		"can never run, so it cannot be approved; reject the approval to clear it.", state).WithDetail("state", state)
 }
+
+// mootNote is the note of an approval a resolution closed (closeMootApprovals).
+const mootNote = "Closed without a decision: the effect was resolved succeeded, so nothing is left to approve."
+
+// closeMootApprovals decides, in tx, the pending approvals of those of
+// effects that a resolution (an operator's resolve, a reconciliation) has
+// just settled succeeded: each asked whether a retry of an effect whose
+// outcome was unknown may run, and the resolution answered that nothing
+// runs again (every later begin is a duplicate). Left pending, it stayed in
+// the queue for good (gate QA). It is rejected, with mootNote, by the
+// resolving key, and announced (approval.decided) as a decision is; the
+// effect keeps its state. A key revoked meanwhile leaves it pending.
+func (s *Service) closeMootApprovals(ctx context.Context, tx pgx.Tx, p *auth.Principal, effects []string,
+	now time.Time) error {
+	moot, err := db.CollectIDs(tx.Query(ctx, sqlMootApprovals, effects, p.WorkspaceID))
+	if err != nil {
+		return fmt.Errorf("close moot approvals: %w", err)
+	}
+	note := mootNote
+	for _, id := range moot {
+		var (
+			a     Approval
+			group *string
+		)
+		err := tx.QueryRow(ctx, sqlDecideApproval, id, p.WorkspaceID, ApprovalRejected, now, p.KeyID, &note,
+			ids.NewAt(ids.Event, now)).Scan(append(a.dest(), &group)...)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("close moot approval: %w", err)
+		}
+	}
+	return nil
+}

@@ -437,6 +437,11 @@ func (s *Service) Resolve(ctx context.Context, p *auth.Principal, id string, req
 		if _, err := tx.Exec(ctx, sqlResolve, id, req.Outcome, sealed, preview, now, p.KeyID, note); err != nil {
 			return fmt.Errorf("resolve: %w", err)
 		}
+		if req.Outcome == StateSucceeded && row.ApprovalState != nil && *row.ApprovalState == ApprovalPending {
+			if err := s.closeMootApprovals(ctx, tx, p, []string{id}, now); err != nil {
+				return err
+			}
+		}
 		out, err = s.getEffect(ctx, tx, p.WorkspaceID, id, now)
 		return err
 	})

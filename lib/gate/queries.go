@@ -978,6 +978,9 @@ const approvalCols = `id, effect_id, effect_type, state, reason, created_at, dec
 // that needed approval) waited indeterminate and stays so, its unknown
 // outcome resolvable; begin still answers approval_rejected. (One that
 // waited as awaiting_approval before that rule goes back to indeterminate.)
+// One whose retry waited indeterminate and that an operator resolved failed
+// meanwhile is denied approval_rejected at once too, as begin would make it
+// (gate QA: it read failed until its key's next begin).
 // An approval records what it answers (answers): the reason it was asked
 // for and every other that holds as it is given, read in the statement's
 // snapshot (see approvalStillAnswers).
@@ -1007,9 +1010,9 @@ WITH asked AS (
     RETURNING ` + approvalCols + `
 ), e AS (
     UPDATE effects e SET approval_state = $3, updated_at = $4,
-        state = CASE WHEN $3 = 'rejected' AND e.state = 'awaiting_approval'
+        state = CASE WHEN $3 = 'rejected' AND e.state IN ('awaiting_approval', 'failed')
                      THEN CASE WHEN u.unknown THEN 'indeterminate' ELSE 'denied' END ELSE e.state END,
-        denial_code = CASE WHEN $3 = 'rejected' AND e.state = 'awaiting_approval' AND NOT u.unknown
+        denial_code = CASE WHEN $3 = 'rejected' AND e.state IN ('awaiting_approval', 'failed') AND NOT u.unknown
                            THEN 'approval_rejected' ELSE e.denial_code END
     FROM a, LATERAL (SELECT EXISTS (SELECT 1 FROM effect_attempts x WHERE x.effect_id = a.effect_id
         AND x.attempt = (SELECT f.attempt FROM effects f WHERE f.id = a.effect_id) AND x.outcome = 'indeterminate')
@@ -1024,6 +1027,13 @@ WITH asked AS (
     FROM a
 )
 SELECT ` + approvalCols + `, (SELECT group_id FROM e) FROM a`
+
+// sqlMootApprovals answers the pending approvals of those of effects $1
+// (workspace $2) that are settled succeeded: a resolution settled an effect
+// whose retry waited for an operator, and nothing can run on its key again.
+const sqlMootApprovals = `SELECT ap.id FROM effects e JOIN approvals ap ON ap.id = e.approval_id
+WHERE e.id = ANY($1::text[]) AND e.workspace_id = $2 AND e.state = 'succeeded' AND ap.state = 'pending'
+ORDER BY ap.id`
 
 // sqlApprovalRolledBack answers the state of the group whose rollback
 // keeps approval $1's effect from ever taking its attempt: a forward step

@@ -450,6 +450,9 @@ func (s *Service) reconcileResolve(ctx context.Context, tx pgx.Tx, p *auth.Princ
 	if err != nil {
 		return nil, fmt.Errorf("reconcile: resolve: %w", err)
 	}
+	if err := s.closeMootApprovals(ctx, tx, p, resolveIDs, now); err != nil {
+		return nil, err
+	}
 	// Every one was locked and indeterminate: every one was resolved. One
 	// resolved succeeded whose amounts differ is an amount mismatch too, as
 	// the next reconciliation would call it (QA: the first pass answered

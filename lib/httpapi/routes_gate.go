@@ -90,7 +90,7 @@ func (s *Server) gateRoutes() []Route {
 		{
 			Method: "POST", Pattern: "/api/v1/effects/{id}/resolve", Name: "effects.resolve", Tag: "effects",
 			Scopes:  []string{auth.ScopeEffectsResolve},
-			Summary: "Record what an operator found at the vendor for an indeterminate effect; unblocks its key.",
+			Summary: "Record what an operator found at the vendor for an indeterminate effect; unblocks its key (settled succeeded, a retry's pending approval is closed as rejected).",
 			Request: gate.ResolveRequest{}, Response: gate.Effect{}, Status: 200,
 			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeNotFound, apierr.CodeInvalidState,
 				apierr.CodePayloadTooLarge},

@@ -1,0 +1,82 @@
+package gate_test
+
+import (
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// heldRetry leaves an email.send key indeterminate (its lease lapsed under
+// on_indeterminate retry) with its retry waiting for an approval, and
+// answers the effect id, the approval id and the begin body.
+func (b *bundle) heldRetry() (id, approval string, body map[string]any) {
+	b.t.Helper()
+	b.putPolicy("email.send", map[string]any{"on_indeterminate": "retry", "lease_seconds": 5})
+	body = email(key("held"))
+	id = str(b.mustBegin("execute", body)["effect_id"])
+	b.clock.Add(time.Minute) // the lease lapses unreported
+	b.putPolicy("email.send", map[string]any{"mode": "require_approval"})
+	held := b.mustBegin("approval_required", body)
+	require.Equal(b.t, "indeterminate", held["state"])
+	return id, str(held["approval_id"]), body
+}
+
+// A rejection is final for the key (API.md §2.4, §5): an effect the
+// operator resolved failed while its retry waited for the approval reads
+// denied approval_rejected as soon as it is rejected, as one waiting in
+// awaiting_approval does, not failed until its next begin (gate QA).
+func TestRejectingTheApprovalOfAFailedEffectDeniesIt(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id, approval, body := b.heldRetry()
+	b.env.Must(http.StatusOK, "POST", "/api/v1/effects/"+id+"/resolve", b.ws.Key, map[string]any{"outcome": "failed"})
+	require.Equal(t, "failed", b.get(id)["state"])
+	b.env.Must(http.StatusOK, "POST", "/api/v1/approvals/"+approval+"/reject", b.ws.Key, map[string]any{"note": "no"})
+	e := b.get(id)
+	require.Equal(t, "denied", e["state"])
+	require.Equal(t, "approval_rejected", e["denial_code"])
+	b.denialOf("approval_rejected", body)
+}
+
+// A pending approval whose effect a resolution settled succeeded asks
+// nothing any more: nothing can run on its key again (a duplicate). The
+// resolution decides it, rejected with a note saying why, so that the
+// queue of pending approvals holds only questions (gate QA: it stayed
+// pending for good, and approving it said nothing of the effect). Both an
+// operator's resolve and a reconciliation do.
+func TestResolvingAnEffectSucceededClosesItsPendingApproval(t *testing.T) {
+	t.Parallel()
+	for _, how := range []string{"resolve", "reconcile"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			start := b.clock.Now().Add(-time.Hour)
+			id, approval, body := b.heldRetry()
+			if how == "resolve" {
+				b.env.Must(http.StatusOK, "POST", "/api/v1/effects/"+id+"/resolve", b.ws.Key,
+					map[string]any{"outcome": "succeeded"})
+			} else {
+				out := b.env.Must(http.StatusOK, "POST", "/api/v1/reconcile", b.ws.Key, map[string]any{
+					"effect_type": "email.send", "from": start.Format(time.RFC3339Nano),
+					"to":      b.clock.Now().Format(time.RFC3339Nano),
+					"records": []map[string]any{{"idempotency_key": body["idempotency_key"], "status": "succeeded"}},
+				}).JSON()
+				require.Len(t, out["resolved"], 1, "%v", out)
+			}
+			a := b.env.Must(http.StatusOK, "GET", "/api/v1/approvals/"+approval, b.ws.Key, nil).JSON()
+			require.Equal(t, "rejected", a["state"], "%v", a)
+			require.NotNil(t, a["decided_at"])
+			require.Contains(t, str(a["note"]), "succeeded")
+			pending := b.env.Must(http.StatusOK, "GET", "/api/v1/approvals?state=pending", b.ws.Key, nil).JSON()
+			require.Empty(t, pending["data"])
+			require.Equal(t, 1, b.events("approval.decided"))
+			// The effect is what the resolution made it; its key is a duplicate.
+			require.Equal(t, "succeeded", b.get(id)["state"])
+			b.mustBegin("duplicate", body)
+			errCode(t, b.env.Do("POST", "/api/v1/approvals/"+approval+"/approve", b.ws.Key, nil),
+				http.StatusConflict, "invalid_state")
+		})
+	}
+}
