@@ -80,3 +80,27 @@ func TestResolvingAnEffectSucceededClosesItsPendingApproval(t *testing.T) {
 		})
 	}
 }
+
+// Retention never deletes a pending approval (sqlPurgeExpired): an effect
+// resolved failed while its retry waited for an operator is ended, but its
+// question is still open, and its key held by it (retention QA: the effect
+// went at its retention_days with its approval, unanswered, and the key was
+// new again). Decided, it goes at its retention like any other. Not
+// parallel, in its own era (1927).
+func TestRetentionKeepsAnEffectWhoseApprovalIsPending(t *testing.T) {
+	b, sweep := inEra(t, 1927)
+	id, approval, body := b.heldRetry()
+	b.putPolicy("email.send", map[string]any{"retention_days": 1})
+	b.env.Must(http.StatusOK, "POST", "/api/v1/effects/"+id+"/resolve", b.ws.Key, map[string]any{"outcome": "failed"})
+	b.clock.Add(49 * time.Hour)
+	sweep()
+	require.Equal(t, "failed", b.get(id)["state"], "kept while its approval is pending")
+	a := b.env.Must(http.StatusOK, "GET", "/api/v1/approvals/"+approval, b.ws.Key, nil).JSON()
+	require.Equal(t, "pending", a["state"])
+	b.mustBegin("approval_required", body)
+
+	b.env.Must(http.StatusOK, "POST", "/api/v1/approvals/"+approval+"/reject", b.ws.Key, nil)
+	b.clock.Add(49 * time.Hour)
+	sweep()
+	errCode(t, b.env.Do("GET", "/api/v1/effects/"+id, b.ws.Key, nil), http.StatusNotFound, "not_found")
+}

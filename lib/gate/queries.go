@@ -1197,7 +1197,9 @@ RETURNING g.id`
 // an effect that waited days for a resolve or an approval keeps its record
 // that long after it ended, and its key keeps answering duplicate. Ended
 // effects only (succeeded, failed, denied; never a live lease, an unresolved
-// indeterminate outcome or a pending approval), outside any group (a group
+// indeterminate outcome or a pending approval: an effect resolved failed
+// while its retry waited for one is ended, but its question is open and
+// holds its key, retention QA), outside any group (a group
 // is kept whole: an open or unwinding one for as long as it lasts, an ended
 // one until sqlPurgeKeptGroups deletes it; then all its effects, $3, go
 // here too), with their attempts and approvals. It visits each (workspace,
@@ -1248,7 +1250,8 @@ WITH expired AS (
         SELECT c.* FROM cut c WHERE EXISTS (SELECT 1 FROM effects e
             WHERE e.workspace_id = c.workspace_id AND e.effect_type = c.effect_type
               AND e.created_at < c.cutoff AND e.updated_at < c.cutoff
-              AND e.state IN ('succeeded', 'failed', 'denied') AND e.group_id IS NULL)
+              AND e.state IN ('succeeded', 'failed', 'denied') AND e.group_id IS NULL
+              AND e.approval_state IS DISTINCT FROM 'pending')
     ), share AS (
         -- each workspace's share of the batch, split among its types
         SELECT d.*, ceil(ceil($2::numeric / (SELECT count(DISTINCT workspace_id) FROM due))
@@ -1262,6 +1265,7 @@ WITH expired AS (
           AND e.created_at < s.cutoff AND e.updated_at < s.cutoff
           AND e.state IN ('succeeded', 'failed', 'denied')
           AND e.group_id IS NULL -- these two: effects_ended_ungrouped_idx
+          AND e.approval_state IS DISTINCT FROM 'pending'
         ORDER BY e.created_at
         LIMIT s.n
         FOR UPDATE OF e SKIP LOCKED
