@@ -202,7 +202,10 @@ func effectCols(alias string, nullSafe bool) string {
 // gate_refuse (SQLSTATE RTB01, the ceiling in DETAIL). The call is
 // gate_begin_in_turn (0025, 0028): gate_begin, after the first begins of a
 // type with a surge breaker have taken their turn, so that the surge counts
-// exactly, as of when the turn came.
+// exactly, as of when the turn came. A key not yet stored takes its own turn
+// first (0077), so a begin meeting the same key's uncommitted begin waits
+// before it evaluates, not in its insert after evaluating: one that rolled
+// back leaves this one to decide on the breakers as they are then.
 //
 // The call runs only while the begin's key ($14) is not revoked: the
 // function checks it first (0046; before, a LATERAL join of api_keys on this

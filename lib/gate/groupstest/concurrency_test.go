@@ -141,7 +141,7 @@ func TestCommitRacingUnwindAnswersTheCommit(t *testing.T) {
 // its group, as it is once the step has committed (QA: it was told
 // in_flight, another group's live step). The interleaving is forced: the
 // step's insert waits, before its commit, on a lock the test holds, and
-// the second begin's insert waits on the step's transaction.
+// the second begin waits for the step's key (its turn, 0077).
 func TestAKeyTakenByAnotherGroupWhileAdmittedIsRefused(t *testing.T) {
 	f := setup(t)
 	ctx := context.Background()
@@ -178,17 +178,15 @@ func TestAKeyTakenByAnotherGroupWhileAdmittedIsRefused(t *testing.T) {
 	}
 	won, lost := make(chan *apitest.Response, 1), make(chan *apitest.Response, 1)
 	go begin(ga, won)
-	var xid uint32
+	var step int
 	require.Eventually(t, func() bool {
-		return pool.QueryRow(ctx, `SELECT a.backend_xid::text::bigint FROM pg_locks l JOIN pg_stat_activity a USING (pid)
-			WHERE l.locktype = 'advisory' AND l.objid::text::bigint = $1 AND NOT l.granted`, lockID).Scan(&xid) == nil
+		return pool.QueryRow(ctx, `SELECT l.pid FROM pg_locks l
+			WHERE l.locktype = 'advisory' AND l.objid::text::bigint = $1 AND NOT l.granted`, lockID).Scan(&step) == nil
 	}, 10*time.Second, 5*time.Millisecond, "the step waits before its commit")
 	go begin(gb, lost)
-	require.Eventually(t, func() bool {
-		var waiting bool
-		return pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'transactionid'
-			AND transactionid::text::bigint = $1 AND NOT granted)`, xid).Scan(&waiting) == nil && waiting
-	}, 10*time.Second, 5*time.Millisecond, "the other group's begin waits on the step's key")
+	// It waits for the step's key's turn (migration 0077; its insert waited
+	// on the step's transaction before).
+	apitest.WaitDoneOrBlockedBy(t, pool, step, make(chan struct{}), "the other group's begin waits on the step's key")
 	unlock()
 
 	w := <-won
