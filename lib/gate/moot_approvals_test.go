@@ -1,11 +1,14 @@
 package gate_test
 
 import (
+	"context"
 	"net/http"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apitest"
 )
 
 // heldRetry leaves an email.send key indeterminate (its lease lapsed under
@@ -103,4 +106,32 @@ func TestRetentionKeepsAnEffectWhoseApprovalIsPending(t *testing.T) {
 	b.clock.Add(49 * time.Hour)
 	sweep()
 	errCode(t, b.env.Do("GET", "/api/v1/effects/"+id, b.ws.Key, nil), http.StatusNotFound, "not_found")
+}
+
+// A resolution never waits for a pending approval's lock: a decide locks
+// the approval, then the effect, which the resolution already holds, so
+// waiting closed a cycle (a deadlock, one side answering 503). It passes
+// over an approval another transaction holds (an operator deciding it now),
+// which that transaction decides, or leaves pending.
+func TestAResolutionDoesNotWaitForAnApprovalBeingDecided(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id, approval, _ := b.heldRetry()
+	ctx := context.Background()
+	holder, err := b.env.App.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(ctx) }()
+	_, err = holder.Exec(ctx, `SELECT 1 FROM approvals WHERE id = $1 FOR UPDATE`, approval)
+	require.NoError(t, err)
+	waits := apitest.NewLockWaits(t, b.env.App.Pool, apitest.BackendPID(t, holder))
+	done, status := make(chan struct{}), make(chan int, 1)
+	go func() {
+		defer close(done)
+		code, _, _ := post(b.env, "/api/v1/effects/"+id+"/resolve", b.ws.Key, map[string]any{"outcome": "succeeded"})
+		status <- code
+	}()
+	require.False(t, waits.Wait(done, "the resolve answers without waiting for the approval"))
+	require.Equal(t, http.StatusOK, <-status)
+	require.NoError(t, holder.Rollback(ctx))
+	require.Equal(t, "succeeded", b.get(id)["state"])
 }

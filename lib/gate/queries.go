@@ -1034,9 +1034,14 @@ SELECT ` + approvalCols + `, (SELECT group_id FROM e) FROM a`
 // sqlMootApprovals answers the pending approvals of those of effects $1
 // (workspace $2) that are settled succeeded: a resolution settled an effect
 // whose retry waited for an operator, and nothing can run on its key again.
+// It locks them, passing over one another transaction holds: a decide locks
+// its approval, then its effect, and the resolution holds the effect
+// already, so waiting for the approval would close a cycle with it
+// (deadlock); one held is being decided by an operator, or is left pending.
 const sqlMootApprovals = `SELECT ap.id FROM effects e JOIN approvals ap ON ap.id = e.approval_id
 WHERE e.id = ANY($1::text[]) AND e.workspace_id = $2 AND e.state = 'succeeded' AND ap.state = 'pending'
-ORDER BY ap.id`
+ORDER BY ap.id
+FOR UPDATE OF ap SKIP LOCKED`
 
 // sqlApprovalRolledBack answers the state of the group whose rollback
 // keeps approval $1's effect from ever taking its attempt: a forward step
