@@ -41,12 +41,7 @@ func TestABeginThatWaitedForItsRowSeesTheBreakerOpenedMeanwhile(t *testing.T) {
 
 			// Hold the row as a concurrent request would, so that the retry
 			// takes the locked path and waits there.
-			ctx := context.Background()
-			holder, err := b.env.App.Pool.Begin(ctx)
-			require.NoError(t, err)
-			defer func() { _ = holder.Rollback(ctx) }()
-			_, err = holder.Exec(ctx, `SELECT 1 FROM effects WHERE id = $1 FOR UPDATE`, id)
-			require.NoError(t, err)
+			holder := b.holding(`SELECT 1 FROM effects WHERE id = $1 FOR UPDATE`, id)
 			out := b.refusedOnceHolderEnds(holder, body, "the retry waits for the effect's row", func() { open(b) })
 			require.Equal(t, "denied", out["decision"])
 			require.EqualValues(t, 1, b.get(id)["attempt"], "no second attempt was granted")
@@ -65,13 +60,9 @@ func TestANewKeysBeginThatWaitedForTheSameKeySeesTheStopOpenedMeanwhile(t *testi
 	b := setup(t)
 	body := email(key("new"))
 	ctx := context.Background()
-	holder, err := b.env.App.Pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = holder.Rollback(ctx) }()
-	_, err = holder.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('gate_key:' || $1::text || '/' || $2::text, 0))`,
+	holder := b.holding(`SELECT pg_advisory_xact_lock(hashtextextended('gate_key:' || $1::text || '/' || $2::text, 0))`,
 		b.ws.ID, body["idempotency_key"])
-	require.NoError(t, err)
-	_, err = holder.Exec(ctx, `INSERT INTO effects (id, workspace_id, effect_type, idempotency_key, fingerprint, state,
+	_, err := holder.Exec(ctx, `INSERT INTO effects (id, workspace_id, effect_type, idempotency_key, fingerprint, state,
 		lease_seconds, created_by_key_id, created_at, updated_at)
 		VALUES ($1, $2, 'email.send', $3, 'x', 'leased', 60, $4, now(), now())`,
 		"eff_"+strings.ToLower(ids.Random(8)), b.ws.ID, body["idempotency_key"], keyID(b.ws.Key))

@@ -118,11 +118,7 @@ func TestAResolutionDoesNotWaitForAnApprovalBeingDecided(t *testing.T) {
 	b := setup(t)
 	id, approval, _ := b.heldRetry()
 	ctx := context.Background()
-	holder, err := b.env.App.Pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = holder.Rollback(ctx) }()
-	_, err = holder.Exec(ctx, `SELECT 1 FROM approvals WHERE id = $1 FOR UPDATE`, approval)
-	require.NoError(t, err)
+	holder := b.holding(`SELECT 1 FROM approvals WHERE id = $1 FOR UPDATE`, approval)
 	waits := apitest.NewLockWaits(t, b.env.App.Pool, apitest.BackendPID(t, holder))
 	done, status := make(chan struct{}), make(chan int, 1)
 	go func() {
