@@ -23,8 +23,9 @@ var integerLiteral = regexp.MustCompile(`^-?(0|[1-9][0-9]*)$`)
 
 // FuzzAmount: an amount field takes exactly the integer literals within
 // int64, as written (never rounded through a float); Valid takes exactly
-// 0 to 10^18 of them; any other integer literal is told the amounts' rule,
-// and any other number that it must be an integer. Two valid amounts sum
+// 0 to 10^18 of them; any other number (an integer literal beyond int64,
+// 1.5, 1e6) is told the amounts' rule, and any other value (a string, a
+// boolean) what it must be, never the rule. Two valid amounts sum
 // within int64 (ceilings add a grant to a day's counter).
 func FuzzAmount(f *testing.F) {
 	for _, s := range []string{"0", "1", "-1", "-0", "1000000000000000000", "1000000000000000001",
@@ -46,6 +47,11 @@ func FuzzAmount(f *testing.F) {
 			trimmed := strings.Trim(lit, " \t\r\n") // JSON's white space
 			exact, isInt := new(big.Int).SetString(trimmed, 10)
 			isInt = isInt && integerLiteral.MatchString(trimmed)
+			var decoded any
+			dec := json.NewDecoder(strings.NewReader(trimmed))
+			dec.UseNumber()
+			_ = dec.Decode(&decoded)
+			_, isNumber := decoded.(json.Number)
 			switch {
 			case err == nil && trimmed == "null":
 				if v != nil {
@@ -69,10 +75,10 @@ func FuzzAmount(f *testing.F) {
 				switch {
 				case isInt && exact.IsInt64():
 					t.Fatalf("%s: %s, an int64, refused: %s", field, lit, msg)
-				case isInt && msg != money.Rule:
+				case isNumber && msg != money.Rule:
 					t.Fatalf("%s: %s told %q", field, lit, msg)
-				case !isInt && msg == money.Rule:
-					t.Fatalf("%s: %s, not an integer literal, told the amounts' range", field, lit)
+				case !isNumber && msg == money.Rule:
+					t.Fatalf("%s: %s, not a number, told the amounts' range", field, lit)
 				}
 			}
 		}
