@@ -65,6 +65,10 @@ _REPORT_LEASE_MARGIN = 5.0
 _REPORT_TIMEOUT = 30.0
 # Report deliveries in flight at once (the Go SDK's reportInFlight).
 _REPORTS_IN_FLIGHT = 3
+# The single reports a batch sent again report by report (see _Reporter)
+# has in flight at once (the Go SDK's singleReportsInFlight): a server that
+# just refused the batch as too much is not sent its hundred reports at once.
+_SINGLE_REPORTS_IN_FLIGHT = 8
 # The server refuses request bodies over 1 MiB; an output that large (with
 # the report around it) can never be recorded.
 MAX_OUTPUT_BYTES = 1024 * 1024 - 1024
@@ -205,7 +209,9 @@ class _Report:
         except (TypeError, ValueError):
             self.size = _REPORT_BATCH_BYTES  # alone: its own send raises what it raised before
         self.done = False
-        self.alone = False
+        # Set when the batch is sent again report by report: the slots its
+        # reports share, _SINGLE_REPORTS_IN_FLIGHT of them.
+        self.alone: Optional[threading.BoundedSemaphore] = None
         self.error: Optional[BaseException] = None
 
 
@@ -228,8 +234,10 @@ class _Reporter:
     deadline ends it), except that a batch the server refuses whole (an
     older server, a body it will not read) and one that meets a 500 twice
     running (which one report could cause) are sent again report by report,
-    each by its own job's thread, so that one report the server chokes on
-    holds back only itself; so is one whose answer twice running does not
+    each by its own job's thread, at most _SINGLE_REPORTS_IN_FLIGHT of a
+    batch at once (as the Go and TypeScript SDKs send them: a server that
+    just answered "too much" is not sent a hundred requests at once), so
+    that one report the server chokes on holds back only itself; so is one whose answer twice running does not
     line up with its reports (batch_results): a protocol error, not an
     outage, which the batch sent again whole would meet for ever (its
     reports never drained, no claim was made meanwhile, and a stop gave
@@ -270,10 +278,11 @@ class _Reporter:
                     self._cond.acquire()
                     self._in_flight -= 1
                     self._cond.notify_all()
-        if report.alone:
-            self._transport.call_until("POST", _report_path(job_id), body, may_wait=may_wait, on_retry=on_retry,
-                                       timeout=min(self._transport.timeout, _REPORT_TIMEOUT), abort=self._abort,
-                                       on_attempt=on_attempt, bare_may_pass=True)
+        if report.alone is not None:
+            with report.alone:
+                self._transport.call_until("POST", _report_path(job_id), body, may_wait=may_wait, on_retry=on_retry,
+                                           timeout=min(self._transport.timeout, _REPORT_TIMEOUT), abort=self._abort,
+                                           on_attempt=on_attempt, bare_may_pass=True)
         elif report.error is not None:
             raise report.error
 
@@ -353,8 +362,9 @@ class _Reporter:
         except (RatchetError, ConnectionLost) as err:
             if mismatched[0] >= 2 or (isinstance(err, RatchetError) and (
                     failed_500[0] >= 2 or (len(batch) > 1 and 400 <= err.status < 500 and err.status != 429))):
+                slots = threading.BoundedSemaphore(_SINGLE_REPORTS_IN_FLIGHT)
                 for r in batch:
-                    r.alone = True
+                    r.alone = slots
                 return
             raise
         if len(batch) == 1:

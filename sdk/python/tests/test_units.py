@@ -2240,6 +2240,53 @@ class WorkerRulesTest(unittest.TestCase):
         self.assertEqual([r.job_id for r in reporter._take()], ["job_1", "job_2", "job_3"])
         self.assertEqual(reporter._queue, [reports[2]])  # the newer attempt goes next, alone
 
+    def test_a_batch_sent_report_by_report_sends_a_few_at_a_time(self) -> None:
+        # Drift QA: a batch the server refused whole (413 "too much", say)
+        # went out again as all its single reports at once, one per job
+        # thread; the Go SDK sends them singleReportsInFlight at a time, and
+        # so do the Python and TypeScript workers now.
+        from getratchet.worker import _Reporter
+        patched = mock.patch.object(getratchet.worker, "_SINGLE_REPORTS_IN_FLIGHT", 2)
+        patched.start()
+        self.addCleanup(patched.stop)
+        total = 6
+        cond = threading.Condition()
+        state = {"in": 0, "peak": 0, "singles": []}
+
+        class Transport:
+            timeout = 30.0
+
+            def call_until(self, method, path, body, **kwargs):
+                if path == "/jobs/report":
+                    raise RatchetError(413, "payload_too_large", "too many reports")
+                with cond:
+                    state["in"] += 1
+                    state["peak"] = max(state["peak"], state["in"])
+                    state["singles"].append(path)
+                    # Held while more could come in (not a timing
+                    # assertion: without the bound all six come in at once).
+                    cond.wait_for(lambda: state["in"] > 2, timeout=0.2)
+                    cond.notify_all()
+                    state["in"] -= 1
+                return {}
+
+        reporter = _Reporter(Transport())
+        with reporter._cond:
+            reporter._in_flight = 3  # every report queues, to go as one batch
+        threads = [threading.Thread(target=reporter.deliver, args=(f"job_{i}", {"status": "SUCCEEDED"}),
+                                    kwargs={"may_wait": lambda wait: True, "on_retry": lambda: None})
+                   for i in range(1, total + 1)]
+        for thread in threads:
+            thread.start()
+        wait_until(lambda: len(reporter._queue) == total)
+        with reporter._cond:
+            reporter._in_flight = 0
+            reporter._cond.notify_all()
+        for thread in threads:
+            thread.join(10)
+        self.assertEqual(sorted(state["singles"]), [f"/jobs/job_{i}/report" for i in range(1, total + 1)])
+        self.assertEqual(state["peak"], 2)
+
     def test_a_lost_claim_is_asked_again_after_a_backoff_not_a_poll_interval(self) -> None:
         # Go SDK QA (the same here): a claim whose answer was lost was asked
         # again only a whole poll interval later, and its jobs' leases lapsed.

@@ -58,7 +58,10 @@ const REPORT_LEASE_MARGIN_MS = 5_000;
 // An object so that tests can shorten them; not exported by the package.
 // reportTimes.inFlight is how many deliveries may be in flight at once (the
 // Go SDK's reportInFlight).
-export const reportTimes = { deliveryMs: 30_000, inFlight: 3 };
+// reportTimes.singlesInFlight is how many single reports of a batch sent
+// again report by report (see Reporter) may be in flight at once (the Go
+// SDK's singleReportsInFlight).
+export const reportTimes = { deliveryMs: 30_000, inFlight: 3, singlesInFlight: 8 };
 // How a heartbeat waits for the next (ms, or until signal aborts): a test
 // seam, as reportTimes; not exported by the package.
 export const heartbeatTimes = { pause: (ms, signal) => sleep(ms, signal) };
@@ -150,8 +153,11 @@ const reportPath = (jobId) => `/jobs/${pathId(jobId)}/report`;
  * claim is made while it fails, and a stop's deadline ends it), except
  * that a batch the server refuses whole (an older server, a body it will
  * not read) and one that meets a 500 twice running (which one report could
- * cause) are sent again report by report, each on its own, so that one
- * report the server chokes on holds back only itself; so is one whose
+ * cause) are sent again report by report, each on its own, at most
+ * reportTimes.singlesInFlight of a batch at once (as the Go and Python SDKs
+ * send them: a server that just answered "too much" is not sent a hundred
+ * requests at once), so that one report the server chokes on holds back
+ * only itself; so is one whose
  * answer twice running does not line up with its reports (batchResults): a
  * protocol error, not an outage, which the batch sent again whole would
  * meet for ever (its reports never drained, no claim was made meanwhile,
@@ -186,9 +192,9 @@ export class Reporter { // exported for the tests; not by the package
     this.#pump();
     const outcome = await settled;
     if (outcome.alone) {
-      await this.#transport.callUntil('POST', reportPath(jobId), body, {
+      await outcome.alone.run(() => this.#transport.callUntil('POST', reportPath(jobId), body, {
         mayWait, onRetry, onAttempt, timeoutMs: this.#deliveryTimeout(), signal: this.#cutoff, bareMayPass: true,
-      });
+      }));
     } else if (outcome.error) {
       throw outcome.error;
     }
@@ -269,7 +275,8 @@ export class Reporter { // exported for the tests; not by the package
     } catch (err) {
       if (mismatched >= 2 || (err instanceof RatchetError
         && (failed500 >= 2 || (batch.length > 1 && err.status >= 400 && err.status < 500 && err.status !== 429)))) {
-        for (const r of batch) r.outcome.alone = true;
+        const slots = new Slots(reportTimes.singlesInFlight);
+        for (const r of batch) r.outcome.alone = slots;
         return;
       }
       throw err;
@@ -278,6 +285,29 @@ export class Reporter { // exported for the tests; not by the package
     answer.forEach(([, error], i) => {
       if (error) batch[i].outcome.error = error;
     });
+  }
+}
+
+/** Slots runs at most size of the functions given to run at once, the
+ * others in turn as those end. */
+class Slots {
+  #free;
+  #waiting = [];
+
+  constructor(size) {
+    this.#free = size;
+  }
+
+  async run(fn) {
+    if (this.#free > 0) this.#free--;
+    else await new Promise((resolve) => this.#waiting.push(resolve));
+    try {
+      return await fn();
+    } finally {
+      const next = this.#waiting.shift();
+      if (next) next(); // the slot passes on
+      else this.#free++;
+    }
   }
 }
 

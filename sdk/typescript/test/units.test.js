@@ -1557,6 +1557,40 @@ test('a batch never names a job twice', async (t) => {
   assert.deepEqual(sent, [['job_0'], ['job_1', 'job_2', 'job_3'], ['job_1']]);
 });
 
+test('a batch sent report by report sends a few at a time', async (t) => {
+  // Drift QA: a batch the server refused whole (413 "too much", say) went
+  // out again as all its single reports at once; the Go SDK sends them
+  // singleReportsInFlight at a time, and so do the TypeScript and Python
+  // workers now.
+  const saved = { ...reportTimes };
+  Object.assign(reportTimes, { inFlight: 1, singlesInFlight: 2 });
+  after(t, () => Object.assign(reportTimes, saved));
+  let release;
+  const held = new Promise((r) => { release = r; });
+  let now = 0;
+  let peak = 0;
+  const singles = [];
+  const transport = {
+    timeoutMs: 60_000,
+    async callUntil(method, path, body) {
+      if (body.reports) throw new RatchetError(413, 'payload_too_large', 'too many reports');
+      if (singles.push(path) === 1) await held; // the first report holds the line while the others queue
+      now++;
+      peak = Math.max(peak, now);
+      await new Promise((r) => { setImmediate(r); }); // every other call that may start meanwhile does
+      now--;
+      return {};
+    },
+  };
+  const reporter = new Reporter(transport);
+  const options = { mayWait: () => true, onRetry: () => {} };
+  const done = [0, 1, 2, 3, 4, 5, 6].map((i) => reporter.deliver(`job_${i}`, { leaseToken: `tok_${i}`, status: 'SUCCEEDED' }, options));
+  release();
+  await Promise.all(done);
+  assert.deepEqual(singles.toSorted(), [0, 1, 2, 3, 4, 5, 6].map((i) => `/jobs/job_${i}/report`));
+  assert.equal(peak, 2);
+});
+
 test('a report delivery that hangs is sent again', async (t) => {
   // QA: a delivery waited the client's whole timeout (60 s) on a
   // connection that hung, every other report behind it. Each now waits at
