@@ -1,6 +1,8 @@
 package ratchet
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -39,6 +41,27 @@ func formatRedacted(f fmt.State, verb rune, masked any) {
 	_, _ = f.Write([]byte(mirrorNames.Replace(fmt.Sprintf(fmt.FormatString(f, verb), masked))))
 }
 
+// logMasked is masked (a method-less mirror, see formatRedacted) for
+// log/slog. Its text handler prints a value with %+v, which named the
+// mirrors' embedded fields by their internal types ("jobReportFields:",
+// "newWebhookFields:"): the mirror goes through Format's renaming instead,
+// as fmt prints it. Its JSON handler encodes the mirror as before.
+func logMasked(masked any) slog.Value { return slog.AnyValue(loggedMirror{masked}) }
+
+type loggedMirror struct{ masked any }
+
+func (m loggedMirror) Format(f fmt.State, verb rune) { formatRedacted(f, verb, m.masked) }
+
+func (m loggedMirror) MarshalJSON() ([]byte, error) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false) // as slog's JSON handler encodes
+	if err := enc.Encode(m.masked); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
+}
+
 type (
 	claimedJobFields     ClaimedJob
 	beginResponseFields  BeginResponse
@@ -66,7 +89,7 @@ func (j ClaimedJob) Format(f fmt.State, verb rune) {
 }
 
 // LogValue is j for log/slog, its LeaseToken masked.
-func (j ClaimedJob) LogValue() slog.Value { return slog.AnyValue(j.masked()) }
+func (j ClaimedJob) LogValue() slog.Value { return logMasked(j.masked()) }
 
 func (b BeginResponse) masked() beginResponseFields {
 	b.LeaseToken = redactedSecret(b.LeaseToken)
@@ -79,7 +102,7 @@ func (b BeginResponse) Format(f fmt.State, verb rune) {
 }
 
 // LogValue is b for log/slog, its LeaseToken masked.
-func (b BeginResponse) LogValue() slog.Value { return slog.AnyValue(b.masked()) }
+func (b BeginResponse) LogValue() slog.Value { return logMasked(b.masked()) }
 
 func (k NewAPIKey) masked() newAPIKeyFields {
 	k.Secret = redactedSecret(k.Secret)
@@ -92,7 +115,7 @@ func (k NewAPIKey) Format(f fmt.State, verb rune) {
 }
 
 // LogValue is k for log/slog, its Secret masked.
-func (k NewAPIKey) LogValue() slog.Value { return slog.AnyValue(k.masked()) }
+func (k NewAPIKey) LogValue() slog.Value { return logMasked(k.masked()) }
 
 func (w NewWebhook) masked() newWebhookFields {
 	w.Secret = redactedSecret(w.Secret)
@@ -105,7 +128,7 @@ func (w NewWebhook) Format(f fmt.State, verb rune) {
 }
 
 // LogValue is w for log/slog, its signing Secret masked.
-func (w NewWebhook) LogValue() slog.Value { return slog.AnyValue(w.masked()) }
+func (w NewWebhook) LogValue() slog.Value { return logMasked(w.masked()) }
 
 func (r RotatedWebhook) masked() rotatedWebhookFields {
 	return rotatedWebhookFields{newWebhookFields: r.NewWebhook.masked(), PreviousSecretExpiresAt: r.PreviousSecretExpiresAt}
@@ -118,7 +141,7 @@ func (r RotatedWebhook) Format(f fmt.State, verb rune) {
 }
 
 // LogValue is r for log/slog, its new signing Secret masked.
-func (r RotatedWebhook) LogValue() slog.Value { return slog.AnyValue(r.masked()) }
+func (r RotatedWebhook) LogValue() slog.Value { return logMasked(r.masked()) }
 
 func (r JobReport) masked() jobReportFields {
 	r.LeaseToken = redactedSecret(r.LeaseToken)
@@ -131,7 +154,7 @@ func (r JobReport) Format(f fmt.State, verb rune) {
 }
 
 // LogValue is r for log/slog, its LeaseToken masked.
-func (r JobReport) LogValue() slog.Value { return slog.AnyValue(r.masked()) }
+func (r JobReport) LogValue() slog.Value { return logMasked(r.masked()) }
 
 func (b BatchJobReport) masked() batchJobReportFields {
 	return batchJobReportFields{JobID: b.JobID, jobReportFields: b.JobReport.masked()}
@@ -144,4 +167,4 @@ func (b BatchJobReport) Format(f fmt.State, verb rune) {
 }
 
 // LogValue is b for log/slog, its LeaseToken masked.
-func (b BatchJobReport) LogValue() slog.Value { return slog.AnyValue(b.masked()) }
+func (b BatchJobReport) LogValue() slog.Value { return logMasked(b.masked()) }

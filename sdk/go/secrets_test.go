@@ -51,6 +51,9 @@ func TestSecretBearingAnswersPrintTheirSecretsMasked(t *testing.T) {
 			if got := fmt.Sprintf("%#v", v); !strings.HasPrefix(got, "ratchet."+name+"{") || strings.Contains(got, "Fields") {
 				t.Errorf("%%#v = %s, want it named ratchet.%s", got, name)
 			}
+			if strings.Contains(text.String(), "Fields") {
+				t.Errorf("slog text = %s, want the public types' names, not the internal mirrors'", text.String())
+			}
 			if !strings.Contains(js.String(), "[redacted]") {
 				t.Errorf("slog JSON = %s, want the secret's place marked [redacted]", js.String())
 			}
@@ -70,10 +73,21 @@ func TestSecretBearingAnswersPrintTheirSecretsMasked(t *testing.T) {
 			t.Errorf("a BatchJobReport printed %s, want its JobID and its report's fields", got)
 		}
 	}
+	var text bytes.Buffer
+	slog.New(slog.NewTextHandler(&text, nil)).Info("got", "report", b, "rotated", r)
+	for _, want := range []string{"JobID:job_1 JobReport:{LeaseToken:[redacted] Status:FAILED", "NewWebhook:{Webhook:{ID:wh_1", "PreviousSecretExpiresAt:"} {
+		if !strings.Contains(text.String(), want) {
+			t.Errorf("slog text of a BatchJobReport and a RotatedWebhook = %s, want %s", text.String(), want)
+		}
+	}
 	var js bytes.Buffer
-	slog.New(slog.NewJSONHandler(&js, nil)).Info("got", "report", b)
+	slog.New(slog.NewJSONHandler(&js, nil)).Info("got", "report", b, "message", BatchJobReport{JobReport: JobReport{
+		Error: &JobError{Message: "<a&b>"}}})
 	if !strings.Contains(js.String(), `"jobId":"job_1"`) || !strings.Contains(js.String(), `"status":"FAILED"`) {
 		t.Errorf("slog JSON of a BatchJobReport = %s, want its jobId and status", js.String())
+	}
+	if !strings.Contains(js.String(), `"message":"<a&b>"`) {
+		t.Errorf("slog JSON of a BatchJobReport = %s, want its text unescaped, as slog writes it", js.String())
 	}
 	var empty ClaimedJob
 	if got := fmt.Sprintf("%+v", empty); strings.Contains(got, "[redacted]") {
