@@ -7,19 +7,18 @@ import hashlib
 import hmac
 import inspect
 import math
-import re
 import threading
 import time
 import urllib.parse
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any, Callable, Dict, List, Optional, Tuple, cast
 
 from . import _json
 from ._aio import await_alone, is_async, loop_running
 from ._http import Abort, Transport, new_request_id, path_id
 from ._secrets import hide_secrets
-from ._time import aware
+from ._time import aware, lease_seconds as _lease_seconds
 from .errors import (INVALID_REQUEST, LEASE_LOST, PAYLOAD_TOO_LARGE, ApprovalRequired, ConnectionLost, EffectBlocked,
                      EffectDenied, EffectInFlight, NotPerformed, OutcomeNotReported, RatchetError, ResultNotStored)
 from .types import (ApiKey, ApiKeyPage, Approval, ApprovalPage, BatchJobResult, BeginResponse, Circuit, CircuitPage,
@@ -1512,34 +1511,3 @@ def _placeholder_reason(recorded: Any) -> Optional[str]:
             and recorded["ratchet"] == _PLACEHOLDER_MARK and isinstance(recorded["reason"], str)):
         return recorded["reason"]
     return None
-
-
-def _parse_time(timestamp: Any) -> Optional[datetime]:
-    """An RFC 3339 timestamp of the server's, or None when it does not parse."""
-    match = _RFC3339.match(str(timestamp or ""))
-    if not match:
-        return None
-    whole, fraction, zone = match.groups()
-    zone = "+00:00" if zone in ("Z", "z") else zone
-    # Python 3.10's fromisoformat takes exactly three or six fractional
-    # digits; the server writes up to nine, trailing zeros trimmed.
-    digits = (fraction or ".")[1:7].ljust(6, "0")
-    try:
-        return datetime.fromisoformat(f"{whole}.{digits}{zone}")
-    except ValueError:
-        return None
-
-
-def _lease_seconds(expires: Any, date: Optional[datetime]) -> float:
-    """A lease's length by the server's clock: its expiry less the
-    answer's Date (whole seconds, so less a second), or by this process's
-    clock without one; 0 when unknown."""
-    end = _parse_time(expires)
-    if end is None:
-        return 0.0
-    if date is None:
-        return max((end - datetime.now(timezone.utc)).total_seconds(), 0.0)
-    return max((end - date).total_seconds() - 1.0, 0.0)
-
-
-_RFC3339 = re.compile(r"^(\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2})(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")

@@ -18,6 +18,7 @@ from ._aio import await_alone
 from ._failurelog import LOGGER, FailureLog
 from ._http import Abort, Transport, new_request_id, path_id
 from ._secrets import hide_secrets
+from ._time import lease_seconds
 from .errors import (FORBIDDEN, INVALID_REQUEST, INVALID_STATE, LEASE_EXPIRED, LEASE_LOST, MAX_RETRY_AFTER_MS,
                      MIN_RETRY_AFTER_MS, NOT_FOUND, PAYLOAD_TOO_LARGE, ConnectionLost, InvalidDecisionError, LeaseLost,
                      NonRetryableError, RatchetError, ReportNotRecorded, RetryableError, clamp_retry_after_ms)
@@ -372,6 +373,21 @@ class _Reporter:
         for report, (_, error) in zip(batch, answer):
             if error is not None:
                 report.error = error
+
+
+def _claimed_lease_ms(job: Dict[str, Any], timeout_ms: int) -> int:
+    """A claimed job's lease length in ms: its leaseMs, which the server of
+    this repository always sends; from a server that does not, what is left
+    of the lease by its leaseExpiresAt on this process's clock, as the Go
+    worker reads it (it assumed the timeout plus 10 s, the server's default
+    grace: a server configured with a shorter JOB_LEASE_GRACE_MS lapsed the
+    lease before this worker reported or heartbeated it); the timeout plus
+    10 s only when it says neither."""
+    given = int(job.get("leaseMs") or 0)
+    if given > 0:
+        return given
+    left = int(lease_seconds(job.get("leaseExpiresAt"), None) * 1000)
+    return left if left > 0 else timeout_ms + 10_000
 
 
 def _report_path(job_id: str) -> str:
@@ -972,7 +988,7 @@ class Worker:
                              attempt=int(job.get("attempt", 0)), idempotency_key=job.get("idempotencyKey", ""),
                              timeout_ms=int(job.get("timeoutMs") or 0),
                              max_attempts=int(job.get("maxAttempts") or 0), _lease_token=job["leaseToken"])
-        lease_ms = int(job.get("leaseMs") or 0) or context.timeout_ms + 10_000
+        lease_ms = _claimed_lease_ms(job, context.timeout_ms)
         active = _Active(context, lease_ms, sent + lease_ms / 1000)
         with self._lock:
             self._running += 1

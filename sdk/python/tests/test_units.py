@@ -2042,6 +2042,39 @@ class WorkerRulesTest(unittest.TestCase):
         self.assertTrue(client.worker.stop(5))
         self.assertEqual([round(w) for w in waits[:4]], [20, 5, 20, 20])
 
+    def test_without_lease_ms_the_lease_is_read_from_its_expiry(self) -> None:
+        # Drift QA: against a server that sends no leaseMs the worker assumed
+        # the timeout plus 10 s (the server's default grace); the Go and
+        # TypeScript workers read what is left of the lease by its
+        # leaseExpiresAt, as this one now does.
+        seen = {"claims": 0, "beats": 0}
+
+        def in_30_s() -> str:
+            return (datetime.now(timezone.utc) + timedelta(seconds=30)).isoformat().replace("+00:00", "Z")
+
+        def respond(method, path, body):
+            if path.endswith("/register"):
+                return 200, {"workerId": "wkr_1"}, {}
+            if path.endswith("/claim"):
+                seen["claims"] += 1
+                # A 60 s timeout and a 30 s lease (a short grace): a heartbeat within 10 s, not 20 s.
+                said = {k: v for k, v in self.job(1, timeout_ms=60_000).items() if k != "leaseMs"}
+                return 200, {"jobs": [dict(said, leaseExpiresAt=in_30_s())] if seen["claims"] == 1 else []}, {}
+            if path.endswith("/heartbeat"):
+                seen["beats"] += 1
+                return 200, {"leaseExpiresAt": in_30_s(), "cancelRequested": False}, {}
+            return 200, {"jobId": "job_1", "status": body["status"], "attempt": 1}, {}
+
+        def handler(input, context):
+            wait_until(lambda: seen["beats"] >= 2)
+            return {"ok": True}
+
+        waits = self.beat_waits()
+        client, _ = self.serve(respond, handler)
+        wait_until(lambda: seen["beats"] >= 2)
+        self.assertTrue(client.worker.stop(5))
+        self.assertTrue(len(waits) >= 2 and all(5 < w <= 10 for w in waits[:2]), waits)
+
     def test_a_failed_heartbeat_backs_off_within_the_lease(self) -> None:
         # As in Go and TypeScript: a heartbeat that failed (a 5xx, a lost
         # answer) is tried again after a backoff from a second, doubled at

@@ -833,7 +833,7 @@ export class Worker {
       }
       return;
     }
-    const leaseMs = Number(job.leaseMs) || timeoutMs + 10_000;
+    const leaseMs = claimedLeaseMs(job, timeoutMs);
     const aborter = new AbortController();
     let reason = null;
     let wake = withResolvers();
@@ -1190,6 +1190,20 @@ export class Worker {
       }
     });
   }
+}
+
+/** A claimed job's lease length in ms: its leaseMs, which the server of
+ * this repository always sends; from a server that does not, what is left
+ * of the lease by its leaseExpiresAt on this process's clock, as the Go
+ * worker reads it (it assumed the timeout plus 10 s, the server's default
+ * grace: a server configured with a shorter JOB_LEASE_GRACE_MS lapsed the
+ * lease before this worker reported or heartbeated it); the timeout plus
+ * 10 s only when it says neither. */
+function claimedLeaseMs(job, timeoutMs) {
+  const given = Number(job.leaseMs);
+  if (given > 0) return given;
+  const left = Date.parse(job.leaseExpiresAt ?? '') - Date.now();
+  return left > 0 ? left : timeoutMs + 10_000;
 }
 
 function beatEvery(leaseEnd, timeoutMs) {

@@ -1162,6 +1162,36 @@ test('onError is told a lost lease by its job, attempt and tool', async (t) => {
   }
 });
 
+// Drift QA: against a server that sends no leaseMs the worker assumed the
+// timeout plus 10 s (the server's default grace); the Go and Python workers
+// read what is left of the lease by its leaseExpiresAt, as this one now does.
+test('without leaseMs the lease is read from its leaseExpiresAt', async (t) => {
+  const seen = { claims: 0, beats: 0 };
+  const waits = [];
+  const saved = heartbeatTimes.pause;
+  heartbeatTimes.pause = (ms, signal) => { waits.push(ms); return saved(10, signal); };
+  after(t, () => { heartbeatTimes.pause = saved; });
+  await serve(t, (method, path) => {
+    if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
+    if (path.endsWith('/claim')) {
+      seen.claims++;
+      // A 60 s timeout and a 30 s lease (a short grace): a heartbeat within 10 s, not 20 s.
+      const { leaseMs, ...said } = job(1, 60_000);
+      return [200, { jobs: seen.claims === 1 ? [{ ...said, leaseExpiresAt: new Date(Date.now() + 30_000).toISOString() }] : [] }];
+    }
+    if (path.endsWith('/heartbeat')) {
+      seen.beats++;
+      return [200, { leaseExpiresAt: new Date(Date.now() + 30_000).toISOString(), cancelRequested: false }];
+    }
+    return [200, { jobId: 'job_1', status: 'SUCCEEDED', attempt: 1 }];
+  }, async () => {
+    await until(() => seen.beats >= 2);
+    return { ok: true };
+  });
+  await until(() => seen.beats >= 2);
+  assert.ok(waits.length >= 2 && waits.slice(0, 2).every((ms) => ms > 5_000 && ms <= 10_000), waits.join());
+});
+
 // As in Go and Python: a heartbeat answered 429 is tried again after its
 // Retry-After when that comes before the next heartbeat would, and at the
 // usual third of the lease left when it would not (sdk QA: Go waited out the
