@@ -1485,10 +1485,11 @@ class WorkerRulesTest(unittest.TestCase):
                 "leaseToken": f"tok_{n}", "leaseMs": timeout_ms + 10_000, "timeoutMs": timeout_ms,
                 "idempotencyKey": "k", "input": {}}
 
-    def one_job_beats(self, lease_ms: int, beat) -> Tuple[Callable, dict]:
+    def one_job_beats(self, lease_ms: int, beat, **said) -> Tuple[Callable, dict]:
         """A responder that registers the worker, leases it one job (a 60 s
-        timeout, lease_ms) at its first claim and none after, answers each
-        heartbeat beat(n) (n from 1) and records each report; and what it saw."""
+        timeout, lease_ms, and the fields in said) at its first claim and
+        none after, answers each heartbeat beat(n) (n from 1) and records each
+        report; and what it saw."""
         lock, seen = threading.Lock(), {"claims": 0, "reports": [], "beats": 0}
 
         def respond(method, path, body):
@@ -1497,7 +1498,7 @@ class WorkerRulesTest(unittest.TestCase):
                     return 200, {"workerId": "wkr_1"}, {}
                 if path.endswith("/claim"):
                     seen["claims"] += 1
-                    return 200, {"jobs": [dict(self.job(1, timeout_ms=60_000), leaseMs=lease_ms)]
+                    return 200, {"jobs": [dict(self.job(1, timeout_ms=60_000), leaseMs=lease_ms, **said)]
                                  if seen["claims"] == 1 else []}, {}
                 if path.endswith("/heartbeat"):
                     seen["beats"] += 1
@@ -2047,30 +2048,14 @@ class WorkerRulesTest(unittest.TestCase):
         # the timeout plus 10 s (the server's default grace); the Go and
         # TypeScript workers read what is left of the lease by its
         # leaseExpiresAt, as this one now does.
-        seen = {"claims": 0, "beats": 0}
-
         def in_30_s() -> str:
             return (datetime.now(timezone.utc) + timedelta(seconds=30)).isoformat().replace("+00:00", "Z")
 
-        def respond(method, path, body):
-            if path.endswith("/register"):
-                return 200, {"workerId": "wkr_1"}, {}
-            if path.endswith("/claim"):
-                seen["claims"] += 1
-                # A 60 s timeout and a 30 s lease (a short grace): a heartbeat within 10 s, not 20 s.
-                said = {k: v for k, v in self.job(1, timeout_ms=60_000).items() if k != "leaseMs"}
-                return 200, {"jobs": [dict(said, leaseExpiresAt=in_30_s())] if seen["claims"] == 1 else []}, {}
-            if path.endswith("/heartbeat"):
-                seen["beats"] += 1
-                return 200, {"leaseExpiresAt": in_30_s(), "cancelRequested": False}, {}
-            return 200, {"jobId": "job_1", "status": body["status"], "attempt": 1}, {}
-
-        def handler(input, context):
-            wait_until(lambda: seen["beats"] >= 2)
-            return {"ok": True}
-
+        # A 60 s timeout and a 30 s lease (a short grace): a heartbeat within 10 s, not 20 s.
+        respond, seen = self.one_job_beats(0, lambda n: (200, {"leaseExpiresAt": in_30_s(), "cancelRequested": False}, {}),
+                                           leaseExpiresAt=in_30_s())
         waits = self.beat_waits()
-        client, _ = self.serve(respond, handler)
+        client, _ = self.serve(respond, lambda input, context: wait_until(lambda: seen["beats"] >= 2) or {"ok": True})
         wait_until(lambda: seen["beats"] >= 2)
         self.assertTrue(client.worker.stop(5))
         self.assertTrue(len(waits) >= 2 and all(5 < w <= 10 for w in waits[:2]), waits)

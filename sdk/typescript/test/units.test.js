@@ -341,11 +341,14 @@ function quickBackoff(t) {
 }
 
 // Has each heartbeat wait 10 ms instead of what it asks for until t ends,
-// for a test about what heartbeats are answered rather than their pace.
+// for a test about what heartbeats are answered rather than their pace;
+// what each asked for goes in the array returned.
 function quickBeats(t) {
+  const waits = [];
   const saved = heartbeatTimes.pause;
-  heartbeatTimes.pause = (ms, signal) => saved(10, signal);
+  heartbeatTimes.pause = (ms, signal) => { waits.push(ms); return saved(10, signal); };
   after(t, () => { heartbeatTimes.pause = saved; });
+  return waits;
 }
 
 // Waits until the server has failed job_1's report twice: the worker sends
@@ -1075,14 +1078,15 @@ test('a report failing on its own holds no claim after its lease lapses', async 
 // worker) is a failed heartbeat, tried again until the lease passes its end,
 // when the handler is aborted too and its success reported.
 /** A responder that registers the worker, leases it one job (a 60 s
- * timeout, leaseMs) at its first claim and none after, answers each
- * heartbeat beat(n) (n from 1) and records each report, counting in seen. */
-function oneJobBeats(seen, leaseMs, beat) {
+ * timeout, leaseMs, and the fields in said) at its first claim and none
+ * after, answers each heartbeat beat(n) (n from 1) and records each report,
+ * counting in seen. */
+function oneJobBeats(seen, leaseMs, beat, said = {}) {
   return (method, path, body) => {
     if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
     if (path.endsWith('/claim')) {
       seen.claims++;
-      return [200, { jobs: seen.claims === 1 ? [{ ...job(1, 60_000), leaseMs }] : [] }];
+      return [200, { jobs: seen.claims === 1 ? [{ ...job(1, 60_000), leaseMs, ...said }] : [] }];
     }
     if (path.endsWith('/heartbeat')) return beat(++seen.beats);
     seen.reports.push(body);
@@ -1166,25 +1170,12 @@ test('onError is told a lost lease by its job, attempt and tool', async (t) => {
 // timeout plus 10 s (the server's default grace); the Go and Python workers
 // read what is left of the lease by its leaseExpiresAt, as this one now does.
 test('without leaseMs the lease is read from its leaseExpiresAt', async (t) => {
-  const seen = { claims: 0, beats: 0 };
-  const waits = [];
-  const saved = heartbeatTimes.pause;
-  heartbeatTimes.pause = (ms, signal) => { waits.push(ms); return saved(10, signal); };
-  after(t, () => { heartbeatTimes.pause = saved; });
-  await serve(t, (method, path) => {
-    if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
-    if (path.endsWith('/claim')) {
-      seen.claims++;
-      // A 60 s timeout and a 30 s lease (a short grace): a heartbeat within 10 s, not 20 s.
-      const { leaseMs, ...said } = job(1, 60_000);
-      return [200, { jobs: seen.claims === 1 ? [{ ...said, leaseExpiresAt: new Date(Date.now() + 30_000).toISOString() }] : [] }];
-    }
-    if (path.endsWith('/heartbeat')) {
-      seen.beats++;
-      return [200, { leaseExpiresAt: new Date(Date.now() + 30_000).toISOString(), cancelRequested: false }];
-    }
-    return [200, { jobId: 'job_1', status: 'SUCCEEDED', attempt: 1 }];
-  }, async () => {
+  const seen = { claims: 0, reports: [], beats: 0 };
+  const waits = quickBeats(t);
+  const in30s = () => new Date(Date.now() + 30_000).toISOString();
+  // A 60 s timeout and a 30 s lease (a short grace): a heartbeat within 10 s, not 20 s.
+  const beat = () => [200, { leaseExpiresAt: in30s(), cancelRequested: false }];
+  await serve(t, oneJobBeats(seen, undefined, beat, { leaseExpiresAt: in30s() }), async () => {
     await until(() => seen.beats >= 2);
     return { ok: true };
   });
@@ -1198,10 +1189,7 @@ test('without leaseMs the lease is read from its leaseExpiresAt', async (t) => {
 // whole Retry-After, this SDK ignored it).
 test('a rate-limited heartbeat heeds Retry-After within the lease', async (t) => {
   const seen = { claims: 0, beats: 0 };
-  const waits = [];
-  const saved = heartbeatTimes.pause;
-  heartbeatTimes.pause = (ms, signal) => { waits.push(ms); return saved(10, signal); };
-  after(t, () => { heartbeatTimes.pause = saved; });
+  const waits = quickBeats(t);
   await serve(t, (method, path) => {
     if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
     if (path.endsWith('/claim')) {
@@ -1233,10 +1221,7 @@ test('a rate-limited heartbeat heeds Retry-After within the lease', async (t) =>
 test('a failed heartbeat backs off within the lease', async (t) => {
   t.mock.method(Math, 'random', () => 0.5);
   const seen = { claims: 0, reports: 0 };
-  const waits = [];
-  const saved = heartbeatTimes.pause;
-  heartbeatTimes.pause = (ms, signal) => { waits.push(ms); return saved(10, signal); };
-  after(t, () => { heartbeatTimes.pause = saved; });
+  const waits = quickBeats(t);
   // Answered by the waits so far, so that a lost answer's repeat on a new
   // connection, if the transport makes one within the try, is lost too.
   const answers = { 1: [500, error('internal_error')], 2: [0, null], 3: [503, error('service_unavailable')], 5: [502, error('bad_gateway')] };
