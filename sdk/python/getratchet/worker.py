@@ -238,11 +238,12 @@ class _Reporter:
     each by its own job's thread, at most _SINGLE_REPORTS_IN_FLIGHT of a
     batch at once (as the Go and TypeScript SDKs send them: a server that
     just answered "too much" is not sent a hundred requests at once), so
-    that one report the server chokes on holds back only itself; so is one whose answer twice running does not
-    line up with its reports (batch_results): a protocol error, not an
-    outage, which the batch sent again whole would meet for ever (its
-    reports never drained, no claim was made meanwhile, and a stop gave
-    them all up at its deadline), as in the Go and TypeScript SDKs.
+    that one report the server chokes on holds back only itself; so is one
+    whose answer twice running does not line up with its reports
+    (batch_results): a protocol error, not an outage, which the batch sent
+    again whole would meet for ever (its reports never drained, no claim
+    was made meanwhile, and a stop gave them all up at its deadline), as in
+    the Go and TypeScript SDKs.
     """
 
     def __init__(self, transport: Transport) -> None:

@@ -2052,8 +2052,10 @@ class WorkerRulesTest(unittest.TestCase):
             return (datetime.now(timezone.utc) + timedelta(seconds=30)).isoformat().replace("+00:00", "Z")
 
         # A 60 s timeout and a 30 s lease (a short grace): a heartbeat within 10 s, not 20 s.
-        respond, seen = self.one_job_beats(0, lambda n: (200, {"leaseExpiresAt": in_30_s(), "cancelRequested": False}, {}),
-                                           leaseExpiresAt=in_30_s())
+        def beat(n):
+            return 200, {"leaseExpiresAt": in_30_s(), "cancelRequested": False}, {}
+
+        respond, seen = self.one_job_beats(0, beat, leaseExpiresAt=in_30_s())
         waits = self.beat_waits()
         client, _ = self.serve(respond, lambda input, context: wait_until(lambda: seen["beats"] >= 2) or {"ok": True})
         wait_until(lambda: seen["beats"] >= 2)
