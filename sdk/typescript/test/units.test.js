@@ -1990,7 +1990,11 @@ test('in_flight asks again at its timeout', async (t) => {
   const server = await fakeServer(t, (method, path) => {
     if (!path.endsWith('/begin')) return [200, { id: 'eff_0' }];
     begins += 1;
-    if (Date.now() < from) return [200, { decision: 'in_flight', effect_id: 'eff_1', state: 'leased', attempt: 1, retry_after_seconds: 30 }];
+    // The first ask is always answered in_flight: on a loaded machine it may
+    // arrive after from (CI under load: one ask, answered duplicate).
+    if (begins === 1 || Date.now() < from) {
+      return [200, { decision: 'in_flight', effect_id: 'eff_1', state: 'leased', attempt: 1, retry_after_seconds: 30 }];
+    }
     return [200, { decision: 'duplicate', effect_id: 'eff_1', state: 'succeeded', attempt: 1, result: { sent: true } }];
   });
   const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
@@ -2004,7 +2008,7 @@ test('in_flight asks again at its timeout', async (t) => {
   const out = await client.doEffect({ effectType: 'email.send', idempotencyKey: 'k', payload: {} }, () => assert.fail('acted'),
     { inFlightTimeoutMs: timeoutMs });
   assert.deepEqual([out.duplicate, out.result], [true, { sent: true }]);
-  assert.ok(begins >= 2, `asked ${begins} times: the first ask came after the timeout`);
+  assert.ok(begins >= 2, `asked ${begins} times`);
 });
 
 // A heartbeat that is never answered (a partition, a stalled proxy) is
