@@ -27,26 +27,37 @@ import (
 // is answered with their count (sweeper review: it failed the whole task,
 // and, failing on every pass, kept every ungrouped effect past its
 // retention for good). See purgeGroupsApart for the groups after it.
+// The ungrouped effects' purge runs under a savepoint of its own in turn:
+// one that fails on every pass (a statement timeout, a refused delete)
+// is rolled back alone, the groups purged before it are committed all the
+// same, and its failure is answered with their count (review: it rolled
+// the groups' purge back with it, every pass).
 func (s *Service) SweepRetention(ctx context.Context, now time.Time, limit int) (int, error) {
 	var n int
-	var groupsErr error
+	var groupsErr, ungroupedErr error
 	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
 		var err error
 		n, groupsErr, err = purgeGroupsApart(ctx, tx, now.UTC(), max(limit/groupsPerEffects, 1), limit)
 		if err != nil {
 			return err
 		}
-		ct, err := tx.Exec(ctx, sqlPurgeExpired, now.UTC(), limit, nil)
-		if err != nil {
-			return fmt.Errorf("purge expired effects: %w", err)
+		m, err := inSavepoint(ctx, tx, func(sp pgx.Tx) (int, error) {
+			ct, err := sp.Exec(ctx, sqlPurgeExpired, now.UTC(), limit, nil)
+			if err != nil {
+				return 0, fmt.Errorf("purge expired effects: %w", err)
+			}
+			return int(ct.RowsAffected()), nil
+		})
+		if err != nil && !sweep.GoOn(ctx, err) {
+			return err // not the purge's own failure: the groups' would fail alike
 		}
-		n += int(ct.RowsAffected())
+		n, ungroupedErr = n+m, err
 		return nil
 	})
 	if err != nil {
 		return 0, errors.Join(groupsErr, err)
 	}
-	return n, groupsErr
+	return n, errors.Join(groupsErr, ungroupedErr)
 }
 
 // retentionRetryAfter is how long a group whose purge failed alone is put
@@ -117,7 +128,7 @@ func purgeGroupsApart(ctx context.Context, tx pgx.Tx, now time.Time, limit, step
 func inSavepoint(ctx context.Context, tx pgx.Tx, do func(sp pgx.Tx) (int, error)) (int, error) {
 	sp, err := tx.Begin(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("purge expired groups: savepoint: %w", err)
+		return 0, fmt.Errorf("purge expired: savepoint: %w", err)
 	}
 	n, err := do(sp)
 	if err != nil {
@@ -125,7 +136,7 @@ func inSavepoint(ctx context.Context, tx pgx.Tx, do func(sp pgx.Tx) (int, error)
 		return 0, err
 	}
 	if err := sp.Commit(ctx); err != nil {
-		return 0, fmt.Errorf("purge expired groups: release savepoint: %w", err)
+		return 0, fmt.Errorf("purge expired: release savepoint: %w", err)
 	}
 	return n, nil
 }

@@ -913,6 +913,36 @@ func TestRetentionPurgesUngroupedEffectsWhenAGroupFails(t *testing.T) {
 	b.requireKept(false, "/api/v1/groups/"+g, "/api/v1/effects/"+str(step["effect_id"]))
 }
 
+// An ungrouped effect whose purge fails holds no group back: the
+// ungrouped effects' purge is rolled back alone, the groups due are
+// deleted in the same pass all the same, and the failure is answered
+// (review: one transaction, so an ungrouped purge failing on every pass,
+// a statement timeout or a refused delete, rolled every group's purge back
+// with it, and no ended group was deleted again). Not parallel, in its own
+// era (1911); the trigger that fails the effect's delete is on the package
+// database.
+func TestRetentionPurgesGroupsWhenTheUngroupedPurgeFails(t *testing.T) {
+	b, sweep := inEra(t, 1911)
+	ctx := context.Background()
+	b.putPolicy("email.send", map[string]any{"retention_days": 1})
+	g, _, step := b.groupWithStep("order", key("grouped"))
+	b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+g+"/commit", b.ws.Key, nil)
+	alone := str(b.executedAs("succeeded", email(key("alone")))["effect_id"])
+	b.clock.Add(100 * 24 * time.Hour) // past every retention here
+
+	allow := apitest.Refuse(t, "BEFORE DELETE ON effects", "OLD.id = '"+alone+"'")
+
+	n, err := b.env.App.Server.Gate.SweepRetention(ctx, b.clock.Now(), 1000)
+	require.ErrorContains(t, err, "test_refuse", "the ungrouped purge's failure is answered")
+	require.Equal(t, 1, n, "the group's step")
+	b.requireKept(false, "/api/v1/groups/"+g, "/api/v1/effects/"+str(step["effect_id"]))
+	b.requireKept(true, "/api/v1/effects/"+alone)
+
+	allow()
+	sweep()
+	b.requireKept(false, "/api/v1/effects/"+alone)
+}
+
 // A group whose purge fails holds no group after it: the batch is purged
 // again group by group, the failing group is put off (its keep_until, an
 // hour on) and its error answered, and the next pass reads past it; once
