@@ -21,6 +21,7 @@ var lapsedLeasesPerPass = 500
 const (
 	groupsPerPass        = 100
 	remindersPerPass     = 500
+	mootApprovalsPerPass = 500
 	circuitsPerPass      = 500
 	spendCountersPerPass = 1000
 	retentionPerPass     = 1000
@@ -61,6 +62,14 @@ func wireDomain(deps *httpapi.Deps, sweeper *sweep.Sweeper) error {
 		sweep.Task{Name: "reconciliation.due", Run: func(ctx context.Context, now time.Time) (int, error) {
 			return deps.Gate.SweepReconcileDue(ctx, now, remindersPerPass)
 		}},
+		// Pending approvals whose effect is settled succeeded, closed as a
+		// resolution closes them: those settled before it did (session
+		// 61), and those one passed over while they were held. Before
+		// retention, which keeps an effect whose approval is pending.
+		sweep.Task{Name: "approvals.moot", Drains: true, Batch: func() int { return mootApprovalsPerPass },
+			Run: func(ctx context.Context, now time.Time) (int, error) {
+				return deps.Gate.SweepMootApprovals(ctx, now, mootApprovalsPerPass)
+			}},
 		sweep.Task{Name: "circuits.cooled_down", Run: func(ctx context.Context, now time.Time) (int, error) {
 			return deps.Gate.SweepCircuits(ctx, now, circuitsPerPass)
 		}},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"time"
 	"unicode/utf8"
 
@@ -175,4 +176,23 @@ func (s *Service) closeMootApprovals(ctx context.Context, tx pgx.Tx, p *auth.Pri
 		}
 	}
 	return nil
+}
+
+// SweepMootApprovals closes up to limit pending approvals whose effect is
+// settled succeeded, as a resolution that settles one does
+// (closeMootApprovals): those settled before resolutions closed them, and
+// those a resolution passed over while another transaction held them
+// (sqlSweepMootApprovals). It answers how many it closed.
+func (s *Service) SweepMootApprovals(ctx context.Context, now time.Time, limit int) (int, error) {
+	now = now.UTC().Truncate(time.Microsecond)
+	eventIDs := make([]string, limit)
+	for i := range eventIDs {
+		eventIDs[i] = ids.NewAt(ids.Event, now)
+	}
+	sort.Strings(eventIDs)
+	var n int
+	if err := s.pool.QueryRow(ctx, sqlSweepMootApprovals, now, limit, mootNote, eventIDs).Scan(&n); err != nil {
+		return 0, fmt.Errorf("sweep moot approvals: %w", err)
+	}
+	return n, nil
 }

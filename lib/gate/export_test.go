@@ -132,3 +132,6 @@ const SQLListApprovals = sqlListApprovals
 
 // Logger is the logger the service writes with.
 func (s *Service) Logger() *slog.Logger { return s.logger }
+
+// MootNote is the note of an approval a resolution, or the sweeper, closed.
+const MootNote = mootNote

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/gate"
 )
 
 // heldRetry leaves an email.send key indeterminate (its lease lapsed under
@@ -130,4 +131,48 @@ func TestAResolutionDoesNotWaitForAnApprovalBeingDecided(t *testing.T) {
 	require.Equal(t, http.StatusOK, <-status)
 	require.NoError(t, holder.Rollback(ctx))
 	require.Equal(t, "succeeded", b.get(id)["state"])
+}
+
+// An approval a resolution left pending on an effect it settled succeeded
+// (another transaction held it then; or the effect was settled before
+// resolutions closed them, session 61) is closed by the sweeper
+// (approvals.moot) as the resolution closes one: rejected, decided by the
+// resolving key with the same note, announced once; the effect stays
+// succeeded, and retention then takes it (it keeps an effect whose approval
+// is pending). The resolving key revoked since decides it all the same.
+func TestTheSweeperClosesAMootApprovalAResolutionLeftPending(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	made := b.env.Must(http.StatusCreated, "POST", "/api/v1/keys", b.ws.Key,
+		map[string]any{"name": "resolver", "scopes": []string{"effects:resolve"}}).JSON()
+	resolverID, resolver := str(made["id"]), str(made["secret"])
+	id, approval, body := b.heldRetry()
+	holder := b.holding(`SELECT 1 FROM approvals WHERE id = $1 FOR UPDATE`, approval)
+	b.env.Must(http.StatusOK, "POST", "/api/v1/effects/"+id+"/resolve", resolver, map[string]any{"outcome": "succeeded"})
+	var held string // read while still held: another test's sweep pass may close it once let go
+	require.NoError(t, holder.QueryRow(ctx, `SELECT state FROM approvals WHERE id = $1`, approval).Scan(&held))
+	require.Equal(t, "pending", held, "passed over while held")
+	require.NoError(t, holder.Rollback(ctx))
+	b.env.Must(http.StatusOK, "DELETE", "/api/v1/keys/"+resolverID, b.ws.Key, nil)
+
+	for {
+		n, err := b.env.App.Server.Gate.SweepMootApprovals(ctx, b.clock.Now(), 500)
+		require.NoError(t, err)
+		if n == 0 {
+			break
+		}
+	}
+	a := b.env.Must(http.StatusOK, "GET", "/api/v1/approvals/"+approval, b.ws.Key, nil).JSON()
+	require.Equal(t, "rejected", a["state"], "%v", a)
+	require.NotNil(t, a["decided_at"])
+	require.Equal(t, gate.MootNote, a["note"])
+	require.Equal(t, 1, b.events("approval.decided"))
+	require.Equal(t, "succeeded", b.get(id)["state"])
+	b.mustBegin("duplicate", body)
+	var state, decidedBy string
+	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT f.approval_state, ap.decided_by_key_id
+		FROM effects f JOIN approvals ap ON ap.id = f.approval_id WHERE f.id = $1`, id).Scan(&state, &decidedBy))
+	require.Equal(t, "rejected", state, "retention no longer keeps the effect for it")
+	require.Equal(t, resolverID, decidedBy, "the resolving key, revoked since")
 }

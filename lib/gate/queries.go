@@ -1043,6 +1043,54 @@ WHERE e.id = ANY($1::text[]) AND e.workspace_id = $2 AND e.state = 'succeeded' A
 ORDER BY ap.id
 FOR UPDATE OF ap SKIP LOCKED`
 
+// sqlSweepMootApprovals is the backstop of closeMootApprovals: at $1, it
+// closes up to $2 pending approvals whose effect is settled succeeded (one
+// settled before resolutions closed them, or one a resolution passed over
+// because another transaction held it then), rejected with note $3 and
+// decided by the key that resolved the effect's latest attempt settled
+// (none when no key did), whether or not that key was revoked since (a
+// rejection lets nothing run, and the decision is the resolution's), and
+// announces each (approval.decided, ids $4 in turn). Each workspace takes
+// its turn: one approval of each workspace with any, then a second of
+// each, up to $2 (one probe of approvals_list_idx per workspace). It locks
+// the approvals and their effects, passing over any another transaction
+// holds (a decide, a resolve, a begin), so it waits for no lock: the next
+// pass takes them.
+const sqlSweepMootApprovals = `
+WITH turns AS (
+    SELECT c.id, row_number() OVER (PARTITION BY c.workspace_id ORDER BY c.id) AS turn, c.workspace_id
+    FROM workspaces w CROSS JOIN LATERAL (
+        SELECT ap.id, ap.workspace_id FROM approvals ap JOIN effects e ON e.id = ap.effect_id
+        WHERE ap.workspace_id = w.id AND ap.state = 'pending' AND e.approval_id = ap.id AND e.state = 'succeeded'
+        ORDER BY ap.id
+        LIMIT $2::int) c
+), moot AS (
+    SELECT ap.id, ap.workspace_id, ap.effect_id, ap.effect_type FROM approvals ap JOIN effects e ON e.id = ap.effect_id
+    WHERE ap.id IN (SELECT t.id FROM turns t ORDER BY t.turn, t.workspace_id, t.id LIMIT $2::int)
+      AND ap.state = 'pending' AND e.approval_id = ap.id AND e.state = 'succeeded'
+    ORDER BY ap.id
+    FOR UPDATE OF ap, e SKIP LOCKED
+), a AS (
+    UPDATE approvals ap SET state = 'rejected', decided_at = $1, note = $3, answers = NULL,
+        decided_by_key_id = (SELECT x.resolved_by_key_id FROM effect_attempts x
+            WHERE x.effect_id = m.effect_id AND x.outcome = 'succeeded' AND x.resolved_by_key_id IS NOT NULL
+            ORDER BY x.attempt DESC LIMIT 1)
+    FROM moot m WHERE ap.id = m.id
+    RETURNING ap.id, ap.workspace_id, ap.effect_id, ap.effect_type
+), e AS (
+    UPDATE effects e SET approval_state = 'rejected', updated_at = $1
+    FROM a WHERE e.id = a.effect_id AND e.approval_id = a.id
+), numbered AS (
+    SELECT a.*, row_number() OVER (ORDER BY a.id) AS n FROM a
+), evt AS (
+    INSERT INTO events (id, workspace_id, type, subject_id, data, created_at)
+    SELECT ($4::text[])[n], workspace_id, '` + events.ApprovalDecided + `', id,
+        jsonb_build_object('approval_id', id, 'effect_id', effect_id, 'effect_type', effect_type,
+                           'state', 'rejected', 'answers', NULL), $1
+    FROM numbered
+)
+SELECT count(*) FROM a`
+
 // sqlApprovalRolledBack answers the state of the group whose rollback
 // keeps approval $1's effect from ever taking its attempt: a forward step
 // of a group being (or that was) rolled back, or a compensation of one
