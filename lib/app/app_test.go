@@ -80,7 +80,7 @@ func TestASweepPassCoversWhatAPIMdLists(t *testing.T) {
 	}))
 	tasks := env.App.Sweeper.Tasks()
 	for _, name := range []string{"effects.lapsed_leases", "jobs.lapsed_leases", "jobs.dependencies",
-		"jobs.run_completion", "circuits.cooled_down", "approvals.moot", "reconciliation.due", "webhooks.dispatch", "webhooks.deliver",
+		"jobs.run_completion", "circuits.cooled_down", "approvals.moot", "groups.retention_lowered", "reconciliation.due", "webhooks.dispatch", "webhooks.deliver",
 		"effects.retention", "jobs.retention", "events.retention"} {
 		require.Contains(t, tasks, name)
 	}

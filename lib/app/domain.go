@@ -25,6 +25,10 @@ const (
 	circuitsPerPass      = 500
 	spendCountersPerPass = 1000
 	retentionPerPass     = 1000
+	// typesToDatePerPass and groupsToDatePerPass bound the groups a pass
+	// dates again for retentions lowered (groups.retention_lowered).
+	typesToDatePerPass  = 100
+	groupsToDatePerPass = 100
 	// idempotentAnswersPerPass bounds the deletion of day-old answers
 	// (lib/idempotency): creates are rare next to begins.
 	idempotentAnswersPerPass = 1000
@@ -75,6 +79,11 @@ func wireDomain(deps *httpapi.Deps, sweeper *sweep.Sweeper) error {
 		}},
 		sweep.Task{Name: "gate.spend_counters", Run: func(ctx context.Context, now time.Time) (int, error) {
 			return deps.Gate.SweepSpend(ctx, now, spendCountersPerPass)
+		}},
+		// Before retention, so that groups a lowered retention made due
+		// go in the same pass.
+		sweep.Task{Name: "groups.retention_lowered", Run: func(ctx context.Context, now time.Time) (int, error) {
+			return deps.Gate.SweepGroupsToDate(ctx, now, typesToDatePerPass, groupsToDatePerPass)
 		}},
 		sweep.Task{Name: "effects.retention", Drains: true, Run: func(ctx context.Context, now time.Time) (int, error) {
 			return deps.Gate.SweepRetention(ctx, now, retentionPerPass)

@@ -472,6 +472,7 @@ func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string,
 			out = p
 			if req.RetentionDays.Set {
 				shortenTo = p.RetentionDays
+				return markGroupsToDate(ctx, tx, workspaceID, effectType, shortenTo)
 			}
 			return nil
 		}
@@ -529,6 +530,9 @@ func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string,
 				return fmt.Errorf("close surge breaker: %w", err)
 			}
 		}
+		if shortenTo != 0 {
+			return markGroupsToDate(ctx, tx, workspaceID, effectType, shortenTo)
+		}
 		return nil
 	})
 	if err != nil || shortenTo == 0 {
@@ -542,8 +546,9 @@ func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string,
 		// would be locked behind those, the order shortenKeptGroups keeps
 		// away from). Never when it rolled back, and not again when the
 		// request is answered again from its key. A failure cannot be
-		// answered (the answer is kept already): it is logged, and the PUT
-		// sent again under another key, or none, dates them.
+		// answered (the answer is kept already): it is logged, and the
+		// sweeper dates them (groups.retention_lowered), as the PUT sent
+		// again under another key, or none, does.
 		db.AfterCommit(ctx, func() {
 			if err := s.shortenKeptGroups(db.AfterRequest(ctx), workspaceID, effectType, shortenTo); err != nil {
 				s.logger.Warn("kept groups not dated by a lowered retention", "effect_type", effectType, "err", err)
@@ -573,13 +578,35 @@ func (s *Service) shortenKeptGroups(ctx context.Context, workspaceID, effectType
 			return fmt.Errorf("lock groups to shorten: %w", err)
 		}
 		if len(groups) == 0 {
-			return nil
+			return groupsDated(ctx, tx, workspaceID, effectType, days)
 		}
 		if _, err := tx.Exec(ctx, sqlShortenKeptGroups, groups); err != nil {
 			return fmt.Errorf("shorten kept groups: %w", err)
 		}
-		return nil
+		return groupsDated(ctx, tx, workspaceID, effectType, days)
 	})
+}
+
+// markGroupsToDate records in tx, the policy write's, that the ended groups
+// of a type whose retention it lowers to days are to be dated again
+// (sqlMarkGroupsToDate): dating them (shortenKeptGroups) deletes the
+// record, and the sweeper dates them should that fail (SweepGroupsToDate).
+// The last statement of the write.
+func markGroupsToDate(ctx context.Context, tx pgx.Tx, workspaceID, effectType string, days int) error {
+	if _, err := tx.Exec(ctx, sqlMarkGroupsToDate, workspaceID, effectType, days); err != nil {
+		return fmt.Errorf("mark groups to date: %w", err)
+	}
+	return nil
+}
+
+// groupsDated deletes, in tx, the record that a type's groups are to be
+// dated for days, once they are (unless a lower retention was recorded
+// since). After the groups' locks, in the order a sweep takes them.
+func groupsDated(ctx context.Context, tx pgx.Tx, workspaceID, effectType string, days int) error {
+	if _, err := tx.Exec(ctx, sqlGroupsDated, workspaceID, effectType, days); err != nil {
+		return fmt.Errorf("groups dated: %w", err)
+	}
+	return nil
 }
 
 // ceilingsAdded says whether next sets a daily ceiling on money or count

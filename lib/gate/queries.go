@@ -1128,12 +1128,54 @@ const sqlLongestRetention = `SELECT coalesce(max(coalesce(p.retention_days, 90))
 // (sqlLockDueGroups) and then reads what that pass left. Run once the
 // lowered policy is committed, in a transaction holding nothing else
 // (shortenKeptGroups).
-const sqlLockGroupsToShorten = `SELECT g.id FROM effect_groups g
-WHERE g.workspace_id = $1 AND g.state IN ('committed', 'unwound', 'unwind_failed')
-  AND g.keep_until > coalesce(g.finished_at, g.committed_at) + make_interval(days => $3::int)
-  AND EXISTS (SELECT 1 FROM effects e WHERE e.group_id = g.id AND e.effect_type = $2)
+const sqlLockGroupsToShorten = groupsToShorten + `
 ORDER BY g.id
 FOR UPDATE`
+
+const groupsToShorten = `SELECT g.id FROM effect_groups g
+WHERE g.workspace_id = $1 AND g.state IN ('committed', 'unwound', 'unwind_failed')
+  AND g.keep_until > coalesce(g.finished_at, g.committed_at) + make_interval(days => $3::int)
+  AND EXISTS (SELECT 1 FROM effects e WHERE e.group_id = g.id AND e.effect_type = $2)`
+
+// sqlLockGroupsToShortenAfter is sqlLockGroupsToShorten for the sweeper's
+// batch: up to $5 of those groups after id $4.
+const sqlLockGroupsToShortenAfter = groupsToShorten + `
+  AND g.id > $4::text
+ORDER BY g.id
+LIMIT $5::int
+FOR UPDATE`
+
+// sqlMarkGroupsToDate records, as the last statement of a policy write
+// that lowers type $2's retention to $3 days (workspace $1), that the
+// type's ended groups are to be dated again (gate_groups_to_date, 0078):
+// the lowest retention since, from the first group again when it is lower
+// than the one recorded. Last, so that a sweep holding a group and waiting
+// for this row waits for the write's commit only.
+const sqlMarkGroupsToDate = `INSERT INTO gate_groups_to_date AS t (workspace_id, effect_type, days)
+VALUES ($1, $2, $3::int)
+ON CONFLICT (workspace_id, effect_type) DO UPDATE
+SET days = least(t.days, excluded.days),
+    after_id = CASE WHEN excluded.days < t.days THEN '' ELSE t.after_id END`
+
+// sqlGroupsDated deletes the record of type $2's groups to date (workspace
+// $1) once they are dated for $3 days, unless a lower retention was
+// recorded since.
+const sqlGroupsDated = `DELETE FROM gate_groups_to_date
+WHERE workspace_id = $1 AND effect_type = $2 AND days >= $3::int`
+
+// sqlGroupsDatedTo moves the record of type $2's groups to date (workspace
+// $1, $3 days) on past group $4, the last of a sweeper's batch, unless a
+// lower retention was recorded since.
+const sqlGroupsDatedTo = `UPDATE gate_groups_to_date SET after_id = $4
+WHERE workspace_id = $1 AND effect_type = $2 AND days = $3::int`
+
+// sqlGroupsToDate answers up to $1 records of groups to date, each
+// workspace's first before any workspace's second.
+const sqlGroupsToDate = `SELECT workspace_id, effect_type, days, after_id FROM (
+    SELECT t.*, row_number() OVER (PARTITION BY t.workspace_id ORDER BY t.effect_type) AS turn
+    FROM gate_groups_to_date t) x
+ORDER BY turn, workspace_id, effect_type
+LIMIT $1::int`
 
 // sqlShortenKeptGroups dates the groups sqlLockGroupsToShorten locked ($1)
 // again by sqlLongestRetention, once the lowered policy is written.

@@ -169,3 +169,64 @@ func purgeKeptGroups(ctx context.Context, tx pgx.Tx, now time.Time, due []string
 // groupsPerEffects bounds the ended groups a pass reads to a tenth of
 // its effects.
 const groupsPerEffects = 10
+
+// SweepGroupsToDate dates again the ended groups of the types whose
+// retention a policy write lowered and whose dating after it did not
+// happen (it failed, or the instance stopped first: under an
+// Idempotency-Key the failure is only logged, and a resend replays the
+// answer), so that a lost dating is done by the next pass: up to types
+// such types (each workspace's first before any one's second), up to
+// groups groups of each, from where the last pass left it. Each type in a
+// transaction of its own, locking its groups as the policy write's dating
+// does, then the record; one that fails holds no other back. It answers
+// how many groups it dated.
+func (s *Service) SweepGroupsToDate(ctx context.Context, now time.Time, types, groups int) (int, error) {
+	type toDate struct {
+		workspaceID, effectType, afterID string
+		days                             int
+	}
+	rows, err := s.pool.Query(ctx, sqlGroupsToDate, types)
+	if err != nil {
+		return 0, fmt.Errorf("read groups to date: %w", err)
+	}
+	due, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (toDate, error) {
+		var t toDate
+		return t, r.Scan(&t.workspaceID, &t.effectType, &t.days, &t.afterID)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("read groups to date: %w", err)
+	}
+	var (
+		n    int
+		errs []error
+	)
+	for _, t := range due {
+		err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
+			batch, err := db.CollectIDs(tx.Query(ctx, sqlLockGroupsToShortenAfter, t.workspaceID, t.effectType, t.days,
+				t.afterID, groups))
+			if err != nil {
+				return fmt.Errorf("lock groups to shorten: %w", err)
+			}
+			if len(batch) > 0 {
+				ct, err := tx.Exec(ctx, sqlShortenKeptGroups, batch)
+				if err != nil {
+					return fmt.Errorf("shorten kept groups: %w", err)
+				}
+				n += int(ct.RowsAffected())
+			}
+			if len(batch) == groups { // perhaps more after the last
+				if _, err := tx.Exec(ctx, sqlGroupsDatedTo, t.workspaceID, t.effectType, t.days, batch[len(batch)-1]); err != nil {
+					return fmt.Errorf("groups dated to: %w", err)
+				}
+				return nil
+			}
+			return groupsDated(ctx, tx, t.workspaceID, t.effectType, t.days)
+		})
+		if err != nil {
+			if errs = append(errs, fmt.Errorf("date groups of a lowered retention: %w", err)); !sweep.GoOn(ctx, err) {
+				break
+			}
+		}
+	}
+	return n, errors.Join(errs...)
+}

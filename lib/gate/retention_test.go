@@ -753,6 +753,12 @@ func TestLoweringARetentionShortensTheEndedGroupsOfItsType(t *testing.T) {
 		AND scope = 'type:charge.card'`, b.ws.ID).Scan(&charged))
 	require.EqualValues(t, 3, charged, "the day's three charges counted")
 
+	// Dated: nothing is left for the sweeper to date (groups.retention_lowered).
+	var toDate int
+	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM gate_groups_to_date WHERE workspace_id = $1`,
+		b.ws.ID).Scan(&toDate))
+	require.Zero(t, toDate)
+
 	// The next pass after the new dates deletes them; the other keeps its.
 	b.clock.Set(endedAt.Add(2*day + time.Hour))
 	sweep()
@@ -828,6 +834,60 @@ func lowerWhileAPassHoldsAGroup(t *testing.T, year int, header http.Header) {
 	require.NoError(t, pass.Commit(ctx))
 	require.Equal(t, http.StatusOK, <-lowered)
 	require.WithinDuration(t, endedAt.Add(2*24*time.Hour), *b.keepUntil(g), time.Second)
+}
+
+// A lowered retention whose dating of the groups failed after the policy
+// committed is dated by the sweeper (groups.retention_lowered): under an
+// Idempotency-Key the failure was only logged, and a resend replays the
+// kept answer, so the groups kept the longer date for good (review). The
+// pass dates a bounded batch of a type's groups at a time, from where the
+// last left off, and then forgets the type. Not parallel, in its own era
+// (1912); the trigger that fails the dating is on the package database.
+func TestTheSweeperDatesTheGroupsALoweredRetentionLeft(t *testing.T) {
+	b, sweep := inEra(t, 1912)
+	ctx := context.Background()
+	b.putPolicy("charge.card", map[string]any{"retention_days": 60})
+	endedAt := b.clock.Now()
+	first, _ := b.committedGroup("charge.card")
+	second, _ := b.committedGroup("charge.card")
+	allow := apitest.Refuse(t, "BEFORE UPDATE ON effect_groups", "OLD.id IN ('"+first+"', '"+second+"')")
+	lower := func() {
+		require.Equal(t, http.StatusOK, b.env.DoWith("PUT", "/api/v1/policies/charge.card", b.ws.Key,
+			http.Header{"Idempotency-Key": {"lower"}}, map[string]any{"retention_days": 2}).Status)
+	}
+	lower()
+	allow()
+	lower() // replayed: dates nothing
+	for _, g := range []string{first, second} {
+		require.WithinDuration(t, endedAt.Add(60*24*time.Hour), *b.keepUntil(g), time.Second, "the dating failed")
+	}
+
+	dated := func() (n int) {
+		require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM effect_groups WHERE id = ANY($1)
+			AND keep_until < $2`, []string{first, second}, endedAt.Add(3*24*time.Hour)).Scan(&n))
+		return n
+	}
+	left := func() (n int) {
+		require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM gate_groups_to_date
+			WHERE workspace_id = $1`, b.ws.ID).Scan(&n))
+		return n
+	}
+	gate := b.env.App.Server.Gate
+	_, err := gate.SweepGroupsToDate(ctx, b.clock.Now(), 100, 1) // a batch of one group
+	require.NoError(t, err)
+	require.Equal(t, 1, dated())
+	require.Equal(t, 1, left(), "the type is still to date")
+	_, err = gate.SweepGroupsToDate(ctx, b.clock.Now(), 100, 1)
+	require.NoError(t, err)
+	require.Equal(t, 2, dated())
+	_, err = gate.SweepGroupsToDate(ctx, b.clock.Now(), 100, 1)
+	require.NoError(t, err)
+	require.Zero(t, left(), "forgotten once every group is dated")
+	require.WithinDuration(t, endedAt.Add(2*24*time.Hour), *b.keepUntil(second), time.Second)
+
+	b.clock.Set(endedAt.Add(2*24*time.Hour + time.Hour))
+	sweep()
+	b.requireKept(false, "/api/v1/groups/"+first, "/api/v1/groups/"+second)
 }
 
 // Groups commit and unwind in every query mode the service accepts: under
