@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
 	"time"
 	"unicode/utf8"
 
@@ -156,7 +155,8 @@ const mootNote = "Closed without a decision: the effect was resolved succeeded, 
 // runs again (every later begin is a duplicate). Left pending, it stayed in
 // the queue for good (gate QA). It is rejected, with mootNote, by the
 // resolving key, and announced (approval.decided) as a decision is; the
-// effect keeps its state. A key revoked meanwhile leaves it pending.
+// effect keeps its state. A key revoked meanwhile leaves it pending, as
+// does a decide holding it; the sweeper closes such (SweepMootApprovals).
 func (s *Service) closeMootApprovals(ctx context.Context, tx pgx.Tx, p *auth.Principal, effects []string,
 	now time.Time) error {
 	moot, err := db.CollectIDs(tx.Query(ctx, sqlMootApprovals, effects, p.WorkspaceID))
@@ -185,13 +185,8 @@ func (s *Service) closeMootApprovals(ctx context.Context, tx pgx.Tx, p *auth.Pri
 // (sqlSweepMootApprovals). It answers how many it closed.
 func (s *Service) SweepMootApprovals(ctx context.Context, now time.Time, limit int) (int, error) {
 	now = now.UTC().Truncate(time.Microsecond)
-	eventIDs := make([]string, limit)
-	for i := range eventIDs {
-		eventIDs[i] = ids.NewAt(ids.Event, now)
-	}
-	sort.Strings(eventIDs)
 	var n int
-	if err := s.pool.QueryRow(ctx, sqlSweepMootApprovals, now, limit, mootNote, eventIDs).Scan(&n); err != nil {
+	if err := s.pool.QueryRow(ctx, sqlSweepMootApprovals, now, limit, mootNote, eventIDsAt(now, limit)).Scan(&n); err != nil {
 		return 0, fmt.Errorf("sweep moot approvals: %w", err)
 	}
 	return n, nil

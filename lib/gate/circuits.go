@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sort"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -341,13 +340,8 @@ func lockCircuitTurns(ctx context.Context, tx pgx.Tx, workspaceID, effectType st
 // turn is held is left to the holder or the next pass (sqlSweepCircuits).
 func (s *Service) SweepCircuits(ctx context.Context, now time.Time, limit int) (int, error) {
 	now = now.UTC().Truncate(time.Microsecond)
-	eventIDs := make([]string, limit)
-	for i := range eventIDs {
-		eventIDs[i] = ids.NewAt(ids.Event, now)
-	}
-	sort.Strings(eventIDs)
 	var n int
-	if err := s.pool.QueryRow(ctx, sqlSweepCircuits, now, limit, eventIDs).Scan(&n); err != nil {
+	if err := s.pool.QueryRow(ctx, sqlSweepCircuits, now, limit, eventIDsAt(now, limit)).Scan(&n); err != nil {
 		return 0, fmt.Errorf("sweep circuits: %w", err)
 	}
 	return n, nil

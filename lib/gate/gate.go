@@ -14,11 +14,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/ids"
 	"github.com/getratchet/ratchet/lib/redact"
 	"github.com/getratchet/ratchet/lib/seal"
 )
@@ -144,4 +146,16 @@ func lapsed(exp *time.Time, now time.Time) bool { return exp != nil && !exp.Afte
 // retryRequest is begin's answer to a lost optimistic race.
 func retryRequest() error {
 	return apierr.Conflict(apierr.CodeRetryRequest, "The effect changed concurrently; retry at once.")
+}
+
+// eventIDsAt answers n event ids made at now, in order: a sweep's statement
+// takes the ones it needs in turn, so that the events it records list in
+// the order it made them.
+func eventIDsAt(now time.Time, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = ids.NewAt(ids.Event, now)
+	}
+	slices.Sort(out)
+	return out
 }

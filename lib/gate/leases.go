@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"sort"
 	"time"
 	"unicode/utf8"
 
@@ -520,12 +519,7 @@ func (s *Service) lapse(ctx context.Context, q db.Querier, now time.Time, effect
 	if effectIDs != nil {
 		limit = len(effectIDs)
 	}
-	eventIDs := make([]string, limit)
-	for i := range eventIDs {
-		eventIDs[i] = ids.NewAt(ids.Event, now)
-	}
-	sort.Strings(eventIDs)
-	sql, args := sqlLapseDue, []any{now, limit, eventIDs}
+	sql, args := sqlLapseDue, []any{now, limit, eventIDsAt(now, limit)}
 	if effectIDs != nil {
 		sql, args = sqlLapseThese, append(args, effectIDs)
 	}

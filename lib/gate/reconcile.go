@@ -516,13 +516,8 @@ func reconEffects(ctx context.Context, tx pgx.Tx, ws, effectType string, from, t
 // (workspace, effect type) pairs, once per due period.
 func (s *Service) SweepReconcileDue(ctx context.Context, now time.Time, limit int) (int, error) {
 	now = now.UTC().Truncate(time.Microsecond)
-	eventIDs := make([]string, limit)
-	for i := range eventIDs {
-		eventIDs[i] = ids.NewAt(ids.Event, now)
-	}
-	slices.Sort(eventIDs)
 	var n int
-	if err := s.pool.QueryRow(ctx, sqlReconcileDue, now, limit, eventIDs).Scan(&n); err != nil {
+	if err := s.pool.QueryRow(ctx, sqlReconcileDue, now, limit, eventIDsAt(now, limit)).Scan(&n); err != nil {
 		return 0, fmt.Errorf("reconciliation reminders: %w", err)
 	}
 	return n, nil

@@ -201,7 +201,9 @@ func (s *Service) SweepGroupsToDate(ctx context.Context, now time.Time, types, g
 		errs []error
 	)
 	for _, t := range due {
+		var m int
 		err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
+			m = 0
 			batch, err := db.CollectIDs(tx.Query(ctx, sqlLockGroupsToShortenAfter, t.workspaceID, t.effectType, t.days,
 				t.afterID, groups))
 			if err != nil {
@@ -212,7 +214,7 @@ func (s *Service) SweepGroupsToDate(ctx context.Context, now time.Time, types, g
 				if err != nil {
 					return fmt.Errorf("shorten kept groups: %w", err)
 				}
-				n += int(ct.RowsAffected())
+				m = int(ct.RowsAffected())
 			}
 			if len(batch) == groups { // perhaps more after the last
 				if _, err := tx.Exec(ctx, sqlGroupsDatedTo, t.workspaceID, t.effectType, t.days, batch[len(batch)-1]); err != nil {
@@ -226,7 +228,9 @@ func (s *Service) SweepGroupsToDate(ctx context.Context, now time.Time, types, g
 			if errs = append(errs, fmt.Errorf("date groups of a lowered retention: %w", err)); !sweep.GoOn(ctx, err) {
 				break
 			}
+			continue
 		}
+		n += m
 	}
 	return n, errors.Join(errs...)
 }
