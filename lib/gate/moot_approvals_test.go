@@ -17,11 +17,18 @@ import (
 // answers the effect id, the approval id and the begin body.
 func (b *bundle) heldRetry() (id, approval string, body map[string]any) {
 	b.t.Helper()
-	b.putPolicy("email.send", map[string]any{"on_indeterminate": "retry", "lease_seconds": 5})
+	return b.heldRetryOf("email.send")
+}
+
+// heldRetryOf is heldRetry for a key of effect type typ.
+func (b *bundle) heldRetryOf(typ string) (id, approval string, body map[string]any) {
+	b.t.Helper()
+	b.putPolicy(typ, map[string]any{"on_indeterminate": "retry", "lease_seconds": 5})
 	body = email(key("held"))
+	body["effect_type"] = typ
 	id = str(b.mustBegin("execute", body)["effect_id"])
 	b.clock.Add(time.Minute) // the lease lapses unreported
-	b.putPolicy("email.send", map[string]any{"mode": "require_approval"})
+	b.putPolicy(typ, map[string]any{"mode": "require_approval"})
 	held := b.mustBegin("approval_required", body)
 	require.Equal(b.t, "indeterminate", held["state"])
 	return id, str(held["approval_id"]), body
@@ -175,4 +182,44 @@ func TestTheSweeperClosesAMootApprovalAResolutionLeftPending(t *testing.T) {
 		FROM effects f JOIN approvals ap ON ap.id = f.approval_id WHERE f.id = $1`, id).Scan(&state, &decidedBy))
 	require.Equal(t, "rejected", state, "retention no longer keeps the effect for it")
 	require.Equal(t, resolverID, decidedBy, "the resolving key, revoked since")
+}
+
+// The sweeper's moot approvals take turns among workspaces: each
+// workspace's first before any one's second, so one workspace's backlog
+// (every effect settled before resolutions closed their approvals) holds
+// no other's back. Not parallel: the sweep acts on the whole package
+// database, and is first run until it finds none.
+func TestTheSweptMootApprovalsTakeTurnsAmongWorkspaces(t *testing.T) {
+	ctx := context.Background()
+	busy := setup(t)
+	quiet := &bundle{t: t, env: busy.env, ws: busy.env.Signup(), clock: busy.clock} // one clock: its ids come later
+	// Settled succeeded, and left pending as a release before session 61 left them.
+	moot := func(b *bundle, typ string) string {
+		id, approval, _ := b.heldRetryOf(typ)
+		b.env.Must(http.StatusOK, "POST", "/api/v1/effects/"+id+"/resolve", b.ws.Key, map[string]any{"outcome": "succeeded"})
+		_, err := b.env.App.Pool.Exec(ctx, `WITH ap AS (UPDATE approvals SET state = 'pending', decided_at = NULL,
+			decided_by_key_id = NULL, note = NULL WHERE id = $1 RETURNING effect_id)
+			UPDATE effects SET approval_state = 'pending' WHERE id = (SELECT effect_id FROM ap)`, approval)
+		require.NoError(t, err)
+		return approval
+	}
+	sweep := func(limit int) int {
+		n, err := busy.env.App.Server.Gate.SweepMootApprovals(ctx, busy.clock.Now(), limit)
+		require.NoError(t, err)
+		return n
+	}
+	for sweep(500) > 0 { // other tests' (TestAResolutionDoesNotWaitForAnApprovalBeingDecided leaves one)
+	}
+	first, second := moot(busy, "email.send"), moot(busy, "sms.send") // the busy workspace's first
+	last := moot(quiet, "email.send")
+	closed := func(approvals ...string) (n int) {
+		require.NoError(t, busy.env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM approvals WHERE id = ANY($1)
+			AND state = 'rejected'`, approvals).Scan(&n))
+		return n
+	}
+	require.Equal(t, 2, sweep(2))
+	require.Equal(t, 1, closed(last), "the quiet workspace's in the first batch")
+	require.Equal(t, 1, closed(first, second))
+	require.Equal(t, 1, sweep(2))
+	require.Equal(t, 3, closed(first, second, last))
 }

@@ -1088,6 +1088,7 @@ WITH turns AS (
         jsonb_build_object('approval_id', id, 'effect_id', effect_id, 'effect_type', effect_type,
                            'state', 'rejected', 'answers', NULL), $1
     FROM numbered
+    ON CONFLICT DO NOTHING -- announced already: one event per approval, whatever its past
 )
 SELECT count(*) FROM a`
 
