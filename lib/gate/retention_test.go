@@ -943,64 +943,45 @@ func TestRetentionSharesEachBatchAmongWorkspaces(t *testing.T) {
 	passes(t, batch, 2, 1, 0) // alone, the backlog fills each batch
 }
 
-// A group whose purge fails holds no ungrouped effect past its retention:
-// the groups' purge is rolled back alone, the ungrouped effects due are
-// deleted in the same pass, and the failure is answered (sweeper review: a
-// group failing on every pass, a statement timeout over a large one say,
-// failed the whole task each time, and no ungrouped effect was deleted
-// again). Not parallel, in its own era (1948); the trigger that fails the
-// group's delete is on the package database.
-func TestRetentionPurgesUngroupedEffectsWhenAGroupFails(t *testing.T) {
-	b, sweep := inEra(t, 1948)
-	ctx := context.Background()
-	b.putPolicy("email.send", map[string]any{"retention_days": 1})
-	g, _, step := b.groupWithStep("order", key("failing"))
-	b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+g+"/commit", b.ws.Key, nil)
-	alone := b.executedAs("succeeded", email(key("alone")))
-	b.clock.Add(100 * 24 * time.Hour) // past every retention here
+// A group whose purge fails holds no ungrouped effect past its retention,
+// and an ungrouped effect whose purge fails holds no group: the purge that
+// fails is rolled back alone, the other is done in the same pass all the
+// same, and the failure is answered (sweeper review: a group failing on
+// every pass, a statement timeout over a large one say, failed the whole
+// task each time, and no ungrouped effect was deleted again; review: the
+// ungrouped purge failing so rolled every group's purge back with it). Not
+// parallel, in their own eras (1948, 1911); the trigger that fails the
+// delete is on the package database.
+func TestRetentionPurgesEachSideWhenTheOtherFails(t *testing.T) {
+	for _, failing := range []string{"group", "ungrouped"} {
+		t.Run(failing, func(t *testing.T) {
+			b, sweep := inEra(t, map[string]int{"group": 1948, "ungrouped": 1911}[failing])
+			ctx := context.Background()
+			b.putPolicy("email.send", map[string]any{"retention_days": 1})
+			g, _, step := b.groupWithStep("order", key("grouped"))
+			b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+g+"/commit", b.ws.Key, nil)
+			alone := str(b.executedAs("succeeded", email(key("alone")))["effect_id"])
+			b.clock.Add(100 * 24 * time.Hour) // past every retention here
+			grouped := []string{"/api/v1/groups/" + g, "/api/v1/effects/" + str(step["effect_id"])}
+			refused, kept, gone := "BEFORE DELETE ON effect_groups|OLD.id = '"+g+"'", grouped, []string{"/api/v1/effects/" + alone}
+			if failing == "ungrouped" {
+				refused, kept, gone = "BEFORE DELETE ON effects|OLD.id = '"+alone+"'", gone, grouped
+			}
+			event, when, _ := strings.Cut(refused, "|")
+			allow := apitest.Refuse(t, event, when)
 
-	allow := apitest.Refuse(t, "BEFORE DELETE ON effect_groups", "OLD.id = '"+g+"'")
+			n, err := b.env.App.Server.Gate.SweepRetention(ctx, b.clock.Now(), 1000)
+			require.ErrorContains(t, err, "test_refuse", "the failure is answered")
+			require.GreaterOrEqual(t, n, 1, "the other side's effect (and other tests' effects past their retention: the pass is database-wide)")
+			b.requireKept(false, gone...)
+			b.requireKept(true, kept...)
 
-	n, err := b.env.App.Server.Gate.SweepRetention(ctx, b.clock.Now(), 1000)
-	require.ErrorContains(t, err, "test_refuse", "the group's failure is answered")
-	require.GreaterOrEqual(t, n, 1)
-	b.requireKept(false, "/api/v1/effects/"+str(alone["effect_id"]))
-	b.requireKept(true, "/api/v1/groups/"+g, "/api/v1/effects/"+str(step["effect_id"]))
-
-	allow()
-	b.clock.Add(time.Hour) // put off an hour (TestRetentionGoesOnPastAGroupWhosePurgeFails)
-	sweep()
-	b.requireKept(false, "/api/v1/groups/"+g, "/api/v1/effects/"+str(step["effect_id"]))
-}
-
-// An ungrouped effect whose purge fails holds no group back: the
-// ungrouped effects' purge is rolled back alone, the groups due are
-// deleted in the same pass all the same, and the failure is answered
-// (review: one transaction, so an ungrouped purge failing on every pass,
-// a statement timeout or a refused delete, rolled every group's purge back
-// with it, and no ended group was deleted again). Not parallel, in its own
-// era (1911); the trigger that fails the effect's delete is on the package
-// database.
-func TestRetentionPurgesGroupsWhenTheUngroupedPurgeFails(t *testing.T) {
-	b, sweep := inEra(t, 1911)
-	ctx := context.Background()
-	b.putPolicy("email.send", map[string]any{"retention_days": 1})
-	g, _, step := b.groupWithStep("order", key("grouped"))
-	b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+g+"/commit", b.ws.Key, nil)
-	alone := str(b.executedAs("succeeded", email(key("alone")))["effect_id"])
-	b.clock.Add(100 * 24 * time.Hour) // past every retention here
-
-	allow := apitest.Refuse(t, "BEFORE DELETE ON effects", "OLD.id = '"+alone+"'")
-
-	n, err := b.env.App.Server.Gate.SweepRetention(ctx, b.clock.Now(), 1000)
-	require.ErrorContains(t, err, "test_refuse", "the ungrouped purge's failure is answered")
-	require.Equal(t, 1, n, "the group's step")
-	b.requireKept(false, "/api/v1/groups/"+g, "/api/v1/effects/"+str(step["effect_id"]))
-	b.requireKept(true, "/api/v1/effects/"+alone)
-
-	allow()
-	sweep()
-	b.requireKept(false, "/api/v1/effects/"+alone)
+			allow()
+			b.clock.Add(time.Hour) // a group put off an hour (TestRetentionGoesOnPastAGroupWhosePurgeFails)
+			sweep()
+			b.requireKept(false, kept...)
+		})
+	}
 }
 
 // A group whose purge fails holds no group after it: the batch is purged
