@@ -55,6 +55,9 @@ const (
 	MaxErrorMessage = maxErrorMessage
 )
 
+// MaxReplayTargets bounds the replay preview's upgrades list.
+const MaxReplayTargets = maxReplayTargets
+
 // MaxReplayReason is the longest replay reason, in characters.
 const MaxReplayReason = maxReplayReason
 

@@ -236,15 +236,67 @@ func (s *Service) PreviewReplay(ctx context.Context, workspaceID, stepID string)
 		// replay may (eligible says what the step's state allows).
 		return !u.Forbidden && (u.Compatible || out.InputUnreadable)
 	}) {
-		why = fmt.Sprintf("Every contract of %s@%s is FORBIDDEN, so a replay of the same version is refused, "+
-			"and no other contract of the tool that is not FORBIDDEN accepts the saved input: publish an ACTIVE "+
-			"contract it fits, then replay onto it (targetContractVersion).", j.name, j.version)
+		runnable := false
+		if len(targets) == maxReplayTargets {
+			// The list is bounded; a replay onto an older contract is not
+			// (jobs QA: a step whose only fitting upgrade was older than
+			// the newest 100 read eligible: false).
+			if runnable, err = s.olderUpgradeRuns(ctx, workspaceID, j, input, out.InputUnreadable,
+				targets[len(targets)-1].ContractVersion); err != nil {
+				return ReplayPreview{}, err
+			}
+		}
+		if !runnable {
+			why = ineligibleForbidden(j)
+		}
 	}
 	out.Eligible = why == ""
 	if why != "" {
 		out.IneligibleReason = &why
 	}
 	return out, nil
+}
+
+// olderUpgradeRuns says whether a contract of the step's tool older than
+// below, not FORBIDDEN, accepts the saved input (any does when the input
+// cannot be opened: its fit is told once the key is configured again), as
+// a replay onto it would; read page by page, newest first, until one does.
+func (s *Service) olderUpgradeRuns(ctx context.Context, workspaceID string, j replayJob, input json.RawMessage,
+	unreadable bool, below int) (bool, error) {
+	for {
+		rows, err := s.pool.Query(ctx, sqlReplayOlderTargets, workspaceID, j.name, below, maxReplayTargets)
+		if err != nil {
+			return false, fmt.Errorf("older replay targets: %w", err)
+		}
+		older, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Contract, error) { return scanContract(r) })
+		if err != nil {
+			return false, fmt.Errorf("older replay targets: %w", err)
+		}
+		for _, c := range older {
+			if unreadable {
+				return true, nil
+			}
+			problems, err := validateDoc(c.InputSchema, input, "input")
+			if err != nil {
+				return false, err
+			}
+			if len(problems) == 0 {
+				return true, nil
+			}
+		}
+		if len(older) < maxReplayTargets {
+			return false, nil
+		}
+		below = older[len(older)-1].ContractVersion
+	}
+}
+
+// ineligibleForbidden says why a step of a wholly FORBIDDEN handler version
+// that no upgrade can take cannot be replayed.
+func ineligibleForbidden(j replayJob) string {
+	return fmt.Sprintf("Every contract of %s@%s is FORBIDDEN, so a replay of the same version is refused, "+
+		"and no other contract of the tool that is not FORBIDDEN accepts the saved input: publish an ACTIVE "+
+		"contract it fits, then replay onto it (targetContractVersion).", j.name, j.version)
 }
 
 // readReplayJob reads the step's job without a lock. A job whose lease

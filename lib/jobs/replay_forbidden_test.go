@@ -2,6 +2,7 @@ package jobs_test
 
 import (
 	"encoding/json"
+	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -90,4 +91,63 @@ func TestTheReplayPreviewOfAForbiddenHandlerVersionSaysOnlyAnUpgradeRuns(t *test
 	_, err = b.svc.Replay(ctx, b.worker, st.StepID, jobs.ReplayRequest{AcknowledgeDuplicateRisk: ptr(true),
 		TargetContractVersion: ptr[int64](4), ExpectedHandlerVersion: ptr("1"), AcknowledgeVersionChange: ptr(true)})
 	require.NoError(t, err, "as the replay finds")
+}
+
+// The preview lists the newest contracts only (100), but its eligibility
+// reads them all: a step of a wholly FORBIDDEN handler version whose only
+// fitting upgrade is older than the listed page reads eligible, as the
+// replay onto that upgrade succeeds (jobs QA: it read eligible: false).
+func TestTheReplayPreviewFindsAFittingUpgradeOlderThanItsList(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	st := b.enqueue(t, b.run(t), jobs.EnqueueRequest{Input: json.RawMessage(`{}`), MaxAttempts: ptr[int64](1)})
+	b.fail(t, b.claimOne(t, b.register(t)), &jobs.ReportError{Retryable: ptr(false)})
+	publish := func(version, status, schema string) {
+		t.Helper()
+		_, err := b.svc.PublishContract(ctx, b.ws, "key_test", "send_email", jobs.PublishContractRequest{
+			HandlerVersion: version, InputSchema: json.RawMessage(schema), Status: &status})
+		require.NoError(t, err)
+	}
+	publish("1", "FORBIDDEN", `{"type":"object"}`)
+	publish("2", "ACTIVE", `{"type":"object"}`)
+	// More than a page of newer contracts, half FORBIDDEN, the rest not
+	// fitting the saved input.
+	for v := 3; v <= 3+jobs.MaxReplayTargets; v++ {
+		status := "ACTIVE"
+		if v%2 == 0 {
+			status = "FORBIDDEN"
+		}
+		publish(strconv.Itoa(v), status, `{"type":"object","required":["to"]}`)
+	}
+	p, err := b.svc.PreviewReplay(ctx, b.ws, st.StepID)
+	require.NoError(t, err)
+	require.True(t, p.HandlerVersionForbidden)
+	require.Len(t, p.Upgrades, jobs.MaxReplayTargets, "the list stays bounded")
+	for _, u := range p.Upgrades {
+		require.NotEqual(t, 2, u.ContractVersion, "contract 2 is older than the list")
+		require.False(t, u.Compatible && !u.Forbidden)
+	}
+	require.True(t, p.Eligible, "contract 2 takes the step")
+	require.Nil(t, p.IneligibleReason)
+	_, err = b.svc.Replay(ctx, b.worker, st.StepID, jobs.ReplayRequest{AcknowledgeDuplicateRisk: ptr(true),
+		TargetContractVersion: ptr[int64](2), ExpectedHandlerVersion: ptr("1"), AcknowledgeVersionChange: ptr(true)})
+	require.NoError(t, err, "as the replay finds")
+
+	// With no fitting contract anywhere, the step reads not eligible.
+	b2 := setup(t)
+	st2 := b2.enqueue(t, b2.run(t), jobs.EnqueueRequest{Input: json.RawMessage(`{}`), MaxAttempts: ptr[int64](1)})
+	b2.fail(t, b2.claimOne(t, b2.register(t)), &jobs.ReportError{Retryable: ptr(false)})
+	_, err = b2.svc.PublishContract(ctx, b2.ws, "key_test", "send_email", jobs.PublishContractRequest{
+		HandlerVersion: "1", InputSchema: json.RawMessage(`{"type":"object"}`), Status: ptr("FORBIDDEN")})
+	require.NoError(t, err)
+	for v := 2; v <= 2+jobs.MaxReplayTargets; v++ {
+		_, err := b2.svc.PublishContract(ctx, b2.ws, "key_test", "send_email", jobs.PublishContractRequest{
+			HandlerVersion: strconv.Itoa(v), InputSchema: json.RawMessage(`{"type":"object","required":["to"]}`),
+			Status: ptr("ACTIVE")})
+		require.NoError(t, err)
+	}
+	p, err = b2.svc.PreviewReplay(ctx, b2.ws, st2.StepID)
+	require.NoError(t, err)
+	require.False(t, p.Eligible, "no contract fits")
+	require.NotNil(t, p.IneligibleReason)
 }

@@ -37,6 +37,16 @@ const sqlReplayTargets = `SELECT ` + contractColumns + ` FROM tool_contracts
 WHERE workspace_id = $1::text AND name = $2::text
 ORDER BY contract_version DESC LIMIT $3::int`
 
+// sqlReplayOlderTargets lists, newest first, the contracts below $3 (the
+// oldest the preview listed) that are not FORBIDDEN (the step's own is: it
+// is read only for a wholly FORBIDDEN handler version): the preview's eligibility reads on past its bounded list, so a
+// step whose only fitting upgrade is older than the listed page reads
+// eligible, as its replay onto that upgrade succeeds.
+const sqlReplayOlderTargets = `SELECT ` + contractColumns + ` FROM tool_contracts
+WHERE workspace_id = $1::text AND name = $2::text AND contract_version < $3::int
+  AND status <> 'FORBIDDEN'
+ORDER BY contract_version DESC LIMIT $4::int`
+
 // sqlOutputSchema is the output schema a SUCCEEDED report is checked
 // against (none for a job without a contract).
 const sqlOutputSchema = `SELECT c.output_schema FROM tool_contracts c
