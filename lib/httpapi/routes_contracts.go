@@ -67,7 +67,8 @@ func (s *Server) contractsRoutes() []Route {
 				"additional executions; acknowledgeDuplicateRisk: true is required. targetContractVersion upgrades " +
 				"it (expectedHandlerVersion and acknowledgeVersionChange: true required; a FORBIDDEN or incompatible " +
 				"target is 409 invalid_state; so is a same-version replay of a handler version whose every contract " +
-				"is FORBIDDEN, as its enqueue is). A replay, of the same version or onto a target, when this server " +
+				"is FORBIDDEN, as its enqueue is, and a replay of a synthetic tool test's step, which has exactly " +
+				"one attempt). A replay, of the same version or onto a target, when this server " +
 				"cannot decrypt the saved input (inputUnreadable) is 500 internal_error, changing nothing. A FAILED " +
 				"run whose only failed step this was goes back to RUNNING; a paused endpoint holds the job. A step cancelled while it ran is claimed only once that " +
 				"attempt has reported or its lease (leaseExpiresAt) has expired: never two attempts at once. Its " +

@@ -120,12 +120,15 @@ type replayJob struct {
 	// versionForbidden: every contract of name@version is FORBIDDEN, so a
 	// same-version replay is refused (an upgrade leaves the version).
 	versionForbidden bool
+	// synthetic: the step is a tool test's (POST /tools/{name}/test), whose
+	// job has exactly one attempt (seed 000), so it is never replayed.
+	synthetic bool
 }
 
 func scanReplayJob(row pgx.Row) (replayJob, error) {
 	var j replayJob
 	err := row.Scan(&j.id, &j.runID, &j.name, &j.version, &j.contractVersion, &j.status, &j.attempt, &j.maxAttempts,
-		&j.policyMax, &j.inputSealed, &j.paused, &j.dependency, &j.afterStatus, &j.versionForbidden)
+		&j.policyMax, &j.inputSealed, &j.paused, &j.dependency, &j.afterStatus, &j.versionForbidden, &j.synthetic)
 	return j, err
 }
 
@@ -136,6 +139,13 @@ func scanReplayJob(row pgx.Row) (replayJob, error) {
 // ineligible says why the step cannot be replayed now; "" when it can. The
 // preview says it beside eligible, and a replay is refused with it.
 func (j replayJob) ineligible() string {
+	if j.synthetic {
+		// "Synthetic tests always have one attempt" (seed 000): a replay
+		// would give the test's job a second one, and reopen its run
+		// (jobs QA: it was queued). Another test is its retry.
+		return fmt.Sprintf("This step is a synthetic tool test, which has exactly one attempt; it is not replayed: "+
+			"test the tool again (POST /api/v1/tools/%s/test).", j.name)
+	}
 	if j.status != StatusExhausted && j.status != StatusCancelled {
 		return fmt.Sprintf("Only an EXHAUSTED or CANCELLED step can be replayed; this one is %s.", j.status)
 	}

@@ -77,13 +77,16 @@ VALUES ($1::text, $2::text, $3::text, 'RUNNING', true, $4::timestamptz, true)`
 // contractVersion follows, migration 0048; a job with a contract has an
 // ACTIVE one, contracts being immutable). A publication is seen as of the
 // statement's start: one committed while it waited for the lock is not,
-// as it would not be had it committed just after the replay.
+// as it would not be had it committed just after the replay. The run's
+// synthetic flag (set at its insert, never changed) says the step is a
+// tool test's.
 const sqlReplayPreview = `
 SELECT j.id, j.run_id, j.name, j.version, j.contract_version, j.status, j.attempt, j.max_attempts,
        coalesce(j.policy_max_attempts, j.max_attempts), j.input_sealed, e.paused,
        (SELECT d.status FROM jobs d WHERE d.step_id = j.after_step_id), j.after_status,
        (SELECT coalesce(bool_and(c.status = 'FORBIDDEN'), false) FROM tool_contracts c
-        WHERE c.workspace_id = j.workspace_id AND c.name = j.name AND c.handler_version = j.version)
+        WHERE c.workspace_id = j.workspace_id AND c.name = j.name AND c.handler_version = j.version),
+       (SELECT r.synthetic FROM job_runs r WHERE r.id = j.run_id)
 FROM jobs j JOIN job_endpoints e ON e.id = j.endpoint_id
 WHERE j.step_id = $1::text AND j.workspace_id = $2::text`
 
