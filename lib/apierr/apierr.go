@@ -130,6 +130,14 @@ func HasCode(err error, code string) bool {
 // integer" to 1.5).
 const LimitRule = "must be an integer from 1 to 200"
 
+// IntegerRule is the message for a value of an integer field bounded lo to
+// hi that it refuses: the decoder (lib/jsonstrict) tells a number that is
+// no integer (1.5) so, from the field's openapi min/max tags, and a handler
+// an integer out of the bounds in the same words (jobs QA: the handlers
+// added "(milliseconds)" or "null or", so 1.5 and 0 in one field were told
+// two rules).
+func IntegerRule(lo, hi any) string { return fmt.Sprintf("must be an integer from %v to %v", lo, hi) }
+
 // FieldError names one invalid request field by its dotted path from the body
 // root (for example "retryPolicy.maxAttempts") or by its query parameter name.
 type FieldError struct {

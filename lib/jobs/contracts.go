@@ -196,7 +196,7 @@ func (s *Service) PublishContract(ctx context.Context, workspaceID, keyID, name 
 	if req.TimeoutMs != nil {
 		timeout = *req.TimeoutMs
 		if timeout < MinTimeoutMs || timeout > MaxTimeoutMs {
-			p.Add("timeoutMs", "must be an integer from 1000 to 86400000 (milliseconds)")
+			p.Add("timeoutMs", "%s", apierr.IntegerRule(MinTimeoutMs, MaxTimeoutMs))
 		}
 	}
 	pol := contractRetryPolicy(req.RetryPreset, req.RetryPolicy, &p)

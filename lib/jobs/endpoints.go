@@ -159,13 +159,13 @@ func (f PolicyFields) merge(cur endpointPolicy, p *apierr.Problems) endpointPoli
 		if f.MaxAttempts.Set && !f.MaxAttempts.Null {
 			out.MaxAttempts = int(max(min(f.MaxAttempts.Value, math.MaxInt32), math.MinInt32))
 			if f.MaxAttempts.Value < MinAttempts || f.MaxAttempts.Value > MaxAttemptsLimit {
-				p.Add("maxAttempts", "must be an integer from 1 to 10")
+				p.Add("maxAttempts", "%s", apierr.IntegerRule(MinAttempts, MaxAttemptsLimit))
 			}
 		}
 		if f.InitialDelayMs.Set && !f.InitialDelayMs.Null {
 			out.InitialDelayMs = f.InitialDelayMs.Value
 			if out.InitialDelayMs < 1 || out.InitialDelayMs > MaxDelayLimitMs {
-				p.Add("initialDelayMs", "must be an integer from 1 to 86400000 (milliseconds)")
+				p.Add("initialDelayMs", "%s", apierr.IntegerRule(1, MaxDelayLimitMs))
 			}
 		}
 		if f.Multiplier.Set && !f.Multiplier.Null {
@@ -177,7 +177,7 @@ func (f PolicyFields) merge(cur endpointPolicy, p *apierr.Problems) endpointPoli
 		if f.MaxDelayMs.Set && !f.MaxDelayMs.Null {
 			out.MaxDelayMs = f.MaxDelayMs.Value
 			if out.MaxDelayMs < 1 || out.MaxDelayMs > MaxDelayLimitMs {
-				p.Add("maxDelayMs", "must be an integer from 1 to 86400000 (milliseconds; the final delay is at most 24 hours)")
+				p.Add("maxDelayMs", "%s", apierr.IntegerRule(1, MaxDelayLimitMs))
 			}
 		}
 		if f.JitterPercent.Set && !f.JitterPercent.Null {
@@ -193,7 +193,7 @@ func (f PolicyFields) merge(cur endpointPolicy, p *apierr.Problems) endpointPoli
 	if notNull("defaultTimeoutMs", f.DefaultTimeoutMs.Set, f.DefaultTimeoutMs.Null) {
 		out.DefaultTimeoutMs = f.DefaultTimeoutMs.Value
 		if out.DefaultTimeoutMs < MinTimeoutMs || out.DefaultTimeoutMs > MaxTimeoutMs {
-			p.Add("defaultTimeoutMs", "must be an integer from 1000 to 86400000 (milliseconds)")
+			p.Add("defaultTimeoutMs", "%s", apierr.IntegerRule(MinTimeoutMs, MaxTimeoutMs))
 		}
 	}
 	out.MaxConcurrent = nullableInt(p, "maxConcurrent", f.MaxConcurrent, 1, MaxConcurrentMax, cur.MaxConcurrent)
@@ -203,7 +203,7 @@ func (f PolicyFields) merge(cur endpointPolicy, p *apierr.Problems) endpointPoli
 	if notNull("circuitCooldownMs", f.CircuitCooldownMs.Set, f.CircuitCooldownMs.Null) {
 		out.CircuitCooldownMs = f.CircuitCooldownMs.Value
 		if out.CircuitCooldownMs < MinCircuitCooldownMs || out.CircuitCooldownMs > MaxDelayLimitMs {
-			p.Add("circuitCooldownMs", "must be an integer from 1000 to 86400000 (milliseconds)")
+			p.Add("circuitCooldownMs", "%s", apierr.IntegerRule(MinCircuitCooldownMs, MaxDelayLimitMs))
 		}
 	}
 	return out
@@ -216,7 +216,7 @@ func nullableInt(p *apierr.Problems, field string, o jsonx.Optional[int64], lo, 
 	case o.Null:
 		return nil
 	case o.Value < lo || o.Value > hi:
-		p.Add(field, "must be null or an integer from %d to %d", lo, hi)
+		p.Add(field, "%s", apierr.IntegerRule(lo, hi))
 		return cur
 	}
 	v := int(o.Value)

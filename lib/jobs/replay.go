@@ -87,7 +87,7 @@ type ReplayRequest struct {
 	AcknowledgeDuplicateRisk *bool   `json:"acknowledgeDuplicateRisk" openapi:"required"`
 	MaxAttempts              *int64  `json:"maxAttempts,omitempty" openapi:"min=1,max=10"`
 	Reason                   *string `json:"reason,omitempty" openapi:"maxLength=1000"`
-	TargetContractVersion    *int64  `json:"targetContractVersion,omitempty"`
+	TargetContractVersion    *int64  `json:"targetContractVersion,omitempty" openapi:"min=1,max=2147483647"`
 	ExpectedHandlerVersion   *string `json:"expectedHandlerVersion,omitempty"`
 	AcknowledgeVersionChange *bool   `json:"acknowledgeVersionChange,omitempty"`
 	// ExpectedAttempt is the step's attempt as the preview showed it: a
@@ -344,7 +344,7 @@ func (req ReplayRequest) validate() (additional int, err error) {
 	additional = 1
 	if m := req.MaxAttempts; m != nil {
 		if *m < MinAttempts || *m > MaxAttemptsLimit {
-			p.Add("maxAttempts", "must be an integer from 1 to 10 (additional executions)")
+			p.Add("maxAttempts", "%s", apierr.IntegerRule(MinAttempts, MaxAttemptsLimit))
 		} else {
 			additional = int(*m)
 		}
@@ -360,7 +360,7 @@ func (req ReplayRequest) validate() (additional int, err error) {
 	}
 	if t := req.TargetContractVersion; t != nil {
 		if *t < 1 || *t > math.MaxInt32 {
-			p.Add("targetContractVersion", "must be an integer from 1")
+			p.Add("targetContractVersion", "%s", apierr.IntegerRule(1, math.MaxInt32))
 		}
 		if req.ExpectedHandlerVersion == nil {
 			p.Add("expectedHandlerVersion", "is required with targetContractVersion (the preview's handlerVersion)")

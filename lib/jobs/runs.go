@@ -202,7 +202,7 @@ type EnqueueRequest struct {
 	IdempotencyKey  *string         `json:"idempotencyKey,omitempty" openapi:"minLength=1,maxLength=255,printable"`
 	TimeoutMs       *int64          `json:"timeoutMs,omitempty" openapi:"min=1000,max=86400000"`
 	MaxAttempts     *int64          `json:"maxAttempts,omitempty" openapi:"min=1,max=10"`
-	ContractVersion *int64          `json:"contractVersion,omitempty" openapi:"min=1"`
+	ContractVersion *int64          `json:"contractVersion,omitempty" openapi:"min=1,max=2147483647"`
 	AfterStepID     *string         `json:"afterStepId,omitempty"`
 	AfterStatus     *string         `json:"afterStatus,omitempty" openapi:"enum=SUCCEEDED|FAILED"`
 	// DelayMs makes the step due this long after the enqueue (0 to 30 days)
@@ -728,18 +728,18 @@ func (req EnqueueRequest) validate(runID string) (enqueueOp, error) {
 		p.Add("idempotencyKey", idemkey.Rule)
 	}
 	if t := req.TimeoutMs; t != nil && (*t < MinTimeoutMs || *t > MaxTimeoutMs) {
-		p.Add("timeoutMs", "must be an integer from 1000 to 86400000 (milliseconds)")
+		p.Add("timeoutMs", "%s", apierr.IntegerRule(MinTimeoutMs, MaxTimeoutMs))
 	}
 	if m := req.MaxAttempts; m != nil && (*m < MinAttempts || *m > MaxAttemptsLimit) {
-		p.Add("maxAttempts", "must be an integer from 1 to 10")
+		p.Add("maxAttempts", "%s", apierr.IntegerRule(MinAttempts, MaxAttemptsLimit))
 	}
 	if c := req.ContractVersion; c != nil && (*c < 1 || *c > math.MaxInt32) {
-		p.Add("contractVersion", "must be an integer from 1")
+		p.Add("contractVersion", "%s", apierr.IntegerRule(1, math.MaxInt32))
 	}
 	if d := req.DelayMs; d != nil {
 		switch {
 		case *d < 0 || *d > MaxEnqueueDelayMs:
-			p.Add("delayMs", "must be an integer from 0 to 2592000000 (milliseconds; at most 30 days)")
+			p.Add("delayMs", "%s", apierr.IntegerRule(0, MaxEnqueueDelayMs))
 		case *d > 0 && req.AfterStepID != nil:
 			p.Add("delayMs", "cannot be combined with afterStepId: a dependent step is due when its dependency ends")
 		case *d > 0:

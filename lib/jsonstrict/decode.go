@@ -454,7 +454,7 @@ func kindRule(v any, t, root reflect.Type, path string) string {
 	if !integerLiteral.MatchString(literal) && !tagged {
 		return "must be an integer"
 	}
-	return fmt.Sprintf("must be an integer from %s to %s", lo, hi)
+	return apierr.IntegerRule(lo, hi)
 }
 
 // fieldAt finds the struct field a body's dotted path (array elements and
