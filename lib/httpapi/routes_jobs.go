@@ -99,7 +99,8 @@ func (s *Server) jobsRoutes() []Route {
 			Idempotent: true,
 			Summary: "Cancel a step that has not ended. A running job's worker sees cancelRequested on its next " +
 				"heartbeat; a replay of the step is not claimed until that attempt reports or its lease expires. " +
-				"Cancelling a cancelled step answers it unchanged. " + retriedAction,
+				"Cancelling a cancelled step answers it unchanged; a step whose last attempt's lease lapsed has " +
+				"ended EXHAUSTED (409 invalid_state), as any read of it shows. " + retriedAction,
 			Request: struct{}{}, Response: jobs.Step{}, Status: 200,
 			Errors: []string{apierr.CodeNotFound, apierr.CodeInvalidState},
 			Handle: bodiless(s.cancelStep),

@@ -1155,8 +1155,16 @@ func (s *Service) readStep(ctx context.Context, workspaceID, stepID string) (Ste
 
 // CancelStep cancels a step that has not ended. A RUNNING job is cancelled at
 // once and its worker learns it from its next heartbeat; its report is still
-// recorded on the execution.
+// recorded on the execution. A job whose last attempt's lease lapsed has
+// ended: it is ended EXHAUSTED first, as a read of the step ends it, and the
+// cancel refused so (jobs QA: with no read before it, the cancel made it
+// CANCELLED, and the step.exhausted saying its side effect may have
+// happened never went out). Like a replay's, that end commits on its own,
+// never under the request's transaction (see Replay).
 func (s *Service) CancelStep(ctx context.Context, workspaceID, stepID string) (Step, error) {
+	if _, err := s.settledStep(db.OutsideRequest(ctx), workspaceID, stepID); err != nil {
+		return Step{}, err
+	}
 	err := s.txRetrying(ctx, func(tx pgx.Tx) error {
 		var jobID, status, runID, endpointID string
 		var attempt int
