@@ -53,15 +53,7 @@ func TestASameVersionReplayOfAForbiddenHandlerVersionIsRefused(t *testing.T) {
 // was refused).
 func TestTheReplayPreviewOfAForbiddenHandlerVersionSaysOnlyAnUpgradeRuns(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	st := b.enqueue(t, b.run(t), jobs.EnqueueRequest{Input: json.RawMessage(`{}`), MaxAttempts: ptr[int64](1)})
-	b.fail(t, b.claimOne(t, b.register(t)), &jobs.ReportError{Retryable: ptr(false)})
-	publish := func(version, status, schema string) {
-		t.Helper()
-		_, err := b.svc.PublishContract(ctx, b.ws, "key_test", "send_email", jobs.PublishContractRequest{
-			HandlerVersion: version, InputSchema: json.RawMessage(schema), Status: &status})
-		require.NoError(t, err)
-	}
+	b, st, publish := exhaustedStep(t)
 	preview := func() jobs.ReplayPreview {
 		t.Helper()
 		p, err := b.svc.PreviewReplay(ctx, b.ws, st.StepID)
@@ -99,15 +91,7 @@ func TestTheReplayPreviewOfAForbiddenHandlerVersionSaysOnlyAnUpgradeRuns(t *test
 // replay onto that upgrade succeeds (jobs QA: it read eligible: false).
 func TestTheReplayPreviewFindsAFittingUpgradeOlderThanItsList(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	st := b.enqueue(t, b.run(t), jobs.EnqueueRequest{Input: json.RawMessage(`{}`), MaxAttempts: ptr[int64](1)})
-	b.fail(t, b.claimOne(t, b.register(t)), &jobs.ReportError{Retryable: ptr(false)})
-	publish := func(version, status, schema string) {
-		t.Helper()
-		_, err := b.svc.PublishContract(ctx, b.ws, "key_test", "send_email", jobs.PublishContractRequest{
-			HandlerVersion: version, InputSchema: json.RawMessage(schema), Status: &status})
-		require.NoError(t, err)
-	}
+	b, st, publish := exhaustedStep(t)
 	publish("1", "FORBIDDEN", `{"type":"object"}`)
 	publish("2", "ACTIVE", `{"type":"object"}`)
 	// More than a page of newer contracts, half FORBIDDEN, the rest not
@@ -134,20 +118,28 @@ func TestTheReplayPreviewFindsAFittingUpgradeOlderThanItsList(t *testing.T) {
 	require.NoError(t, err, "as the replay finds")
 
 	// With no fitting contract anywhere, the step reads not eligible.
-	b2 := setup(t)
-	st2 := b2.enqueue(t, b2.run(t), jobs.EnqueueRequest{Input: json.RawMessage(`{}`), MaxAttempts: ptr[int64](1)})
-	b2.fail(t, b2.claimOne(t, b2.register(t)), &jobs.ReportError{Retryable: ptr(false)})
-	_, err = b2.svc.PublishContract(ctx, b2.ws, "key_test", "send_email", jobs.PublishContractRequest{
-		HandlerVersion: "1", InputSchema: json.RawMessage(`{"type":"object"}`), Status: ptr("FORBIDDEN")})
-	require.NoError(t, err)
+	b2, st2, publish2 := exhaustedStep(t)
+	publish2("1", "FORBIDDEN", `{"type":"object"}`)
 	for v := 2; v <= 2+jobs.MaxReplayTargets; v++ {
-		_, err := b2.svc.PublishContract(ctx, b2.ws, "key_test", "send_email", jobs.PublishContractRequest{
-			HandlerVersion: strconv.Itoa(v), InputSchema: json.RawMessage(`{"type":"object","required":["to"]}`),
-			Status: ptr("ACTIVE")})
-		require.NoError(t, err)
+		publish2(strconv.Itoa(v), "ACTIVE", `{"type":"object","required":["to"]}`)
 	}
 	p, err = b2.svc.PreviewReplay(ctx, b2.ws, st2.StepID)
 	require.NoError(t, err)
 	require.False(t, p.Eligible, "no contract fits")
 	require.NotNil(t, p.IneligibleReason)
+}
+
+// exhaustedStep is a send_email@1 step, enqueued with input {} before any
+// contract, EXHAUSTED, with publish publishing a contract of its tool.
+func exhaustedStep(t *testing.T) (*bundle, jobs.EnqueueResult, func(version, status, schema string)) {
+	t.Helper()
+	b := setup(t)
+	st := b.enqueue(t, b.run(t), jobs.EnqueueRequest{Input: json.RawMessage(`{}`), MaxAttempts: ptr[int64](1)})
+	b.fail(t, b.claimOne(t, b.register(t)), &jobs.ReportError{Retryable: ptr(false)})
+	return b, st, func(version, status, schema string) {
+		t.Helper()
+		_, err := b.svc.PublishContract(ctx, b.ws, "key_test", "send_email", jobs.PublishContractRequest{
+			HandlerVersion: version, InputSchema: json.RawMessage(schema), Status: &status})
+		require.NoError(t, err)
+	}
 }
