@@ -1,7 +1,6 @@
 package httpapi_test
 
 import (
-	"math"
 	"net/http"
 	"strings"
 	"testing"
@@ -36,11 +35,11 @@ func TestABoundedIntegerFieldIsToldOneRuleByTheDecoderAndTheHandler(t *testing.T
 		method, path, key string
 		base              map[string]any
 		field             string
-		lo, hi            int64
+		lo, hi            int64 // hi 0: bounded by its type alone, the handler refusing below lo
 	}{
 		{"POST", "/api/v1/runs/" + runID + "/steps", e.ingest, map[string]any{"name": "send_email", "version": "1"}, "timeoutMs", 1000, 86400000},
 		{"POST", "/api/v1/runs/" + runID + "/steps", e.ingest, map[string]any{"name": "send_email", "version": "1"}, "maxAttempts", 1, 10},
-		{"POST", "/api/v1/runs/" + runID + "/steps", e.ingest, map[string]any{"name": "send_email", "version": "1"}, "contractVersion", 1, math.MaxInt32},
+		{"POST", "/api/v1/runs/" + runID + "/steps", e.ingest, map[string]any{"name": "send_email", "version": "1"}, "contractVersion", 1, 0},
 		{"POST", "/api/v1/runs/" + runID + "/steps", e.ingest, map[string]any{"name": "send_email", "version": "1"}, "delayMs", 0, 2592000000},
 		{"PUT", policyPath, op, map[string]any{"expectedVersion": ep["version"], "preset": "CUSTOM"}, "maxAttempts", 1, 10},
 		{"PUT", policyPath, op, map[string]any{"expectedVersion": ep["version"], "preset": "CUSTOM"}, "initialDelayMs", 1, 86400000},
@@ -55,10 +54,14 @@ func TestABoundedIntegerFieldIsToldOneRuleByTheDecoderAndTheHandler(t *testing.T
 		{"POST", "/api/v1/tools/send_email/contracts", op, map[string]any{"handlerVersion": "1", "retryPreset": "CUSTOM"}, "retryPolicy.initialDelayMs", 1, 86400000},
 		{"POST", replayPath, op, map[string]any{"acknowledgeDuplicateRisk": true}, "maxAttempts", 1, 10},
 		{"POST", replayPath, op, map[string]any{"acknowledgeDuplicateRisk": true,
-			"expectedHandlerVersion": "1", "acknowledgeVersionChange": true}, "targetContractVersion", 1, math.MaxInt32},
+			"expectedHandlerVersion": "1", "acknowledgeVersionChange": true}, "targetContractVersion", 1, 0},
 	} {
 		name := c.method + " " + c.path + " " + c.field
-		for _, v := range []any{1.5, c.lo - 1, c.hi + 1} {
+		values, rule := []any{1.5, c.lo - 1, c.hi + 1}, apierr.IntegerRule(c.lo, c.hi)
+		if c.hi == 0 {
+			values, rule = []any{1.5, c.lo - 1}, apierr.IntegerRule(c.lo, "2^63-1")
+		}
+		for _, v := range values {
 			body := nested(c.field, v)
 			for k, bv := range c.base {
 				if _, ok := body[k]; !ok {
@@ -76,7 +79,7 @@ func TestABoundedIntegerFieldIsToldOneRuleByTheDecoderAndTheHandler(t *testing.T
 			}
 			res.Decode(t, &out)
 			require.Contains(t, out.Error.Detail.Validation,
-				apierr.FieldError{Field: c.field, Message: apierr.IntegerRule(c.lo, c.hi)}, "%s %v", name, v)
+				apierr.FieldError{Field: c.field, Message: rule}, "%s %v", name, v)
 		}
 	}
 }

@@ -176,6 +176,10 @@ func TestKeyRunAndEnqueueTagsAgreeWithTheHandlers(t *testing.T) {
 func TestReplayTagsAgreeWithTheHandler(t *testing.T) {
 	t.Parallel()
 	e := newJobsEnv(t)
+	// targetContractVersion 1 names this contract, the steps' own (a
+	// same-version replay), and comes with what a target takes.
+	e.Must(http.StatusCreated, "POST", "/api/v1/tools/send_email/contracts", e.ws.Key,
+		map[string]any{"handlerVersion": "1", "inputSchema": true})
 	runID := e.run()
 	checked := apitest.CheckRequestTags(t, apitest.TagProbe{
 		Type: reflect.TypeFor[jobs.ReplayRequest](),
@@ -188,6 +192,9 @@ func TestReplayTagsAgreeWithTheHandler(t *testing.T) {
 		Send: func(body map[string]any) *apitest.Response {
 			step := body["step"].(string)
 			delete(body, "step")
+			if body["targetContractVersion"] != nil {
+				body["expectedHandlerVersion"], body["acknowledgeVersionChange"] = "1", true
+			}
 			return e.Do("POST", "/api/v1/steps/"+step+"/replay", e.ws.Key, body)
 		},
 	})

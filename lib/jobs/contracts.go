@@ -265,6 +265,9 @@ func scanContract(row pgx.Row) (Contract, error) {
 
 // contractByVersion reads one contract; nil when there is none.
 func (s *Service) contractByVersion(ctx context.Context, q db.Querier, workspaceID, name string, version int64) (*Contract, error) {
+	if version > math.MaxInt32 {
+		return nil, nil // none is numbered so (contract_version is an int)
+	}
 	c, err := scanContract(q.QueryRow(ctx, sqlContractByVersion, workspaceID, name, version))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
@@ -274,6 +277,17 @@ func (s *Service) contractByVersion(ctx context.Context, q db.Querier, workspace
 	}
 	return &c, nil
 }
+
+// noContractNumbered refuses a contract version (tool name, version) no
+// contract of the tool has: a number beyond contract_version's int range
+// included, which no contract can have (a field tagged min=1 alone, whose
+// number that is no integer the decoder tells "from 1 to 2^63-1").
+const noContractNumbered = "must be a contract of tool %s: none is numbered %d"
+
+// typeMax is the upper bound the decoder (lib/jsonstrict) tells an int64
+// field whose openapi tag gives no max: its handler, refusing a number
+// below the tagged min, tells the same rule (apierr.IntegerRule).
+const typeMax = "2^63-1"
 
 // checkContract reads the contract jobs_enqueue selected for an enqueue
 // (the explicit contractVersion, else the latest ACTIVE contract of
@@ -288,8 +302,7 @@ func (s *Service) checkContract(ctx context.Context, q db.Querier, workspaceID s
 	case err != nil:
 		return nil, err
 	case c == nil:
-		return nil, apierr.InvalidField("contractVersion", "must be a contract of tool %s: none is numbered %d",
-			op.name, version)
+		return nil, apierr.InvalidField("contractVersion", noContractNumbered, op.name, version)
 	case c.HandlerVersion != op.version:
 		return nil, apierr.InvalidField("version", "must be %s, the handlerVersion of contract %d",
 			c.HandlerVersion, c.ContractVersion)

@@ -87,7 +87,7 @@ type ReplayRequest struct {
 	AcknowledgeDuplicateRisk *bool   `json:"acknowledgeDuplicateRisk" openapi:"required"`
 	MaxAttempts              *int64  `json:"maxAttempts,omitempty" openapi:"min=1,max=10"`
 	Reason                   *string `json:"reason,omitempty" openapi:"maxLength=1000"`
-	TargetContractVersion    *int64  `json:"targetContractVersion,omitempty" openapi:"min=1,max=2147483647"`
+	TargetContractVersion    *int64  `json:"targetContractVersion,omitempty" openapi:"min=1"`
 	ExpectedHandlerVersion   *string `json:"expectedHandlerVersion,omitempty"`
 	AcknowledgeVersionChange *bool   `json:"acknowledgeVersionChange,omitempty"`
 	// ExpectedAttempt is the step's attempt as the preview showed it: a
@@ -359,8 +359,8 @@ func (req ReplayRequest) validate() (additional int, err error) {
 		p.Add("expectedHandlerVersion", toolname.VersionRule)
 	}
 	if t := req.TargetContractVersion; t != nil {
-		if *t < 1 || *t > math.MaxInt32 {
-			p.Add("targetContractVersion", "%s", apierr.IntegerRule(1, math.MaxInt32))
+		if *t < 1 {
+			p.Add("targetContractVersion", "%s", apierr.IntegerRule(1, typeMax))
 		}
 		if req.ExpectedHandlerVersion == nil {
 			p.Add("expectedHandlerVersion", "is required with targetContractVersion (the preview's handlerVersion)")
@@ -536,8 +536,7 @@ func (s *Service) replayTarget(ctx context.Context, q db.Querier, workspaceID st
 		return nil, err
 	}
 	if c == nil {
-		return nil, apierr.InvalidField("targetContractVersion", "must be a contract of tool %s: none is numbered %d",
-			j.name, version)
+		return nil, apierr.InvalidField("targetContractVersion", noContractNumbered, j.name, version)
 	}
 	if c.Status == ContractForbidden {
 		return nil, apierr.InvalidState("Contract %d of tool %s is FORBIDDEN; it cannot be a replay target.",

@@ -202,7 +202,7 @@ type EnqueueRequest struct {
 	IdempotencyKey  *string         `json:"idempotencyKey,omitempty" openapi:"minLength=1,maxLength=255,printable"`
 	TimeoutMs       *int64          `json:"timeoutMs,omitempty" openapi:"min=1000,max=86400000"`
 	MaxAttempts     *int64          `json:"maxAttempts,omitempty" openapi:"min=1,max=10"`
-	ContractVersion *int64          `json:"contractVersion,omitempty" openapi:"min=1,max=2147483647"`
+	ContractVersion *int64          `json:"contractVersion,omitempty" openapi:"min=1"`
 	AfterStepID     *string         `json:"afterStepId,omitempty"`
 	AfterStatus     *string         `json:"afterStatus,omitempty" openapi:"enum=SUCCEEDED|FAILED"`
 	// DelayMs makes the step due this long after the enqueue (0 to 30 days)
@@ -733,8 +733,10 @@ func (req EnqueueRequest) validate(runID string) (enqueueOp, error) {
 	if m := req.MaxAttempts; m != nil && (*m < MinAttempts || *m > MaxAttemptsLimit) {
 		p.Add("maxAttempts", "%s", apierr.IntegerRule(MinAttempts, MaxAttemptsLimit))
 	}
-	if c := req.ContractVersion; c != nil && (*c < 1 || *c > math.MaxInt32) {
-		p.Add("contractVersion", "%s", apierr.IntegerRule(1, math.MaxInt32))
+	if c := req.ContractVersion; c != nil && *c < 1 {
+		p.Add("contractVersion", "%s", apierr.IntegerRule(1, typeMax))
+	} else if c != nil && *c > math.MaxInt32 {
+		p.Add("contractVersion", noContractNumbered, req.Name, *c)
 	}
 	if d := req.DelayMs; d != nil {
 		switch {
