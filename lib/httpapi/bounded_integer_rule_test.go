@@ -55,6 +55,8 @@ func TestABoundedIntegerFieldIsToldOneRuleByTheDecoderAndTheHandler(t *testing.T
 		{"POST", replayPath, op, map[string]any{"acknowledgeDuplicateRisk": true}, "maxAttempts", 1, 10},
 		{"POST", replayPath, op, map[string]any{"acknowledgeDuplicateRisk": true,
 			"expectedHandlerVersion": "1", "acknowledgeVersionChange": true}, "targetContractVersion", 1, 0},
+		{"POST", replayPath, op, map[string]any{"acknowledgeDuplicateRisk": true}, "expectedAttempt", 0, 0},
+		{"PUT", policyPath, op, map[string]any{}, "expectedVersion", 0, 0},
 	} {
 		name := c.method + " " + c.path + " " + c.field
 		values, rule := []any{1.5, c.lo - 1, c.hi + 1}, apierr.IntegerRule(c.lo, c.hi)

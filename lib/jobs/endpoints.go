@@ -354,7 +354,7 @@ func (s *Service) UpdatePolicy(ctx context.Context, workspaceID, id string, req 
 	if !req.ExpectedVersion.Set || req.ExpectedVersion.Null {
 		p.Add("expectedVersion", "is required (the version you last read)")
 	} else if req.ExpectedVersion.Value < 0 {
-		p.Add("expectedVersion", "must be a version you read (0 or more)")
+		p.Add("expectedVersion", "%s", apierr.IntegerRule(0, typeMax))
 	}
 	cur, err := s.GetEndpoint(ctx, workspaceID, id)
 	if err != nil {

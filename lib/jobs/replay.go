@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"strings"
 	"time"
@@ -352,8 +351,9 @@ func (req ReplayRequest) validate() (additional int, err error) {
 	if r := req.Reason; r != nil && utf8.RuneCountInString(*r) > maxReplayReason {
 		p.Add("reason", "must be at most %d characters", maxReplayReason)
 	}
-	if a := req.ExpectedAttempt; a != nil && (*a < 0 || *a > math.MaxInt32) {
-		p.Add("expectedAttempt", "must be the preview's attempt (0 or more)")
+	if a := req.ExpectedAttempt; a != nil && *a < 0 {
+		// One beyond any attempt is refused as unreached, under the lock.
+		p.Add("expectedAttempt", "%s", apierr.IntegerRule(0, typeMax))
 	}
 	if h := req.ExpectedHandlerVersion; h != nil && !toolname.ValidVersion(*h) {
 		p.Add("expectedHandlerVersion", toolname.VersionRule)
