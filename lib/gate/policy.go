@@ -125,7 +125,7 @@ type Policy struct {
 // PutPolicyRequest is the body of PUT /api/v1/policies/{effect_type}: omitted
 // fields keep their value, null clears a nullable field.
 type PutPolicyRequest struct {
-	ExpectedVersion            *int64                                         `json:"expected_version,omitempty"`
+	ExpectedVersion            *int64                                         `json:"expected_version,omitempty" openapi:"min=0"`
 	Mode                       jsonx.Optional[string]                         `json:"mode" openapi:"enum=allow|require_approval|deny,notNull"`
 	OnIndeterminate            jsonx.Optional[string]                         `json:"on_indeterminate" openapi:"enum=block|retry|probe,notNull"`
 	LeaseSeconds               jsonx.Optional[int]                            `json:"lease_seconds" openapi:"min=5,max=3600,notNull"`
@@ -427,8 +427,9 @@ func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string,
 		return Policy{}, err
 	}
 	if req.ExpectedVersion != nil && *req.ExpectedVersion < 0 {
-		// No policy ever had it: a malformed request, not a stale one (QA).
-		return Policy{}, apierr.InvalidField("expected_version", "must be a version you read (0 or more)")
+		// No policy ever had it: a malformed request, not a stale one (QA),
+		// told the rule the decoder tells 1.5 (an int64 from 0).
+		return Policy{}, apierr.InvalidField("expected_version", "%s", apierr.IntegerRule(0, "2^63-1"))
 	}
 	// Concurrent writers of one type take turns: each merges into what the
 	// one before it wrote. (Optimistic retries gave up under contention

@@ -103,6 +103,13 @@ func TestPolicyPutMergesAndVersions(t *testing.T) {
 	// A version no policy ever had is a malformed request, not a stale one.
 	require.Equal(t, []string{"expected_version"}, validationFields(t, b.env.Do("PUT", "/api/v1/policies/push.send",
 		b.ws.Key, map[string]any{"expected_version": -1, "mode": "deny"})))
+	// Told in the words the decoder tells 1.5 in, whichever refuses it.
+	message := func(v any) any {
+		e := errCode(t, b.env.Do("PUT", "/api/v1/policies/push.send", b.ws.Key, map[string]any{"expected_version": v}),
+			http.StatusBadRequest, "invalid_request")
+		return e["detail"].(map[string]any)["validation"].([]any)[0].(map[string]any)["message"]
+	}
+	require.Equal(t, message(1.5), message(-1))
 	require.EqualValues(t, 1, b.env.Must(http.StatusOK, "GET", "/api/v1/policies/push.send", b.ws.Key, nil).JSON()["version"])
 }
 
