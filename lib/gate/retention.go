@@ -180,7 +180,7 @@ const groupsPerEffects = 10
 // transaction of its own, locking its groups as the policy write's dating
 // does, then the record; one that fails holds no other back. It answers
 // how many groups it dated.
-func (s *Service) SweepGroupsToDate(ctx context.Context, now time.Time, types, groups int) (int, error) {
+func (s *Service) SweepGroupsToDate(ctx context.Context, types, groups int) (int, error) {
 	type toDate struct {
 		workspaceID, effectType, afterID string
 		days                             int

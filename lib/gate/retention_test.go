@@ -873,14 +873,14 @@ func TestTheSweeperDatesTheGroupsALoweredRetentionLeft(t *testing.T) {
 		return n
 	}
 	gate := b.env.App.Server.Gate
-	_, err := gate.SweepGroupsToDate(ctx, b.clock.Now(), 100, 1) // a batch of one group
+	_, err := gate.SweepGroupsToDate(ctx, 100, 1) // a batch of one group
 	require.NoError(t, err)
 	require.Equal(t, 1, dated())
 	require.Equal(t, 1, left(), "the type is still to date")
-	_, err = gate.SweepGroupsToDate(ctx, b.clock.Now(), 100, 1)
+	_, err = gate.SweepGroupsToDate(ctx, 100, 1)
 	require.NoError(t, err)
 	require.Equal(t, 2, dated())
-	_, err = gate.SweepGroupsToDate(ctx, b.clock.Now(), 100, 1)
+	_, err = gate.SweepGroupsToDate(ctx, 100, 1)
 	require.NoError(t, err)
 	require.Zero(t, left(), "forgotten once every group is dated")
 	require.WithinDuration(t, endedAt.Add(2*24*time.Hour), *b.keepUntil(second), time.Second)
