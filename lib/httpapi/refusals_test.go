@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/auth"
 	"github.com/getratchet/ratchet/lib/ids"
 	"github.com/getratchet/ratchet/lib/mcpserver"
 )
@@ -131,6 +132,8 @@ type refusal struct {
 	bodiless     bool   // MCP: a notification or a response, answered 202 without a body
 	slot         bool   // a batch: status 200, its one slot refused with code and field
 	tool         bool   // an MCP tool call: status 200, its result the error envelope
+	// forbidden: detail.required and detail.any_of exactly (nil: not checked)
+	required, anyOf []string
 }
 
 // refusalWorld is the shared setup: the caller's workspace with one object
@@ -144,7 +147,11 @@ type refusalWorld struct {
 	// keys of the caller's workspace: an AGENT key, a WORKER key whose
 	// tools list names one job tool, and a revoked key (MCP's cases).
 	agent, worker, revoked string
-	digestQuery            string
+	// lacking maps a scope set (joined by spaces) to a key of the caller's
+	// workspace holding every other scope, uncapped and with no tools
+	// list (lackingKey).
+	lacking     map[string]string
+	digestQuery string
 }
 
 func newRefusalWorld(t *testing.T) *refusalWorld {
@@ -164,6 +171,7 @@ func newRefusalWorld(t *testing.T) *refusalWorld {
 		"preset": "AGENT"}).JSON()
 	env.Must(http.StatusOK, "DELETE", "/api/v1/keys/"+revoked["id"].(string), w.own.Key, nil)
 	w.revoked = revoked["secret"].(string)
+	w.lacking = map[string]string{}
 	w.digestQuery = refusalDigestQuery(t, env)
 	return w
 }
@@ -328,11 +336,17 @@ func envelopeMismatch(c refusal, body []byte) string {
 					Field   *string `json:"field"`
 					Message string  `json:"message"`
 				} `json:"validation"`
+				Required []string `json:"required"`
+				AnyOf    []string `json:"any_of"`
 			} `json:"detail"`
 		} `json:"error"`
 	}
 	if err := json.Unmarshal(body, &env); err != nil || env.Error.Code != c.code || env.Error.Message == "" {
 		return fmt.Sprintf("want error %s with a message", c.code)
+	}
+	if c.required != nil && (!slices.Equal(env.Error.Detail.Required, c.required) ||
+		!slices.Equal(env.Error.Detail.AnyOf, c.anyOf)) {
+		return fmt.Sprintf("want detail.required %v and detail.any_of %v", c.required, c.anyOf)
 	}
 	if c.code != "invalid_request" {
 		return ""
@@ -392,7 +406,65 @@ func (w *refusalWorld) casesFor(t *testing.T, method, path string, op map[string
 	if key != "" {
 		cases = append(cases, unauthorized(base, good, nil))
 	}
+	if key == w.own.Key {
+		cases = append(cases, w.scopeCases(t, base, op, good)...)
+	}
 	return cases
+}
+
+// scopeCases: the whole valid request, on the caller's own objects, from a
+// key that holds every scope but one the route requires (each in turn), or
+// none of the scopes one of which it requires, is 403 forbidden naming
+// what the key lacks (API.md §1, §5: detail.required; README: detail.any_of
+// for the alternatives) and changes nothing (security review: TestScopeMatrix
+// sent {} to ids that name nothing, so a route that acted before its scope
+// check, or on a body, would have passed it).
+func (w *refusalWorld) scopeCases(t *testing.T, base refusal, op map[string]any, good any) []refusal {
+	var out []refusal
+	lacking := func(name string, missing, required, anyOf []string) {
+		c := base
+		c.name, c.key, c.body = name, w.lackingKey(t, missing), good
+		c.status, c.code, c.required, c.anyOf = http.StatusForbidden, "forbidden", required, anyOf
+		out = append(out, c)
+	}
+	required := docStrings(op["x-required-scopes"])
+	for _, s := range required {
+		lacking("a key without "+s, []string{s}, []string{s}, nil)
+	}
+	if anyOf := docStrings(op["x-any-of-scopes"]); len(anyOf) > 0 {
+		lacking("a key with none of "+strings.Join(anyOf, ", "), anyOf, anyOf[:1], anyOf)
+	}
+	return out
+}
+
+// docStrings reads a list of strings of the OpenAPI document.
+func docStrings(v any) []string {
+	raw, _ := v.([]any)
+	out := make([]string, 0, len(raw))
+	for _, s := range raw {
+		out = append(out, s.(string))
+	}
+	return out
+}
+
+// lackingKey is a key of the caller's workspace holding every scope but
+// missing, minted the first time it is asked for.
+func (w *refusalWorld) lackingKey(t *testing.T, missing []string) string {
+	name := strings.Join(missing, " ")
+	if key, ok := w.lacking[name]; ok {
+		return key
+	}
+	var scopes []string
+	for _, s := range auth.AllScopes {
+		if !slices.Contains(missing, s) {
+			scopes = append(scopes, s)
+		}
+	}
+	e := *w.env
+	e.T = t
+	key := e.Key(w.own, map[string]any{"name": "lacking", "scopes": scopes})
+	w.lacking[name] = key
+	return key
 }
 
 // unauthorized is base sent with the valid body under a credential that
@@ -1142,6 +1214,17 @@ func (w *refusalWorld) mcpProtocolCases(t *testing.T, base refusal, call string,
 		c := base
 		c.name, c.key, c.header, c.body = k.name, k.key, header, w.toolCall(k.tool, args)
 		c.status, c.tool, c.code = http.StatusOK, true, "forbidden"
+		out = append(out, c)
+	}
+	// Each tool from a key holding every scope but the one its REST call
+	// needs (mcpserver.ToolScopes): the tool's forbidden naming it, nothing
+	// done (only three tools had such a case).
+	scopes := mcpserver.ToolScopes()
+	for _, tool := range slices.Sorted(maps.Keys(scopes)) {
+		c := base
+		c.name, c.key, c.header = tool+" from a key without "+scopes[tool], w.lackingKey(t, []string{scopes[tool]}), header
+		c.body = w.toolCall(tool, w.toolSeed(t, tool))
+		c.status, c.tool, c.code, c.required = http.StatusOK, true, "forbidden", []string{scopes[tool]}
 		out = append(out, c)
 	}
 	c := base
