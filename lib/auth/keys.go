@@ -652,16 +652,18 @@ func (s *Service) RevokeKeyTree(ctx context.Context, p *Principal, keyID string)
 
 // sqlLockRevoke locks, in id order in one statement, the keys a revoke of
 // key $1 in workspace $2 may revoke, with $3 the keys minted from it
-// (sqlKeyTree), and every root key (live, uncapped, unrestricted, every
+// (sqlKeyTree), every root key (live, uncapped, unrestricted, every
 // scope: what signup hands out, and the only kind that can mint every
 // other; $4 every scope), so that two revokes of the last two roots cannot
-// both see the other one left, and two revokes of overlapping trees, or a
-// revoke and a mint (which holds its minter's row, RequireLive), wait for
-// each other rather than deadlock.
+// both see the other one left, and the calling key $5, so that a key
+// revoked as its revoke waited revokes nothing (as a mint holds its
+// minter's row, RequireLive): two revokes of overlapping trees, or of each
+// other's callers, or a revoke and a mint, wait for each other rather than
+// deadlock. The last column marks the caller's row.
 var sqlLockRevoke = `WITH RECURSIVE ` + sqlKeyTree + `
 SELECT id, scopes, tools, revoked_at IS NULL, ` + rootKey + `, id IN (SELECT id FROM tree),
-    coalesce(revoked_with_key_id = $1::text, false) FROM api_keys
-WHERE workspace_id = $2::text AND (id IN (SELECT id FROM tree) OR ` + rootKey + `)
+    coalesce(revoked_with_key_id = $1::text, false), id = $5::text FROM api_keys
+WHERE workspace_id = $2::text AND (id IN (SELECT id FROM tree) OR ` + rootKey + ` OR id = $5::text)
 ORDER BY id FOR UPDATE OF api_keys`
 
 // sqlKeyTree is a recursive query, tree, of key $1 of workspace $2 and,
@@ -689,6 +691,8 @@ type lockedKey struct {
 	// revokedWith says the key was revoked with the key this revoke
 	// names, by a revoke with its minted keys (revoked_with_key_id).
 	revokedWith bool
+	// caller: the revoking key's own row.
+	caller bool
 }
 
 // errTreeGrew is revokeIn's when a key of the tree minted a key between
@@ -737,17 +741,24 @@ func (s *Service) revoke(ctx context.Context, p *Principal, keyID string, withMi
 
 // revokeIn is revoke's transaction.
 func (s *Service) revokeIn(ctx context.Context, tx pgx.Tx, p *Principal, keyID string, withMinted bool) (Key, []string, error) {
-	rows, err := tx.Query(ctx, sqlLockRevoke, keyID, p.WorkspaceID, withMinted, AllScopes)
+	rows, err := tx.Query(ctx, sqlLockRevoke, keyID, p.WorkspaceID, withMinted, AllScopes, p.KeyID)
 	if err != nil {
 		return Key{}, nil, fmt.Errorf("revoke key: %w", err)
 	}
 	locked, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (lockedKey, error) {
 		var l lockedKey
-		err := r.Scan(&l.id, &l.scopes, &l.tools, &l.live, &l.root, &l.tree, &l.revokedWith)
+		err := r.Scan(&l.id, &l.scopes, &l.tools, &l.live, &l.root, &l.tree, &l.revokedWith, &l.caller)
 		return l, err
 	})
 	if err != nil {
 		return Key{}, nil, fmt.Errorf("revoke key: %w", err)
+	}
+	// The caller, locked: revoked since the request read it (on any
+	// instance, or as this revoke waited for a revoke of it), it revokes
+	// nothing, as a revoked key is answered on every call that changes
+	// something.
+	if !slices.ContainsFunc(locked, func(l lockedKey) bool { return l.caller && l.live }) {
+		return Key{}, nil, ErrRevokedKey()
 	}
 	i := slices.IndexFunc(locked, func(l lockedKey) bool { return l.id == keyID })
 	if i < 0 {

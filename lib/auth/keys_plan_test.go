@@ -63,9 +63,11 @@ func TestARevokeLocksItsWorkspacesKeysOnly(t *testing.T) {
 		ANALYZE api_keys`)
 	require.NoError(t, err)
 	top := "key_" + strings.Repeat("0", 25) + "2"
+	caller := "key_" + strings.Repeat("0", 23) + "500" // the calling key, outside the tree
 	for _, mode := range testpg.PlanCacheModes {
 		for _, withMinted := range []bool{false, true} {
-			read, _, err := testpg.RowsRead(ctx, tx, mode, auth.SQLLockRevoke, top, "ws_r0", withMinted, auth.AllScopes)
+			read, _, err := testpg.RowsRead(ctx, tx, mode, auth.SQLLockRevoke, top, "ws_r0", withMinted, auth.AllScopes,
+				caller)
 			require.NoError(t, err, "%s, %v", mode, withMinted)
 			require.LessOrEqual(t, read["api_keys"], 2*2000+200, "%s, with minted %v: rows of api_keys read", mode,
 				withMinted)

@@ -446,3 +446,52 @@ func TestRevokesOfOverlappingTreesRacing(t *testing.T) {
 		require.LessOrEqual(t, len(claimers[id]), 1, id)
 	}
 }
+
+// A key revoked as its own revoke of another key waits revokes nothing
+// (README: a revoked key changes nothing, on any instance): its request
+// read it live, but the revoke checks the caller among the rows it locks,
+// as a mint holds its minter's row (security review: k, found compromised,
+// revoked the operator's key o after o's revoke of k had committed, the
+// two having waited for each other's root rows).
+func TestAKeyRevokedAsItsRevokeWaitsRevokesNothing(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ctx := context.Background()
+	ws := env.Signup()
+	o := mintedKey{env.Must(http.StatusOK, "GET", "/api/v1/keys/current", ws.Key, nil).JSON()["id"].(string), ws.Key}
+	k := mintKey(t, env, o.secret, map[string]any{"name": "compromised", "preset": "OPERATOR"})
+	x := mintKey(t, env, o.secret, map[string]any{"name": "spare", "preset": "OPERATOR"})
+	// Every revoke locks every root key in id order: the test holds the
+	// last, so o's revoke of k holds the others and waits, and k's revoke
+	// of o, its key read live, waits behind it.
+	last := slices.Max([]string{o.id, k.id, x.id})
+	tx, err := env.App.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `SELECT 1 FROM api_keys WHERE id = $1 FOR UPDATE`, last)
+	require.NoError(t, err)
+	waits := apitest.NewLockWaits(t, env.App.Pool, apitest.BackendPID(t, tx))
+	send := func(path, key string) (<-chan struct{}, *apitest.Response) {
+		done := make(chan struct{})
+		var r apitest.Response
+		go func() {
+			defer close(done)
+			r = *env.Do("DELETE", path, key, nil)
+		}()
+		return done, &r
+	}
+	ofK, revokeK := send("/api/v1/keys/"+k.id, o.secret)
+	waits.Waiting(ofK, "o's revoke of k holds the first root rows and waits for the last")
+	byK, revokeO := send("/api/v1/keys/"+o.id, k.secret)
+	waits.Waiting(byK, "k's revoke of o, k read live, waits behind o's")
+	require.NoError(t, tx.Rollback(ctx))
+	<-ofK
+	<-byK
+	require.Equal(t, http.StatusOK, revokeK.Status, "%s", revokeK.Body)
+	require.Equal(t, http.StatusUnauthorized, revokeO.Status, "k was revoked before its revoke acted: %s", revokeO.Body)
+	require.Equal(t, "unauthorized", revokeO.ErrorCode())
+	states := keyStates(t, env, o.id)
+	require.Nil(t, states[o.id], "o is live")
+	require.NotNil(t, states[k.id])
+	env.Must(http.StatusOK, "GET", "/api/v1/keys/current", o.secret, nil)
+}
