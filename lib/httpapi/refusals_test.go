@@ -412,18 +412,24 @@ func (w *refusalWorld) casesFor(t *testing.T, method, path string, op map[string
 	return cases
 }
 
-// scopeCases: the whole valid request, on the caller's own objects, from a
-// key that holds every scope but one the route requires (each in turn), or
-// none of the scopes one of which it requires, is 403 forbidden naming
+// scopeCases: the whole valid request, on the caller's own objects (under an
+// Idempotency-Key where the route takes one), from a key that holds every
+// scope but one the route requires (each in turn), or none of the scopes
+// one of which it requires, is 403 forbidden naming
 // what the key lacks (API.md §1, §5: detail.required; README: detail.any_of
 // for the alternatives) and changes nothing (security review: TestScopeMatrix
 // sent {} to ids that name nothing, so a route that acted before its scope
 // check, or on a body, would have passed it).
 func (w *refusalWorld) scopeCases(t *testing.T, base refusal, op map[string]any, good any) []refusal {
 	var out []refusal
+	var header http.Header
+	if refusalIdempotencyHeader(op) {
+		// Under an Idempotency-Key: no claim is recorded either.
+		header = http.Header{"Idempotency-Key": {"refusal-scope"}}
+	}
 	lacking := func(name string, missing, required, anyOf []string) {
 		c := base
-		c.name, c.key, c.body = name, w.lackingKey(t, missing), good
+		c.name, c.key, c.body, c.header = name, w.lackingKey(t, missing), good, header
 		c.status, c.code, c.required, c.anyOf = http.StatusForbidden, "forbidden", required, anyOf
 		out = append(out, c)
 	}
