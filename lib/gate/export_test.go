@@ -119,6 +119,12 @@ func SetMaxGroupSteps(s *Service, n int) { s.maxGroupSteps = n }
 // wallet moves (maxWalletMoves), so a test can use the bound up.
 func SetMaxWalletMoves(s *Service, n int) { s.walletMoves = n }
 
+// SetDatingBatches makes s's policy writes date the groups a lowered
+// retention shortens in batches of batch groups, batches at most.
+func SetDatingBatches(s *Service, batch, batches int) {
+	s.datingBatch, s.datingBatches = batch, batches
+}
+
 // SQLLapseDue and SQLUnwindingDue are the sweeper's picks of lapsed leases
 // and of unwinding groups, for a test of their plans.
 var (

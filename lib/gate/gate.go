@@ -80,6 +80,10 @@ type Service struct {
 	maxGroupSteps int
 	// walletMoves is maxWalletMoves (tests make it smaller).
 	walletMoves int
+	// datingBatch and datingBatches bound a policy write's dating of the
+	// groups a lowered retention shortens (shortenKeptGroups): its batch
+	// and how many batches (tests make them smaller).
+	datingBatch, datingBatches int
 }
 
 // New returns the gate. hash is the keyed hash used for dimension values
@@ -96,7 +100,7 @@ func New(pool *pgxpool.Pool, sealer *seal.Sealer, hash func(string) []byte, now 
 	// whatever logger it was given (logs QA: one given a plain logger, or
 	// nil, logged a data exception's message, which quotes the value).
 	return &Service{pool: pool, sealer: sealer, hash: hash, now: now, logger: redact.Logger(logger), maxGroupSteps: MaxGroupSteps,
-		walletMoves: maxWalletMoves}
+		walletMoves: maxWalletMoves, datingBatch: datingBatch, datingBatches: datingBatchesPerWrite}
 }
 
 // clock is now in UTC at Postgres' precision, so a time written and read back

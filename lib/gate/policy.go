@@ -551,61 +551,57 @@ func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string,
 		// sweeper dates them (groups.retention_lowered), as the PUT sent
 		// again under another key, or none, does.
 		db.AfterCommit(ctx, func() {
-			if err := s.shortenKeptGroups(db.AfterRequest(ctx), workspaceID, effectType, shortenTo); err != nil {
+			if err := s.shortenKeptGroups(db.AfterRequest(ctx), workspaceID, effectType); err != nil {
 				s.logger.Warn("kept groups not dated by a lowered retention", "effect_type", effectType, "err", err)
 			}
 		})
 		return out, nil
 	}
-	return out, s.shortenKeptGroups(ctx, workspaceID, effectType, shortenTo)
+	return out, s.shortenKeptGroups(ctx, workspaceID, effectType)
 }
 
 // shortenKeptGroups dates again the ended groups holding an effect of a
-// type whose retention was just lowered to days: they were dated by the
-// longest retention of their steps' types when they ended, and a shorter
-// one applies to them from now, as to every other effect of the type. In
-// a transaction of its own, once the policy is committed: it needs no more
+// type whose retention was just lowered: they were dated by the longest
+// retention of their steps' types when they ended, and a shorter one
+// applies to them from now, as to every other effect of the type. Batch
+// after batch of datingBatch groups (dateGroupsBatch), each in a
+// transaction of its own, once the policy is committed: it needs no more
 // than that, and the policy's transaction may hold effects (its charges)
 // that a step's retry holds before its group, or the surge turn that a
-// grouped begin waits for holding its group (review: deadlocks). Should it
-// fail, the policy is written all the same and the error is answered (only
-// logged under an Idempotency-Key, whose answer is kept already); the same
-// PUT again, under another key or none, dates them (it runs on a PUT that
-// changes nothing too). It takes every such group of the workspace at once.
-func (s *Service) shortenKeptGroups(ctx context.Context, workspaceID, effectType string, days int) error {
-	return db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
-		groups, err := db.CollectIDs(tx.Query(ctx, sqlLockGroupsToShorten, workspaceID, effectType, days))
-		if err != nil {
-			return fmt.Errorf("lock groups to shorten: %w", err)
+// grouped begin waits for holding its group (review: deadlocks). At most
+// datingBatchesPerWrite batches: the sweeper dates what is left
+// (groups.retention_lowered), so one write is bounded however many groups
+// the type has. Should a batch fail, the policy is written all the same
+// and the error is answered (only logged under an Idempotency-Key, whose
+// answer is kept already); the same PUT again, under another key or none,
+// dates them from where the last batch left off (it runs on a PUT that
+// changes nothing too), and so does the sweeper.
+func (s *Service) shortenKeptGroups(ctx context.Context, workspaceID, effectType string) error {
+	for range s.datingBatches {
+		_, more, err := s.dateGroupsBatch(ctx, workspaceID, effectType, s.datingBatch, true)
+		if err != nil || !more {
+			return err
 		}
-		if len(groups) == 0 {
-			return groupsDated(ctx, tx, workspaceID, effectType, days)
-		}
-		if _, err := tx.Exec(ctx, sqlShortenKeptGroups, groups); err != nil {
-			return fmt.Errorf("shorten kept groups: %w", err)
-		}
-		return groupsDated(ctx, tx, workspaceID, effectType, days)
-	})
+	}
+	return nil
 }
+
+// datingBatch groups a batch of a policy write's dating, and
+// datingBatchesPerWrite batches at most (10 000 groups): the sweeper's
+// batches (groups.retention_lowered) date the rest.
+const (
+	datingBatch           = 100
+	datingBatchesPerWrite = 100
+)
 
 // markGroupsToDate records in tx, the policy write's, that the ended groups
 // of a type whose retention it lowers to days are to be dated again
-// (sqlMarkGroupsToDate): dating them (shortenKeptGroups) deletes the
+// (sqlMarkGroupsToDate): dating them (dateGroupsBatch) deletes the
 // record, and the sweeper dates them should that fail (SweepGroupsToDate).
 // The last statement of the write.
 func markGroupsToDate(ctx context.Context, tx pgx.Tx, workspaceID, effectType string, days int) error {
 	if _, err := tx.Exec(ctx, sqlMarkGroupsToDate, workspaceID, effectType, days); err != nil {
 		return fmt.Errorf("mark groups to date: %w", err)
-	}
-	return nil
-}
-
-// groupsDated deletes, in tx, the record that a type's groups are to be
-// dated for days, once they are (unless a lower retention was recorded
-// since). After the groups' locks, in the order a sweep takes them.
-func groupsDated(ctx context.Context, tx pgx.Tx, workspaceID, effectType string, days int) error {
-	if _, err := tx.Exec(ctx, sqlGroupsDated, workspaceID, effectType, days); err != nil {
-		return fmt.Errorf("groups dated: %w", err)
 	}
 	return nil
 }

@@ -1118,33 +1118,50 @@ const sqlLongestRetention = `SELECT coalesce(max(coalesce(p.retention_days, 90))
     LEFT JOIN gate_policies p ON p.workspace_id = f.workspace_id AND p.effect_type = f.effect_type
     WHERE f.group_id = effect_groups.id`
 
-// sqlLockGroupsToShorten locks the ended groups of workspace $1 holding an
-// effect of type $2 whose retention PutPolicy is lowering to $3 days, and
-// answers their ids: keep_until was set from the longest retention of a
-// group's types when it ended, and only a pass reaching it rereads the
-// policies (so a raised retention keeps a group longer, but a lowered one
-// kept it as long as before). Only a group kept longer than $3 days past
-// its end can be shortened. In id order, so that two policy writes of the
-// workspace cannot deadlock; it waits for a pass holding one
-// (sqlLockDueGroups) and then reads what that pass left. Run once the
-// lowered policy is committed, in a transaction holding nothing else
-// (shortenKeptGroups).
-const sqlLockGroupsToShorten = groupsToShorten + `
-ORDER BY g.id
-FOR UPDATE`
-
+// groupsToShorten answers the ended groups of workspace $1 holding an
+// effect of type $2 whose retention a policy write lowered to $3 days:
+// keep_until was set from the longest retention of a group's types when
+// it ended, and only a pass reaching it rereads the policies (so a raised
+// retention keeps a group longer, but a lowered one kept it as long as
+// before). Only a group kept longer than $3 days past its end can be
+// shortened.
 const groupsToShorten = `SELECT g.id FROM effect_groups g
 WHERE g.workspace_id = $1 AND g.state IN ('committed', 'unwound', 'unwind_failed')
   AND g.keep_until > coalesce(g.finished_at, g.committed_at) + make_interval(days => $3::int)
   AND EXISTS (SELECT 1 FROM effects e WHERE e.group_id = g.id AND e.effect_type = $2)`
 
-// sqlLockGroupsToShortenAfter is sqlLockGroupsToShorten for the sweeper's
-// batch: up to $5 of those groups after id $4.
+// sqlLockGroupsToShortenAfter locks a batch of those groups (groupsToShorten):
+// up to $5 of them after id $4, in id order, so that two datings cannot
+// deadlock; it waits for a pass holding one (sqlLockDueGroups) and then
+// reads what that pass left. Run by dateGroupsBatch only, once the lowered
+// policy is committed, in a transaction holding nothing but the type's
+// claim (sqlClaimGroupsToDate).
 const sqlLockGroupsToShortenAfter = groupsToShorten + `
   AND g.id > $4::text
 ORDER BY g.id
 LIMIT $5::int
 FOR UPDATE`
+
+// sqlClaimGroupsToDate and sqlTryClaimGroupsToDate take the claim of
+// workspace $1's type $2's groups to date, for the rest of the
+// transaction: a batch of them is dated under it (dateGroupsBatch), so
+// two transactions never date one batch, nor count it, twice (two
+// sweepers at once each dated and counted the same batch). Before any
+// other lock of the batch's transaction, and taken by nothing else, so a
+// transaction waiting for it holds nothing another waits for. The policy
+// write's dating waits for it; a sweeper's pass tries it, and passes the
+// type over when another holds it (sqlTryClaimGroupsToDate answers false).
+const (
+	sqlClaimGroupsToDate    = `SELECT pg_advisory_xact_lock(` + groupsToDateClaim + `)`
+	sqlTryClaimGroupsToDate = `SELECT pg_try_advisory_xact_lock(` + groupsToDateClaim + `)`
+	groupsToDateClaim       = `hashtextextended('groups_to_date:' || $1::text || ':' || $2::text, 0)`
+)
+
+// sqlGroupsToDateOf answers the record of workspace $1's type $2's groups
+// to date (its days and after_id), read under the type's claim: what the
+// last batch left of it. No row when none is left to date.
+const sqlGroupsToDateOf = `SELECT days, after_id FROM gate_groups_to_date
+WHERE workspace_id = $1 AND effect_type = $2`
 
 // sqlMarkGroupsToDate records, as the last statement of a policy write
 // that lowers type $2's retention to $3 days (workspace $1), that the
@@ -1170,19 +1187,24 @@ WHERE workspace_id = $1 AND effect_type = $2 AND days >= $3::int`
 const sqlGroupsDatedTo = `UPDATE gate_groups_to_date SET after_id = $4
 WHERE workspace_id = $1 AND effect_type = $2 AND days = $3::int`
 
-// sqlGroupsToDate answers up to $1 records of groups to date, each
+// sqlGroupsToDate answers up to $1 types with groups to date, each
 // workspace's first before any workspace's second.
-const sqlGroupsToDate = `SELECT workspace_id, effect_type, days, after_id FROM (
+const sqlGroupsToDate = `SELECT workspace_id, effect_type FROM (
     SELECT t.*, row_number() OVER (PARTITION BY t.workspace_id ORDER BY t.effect_type) AS turn
     FROM gate_groups_to_date t) x
 ORDER BY turn, workspace_id, effect_type
 LIMIT $1::int`
 
-// sqlShortenKeptGroups dates the groups sqlLockGroupsToShorten locked ($1)
-// again by sqlLongestRetention, once the lowered policy is written.
-const sqlShortenKeptGroups = `UPDATE effect_groups
-SET keep_until = coalesce(finished_at, committed_at) + make_interval(days => (` + sqlLongestRetention + `))
-WHERE id = ANY($1::text[])`
+// sqlShortenKeptGroups dates the groups sqlLockGroupsToShortenAfter
+// locked ($1) again by sqlLongestRetention, once the lowered policy is
+// written. It changes, and counts, only those whose date that changes: a
+// group another type keeps longer is read as one to shorten, and is
+// dated the same again (review: counted as dated, once per lowering).
+const sqlShortenKeptGroups = `UPDATE effect_groups g SET keep_until = d.until
+FROM (SELECT effect_groups.id,
+             coalesce(finished_at, committed_at) + make_interval(days => (` + sqlLongestRetention + `)) AS until
+      FROM effect_groups WHERE effect_groups.id = ANY($1::text[])) d
+WHERE g.id = d.id AND g.keep_until IS DISTINCT FROM d.until`
 
 // sqlLockDueGroups locks, at $1, up to $2 ended groups (committed,
 // unwound, unwind_failed) that are due (keep_until; none, for a group an
@@ -1192,7 +1214,7 @@ WHERE id = ANY($1::text[])`
 // with steps missing. A statement of its own, before sqlPurgeKeptGroups:
 // that one then reads the policies of the day in a snapshot taken once the
 // groups are locked, so a policy write that shortened one of them
-// (sqlLockGroupsToShorten waits for the lock) either committed before
+// (sqlLockGroupsToShortenAfter waits for the lock) either committed before
 // it or reads what the pass left; read in the same snapshot as the lock, a
 // pass could date a group by the retention just lowered (review).
 const sqlLockDueGroups = lockDueGroups + `

@@ -172,26 +172,25 @@ const groupsPerEffects = 10
 
 // SweepGroupsToDate dates again the ended groups of the types whose
 // retention a policy write lowered and whose dating after it did not
-// happen (it failed, or the instance stopped first: under an
-// Idempotency-Key the failure is only logged, and a resend replays the
-// answer), so that a lost dating is done by the next pass: up to types
-// such types (each workspace's first before any one's second), up to
-// groups groups of each, from where the last pass left it. Each type in a
-// transaction of its own, locking its groups as the policy write's dating
-// does, then the record; one that fails holds no other back. It answers
-// how many groups it dated.
+// happen, or not wholly (it failed, or the instance stopped first: under
+// an Idempotency-Key the failure is only logged, and a resend replays the
+// answer; or the write dated its most, datingBatchesPerWrite batches), so
+// that a lost dating is done by the next pass: up to types such types
+// (each workspace's first before any one's second), a batch of up to
+// groups groups of each (dateGroupsBatch), from where the last batch left
+// it. A type whose batch another transaction is dating (a second sweeper,
+// the policy write) is passed over. Each type in a transaction of its
+// own; one that fails holds no other back. It answers how many groups it
+// dated.
 func (s *Service) SweepGroupsToDate(ctx context.Context, types, groups int) (int, error) {
-	type toDate struct {
-		workspaceID, effectType, afterID string
-		days                             int
-	}
+	type toDate struct{ workspaceID, effectType string }
 	rows, err := s.pool.Query(ctx, sqlGroupsToDate, types)
 	if err != nil {
 		return 0, fmt.Errorf("read groups to date: %w", err)
 	}
 	due, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (toDate, error) {
 		var t toDate
-		return t, r.Scan(&t.workspaceID, &t.effectType, &t.days, &t.afterID)
+		return t, r.Scan(&t.workspaceID, &t.effectType)
 	})
 	if err != nil {
 		return 0, fmt.Errorf("read groups to date: %w", err)
@@ -201,29 +200,7 @@ func (s *Service) SweepGroupsToDate(ctx context.Context, types, groups int) (int
 		errs []error
 	)
 	for _, t := range due {
-		var m int
-		err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
-			m = 0
-			batch, err := db.CollectIDs(tx.Query(ctx, sqlLockGroupsToShortenAfter, t.workspaceID, t.effectType, t.days,
-				t.afterID, groups))
-			if err != nil {
-				return fmt.Errorf("lock groups to shorten: %w", err)
-			}
-			if len(batch) > 0 {
-				ct, err := tx.Exec(ctx, sqlShortenKeptGroups, batch)
-				if err != nil {
-					return fmt.Errorf("shorten kept groups: %w", err)
-				}
-				m = int(ct.RowsAffected())
-			}
-			if len(batch) == groups { // perhaps more after the last
-				if _, err := tx.Exec(ctx, sqlGroupsDatedTo, t.workspaceID, t.effectType, t.days, batch[len(batch)-1]); err != nil {
-					return fmt.Errorf("groups dated to: %w", err)
-				}
-				return nil
-			}
-			return groupsDated(ctx, tx, t.workspaceID, t.effectType, t.days)
-		})
+		m, _, err := s.dateGroupsBatch(ctx, t.workspaceID, t.effectType, groups, false)
 		if err != nil {
 			if errs = append(errs, fmt.Errorf("date groups of a lowered retention: %w", err)); !sweep.GoOn(ctx, err) {
 				break
@@ -233,4 +210,79 @@ func (s *Service) SweepGroupsToDate(ctx context.Context, types, groups int) (int
 		n += m
 	}
 	return n, errors.Join(errs...)
+}
+
+// dateGroupsBatch dates again, in a transaction of its own, a batch of up
+// to groups of the ended groups that a lowered retention of workspaceID's
+// type effectType left to date (gate_groups_to_date, migration 0078), from
+// where the last batch left off (after_id), and moves the record on past
+// them, or deletes it once the last is dated (unless a lower retention was
+// recorded meanwhile). The one place groups are shortened: a policy
+// write's dating runs it batch after batch (shortenKeptGroups), the
+// sweeper a batch a type a pass (SweepGroupsToDate). It claims the type
+// first (sqlClaimGroupsToDate), then reads the record, then locks the
+// groups, then writes the record: a policy write holds the record only as
+// its last statement, so the batch waits for no more than its commit.
+// Claimed by another transaction, the type is waited for when wait (the
+// write's dating: it then goes on from where that one left it), else
+// passed over (the sweeper's: dated 0, more). It answers the groups whose
+// date changed, and whether any is left to date (more: the record is
+// still there).
+func (s *Service) dateGroupsBatch(ctx context.Context, workspaceID, effectType string, groups int, wait bool) (
+	n int, more bool, err error) {
+	err = db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
+		n, more = 0, true
+		claimed := true
+		if wait {
+			_, err = tx.Exec(ctx, sqlClaimGroupsToDate, workspaceID, effectType)
+		} else {
+			err = tx.QueryRow(ctx, sqlTryClaimGroupsToDate, workspaceID, effectType).Scan(&claimed)
+		}
+		if err != nil {
+			return fmt.Errorf("claim groups to date: %w", err)
+		}
+		if !claimed {
+			return nil // another transaction is dating this batch
+		}
+		var (
+			days    int
+			afterID string
+		)
+		err := tx.QueryRow(ctx, sqlGroupsToDateOf, workspaceID, effectType).Scan(&days, &afterID)
+		if errors.Is(err, pgx.ErrNoRows) {
+			more = false // dated already
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("read groups to date: %w", err)
+		}
+		batch, err := db.CollectIDs(tx.Query(ctx, sqlLockGroupsToShortenAfter, workspaceID, effectType, days,
+			afterID, groups))
+		if err != nil {
+			return fmt.Errorf("lock groups to shorten: %w", err)
+		}
+		if len(batch) > 0 {
+			ct, err := tx.Exec(ctx, sqlShortenKeptGroups, batch)
+			if err != nil {
+				return fmt.Errorf("shorten kept groups: %w", err)
+			}
+			n = int(ct.RowsAffected())
+		}
+		if len(batch) == groups { // perhaps more after the last
+			if _, err := tx.Exec(ctx, sqlGroupsDatedTo, workspaceID, effectType, days, batch[len(batch)-1]); err != nil {
+				return fmt.Errorf("groups dated to: %w", err)
+			}
+			return nil
+		}
+		ct, err := tx.Exec(ctx, sqlGroupsDated, workspaceID, effectType, days)
+		if err != nil {
+			return fmt.Errorf("groups dated: %w", err)
+		}
+		more = ct.RowsAffected() == 0 // a lower retention recorded meanwhile
+		return nil
+	})
+	if err != nil {
+		return 0, false, err
+	}
+	return n, more, nil
 }

@@ -867,11 +867,7 @@ func TestTheSweeperDatesTheGroupsALoweredRetentionLeft(t *testing.T) {
 			AND keep_until < $2`, []string{first, second}, endedAt.Add(3*24*time.Hour)).Scan(&n))
 		return n
 	}
-	left := func() (n int) {
-		require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM gate_groups_to_date
-			WHERE workspace_id = $1`, b.ws.ID).Scan(&n))
-		return n
-	}
+	left := b.groupsToDate
 	gate := b.env.App.Server.Gate
 	_, err := gate.SweepGroupsToDate(ctx, 100, 1) // a batch of one group
 	require.NoError(t, err)
@@ -888,6 +884,147 @@ func TestTheSweeperDatesTheGroupsALoweredRetentionLeft(t *testing.T) {
 	b.clock.Set(endedAt.Add(2*24*time.Hour + time.Hour))
 	sweep()
 	b.requireKept(false, "/api/v1/groups/"+first, "/api/v1/groups/"+second)
+}
+
+// Two sweepers dating at once (groups.retention_lowered) date a type's
+// batch once and count it once: each dated and counted the batch the
+// other did, the second after waiting for the first's locks (review). The
+// second passes over a type the first is dating, waiting for none of its
+// locks. A pass counts only the groups whose date it changed: a group
+// another type keeps longer was counted at every lowering, dated the same.
+// Not parallel, in its own era (1913); the trigger that fails the policy
+// write's dating is on the package database.
+func TestTwoSweepersDateALoweredRetentionsGroupsOnce(t *testing.T) {
+	b, _ := inEra(t, 1913)
+	ctx := context.Background()
+	b.putPolicy("charge.card", map[string]any{"retention_days": 60})
+	b.putPolicy("email.send", map[string]any{"retention_days": 30})
+	endedAt := b.clock.Now()
+	mixed, _ := b.committedGroup("charge.card", "email.send")
+	alsoMixed, _ := b.committedGroup("email.send", "charge.card")
+	charges, _ := b.committedGroup("charge.card")
+	b.lowerLeavingGroupsToDate("charge.card", 2)
+
+	gate := b.env.App.Server.Gate
+	held := b.holding(`SELECT 1 FROM effect_groups WHERE id = $1 FOR UPDATE`, charges)
+	waits := apitest.NewLockWaits(t, b.env.App.Pool, apitest.BackendPID(t, held))
+	type pass struct {
+		n   int
+		err error
+	}
+	run := func() (<-chan struct{}, <-chan pass) {
+		done, out := make(chan struct{}), make(chan pass, 1)
+		go func() {
+			defer close(done)
+			n, err := gate.SweepGroupsToDate(ctx, 100, 100)
+			out <- pass{n, err}
+		}()
+		return done, out
+	}
+	firstDone, first := run()
+	waits.Waiting(firstDone, "the first pass waits for the held group")
+	secondDone, second := run()
+	require.False(t, waits.Wait(secondDone, "the second pass answers or waits"),
+		"the second pass passes over the type the first is dating")
+	require.NoError(t, held.Rollback(ctx))
+	one, two := <-first, <-second
+	require.NoError(t, one.err)
+	require.NoError(t, two.err)
+	require.Equal(t, 3, one.n, "the first pass dates the three groups")
+	require.Zero(t, two.n, "the second dates none of them")
+	require.Zero(t, b.groupsToDate())
+	require.WithinDuration(t, endedAt.Add(30*24*time.Hour), *b.keepUntil(mixed), time.Second)
+	require.WithinDuration(t, endedAt.Add(30*24*time.Hour), *b.keepUntil(alsoMixed), time.Second)
+	require.WithinDuration(t, endedAt.Add(2*24*time.Hour), *b.keepUntil(charges), time.Second)
+
+	// Recorded again (the same PUT's record, its dating lost), the mixed
+	// groups read as ones to shorten (kept past 2 days) and are dated the
+	// same: none is counted.
+	_, err := b.env.App.Pool.Exec(ctx, `INSERT INTO gate_groups_to_date (workspace_id, effect_type, days)
+		VALUES ($1, 'charge.card', 2)`, b.ws.ID)
+	require.NoError(t, err)
+	n, err := gate.SweepGroupsToDate(ctx, 100, 100)
+	require.NoError(t, err)
+	require.Zero(t, n, "no group's date changed")
+	require.Zero(t, b.groupsToDate())
+	require.WithinDuration(t, endedAt.Add(30*24*time.Hour), *b.keepUntil(mixed), time.Second)
+	b.sweptAt(endedAt.Add(31*24*time.Hour), mixed, alsoMixed, charges)
+}
+
+// sweptAt runs a retention pass at now that deletes groups (so that no
+// later test's pass, in a later era, counts them).
+func (b *bundle) sweptAt(now time.Time, groups ...string) {
+	b.t.Helper()
+	b.clock.Set(now)
+	_, err := b.env.App.Server.Gate.SweepRetention(context.Background(), now, 1000)
+	require.NoError(b.t, err)
+	for _, g := range groups {
+		b.requireKept(false, "/api/v1/groups/"+g)
+	}
+}
+
+// A policy write dates the groups its lowered retention shortens batch
+// after batch, each in a transaction of its own, and no more than its
+// bound of batches: the sweeper dates the rest (it took every group of the
+// type in one transaction, however many). Not parallel, in its own era
+// (1914).
+func TestLoweringARetentionDatesItsGroupsInBoundedBatches(t *testing.T) {
+	b, _ := inEra(t, 1914)
+	ctx := context.Background()
+	gate.SetDatingBatches(b.env.App.Server.Gate, 2, 2)
+	b.putPolicy("charge.card", map[string]any{"retention_days": 60})
+	endedAt := b.clock.Now()
+	var groups []string
+	for range 5 {
+		g, _ := b.committedGroup("charge.card")
+		groups = append(groups, g)
+	}
+	dated := func(days int) (n int) {
+		for _, g := range groups {
+			if off := b.keepUntil(g).Sub(endedAt.Add(time.Duration(days) * 24 * time.Hour)); off.Abs() < time.Second {
+				n++
+			}
+		}
+		return n
+	}
+	b.putPolicy("charge.card", map[string]any{"retention_days": 2})
+	require.Equal(t, 4, dated(2), "two batches of two")
+	require.Equal(t, 1, b.groupsToDate(), "the rest left to the sweeper")
+	// The same PUT again dates the rest, and forgets the type.
+	b.putPolicy("charge.card", map[string]any{"retention_days": 2})
+	require.Equal(t, 5, dated(2))
+	require.Zero(t, b.groupsToDate())
+
+	b.putPolicy("charge.card", map[string]any{"retention_days": 1})
+	require.Equal(t, 4, dated(1))
+	require.Equal(t, 1, b.groupsToDate())
+	n, err := b.env.App.Server.Gate.SweepGroupsToDate(ctx, 100, 100)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.Equal(t, 5, dated(1))
+	require.Zero(t, b.groupsToDate())
+	b.sweptAt(endedAt.Add(2*24*time.Hour), groups...)
+}
+
+// lowerLeavingGroupsToDate lowers typ's retention to days in a PUT under
+// an Idempotency-Key whose dating of the groups fails (refused), so that
+// the sweeper has them to date.
+func (b *bundle) lowerLeavingGroupsToDate(typ string, days int) {
+	b.t.Helper()
+	allow := apitest.Refuse(b.t, "BEFORE UPDATE ON effect_groups", "OLD.workspace_id = '"+b.ws.ID+"'")
+	require.Equal(b.t, http.StatusOK, b.env.DoWith("PUT", "/api/v1/policies/"+typ, b.ws.Key,
+		http.Header{"Idempotency-Key": {"lower " + typ}}, map[string]any{"retention_days": days}).Status)
+	allow()
+	require.Equal(b.t, 1, b.groupsToDate(), "the dating failed")
+}
+
+// groupsToDate counts b's workspace's types with groups to date
+// (gate_groups_to_date).
+func (b *bundle) groupsToDate() (n int) {
+	b.t.Helper()
+	require.NoError(b.t, b.env.App.Pool.QueryRow(context.Background(), `SELECT count(*) FROM gate_groups_to_date
+		WHERE workspace_id = $1`, b.ws.ID).Scan(&n))
+	return n
 }
 
 // Groups commit and unwind in every query mode the service accepts: under
