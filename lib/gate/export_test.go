@@ -139,5 +139,9 @@ const SQLListApprovals = sqlListApprovals
 // Logger is the logger the service writes with.
 func (s *Service) Logger() *slog.Logger { return s.logger }
 
+// SQLSweepMootApprovals is the statement SweepMootApprovals runs, for a
+// test of its plan.
+const SQLSweepMootApprovals = sqlSweepMootApprovals
+
 // MootNote is the note of an approval a resolution, or the sweeper, closed.
 const MootNote = mootNote

@@ -1052,7 +1052,9 @@ FOR UPDATE OF ap SKIP LOCKED`
 // rejection lets nothing run, and the decision is the resolution's), and
 // announces each (approval.decided, ids $4 in turn). Each workspace takes
 // its turn: one approval of each workspace with any, then a second of
-// each, up to $2 (one probe of approvals_list_idx per workspace). It locks
+// each, up to $2 (one probe of approvals_list_idx per workspace), read
+// through the primary key as = ANY(ARRAY(…)) (db.RoundRobin: as IN (…),
+// the planner hashed them and read every approval, scale QA). It locks
 // the approvals and their effects, passing over any another transaction
 // holds (a decide, a resolve, a begin), so it waits for no lock: the next
 // pass takes them.
@@ -1066,7 +1068,7 @@ WITH turns AS (
         LIMIT $2::int) c
 ), moot AS (
     SELECT ap.id, ap.workspace_id, ap.effect_id, ap.effect_type FROM approvals ap JOIN effects e ON e.id = ap.effect_id
-    WHERE ap.id IN (SELECT t.id FROM turns t ORDER BY t.turn, t.workspace_id, t.id LIMIT $2::int)
+    WHERE ap.id = ANY(ARRAY(SELECT t.id FROM turns t ORDER BY t.turn, t.workspace_id, t.id LIMIT $2::int))
       AND ap.state = 'pending' AND e.approval_id = ap.id AND e.state = 'succeeded'
     ORDER BY ap.id
     FOR UPDATE OF ap, e SKIP LOCKED
