@@ -62,19 +62,33 @@ type ClaimedJob struct {
 	// leaseEnd is when the lease lapses by this process's clock (see
 	// leaseEndFrom), set by the worker that claimed the job.
 	leaseEnd time.Time
+	// serverDate is the claim answer's Date header, when it had one (zero
+	// otherwise): the server's clock when it leased the job.
+	serverDate time.Time
+}
+
+// setServerDate implements serverDated: every job of the answer was leased
+// at its Date.
+func (a *claimAnswer) setServerDate(t time.Time) {
+	for i := range a.Jobs {
+		a.Jobs[i].serverDate = t
+	}
 }
 
 // leaseEndFrom is when a lease granted or extended by a request sent at
 // sent (this process's clock) lapses: sent plus its length, which errs
 // early by the request's own time whatever the server's clock says (a
 // worker clock behind the server's would otherwise report, or claim again,
-// after the lease lapsed); the server's expiry as it is when the server
-// does not say the length.
-func leaseEndFrom(sent time.Time, j ClaimedJob, serverExpiry time.Time) time.Time {
+// after the lease lapsed). When the server does not say the length, the
+// length is its expiry less the answer's Date (serverDate), read as the
+// gate's leases are (localExpiry: from sent, less a second for Date's whole
+// seconds), so that a server clock ahead of or behind ours does not
+// lengthen or cut the lease; the expiry as it is without a Date.
+func leaseEndFrom(sent time.Time, j ClaimedJob, serverExpiry, serverDate time.Time) time.Time {
 	if j.LeaseMs > 0 {
 		return sent.Add(time.Duration(j.LeaseMs) * time.Millisecond)
 	}
-	return serverExpiry
+	return localExpiry(serverExpiry, serverDate, sent)
 }
 
 // Claim leases up to limit (1–100) due jobs for workerID, waiting up to
@@ -120,7 +134,12 @@ type JobHeartbeat struct {
 	LeaseExpiresAt time.Time `json:"leaseExpiresAt"` // the extended expiry
 	// CancelRequested is true when the job was cancelled: stop working on it.
 	CancelRequested bool `json:"cancelRequested"`
+
+	serverDate time.Time // the answer's Date header, when it had one
 }
+
+// setServerDate implements serverDated.
+func (h *JobHeartbeat) setServerDate(t time.Time) { h.serverDate = t }
 
 // HeartbeatJob extends a job's lease (POST /api/v1/jobs/{id}/heartbeat). A
 // superseded token answers 409 lease_lost.

@@ -1002,7 +1002,7 @@ func (w *Worker) claimAndDispatch(ctx, pollCtx, jobsCtx context.Context, limit, 
 	sent := time.Now()
 	jobs, err := w.claim(pollCtx, limit, wait)
 	for _, j := range jobs {
-		j.leaseEnd = leaseEndFrom(sent, j, j.LeaseExpiresAt)
+		j.leaseEnd = leaseEndFrom(sent, j, j.LeaseExpiresAt, j.serverDate)
 		w.dispatch(ctx, jobsCtx, j)
 	}
 	return jobs, err
@@ -1514,7 +1514,7 @@ func (w *Worker) heartbeat(ctx context.Context, j ClaimedJob, cancel context.Can
 			return end
 		}
 		failures = 0
-		end = leaseEndFrom(sent, j, hb.LeaseExpiresAt)
+		end = leaseEndFrom(sent, j, hb.LeaseExpiresAt, hb.serverDate)
 	}
 }
 
@@ -1524,7 +1524,8 @@ func (w *Worker) heartbeat(ctx context.Context, j ClaimedJob, cancel context.Can
 // (review: a third of the whole length put the third try at the lapse
 // itself). With the lease's length (leaseMs), end is this process's clock's
 // and the length bounds what is left; without it, end is the server's
-// expiry, read against the worker's clock. The timeout bounds both: a
+// expiry moved onto this process's clock by the answer's Date
+// (leaseEndFrom). The timeout bounds both: a
 // cancellation reaches a handler within a third of its timeout, as in the
 // Python and TypeScript SDKs (SDK QA: a job of a 5 s timeout, its lease
 // 15 s, was first heartbeated at its timeout, so its cancel never reached

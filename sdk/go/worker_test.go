@@ -33,7 +33,8 @@ type fakeJobs struct {
 	heartbeat     func(jobID string) (status int, code string) // optional failure (status -1: the connection drops)
 	heartbeatWait int                                          // the failure's detail.retry_after_seconds, when set
 	leaseFor      time.Duration
-	leaseMs       int64 // the claim's leaseMs (0: not said, as an older server)
+	leaseMs       int64         // the claim's leaseMs (0: not said, as an older server)
+	dateSkew      time.Duration // the server's clock ahead of ours, in its answers' Date (0: no skew)
 	reports       map[string]json.RawMessage
 	reported      chan string
 	onClaim       func(limit, got int)                                    // called inside the lock
@@ -89,6 +90,9 @@ func (f *fakeJobs) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	raw := json.RawMessage{}
 	_ = json.NewDecoder(r.Body).Decode(&raw)
 	_ = json.Unmarshal(raw, &body)
+	if f.dateSkew != 0 {
+		w.Header().Set("Date", time.Now().Add(f.dateSkew).UTC().Format(http.TimeFormat))
+	}
 	switch {
 	case p == "/workers/register":
 		f.mu.Lock()
@@ -337,6 +341,46 @@ func TestWorkerMeasuresTheLeaseByItsLength(t *testing.T) {
 	}, StartOptions{})
 	if rep := f.waitReport(t, id); rep["status"] != "SUCCEEDED" {
 		t.Fatalf("report %v", rep)
+	}
+}
+
+// Without leaseMs the lease is its expiry less the answer's Date, as the
+// gate's leases are read: here the server's clock (its expiry and its
+// Date) runs an hour ahead, so the lease of 8 s read against this
+// process's clock lasted an hour and the report waited its (hour-long)
+// linger; read by the Date it lapses within seconds, and the report goes
+// out before it is within the margin of lapsing.
+func TestWorkerReadsALeaseWithoutItsLengthByTheServersDate(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	f.dateSkew = time.Hour
+	f.leaseFor = time.Hour + 8*time.Second // by the server's clock: 8 s from its now
+	id := f.add("send_welcome_email", "1", welcomeIn{CustomerID: "cus_1"}, 1_000)
+	startWorker(t, f, func(w *Worker) {
+		w.reportLinger = time.Hour
+		must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "send_welcome_email", Version: "1",
+			Handler: func(ctx context.Context, in welcomeIn, job JobContext) (welcomeOut, error) {
+				return welcomeOut{Sent: true}, nil
+			}}))
+	}, StartOptions{})
+	if rep := f.waitReport(t, id); rep["status"] != "SUCCEEDED" {
+		t.Fatalf("report %v", rep)
+	}
+}
+
+// A heartbeat's expiry is read by its answer's Date too: a server an hour
+// ahead extends the lease by 30 s, not by an hour and 30 s.
+func TestAHeartbeatsExpiryIsReadByItsDate(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	f.dateSkew, f.leaseFor = time.Hour, time.Hour+30*time.Second
+	c, _ := testClient(t, f)
+	sent := time.Now()
+	hb, err := c.HeartbeatJob(context.Background(), "job_1", "tok_job_1")
+	must(t, err)
+	end := leaseEndFrom(sent, ClaimedJob{}, hb.LeaseExpiresAt, hb.serverDate)
+	if left := time.Until(end); left > 30*time.Second || left < 20*time.Second {
+		t.Fatalf("the lease read as %v left, want about 29 s", left)
 	}
 }
 

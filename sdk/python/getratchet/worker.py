@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Callable, Deque, Dict, Hashable, List, Optional, Set, Tuple, Union, cast
 
 from . import _json
@@ -376,18 +377,19 @@ class _Reporter:
                 report.error = error
 
 
-def _claimed_lease_ms(job: Dict[str, Any], timeout_ms: int) -> int:
+def _claimed_lease_ms(job: Dict[str, Any], timeout_ms: int, date: Optional[datetime]) -> int:
     """A claimed job's lease length in ms: its leaseMs, which the server of
-    this repository always sends; from a server that does not, what is left
-    of the lease by its leaseExpiresAt on this process's clock, as the Go
-    worker reads it (it assumed the timeout plus 10 s, the server's default
-    grace: a server configured with a shorter JOB_LEASE_GRACE_MS lapsed the
-    lease before this worker reported or heartbeated it); the timeout plus
-    10 s only when it says neither."""
+    this repository always sends; from a server that does not, its
+    leaseExpiresAt less the claim answer's Date (less a second: Date has
+    whole seconds), as the Go worker and a gate lease read it, so that a
+    server clock ahead of or behind this process's neither lengthens nor
+    cuts the lease; without a Date, what is left of it by this process's
+    clock; the timeout plus 10 s (the server's default grace) only when it
+    says neither."""
     given = int(job.get("leaseMs") or 0)
     if given > 0:
         return given
-    left = int(lease_seconds(job.get("leaseExpiresAt"), None) * 1000)
+    left = int(lease_seconds(job.get("leaseExpiresAt"), date) * 1000)
     return left if left > 0 else timeout_ms + 10_000
 
 
@@ -851,7 +853,7 @@ class Worker:
                     limit = min(concurrency - self._running, _MAX_CLAIM)
                 sent = time.monotonic()
                 try:
-                    jobs = self._claim(limit, wait_seconds)
+                    jobs, date = self._claim(limit, wait_seconds)
                 except (RatchetError, ConnectionLost) as err:
                     # A claim the stop cut (a 429's wait) is no failure to
                     # tell, as in Go and TypeScript; nor, once stopping, one
@@ -889,7 +891,7 @@ class Worker:
                 registered_again = False
                 self._recovered()
                 for job in jobs:
-                    self._dispatch(job, sent)
+                    self._dispatch(job, sent, date)
                 if len(jobs) >= limit or (jobs and wait_seconds):
                     continue  # work is waiting, or the next claim waits on the server anyway
                 # A long poll already waited part of the interval.
@@ -946,13 +948,13 @@ class Worker:
             attempt += 1
             sent = time.monotonic()
             try:
-                jobs = self._claim(self._claim_limit, 0)
+                jobs, date = self._claim(self._claim_limit, 0)
             except (RatchetError, ConnectionLost) as err:
                 if self._claim_id is None:
                     self._notify(err)  # answered: refused
                 continue
             for job in jobs:
-                self._dispatch(job, sent)
+                self._dispatch(job, sent, date)
 
     def _reports_holding(self) -> bool:
         """Whether a failing report holds the claims (under the lock)."""
@@ -964,32 +966,33 @@ class Worker:
         horizon = time.monotonic() + _REPORT_LEASE_MARGIN + wait_seconds
         return any(a.reporting and not a.own_failure and a.lease_end <= horizon for a in self._active.values())
 
-    def _claim(self, limit: int, wait_seconds: int) -> List[Dict[str, Any]]:
+    def _claim(self, limit: int, wait_seconds: int) -> Tuple[List[Dict[str, Any]], Optional[datetime]]:
         # One claim id across the call's retries, and across claims until
         # one is answered: a claim whose answer was lost is answered again
-        # with the jobs it leased, instead of leaving them to lapse.
+        # with the jobs it leased, instead of leaving them to lapse. The
+        # answer's Date comes with its jobs: their leases are read by it.
         if self._claim_id is None:
             self._claim_id, self._claim_limit = new_request_id(), limit
         body = {"limit": limit, "waitSeconds": wait_seconds, "claimId": self._claim_id}
         path = "/workers/" + path_id(self.worker_id or "") + "/claim"
         try:
-            answer = self._transport.call("POST", path, body,
-                                          safe=True, timeout=max(self._transport.timeout, wait_seconds + 10.0),
-                                          abort=self._claim_abort, retry_cutoff=self._claim_waits_cut)
+            answer, date = self._transport.call("POST", path, body, safe=True, with_date=True,
+                                                timeout=max(self._transport.timeout, wait_seconds + 10.0),
+                                                abort=self._claim_abort, retry_cutoff=self._claim_waits_cut)
         except RatchetError as err:
             if not err.may_have_applied:
                 self._claim_id = None  # answered: nothing was leased under it
             raise
         self._claim_id = None
-        return [hide_secrets(job) for job in answer.get("jobs") or []]
+        return [hide_secrets(job) for job in answer.get("jobs") or []], date
 
-    def _dispatch(self, job: Dict[str, Any], sent: float) -> None:
+    def _dispatch(self, job: Dict[str, Any], sent: float, date: Optional[datetime]) -> None:
         context = JobContext(job_id=job["jobId"], step_id=job.get("stepId", ""), run_id=job.get("runId", ""),
                              name=job.get("name", ""), version=job.get("version", ""),
                              attempt=int(job.get("attempt", 0)), idempotency_key=job.get("idempotencyKey", ""),
                              timeout_ms=int(job.get("timeoutMs") or 0),
                              max_attempts=int(job.get("maxAttempts") or 0), _lease_token=job["leaseToken"])
-        lease_ms = _claimed_lease_ms(job, context.timeout_ms)
+        lease_ms = _claimed_lease_ms(job, context.timeout_ms, date)
         active = _Active(context, lease_ms, sent + lease_ms / 1000)
         with self._lock:
             self._running += 1

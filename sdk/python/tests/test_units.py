@@ -16,6 +16,7 @@ import time
 import typing
 import unittest
 from datetime import datetime, timedelta, timezone, tzinfo
+from email.utils import format_datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, List, Optional, Tuple
 from unittest import mock
@@ -86,7 +87,10 @@ class FakeServer:
                 # bytes are an answer's text as written (one json.dumps
                 # cannot write: nested thousands of levels deep).
                 raw = answer if isinstance(answer, bytes) else b"" if answer is None else json.dumps(answer).encode()
-                self.send_response(status)
+                if "Date" in headers:  # the script's (a skewed server clock's), not this machine's
+                    self.send_response_only(status)
+                else:
+                    self.send_response(status)
                 for name, value in headers.items():
                     self.send_header(name, value)
                 self.send_header("Content-Length", str(len(raw)))
@@ -2048,16 +2052,36 @@ class WorkerRulesTest(unittest.TestCase):
         # the timeout plus 10 s (the server's default grace); the Go and
         # TypeScript workers read what is left of the lease by its
         # leaseExpiresAt, as this one now does.
-        def in_30_s() -> str:
-            return (datetime.now(timezone.utc) + timedelta(seconds=30)).isoformat().replace("+00:00", "Z")
+        self.assert_lease_read_from_expiry(timedelta(0))
 
-        # A 60 s timeout and a 30 s lease (a short grace): a heartbeat within 10 s, not 20 s.
+    def test_without_lease_ms_the_lease_is_read_by_the_servers_date(self) -> None:
+        # The expiry less the claim answer's Date, as Go's worker and a gate
+        # lease read it: a server clock an hour ahead made the 30 s lease
+        # read as an hour and 30 s here (a heartbeat at 20 s, the timeout's
+        # third), as one an hour behind made it read as lapsed.
+        self.assert_lease_read_from_expiry(timedelta(hours=1))
+
+    def assert_lease_read_from_expiry(self, skew: timedelta) -> None:
+        """A 60 s timeout and a 30 s lease (a short grace) from a server
+        whose clock (its expiries and its answers' Date) runs skew ahead of
+        this process's, without leaseMs: a heartbeat within 10 s, not 20 s."""
+        def server_now() -> datetime:
+            return datetime.now(timezone.utc) + skew
+
+        def in_30_s() -> str:
+            return (server_now() + timedelta(seconds=30)).isoformat().replace("+00:00", "Z")
+
         def beat(n):
             return 200, {"leaseExpiresAt": in_30_s(), "cancelRequested": False}, {}
 
         respond, seen = self.one_job_beats(0, beat, leaseExpiresAt=in_30_s())
+
+        def dated(method, path, body):
+            status, answer, headers = respond(method, path, body)
+            return status, answer, dict(headers, Date=format_datetime(server_now(), usegmt=True))
+
         waits = self.beat_waits()
-        client, _ = self.serve(respond, lambda input, context: wait_until(lambda: seen["beats"] >= 2) or {"ok": True})
+        client, _ = self.serve(dated, lambda input, context: wait_until(lambda: seen["beats"] >= 2) or {"ok": True})
         wait_until(lambda: seen["beats"] >= 2)
         self.assertTrue(client.worker.stop(5))
         self.assertTrue(len(waits) >= 2 and all(5 < w <= 10 for w in waits[:2]), waits)

@@ -8,7 +8,7 @@ import {
 import { stringify } from './json.js';
 import { hideSecrets } from './secrets.js';
 import { Transport, newRequestId, pathId, sleep } from './transport.js';
-import { Worker, batchResults, isGeneratorFunction } from './worker.js';
+import { Worker, batchResults, isGeneratorFunction, leaseLength } from './worker.js';
 
 export const AFTER_SUCCEEDED = 'SUCCEEDED';
 export const AFTER_FAILED = 'FAILED';
@@ -948,15 +948,6 @@ function timestamp(value) {
 
 function effectReport(token, outcome, result) {
   return { lease_token: token, outcome, ...defined({ result }) };
-}
-
-/** A lease's length in ms by the server's clock: its expiry less the
- * answer's Date (whole seconds, so less a second), or by this process's
- * clock without one; 0 when unknown. */
-function leaseLength(expiresAt, date) {
-  const end = Date.parse(expiresAt ?? '');
-  if (!Number.isFinite(end)) return 0;
-  return Math.max(Number.isFinite(date) ? end - date - 1_000 : end - Date.now(), 0);
 }
 
 /** Why a result cannot even be sent (not JSON, or over the server's request

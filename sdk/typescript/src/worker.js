@@ -660,8 +660,9 @@ export class Worker {
         const limit = Math.min(concurrency - this.#slots, MAX_CLAIM);
         const sent = now();
         let jobs;
+        let date;
         try {
-          jobs = await this.#claim(limit, waitSeconds);
+          [jobs, date] = await this.#claim(limit, waitSeconds);
         } catch (err) {
           if (this.#claimCutoff.signal.aborted) break;
           if (!stopping.aborted) {
@@ -712,7 +713,7 @@ export class Worker {
         lost = failed = 0;
         registeredAgain = false;
         this.#recovered();
-        for (const job of jobs) this.#dispatch(job, sent);
+        for (const job of jobs) this.#dispatch(job, sent, date);
         if (jobs.length >= limit || (jobs.length > 0 && waitSeconds > 0)) continue; // work is waiting
         // A long poll already waited part of the interval.
         await this.#pause(jittered(pollIntervalMs) - (waitSeconds > 0 ? now() - sent : 0));
@@ -748,13 +749,14 @@ export class Worker {
       }
       const sent = now();
       let jobs;
+      let date;
       try {
-        jobs = await this.#claim(this.#claimLimit, 0);
+        [jobs, date] = await this.#claim(this.#claimLimit, 0);
       } catch (err) {
         if (this.#claimId === null) this.#notify(err); // answered: refused
         continue;
       }
-      for (const job of jobs) this.#dispatch(job, sent);
+      for (const job of jobs) this.#dispatch(job, sent, date);
     }
   }
 
@@ -777,9 +779,10 @@ export class Worker {
     if (this.#claimId === null) [this.#claimId, this.#claimLimit] = [newRequestId(), limit];
     const body = { limit, waitSeconds, claimId: this.#claimId };
     let answer;
+    let date;
     try {
-      answer = await this.#transport.call('POST', `/workers/${pathId(this.workerId)}/claim`, body, {
-        safe: true, timeoutMs: Math.max(this.#transport.timeoutMs, waitSeconds * 1000 + 10_000), signal: this.#claimCutoff.signal,
+      [answer, date] = await this.#transport.call('POST', `/workers/${pathId(this.workerId)}/claim`, body, {
+        safe: true, withDate: true, timeoutMs: Math.max(this.#transport.timeoutMs, waitSeconds * 1000 + 10_000), signal: this.#claimCutoff.signal,
         // A stop ends a wait between attempts (a 429's minute, QA): a claim
         // whose answer was lost is asked again while stopping instead.
         retryCutoff: this.#stopping.signal,
@@ -789,12 +792,12 @@ export class Worker {
       throw err;
     }
     this.#claimId = null;
-    return answer?.jobs ?? [];
+    return [answer?.jobs ?? [], date]; // the answer's Date: its jobs' leases are read by it
   }
 
-  #dispatch(job, sent) {
+  #dispatch(job, sent, date) {
     this.#slots++;
-    const run = this.#supervise(job, sent).catch((err) => this.#notify(err)).finally(() => {
+    const run = this.#supervise(job, sent, date).catch((err) => this.#notify(err)).finally(() => {
       this.#active.delete(run);
       this.#signal();
     });
@@ -819,7 +822,7 @@ export class Worker {
     while (this.#active.size > 0) await Promise.allSettled([...this.#active]);
   }
 
-  async #supervise(job, sent) {
+  async #supervise(job, sent, date) {
     const tool = this.#tools.get(`${job.name}@${job.version}`);
     const timeoutMs = Number(job.timeoutMs) || 0;
     const label = { jobId: job.jobId, attempt: job.attempt, token: job.leaseToken };
@@ -833,7 +836,7 @@ export class Worker {
       }
       return;
     }
-    const leaseMs = claimedLeaseMs(job, timeoutMs);
+    const leaseMs = claimedLeaseMs(job, timeoutMs, date);
     const aborter = new AbortController();
     let reason = null;
     let wake = withResolvers();
@@ -1193,17 +1196,28 @@ export class Worker {
 }
 
 /** A claimed job's lease length in ms: its leaseMs, which the server of
- * this repository always sends; from a server that does not, what is left
- * of the lease by its leaseExpiresAt on this process's clock, as the Go
- * worker reads it (it assumed the timeout plus 10 s, the server's default
- * grace: a server configured with a shorter JOB_LEASE_GRACE_MS lapsed the
- * lease before this worker reported or heartbeated it); the timeout plus
- * 10 s only when it says neither. */
-function claimedLeaseMs(job, timeoutMs) {
+ * this repository always sends; from a server that does not, its
+ * leaseExpiresAt less the claim answer's Date (less a second: Date has
+ * whole seconds), as the Go worker and a gate lease read it, so that a
+ * server clock ahead of or behind this process's neither lengthens nor
+ * cuts the lease; without a Date, what is left of it by this process's
+ * clock; the timeout plus 10 s (the server's default grace) only when it
+ * says neither. */
+function claimedLeaseMs(job, timeoutMs, date) {
   const given = Number(job.leaseMs);
   if (given > 0) return given;
-  const left = Date.parse(job.leaseExpiresAt ?? '') - Date.now();
+  const left = leaseLength(job.leaseExpiresAt, date);
   return left > 0 ? left : timeoutMs + 10_000;
+}
+
+/** A lease's length in ms by the server's clock: its expiry less the
+ * answer's Date (whole seconds, so less a second), or by this process's
+ * clock without one; 0 when unknown. The gate's leases and a claimed job's
+ * without leaseMs are read by it. */
+export function leaseLength(expiresAt, date) {
+  const end = Date.parse(expiresAt ?? '');
+  if (!Number.isFinite(end)) return 0;
+  return Math.max(Number.isFinite(date) ? end - date - 1_000 : end - Date.now(), 0);
 }
 
 function beatEvery(leaseEnd, timeoutMs) {

@@ -1169,19 +1169,34 @@ test('onError is told a lost lease by its job, attempt and tool', async (t) => {
 // Drift QA: against a server that sends no leaseMs the worker assumed the
 // timeout plus 10 s (the server's default grace); the Go and Python workers
 // read what is left of the lease by its leaseExpiresAt, as this one now does.
-test('without leaseMs the lease is read from its leaseExpiresAt', async (t) => {
+test('without leaseMs the lease is read from its leaseExpiresAt', (t) => leaseReadFromExpiry(t, 0));
+
+// The expiry less the claim answer's Date, as Go's worker and a gate lease
+// read it: a server clock an hour ahead made the 30 s lease read as an hour
+// and 30 s here (a heartbeat at 20 s, the timeout's third), as one an hour
+// behind made it read as lapsed.
+test('without leaseMs the lease is read by the server\'s Date', (t) => leaseReadFromExpiry(t, 3_600_000));
+
+/** A 60 s timeout and a 30 s lease (a short grace) from a server whose
+ * clock (its expiries and its answers' Date) runs skewMs ahead of this
+ * process's, without leaseMs: a heartbeat within 10 s, not 20 s. */
+async function leaseReadFromExpiry(t, skewMs) {
   const seen = { claims: 0, reports: [], beats: 0 };
   const waits = quickBeats(t);
-  const in30s = () => new Date(Date.now() + 30_000).toISOString();
-  // A 60 s timeout and a 30 s lease (a short grace): a heartbeat within 10 s, not 20 s.
+  const in30s = () => new Date(Date.now() + skewMs + 30_000).toISOString();
   const beat = () => [200, { leaseExpiresAt: in30s(), cancelRequested: false }];
-  await serve(t, oneJobBeats(seen, undefined, beat, { leaseExpiresAt: in30s() }), async () => {
+  const respond = oneJobBeats(seen, undefined, beat, { leaseExpiresAt: in30s() });
+  const dated = (...args) => {
+    const [status, body, headers = {}] = respond(...args);
+    return [status, body, { ...headers, Date: new Date(Date.now() + skewMs).toUTCString() }];
+  };
+  await serve(t, dated, async () => {
     await until(() => seen.beats >= 2);
     return { ok: true };
   });
   await until(() => seen.beats >= 2);
   assert.ok(waits.length >= 2 && waits.slice(0, 2).every((ms) => ms > 5_000 && ms <= 10_000), waits.join());
-});
+}
 
 // As in Go and Python: a heartbeat answered 429 is tried again after its
 // Retry-After when that comes before the next heartbeat would, and at the
