@@ -45,8 +45,8 @@ const reportTimeout = 30 * time.Second
 
 // DefaultStopGrace is StartOptions.StopGrace's default, the Python and
 // TypeScript workers' too: once Stop's deadline passed (or Start's context
-// ended), how long cancelled handlers have to return and be reported, and
-// then how much longer their reports are sent. A handler that honours its
+// ended), how long cancelled handlers have to return and be reported; the
+// reports are sent until twice that past the deadline. A handler that honours its
 // context returns at once; the grace is for one in a call that ends
 // shortly after, which is then reported instead of left to run on
 // unreported beside the attempt another worker begins once its lease lapses.
@@ -120,9 +120,11 @@ type StartOptions struct {
 	// entirely.
 	OnError func(error)
 	// StopGrace is how long, once Stop's deadline passed (or Start's
-	// context ended), cancelled handlers have to return and be reported,
-	// and then how much longer the reports are sent: Stop returns within
-	// its deadline plus twice StopGrace and a second. A handler cancelled
+	// context ended), cancelled handlers have to return and be reported;
+	// every report is sent until the deadline plus twice StopGrace,
+	// whenever its handler returned, as in the Python and TypeScript
+	// workers: Stop returns within its deadline plus twice StopGrace and a
+	// second. A handler cancelled
 	// for a lost lease or a cancelled job gets it from the deadline too, as
 	// the Python and TypeScript workers give it; from Stop's call (or its
 	// cancellation, if later) when Stop's context has no deadline. Zero means
@@ -258,9 +260,8 @@ func (w *Worker) ID() string {
 // worker's whole life: cancelling it stops claiming and cancels running
 // handlers at once (cause ErrWorkerStopped; their attempts are reported as
 // they returned, the context's error as a retryable failure, a result as a
-// success, for at most StopGrace once the handlers have returned, or once
-// their StopGrace to return has passed, unless Stop is called by then, whose
-// deadline decides instead; a report not sent goes
+// success, until twice StopGrace past ctx's end, unless Stop is called by
+// then, whose deadline decides instead; a report not sent goes
 // to OnError and its job runs again once its lease lapses). For a graceful
 // shutdown call Stop instead.
 //
@@ -495,8 +496,9 @@ func closed(ch chan struct{}) bool {
 // they returned (an error, the
 // context's included, as a failure, retryable unless classified otherwise;
 // a result as a success: the work was done), and Stop returns an error
-// saying how many were cancelled. Reports still being sent when ctx ends get
-// that grace too. A handler that ignores its context is left running
+// saying how many were cancelled. Every report, whenever its handler
+// returned, is sent until twice that grace past ctx's end, as in the Python
+// and TypeScript workers. A handler that ignores its context is left running
 // unreported: its lease lapses and another worker reclaims the job, and
 // OnError is told so once, as a *ReportNotRecordedError naming the job
 // (its Err matching ErrWorkerStopped), before Stop returns. A
@@ -584,11 +586,12 @@ func (w *Worker) stop(ctx context.Context) error {
 	select {
 	case <-finished:
 		w.cancelJobs(ErrWorkerStopped)
-		// Every handler's report is queued: send them all, within ctx and
-		// then the same grace as the reports of handlers cancelled at the
-		// deadline get; a handler that finished just before it must not
-		// fare worse than one that finished just after.
-		sendCtx, cancel := afterGrace(ctx, w.stopGraceOr())
+		// Every handler's report is queued: send them all until the
+		// deadline plus twice the grace, as the reports of handlers
+		// cancelled at the deadline are (a handler that finished just
+		// before it fares no worse than one that finished just after), as
+		// in the Python and TypeScript workers.
+		sendCtx, cancel := afterGrace(ctx, w.reportGrace())
 		defer cancel()
 		sent := w.reporter.close(sendCtx)
 		lost := w.reporter.lostReports()
@@ -614,6 +617,7 @@ func (w *Worker) stop(ctx context.Context) error {
 		return err
 	case <-ctx.Done():
 	}
+	ended := time.Now()
 	w.mu.Lock()
 	st := stopState{running: w.running, abandoned: abandoned}
 	w.mu.Unlock()
@@ -630,10 +634,14 @@ func (w *Worker) stop(ctx context.Context) error {
 	st.stragglers = w.stragglers
 	w.mu.Unlock()
 	// Reports queued so far, those of handlers that returned within the
-	// grace included, are sent for at most another grace; then the rest go
-	// to OnError (giving up also frees handlers' reports waiting for room in
-	// a full queue). A handler returning later sends its report on its own.
-	sendCtx, cancel := context.WithTimeout(context.Background(), w.stopGraceOr())
+	// grace included, are sent until the deadline plus twice the grace,
+	// whenever their handlers returned, as in the Python and TypeScript
+	// workers (it was one grace past the handlers' return: a stop whose
+	// handlers had all returned gave its reports up a grace sooner than
+	// theirs); then the rest go to OnError (giving up also frees handlers'
+	// reports waiting for room in a full queue). A handler returning later
+	// sends its report on its own.
+	sendCtx, cancel := context.WithDeadline(context.Background(), ended.Add(w.reportGrace()))
 	defer cancel()
 	release := context.AfterFunc(sendCtx, w.reporter.giveUp)
 	defer release()
@@ -801,17 +809,16 @@ func (w *Worker) loop(ctx, pollCtx, jobsCtx context.Context) {
 		// got a second "ratchet worker stopped" line at Stop). A Stop
 		// called by then (signal.NotifyContext for Start, then Stop with a
 		// shutdown deadline) decides when they are given up: its deadline
-		// is the caller's. Without one, after ctx's end they are sent for
-		// at most the stop grace once the handlers have returned (or their
-		// own grace to return has passed: awaitQueuedWithinGrace): a server
-		// that stays down must not keep this goroutine retrying for the
-		// life of the process. What is not sent by then goes to OnError.
+		// is the caller's. Without one, they are sent until twice the stop
+		// grace past ctx's end, as a Stop's until twice it past its
+		// deadline: a server that stays down must not keep this goroutine
+		// retrying for the life of the process. What is not sent by then
+		// goes to OnError.
 		go func() {
 			queued := make(chan struct{}) // every dispatched job's report is queued
 			go func() { w.jobs.Wait(); close(queued) }()
 			if ended {
-				w.awaitQueuedWithinGrace(queued)
-				grace := time.AfterFunc(w.stopGraceOr(), func() {
+				grace := time.AfterFunc(w.reportGrace(), func() {
 					if !closed(w.stopping) {
 						w.reporter.giveUp()
 					}
@@ -931,23 +938,6 @@ func (w *Worker) loop(ctx, pollCtx, jobsCtx context.Context) {
 		if !w.idle(ctx, waited) {
 			return
 		}
-	}
-}
-
-// awaitQueuedWithinGrace waits, once Start's context ended, until queued
-// closes (every cut-off handler returned and its report is queued) or the
-// stop grace the handlers had to return has passed, whichever comes first:
-// the reports' own grace starts then. Not later: a report waiting for room
-// in a full queue (reports the server keeps refusing) is queued only once
-// the reporter gives up, so a grace that began only once every report was
-// queued never began, and the reports were retried for the life of the
-// process.
-func (w *Worker) awaitQueuedWithinGrace(queued <-chan struct{}) {
-	handlersGrace := time.NewTimer(w.stopGraceOr())
-	defer handlersGrace.Stop()
-	select {
-	case <-queued:
-	case <-handlersGrace.C:
 	}
 }
 
@@ -1394,6 +1384,12 @@ func (w *Worker) execute(ctx, jobsCtx context.Context, rt *registeredTool, j Cla
 
 // stopGraceOr is the worker's stop grace (StartOptions.StopGrace).
 func (w *Worker) stopGraceOr() time.Duration { return w.opts.StopGrace }
+
+// reportGrace is how long past a stop's deadline (or Start's context's
+// end) reports are sent: twice the stop grace, one for the cancelled
+// handlers to return and one more for their reports, whenever each
+// returned, as in the Python and TypeScript workers.
+func (w *Worker) reportGrace() time.Duration { return 2 * w.opts.StopGrace }
 
 // handlerResult is what a handler returned.
 type handlerResult struct {

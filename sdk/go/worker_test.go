@@ -977,6 +977,90 @@ func reportRefused(w http.ResponseWriter, f *fakeJobs, raw json.RawMessage) bool
 	return true
 }
 
+// Stop sends every report until its deadline plus twice StopGrace, whenever
+// its handler returned, as the Python and TypeScript workers do; so does a
+// worker whose Start's context ended, from that end: here the server takes
+// reports only from one and a half graces past the deadline. Stop gave the
+// reports of handlers that had all returned (before the deadline, or at once
+// when cancelled at it) one grace past the later of the two, as did the end
+// of Start's context, and lost them.
+func TestStopSendsEveryReportUntilTwiceTheGracePastItsDeadline(t *testing.T) {
+	t.Parallel()
+	const grace = 2 * time.Second
+	for _, c := range []struct {
+		name      string
+		cancelled bool // the handler runs until the deadline cancels it
+		byStart   bool // Start's context ends at the deadline, and no Stop is called by then
+	}{{"returned before the deadline", false, false}, {"cancelled at the deadline", true, false},
+		{"Start's context ended", true, true}} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFakeJobs()
+			f.leaseFor = time.Hour
+			var takeFrom atomic.Int64 // unix nanoseconds from which reports are taken (0: none yet)
+			failing := make(chan struct{}, 1)
+			f.reportError = func(json.RawMessage) (int, string) {
+				if from := takeFrom.Load(); from != 0 && time.Now().UnixNano() >= from {
+					return 0, ""
+				}
+				select {
+				case failing <- struct{}{}:
+				default:
+				}
+				time.Sleep(10 * time.Millisecond) // paces the worker's retries, whose waits are not slept
+				return 503, "database_unavailable"
+			}
+			id := f.add("quick", "1", welcomeIn{}, 60_000)
+			started := make(chan struct{})
+			cl, _ := testClient(t, f)
+			w := NewWorker(cl)
+			must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "quick", Version: "1",
+				Handler: func(ctx context.Context, _ welcomeIn, _ JobContext) (welcomeOut, error) {
+					close(started)
+					if c.cancelled {
+						<-ctx.Done()
+					}
+					return welcomeOut{Sent: true}, nil
+				}}))
+			startCtx, endStart := context.WithCancel(context.Background())
+			defer endStart()
+			must(t, w.Start(startCtx, StartOptions{PollInterval: 20 * time.Millisecond, OnError: (&errSink{}).add, StopGrace: grace}))
+			t.Cleanup(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				_ = stopWithin(t, w, ctx)
+			})
+			<-started
+			if !c.cancelled {
+				<-failing // the handler returned: its report is being refused
+			}
+			deadline := time.Now().Add(100 * time.Millisecond)
+			takeFrom.Store(deadline.Add(grace * 3 / 2).UnixNano())
+			if c.byStart {
+				time.AfterFunc(time.Until(deadline), endStart)
+				f.waitReport(t, id) // given up, it never comes
+				return
+			}
+			ctx, cancel := context.WithDeadline(context.Background(), deadline)
+			defer cancel()
+			err := stopWithin(t, w, ctx)
+			f.mu.Lock()
+			_, recorded := f.reports[id]
+			f.mu.Unlock()
+			if !recorded {
+				t.Fatalf("the report was given up before the deadline plus twice the grace: Stop = %v", err)
+			}
+			if c.cancelled {
+				if err == nil || errors.Is(err, ErrReportsNotRecorded) {
+					t.Fatalf("Stop = %v, want the deadline's error with the report recorded", err)
+				}
+			} else if err != nil {
+				t.Fatalf("Stop = %v", err)
+			}
+		})
+	}
+}
+
 // A report the server cannot take for a while (503s beyond the client's own
 // retries) is sent again until it is recorded, while its lease stands: a
 // dropped report would let the job run again.

@@ -2047,6 +2047,31 @@ class WorkerRulesTest(unittest.TestCase):
         self.assertTrue(client.worker.stop(5))
         self.assertEqual([round(w) for w in waits[:4]], [20, 5, 20, 20])
 
+    def test_a_stop_sends_a_returned_handlers_report_until_twice_the_grace(self) -> None:
+        # One rule in the three SDKs: every report is sent until the stop's
+        # deadline and twice the grace, whenever its handler returned (Go's
+        # Stop gave the report of a handler that had returned one grace past
+        # the deadline, and lost it). Here the handler returned before the
+        # stop and the server takes reports from one and a half graces past
+        # the deadline.
+        grace, take_from, failing = 1.0, [float("inf")], threading.Event()
+
+        def respond(method, path, body):
+            if path.endswith("/register"):
+                return 200, {"workerId": "wkr_1"}, {}
+            if path.endswith("/claim"):
+                return 200, {"jobs": [self.job(1, timeout_ms=60_000)] if not failing.is_set() else []}, {}
+            if time.monotonic() >= take_from[0]:
+                return 200, {"jobId": "job_1", "status": body["status"], "attempt": 1}, {}
+            failing.set()
+            return 503, error("database_unavailable"), {}
+
+        quick_backoff(self)
+        client, _ = self.serve(respond, lambda input, context: {"ok": True}, stop_grace=grace)
+        self.assertTrue(failing.wait(15))  # hang guard: the handler returned, its report is refused
+        take_from[0] = time.monotonic() + 0.1 + 1.5 * grace
+        self.assertTrue(client.worker.stop(0.1), "the report was given up before the deadline and twice the grace")
+
     def test_without_lease_ms_the_lease_is_read_from_its_expiry(self) -> None:
         # Drift QA: against a server that sends no leaseMs the worker assumed
         # the timeout plus 10 s (the server's default grace); the Go and

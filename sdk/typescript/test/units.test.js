@@ -1166,6 +1166,28 @@ test('onError is told a lost lease by its job, attempt and tool', async (t) => {
   }
 });
 
+// One rule in the three SDKs: every report is sent until the stop's deadline
+// and twice the grace, whenever its handler returned (Go's Stop gave the
+// report of a handler that had returned one grace past the deadline, and
+// lost it). Here the handler returned before the stop and the server takes
+// reports from one and a half graces past the deadline.
+test('a stop sends a returned handler\'s report until twice the grace', async (t) => {
+  const graceMs = 1_000;
+  let takeFrom = Infinity;
+  let failing = false;
+  quickBackoff(t);
+  const { client } = await serve(t, (method, path, body) => {
+    if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
+    if (path.endsWith('/claim')) return [200, { jobs: failing ? [] : [job(1, 60_000)] }];
+    if (Date.now() >= takeFrom) return [200, { jobId: 'job_1', status: body.status, attempt: 1 }];
+    failing = true;
+    return [503, error('database_unavailable')];
+  }, async () => ({ ok: true }), 1, 50, graceMs);
+  await until(() => failing); // the handler returned: its report is refused
+  takeFrom = Date.now() + 100 + 1.5 * graceMs;
+  assert.equal(await client.worker.stop({ timeoutMs: 100 }), true, 'the report was given up before the deadline and twice the grace');
+});
+
 // Drift QA: against a server that sends no leaseMs the worker assumed the
 // timeout plus 10 s (the server's default grace); the Go and Python workers
 // read what is left of the lease by its leaseExpiresAt, as this one now does.
