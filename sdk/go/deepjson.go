@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"time"
 )
 
 // maxNesting is how many levels of arrays and objects encoding/json reads
@@ -33,6 +34,7 @@ type deepAnswer interface{ unmarshalDeep(raw []byte) error }
 // claimAnswer is a claim's answer.
 type claimAnswer struct {
 	Jobs []ClaimedJob `json:"jobs"`
+	date time.Time    // its Date header (setServerDate)
 }
 
 // unmarshalDeep reads a claim answer job by job. The answer carries each

@@ -62,25 +62,19 @@ type ClaimedJob struct {
 	// leaseEnd is when the lease lapses by this process's clock (see
 	// leaseEndFrom), set by the worker that claimed the job.
 	leaseEnd time.Time
-	// serverDate is the claim answer's Date header, when it had one (zero
-	// otherwise): the server's clock when it leased the job.
-	serverDate time.Time
 }
 
 // setServerDate implements serverDated: every job of the answer was leased
 // at its Date.
-func (a *claimAnswer) setServerDate(t time.Time) {
-	for i := range a.Jobs {
-		a.Jobs[i].serverDate = t
-	}
-}
+func (a *claimAnswer) setServerDate(t time.Time) { a.date = t }
 
 // leaseEndFrom is when a lease granted or extended by a request sent at
 // sent (this process's clock) lapses: sent plus its length, which errs
 // early by the request's own time whatever the server's clock says (a
 // worker clock behind the server's would otherwise report, or claim again,
 // after the lease lapsed). When the server does not say the length, the
-// length is its expiry less the answer's Date (serverDate), read as the
+// length is its expiry less the answer's Date (serverDate, zero without
+// one), read as the
 // gate's leases are (localExpiry: from sent, less a second for Date's whole
 // seconds), so that a server clock ahead of or behind ours does not
 // lengthen or cut the lease; the expiry as it is without a Date.
@@ -109,6 +103,15 @@ func NewClaimID() string { return newRequestID() }
 // leaving them leased to nobody until they lapse (each lapse spends an
 // attempt).
 func (c *Client) ClaimKeyed(ctx context.Context, workerID, claimID string, limit, waitSeconds int) ([]ClaimedJob, error) {
+	jobs, _, err := c.claimKeyed(ctx, workerID, claimID, limit, waitSeconds)
+	return jobs, err
+}
+
+// claimKeyed is ClaimKeyed, answering the answer's Date too (zero without
+// one), by which the worker reads a lease without its length
+// (leaseEndFrom). Kept out of ClaimedJob, whose printed and compared
+// values it would change.
+func (c *Client) claimKeyed(ctx context.Context, workerID, claimID string, limit, waitSeconds int) ([]ClaimedJob, time.Time, error) {
 	var out claimAnswer // read by its parts when an input nests too deep for the whole (deepjson.go)
 	path := "/workers/" + pathID(workerID) + "/claim"
 	body := claimBody{Limit: limit, WaitSeconds: waitSeconds, ClaimID: claimID}
@@ -117,9 +120,9 @@ func (c *Client) ClaimKeyed(ctx context.Context, workerID, claimID string, limit
 	// Python and TypeScript SDKs.
 	err := c.do(ctx, "POST", path, body, &out, idempotent)
 	if err != nil {
-		return nil, err
+		return nil, time.Time{}, err
 	}
-	return out.Jobs, nil
+	return out.Jobs, out.date, nil
 }
 
 // claimBody is a claim's request body.
@@ -134,22 +137,34 @@ type JobHeartbeat struct {
 	LeaseExpiresAt time.Time `json:"leaseExpiresAt"` // the extended expiry
 	// CancelRequested is true when the job was cancelled: stop working on it.
 	CancelRequested bool `json:"cancelRequested"`
+}
 
-	serverDate time.Time // the answer's Date header, when it had one
+// jobHeartbeatAnswer is a heartbeat's answer with its Date header (zero
+// without one).
+type jobHeartbeatAnswer struct {
+	JobHeartbeat
+	serverDate time.Time
 }
 
 // setServerDate implements serverDated.
-func (h *JobHeartbeat) setServerDate(t time.Time) { h.serverDate = t }
+func (h *jobHeartbeatAnswer) setServerDate(t time.Time) { h.serverDate = t }
 
 // HeartbeatJob extends a job's lease (POST /api/v1/jobs/{id}/heartbeat). A
 // superseded token answers 409 lease_lost.
 func (c *Client) HeartbeatJob(ctx context.Context, jobID, leaseToken string) (*JobHeartbeat, error) {
-	var out JobHeartbeat
+	hb, _, err := c.heartbeatJob(ctx, jobID, leaseToken)
+	return hb, err
+}
+
+// heartbeatJob is HeartbeatJob, answering the answer's Date too (zero
+// without one), as claimKeyed does.
+func (c *Client) heartbeatJob(ctx context.Context, jobID, leaseToken string) (*JobHeartbeat, time.Time, error) {
+	var out jobHeartbeatAnswer
 	err := c.do(ctx, "POST", "/jobs/"+pathID(jobID)+"/heartbeat", map[string]string{"leaseToken": leaseToken}, &out, idempotent)
 	if err != nil {
-		return nil, err
+		return nil, time.Time{}, err
 	}
-	return &out, nil
+	return &out.JobHeartbeat, out.serverDate, nil
 }
 
 // Job report statuses.

@@ -990,9 +990,9 @@ func (w *Worker) refuse(notice, err error) {
 // and dispatches those it is answered.
 func (w *Worker) claimAndDispatch(ctx, pollCtx, jobsCtx context.Context, limit, wait int) ([]ClaimedJob, error) {
 	sent := time.Now()
-	jobs, err := w.claim(pollCtx, limit, wait)
+	jobs, date, err := w.claim(pollCtx, limit, wait)
 	for _, j := range jobs {
-		j.leaseEnd = leaseEndFrom(sent, j, j.LeaseExpiresAt, j.serverDate)
+		j.leaseEnd = leaseEndFrom(sent, j, j.LeaseExpiresAt, date)
 		w.dispatch(ctx, jobsCtx, j)
 	}
 	return jobs, err
@@ -1062,7 +1062,7 @@ func (w *Worker) awaitReports(ctx context.Context) bool {
 // whose answer may have been lost leaves its id for the next, which then
 // answers what the lost one leased (while those leases hold) rather than
 // leaving it leased to nobody.
-func (w *Worker) claim(pollCtx context.Context, limit, wait int) ([]ClaimedJob, error) {
+func (w *Worker) claim(pollCtx context.Context, limit, wait int) ([]ClaimedJob, time.Time, error) {
 	w.mu.Lock()
 	w.claiming = true
 	w.mu.Unlock()
@@ -1074,11 +1074,11 @@ func (w *Worker) claim(pollCtx context.Context, limit, wait int) ([]ClaimedJob, 
 	if w.claimID == "" {
 		w.claimID, w.claimLimit = NewClaimID(), limit
 	}
-	jobs, err := w.c.ClaimKeyed(withRetryCutoff(pollCtx, w.stopping), w.ID(), w.claimID, limit, wait)
+	jobs, date, err := w.c.claimKeyed(withRetryCutoff(pollCtx, w.stopping), w.ID(), w.claimID, limit, wait)
 	if err == nil || !MayHaveApplied(err) {
 		w.claimID = ""
 	}
-	return jobs, err
+	return jobs, date, err
 }
 
 // registerAgain registers the worker's tools under a new worker id, for a
@@ -1482,7 +1482,7 @@ func (w *Worker) heartbeat(ctx context.Context, j ClaimedJob, cancel context.Can
 			return end
 		}
 		hctx, cancelBeat := context.WithTimeout(singleTry(ctx), heartbeatCutoff(end.Sub(sent)))
-		hb, err := w.c.HeartbeatJob(hctx, j.JobID, j.LeaseToken)
+		hb, date, err := w.c.heartbeatJob(hctx, j.JobID, j.LeaseToken)
 		cancelBeat()
 		if ctx.Err() != nil {
 			return end
@@ -1510,7 +1510,7 @@ func (w *Worker) heartbeat(ctx context.Context, j ClaimedJob, cancel context.Can
 			return end
 		}
 		failures = 0
-		end = leaseEndFrom(sent, j, hb.LeaseExpiresAt, hb.serverDate)
+		end = leaseEndFrom(sent, j, hb.LeaseExpiresAt, date)
 	}
 }
 

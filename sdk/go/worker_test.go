@@ -376,9 +376,9 @@ func TestAHeartbeatsExpiryIsReadByItsDate(t *testing.T) {
 	f.dateSkew, f.leaseFor = time.Hour, time.Hour+30*time.Second
 	c, _ := testClient(t, f)
 	sent := time.Now()
-	hb, err := c.HeartbeatJob(context.Background(), "job_1", "tok_job_1")
+	hb, date, err := c.heartbeatJob(context.Background(), "job_1", "tok_job_1")
 	must(t, err)
-	end := leaseEndFrom(sent, ClaimedJob{}, hb.LeaseExpiresAt, hb.serverDate)
+	end := leaseEndFrom(sent, ClaimedJob{}, hb.LeaseExpiresAt, date)
 	if left := time.Until(end); left > 30*time.Second || left < 20*time.Second {
 		t.Fatalf("the lease read as %v left, want about 29 s", left)
 	}
