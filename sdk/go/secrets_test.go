@@ -89,6 +89,19 @@ func TestSecretBearingAnswersPrintTheirSecretsMasked(t *testing.T) {
 	if !strings.Contains(js.String(), `"message":"<a&b>"`) {
 		t.Errorf("slog JSON of a BatchJobReport = %s, want its text unescaped, as slog writes it", js.String())
 	}
+	// The README's workarounds for slog's JSON handler, which encodes a
+	// slice of them with encoding/json (the API's JSON, the token kept):
+	// each value as its own attribute, a group of them, or a pointer.
+	job := values["ClaimedJob"].(ClaimedJob)
+	var nested, workaround bytes.Buffer
+	slog.New(slog.NewJSONHandler(&nested, nil)).Info("got", "jobs", []ClaimedJob{job})
+	if !strings.Contains(nested.String(), secret) {
+		t.Errorf("slog JSON of a []ClaimedJob = %s: masked, so the README's limitation is gone; say so there", nested.String())
+	}
+	slog.New(slog.NewJSONHandler(&workaround, nil)).Info("got", "job", job, slog.Group("jobs", slog.Any("0", job)), "ptr", &job)
+	if strings.Contains(workaround.String(), secret) || strings.Count(workaround.String(), "[redacted]") != 3 {
+		t.Errorf("slog JSON of the README's workarounds = %s, want each token [redacted]", workaround.String())
+	}
 	var empty ClaimedJob
 	if got := fmt.Sprintf("%+v", empty); strings.Contains(got, "[redacted]") {
 		t.Errorf("%%+v of a job without a token = %s, want no token marked", got)
