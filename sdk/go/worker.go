@@ -796,8 +796,8 @@ func (w *Worker) loop(ctx, pollCtx, jobsCtx context.Context) {
 	defer close(w.loopDone)
 	defer w.askAgainWhileStopping(ctx, pollCtx, jobsCtx)
 	defer func() {
-		ended := ctx.Err() != nil
-		if !ended && w.refusedErr() == nil {
+		ended, refused := ctx.Err() != nil, w.refusedErr() != nil
+		if !ended && !refused {
 			return // Stop's, which sends the last reports and counts
 		}
 		// Ended by ctx, or stopped on its own (a refusal): nobody may call
@@ -812,14 +812,18 @@ func (w *Worker) loop(ctx, pollCtx, jobsCtx context.Context) {
 		// is the caller's. Without one, they are sent until twice the stop
 		// grace past ctx's end, as a Stop's until twice it past its
 		// deadline: a server that stays down must not keep this goroutine
-		// retrying for the life of the process. What is not sent by then
-		// goes to OnError.
+		// retrying for the life of the process. A refusal is a stop whose
+		// deadline is the refusal, whether or not Stop is called: its
+		// reports are sent until twice the grace past it, as the Python and
+		// TypeScript workers send them (they were sent until Stop's
+		// deadline, for ever without a Stop). What is not sent by then goes
+		// to OnError.
 		go func() {
 			queued := make(chan struct{}) // every dispatched job's report is queued
 			go func() { w.jobs.Wait(); close(queued) }()
-			if ended {
+			if ended || refused {
 				grace := time.AfterFunc(w.reportGrace(), func() {
-					if !closed(w.stopping) {
+					if refused || !closed(w.stopping) {
 						w.reporter.giveUp()
 					}
 				})

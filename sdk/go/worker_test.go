@@ -1061,6 +1061,48 @@ func TestStopSendsEveryReportUntilTwiceTheGracePastItsDeadline(t *testing.T) {
 	}
 }
 
+// A refusal stops the worker as a stop whose deadline is the refusal: the
+// reports of the handlers it cancelled are sent until twice StopGrace past
+// it, then given up (OnError told), whether or not Stop is called, as the
+// Python and TypeScript workers give them up. They were sent until Stop's
+// deadline: without a Stop, for ever while the server failed them.
+func TestARefusedWorkerGivesItsReportsUpWithoutAStop(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	f.leaseFor = time.Hour
+	id := f.add("quick", "1", welcomeIn{}, 60_000)
+	f.onClaim = func(_, got int) {
+		if got > 0 { // the job is leased: every later claim is forbidden
+			f.claimError = func() (int, string, map[string]any) { return 403, CodeForbidden, nil }
+		}
+	}
+	f.reportError = func(json.RawMessage) (int, string) {
+		time.Sleep(10 * time.Millisecond) // paces the worker's retries, whose waits are not slept
+		return 503, "database_unavailable"
+	}
+	givenUp := make(chan error, 1)
+	_, _ = startWorker(t, f, func(w *Worker) {
+		must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "quick", Version: "1",
+			Handler: func(ctx context.Context, _ welcomeIn, _ JobContext) (welcomeOut, error) {
+				<-ctx.Done() // cancelled by the refusal
+				return welcomeOut{}, ctx.Err()
+			}}))
+	}, StartOptions{Concurrency: 2, StopGrace: 100 * time.Millisecond, OnError: func(err error) {
+		var lost *ReportNotRecordedError
+		if errors.As(err, &lost) && lost.JobID == id {
+			select {
+			case givenUp <- err:
+			default:
+			}
+		}
+	}})
+	select {
+	case <-givenUp:
+	case <-time.After(30 * time.Second): // hang guard: twice the grace is 200 ms
+		t.Fatal("the refused worker's report was never given up")
+	}
+}
+
 // A report the server cannot take for a while (503s beyond the client's own
 // retries) is sent again until it is recorded, while its lease stands: a
 // dropped report would let the job run again.
