@@ -77,13 +77,25 @@ func (a *claimAnswer) setServerDate(t time.Time) { a.date = t }
 // one), read as the
 // gate's leases are (localExpiry: from sent, less a second for Date's whole
 // seconds), so that a server clock ahead of or behind ours does not
-// lengthen or cut the lease; the expiry as it is without a Date.
+// lengthen or cut the lease; the expiry as it is without a Date. A server
+// that says neither (no expiry either) is taken to lease for the job's
+// timeout plus its default grace, as the Python and TypeScript workers take
+// it: a zero end read as lapsed, and the handler was cancelled as its lease
+// lost at its first heartbeat.
 func leaseEndFrom(sent time.Time, j ClaimedJob, serverExpiry, serverDate time.Time) time.Time {
 	if j.LeaseMs > 0 {
 		return sent.Add(time.Duration(j.LeaseMs) * time.Millisecond)
 	}
+	if serverExpiry.IsZero() {
+		return sent.Add(time.Duration(j.TimeoutMs)*time.Millisecond + defaultLeaseGrace)
+	}
 	return localExpiry(serverExpiry, serverDate, sent)
 }
+
+// defaultLeaseGrace is the server's default JOB_LEASE_GRACE_MS: a job's
+// lease is its timeout plus this, unless the server is configured
+// otherwise (which it then says in leaseMs).
+const defaultLeaseGrace = 10 * time.Second
 
 // Claim leases up to limit (1–100) due jobs for workerID, waiting up to
 // waitSeconds (0–20) for one to appear. It is ClaimKeyed under a new claim

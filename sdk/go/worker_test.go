@@ -384,6 +384,24 @@ func TestAHeartbeatsExpiryIsReadByItsDate(t *testing.T) {
 	}
 }
 
+// A server that says neither the lease's length nor its expiry leases for
+// the timeout plus its default grace, as the Python and TypeScript workers
+// take it: the zero expiry read as lapsed, and the handler was cancelled as
+// its lease lost at its first heartbeat, a second in.
+func TestALeaseOfNeitherLengthNorExpiryIsTheTimeoutAndTheGrace(t *testing.T) {
+	t.Parallel()
+	sent := time.Now()
+	j := ClaimedJob{TimeoutMs: 60_000}
+	end := leaseEndFrom(sent, j, time.Time{}, time.Time{}) // a claim's or a heartbeat's answer
+	if want := sent.Add(70 * time.Second); !end.Equal(want) {
+		t.Fatalf("the lease ends %v after it was sent, want 70 s", end.Sub(sent))
+	}
+	w := &Worker{clock: realClock{}}
+	if every := w.heartbeatEvery(end, j); every < 19*time.Second || every > 20*time.Second {
+		t.Fatalf("a heartbeat every %v, want about 20 s (a third of the timeout)", every)
+	}
+}
+
 func TestWorkerRunsHandlerAndReportsSuccess(t *testing.T) {
 	t.Parallel()
 	f := newFakeJobs()
