@@ -326,45 +326,34 @@ func closeWithin(t testing.TB, r *reporter, ctx context.Context) bool {
 // not by the server's expiry read with its own clock: here the server's
 // clock runs an hour ahead, and the report still goes out before the lease
 // (6 s) is within the margin of lapsing, though the batch would otherwise
-// wait its (hour-long) linger.
+// wait its (hour-long) linger. Without leaseMs the lease is its expiry less
+// the answer's Date, as the gate's leases are read: the lease of 8 s read
+// against this process's clock lasted an hour, and the report waited its
+// linger.
 func TestWorkerMeasuresTheLeaseByItsLength(t *testing.T) {
 	t.Parallel()
-	f := newFakeJobs()
-	f.leaseFor, f.leaseMs = time.Hour, 6_000
-	id := f.add("send_welcome_email", "1", welcomeIn{CustomerID: "cus_1"}, 1_000)
-	startWorker(t, f, func(w *Worker) {
-		w.reportLinger = time.Hour
-		must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "send_welcome_email", Version: "1",
-			Handler: func(ctx context.Context, in welcomeIn, job JobContext) (welcomeOut, error) {
-				return welcomeOut{Sent: true}, nil
-			}}))
-	}, StartOptions{})
-	if rep := f.waitReport(t, id); rep["status"] != "SUCCEEDED" {
-		t.Fatalf("report %v", rep)
-	}
-}
-
-// Without leaseMs the lease is its expiry less the answer's Date, as the
-// gate's leases are read: here the server's clock (its expiry and its
-// Date) runs an hour ahead, so the lease of 8 s read against this
-// process's clock lasted an hour and the report waited its (hour-long)
-// linger; read by the Date it lapses within seconds, and the report goes
-// out before it is within the margin of lapsing.
-func TestWorkerReadsALeaseWithoutItsLengthByTheServersDate(t *testing.T) {
-	t.Parallel()
-	f := newFakeJobs()
-	f.dateSkew = time.Hour
-	f.leaseFor = time.Hour + 8*time.Second // by the server's clock: 8 s from its now
-	id := f.add("send_welcome_email", "1", welcomeIn{CustomerID: "cus_1"}, 1_000)
-	startWorker(t, f, func(w *Worker) {
-		w.reportLinger = time.Hour
-		must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "send_welcome_email", Version: "1",
-			Handler: func(ctx context.Context, in welcomeIn, job JobContext) (welcomeOut, error) {
-				return welcomeOut{Sent: true}, nil
-			}}))
-	}, StartOptions{})
-	if rep := f.waitReport(t, id); rep["status"] != "SUCCEEDED" {
-		t.Fatalf("report %v", rep)
+	for _, c := range []struct {
+		name     string
+		leaseMs  int64
+		leaseFor time.Duration // the expiry from now by the server's clock, an hour ahead
+		dateSkew time.Duration // in its answers' Date
+	}{{"by leaseMs", 6_000, time.Hour, 0}, {"by the server's Date", 0, time.Hour + 8*time.Second, time.Hour}} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFakeJobs()
+			f.leaseFor, f.leaseMs, f.dateSkew = c.leaseFor, c.leaseMs, c.dateSkew
+			id := f.add("send_welcome_email", "1", welcomeIn{CustomerID: "cus_1"}, 1_000)
+			startWorker(t, f, func(w *Worker) {
+				w.reportLinger = time.Hour
+				must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "send_welcome_email", Version: "1",
+					Handler: func(ctx context.Context, in welcomeIn, job JobContext) (welcomeOut, error) {
+						return welcomeOut{Sent: true}, nil
+					}}))
+			}, StartOptions{})
+			if rep := f.waitReport(t, id); rep["status"] != "SUCCEEDED" {
+				t.Fatalf("report %v", rep)
+			}
+		})
 	}
 }
 
