@@ -156,6 +156,7 @@ type Worker struct {
 	loopDone   chan struct{}           // closed when polling ended, or Start gave up before it
 	done       chan struct{}           // Done's: closed once, when polling ended for good
 	refused    error                   // the claim's 401 or 403 that stopped the worker (mu)
+	refusedAt  time.Time               // when refused was set (mu): a stop's deadline (boundByRefusal)
 	claiming   bool                    // a claim is in flight (mu), for Stop's error
 	claimID    string                  // the next claim's id: a lost claim's, to ask again (poll loop only)
 	claimLimit int                     // the limit the claim under claimID asked for (poll loop only)
@@ -593,6 +594,8 @@ func (w *Worker) stop(ctx context.Context) error {
 		// in the Python and TypeScript workers.
 		sendCtx, cancel := afterGrace(ctx, w.reportGrace())
 		defer cancel()
+		sendCtx, cancelRefused := w.boundByRefusal(sendCtx)
+		defer cancelRefused()
 		sent := w.reporter.close(sendCtx)
 		lost := w.reporter.lostReports()
 		w.mu.Lock()
@@ -643,6 +646,8 @@ func (w *Worker) stop(ctx context.Context) error {
 	// sends its report on its own.
 	sendCtx, cancel := context.WithDeadline(context.Background(), ended.Add(w.reportGrace()))
 	defer cancel()
+	sendCtx, cancelRefused := w.boundByRefusal(sendCtx)
+	defer cancelRefused()
 	release := context.AfterFunc(sendCtx, w.reporter.giveUp)
 	defer release()
 	select {
@@ -652,6 +657,22 @@ func (w *Worker) stop(ctx context.Context) error {
 	st.sent = w.reporter.close(sendCtx)
 	st.lost = w.reporter.lostReports()
 	return stopDeadlineError(st, ctx.Err())
+}
+
+// boundByRefusal ends ctx, the context Stop sends the last reports within,
+// twice the stop grace past a refusal that stopped the worker, if one did,
+// earlier than ctx's own end: a refusal is a stop whose deadline is the
+// refusal, whether Stop was called before it or after, as in the Python and
+// TypeScript workers (a refusal during a Stop left the reports to Stop's own
+// deadline).
+func (w *Worker) boundByRefusal(ctx context.Context) (context.Context, context.CancelFunc) {
+	w.mu.Lock()
+	at := w.refusedAt
+	w.mu.Unlock()
+	if at.IsZero() {
+		return ctx, func() {}
+	}
+	return context.WithDeadline(ctx, at.Add(w.reportGrace()))
 }
 
 // finishedError is Stop's answer when every handler returned (or was given
@@ -971,6 +992,7 @@ func (w *Worker) refuse(notice, err error) {
 			why = "the server did not know the worker it had just registered again"
 		}
 		w.refused = fmt.Errorf("ratchet: the worker stopped claiming: %s: %w", why, err)
+		w.refusedAt = time.Now()
 		if !closed(w.stopping) {
 			close(w.stopping)
 		}

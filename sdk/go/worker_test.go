@@ -1110,6 +1110,49 @@ func TestARefusedWorkerGivesItsReportsUpWithoutAStop(t *testing.T) {
 	}
 }
 
+// A refusal during a Stop (a heartbeat's 401 while Stop waits for the
+// handlers) is a stop whose deadline is the refusal too: the reports are
+// given up twice StopGrace past it, not at Stop's own deadline (five
+// minutes here, past the hang guard), as the Python and TypeScript workers
+// give them up.
+func TestARefusalDuringAStopGivesTheReportsUpTwiceTheGracePastIt(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	f.leaseFor = 3 * time.Second // a heartbeat about every second
+	var refuse atomic.Bool
+	f.heartbeat = func(string) (int, string) {
+		if refuse.Load() {
+			return 401, CodeUnauthorized
+		}
+		return 0, ""
+	}
+	f.reportError = func(json.RawMessage) (int, string) {
+		time.Sleep(10 * time.Millisecond) // paces the worker's retries, whose waits are not slept
+		return 503, "database_unavailable"
+	}
+	f.add("stuck", "1", welcomeIn{}, 60_000)
+	started := make(chan struct{})
+	w, _ := startWorker(t, f, func(w *Worker) {
+		must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "stuck", Version: "1",
+			Handler: func(ctx context.Context, _ welcomeIn, _ JobContext) (welcomeOut, error) {
+				close(started)
+				<-ctx.Done() // cancelled by the refusal
+				return welcomeOut{}, ctx.Err()
+			}}))
+	}, StartOptions{StopGrace: 100 * time.Millisecond})
+	<-started
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	stopped := make(chan error, 1)
+	go func() { stopped <- w.Stop(ctx) }()
+	<-w.Done() // Stop ended the polling: the refusal comes during it
+	refuse.Store(true)
+	err := awaitWithin(t, stopped, "Stop")
+	if !IsCode(err, CodeUnauthorized) || !errors.Is(err, ErrReportsNotRecorded) {
+		t.Fatalf("Stop = %v, want the refusal and the report not recorded", err)
+	}
+}
+
 // A report the server cannot take for a while (503s beyond the client's own
 // retries) is sent again until it is recorded, while its lease stands: a
 // dropped report would let the job run again.

@@ -527,13 +527,20 @@ export class Worker {
       this.#stopAt = now() + Math.max(0, timeoutMs);
       this.#stopTimers = [
         setTimeout(() => this.#claimCutoff.abort(new Error('stopping')), Math.max(0, timeoutMs)),
-        setTimeout(() => this.#reportCutoff.abort(new Error('ratchet: the worker stopped before the report was answered')),
-          Math.max(0, timeoutMs) + 2 * this.#stopGraceMs),
+        this.#reportCutoffIn(Math.max(0, timeoutMs) + 2 * this.#stopGraceMs),
       ];
-      for (const timer of this.#stopTimers) timer.unref?.();
+      this.#stopTimers[0].unref?.();
     }
     this.#stopping.abort();
     this.#signal();
+  }
+
+  /** The timer that gives every report up (cuts the deliveries in flight)
+   * ms from now: the stop's deadline and twice the grace. */
+  #reportCutoffIn(ms) {
+    const timer = setTimeout(() => this.#reportCutoff.abort(new Error('ratchet: the worker stopped before the report was answered')), ms);
+    timer.unref?.();
+    return timer;
   }
 
   #signal() {
@@ -621,7 +628,15 @@ export class Worker {
     if (this.#onError) this.#notify(notice);
     else this.#warn(this.#failureLog.refusal(notice));
     this.#requestStop(0);
-    if (this.#stopAt > now()) this.#stopAt = now(); // a stop asked for before: now at once
+    if (this.#stopAt > now()) {
+      // A stop asked for before: its deadline is now, and its reports are
+      // cut twice the grace from now, not from its own deadline, as the
+      // Python worker cuts them (review: only their retries ended then; a
+      // delivery in flight ran on to the stop's own cut-off).
+      this.#stopAt = now();
+      clearTimeout(this.#stopTimers[1]);
+      this.#stopTimers[1] = this.#reportCutoffIn(2 * this.#stopGraceMs);
+    }
     this.#claimCutoff.abort(new Error('stopping'));
     this.#signal();
   }

@@ -505,6 +505,50 @@ test('a revoked key stops the worker whichever call meets it', async (t) => {
   }
 });
 
+// A refusal during a stop makes the stop's deadline now, as it does in
+// Python: the reports' deliveries in flight are cut twice the grace from
+// the refusal, not from the stop's own deadline (only their retries were).
+test('a refusal during a stop cuts the reports twice the grace past it', async (t) => {
+  const REFUSED_CUT = 2 * STOP_GRACE_MS;
+  const timers = watchTimers(t, [...STOP_TIMERS, REFUSED_CUT]);
+  quickBeats(t);
+  let refuse = false;
+  let release;
+  const held = new Promise((r) => { release = r; });
+  after(t, () => release());
+  const seen = { claims: 0, beats: 0, reports: 0 };
+  const server = await fakeServer(t, async (method, path) => {
+    if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
+    if (path.endsWith('/claim')) return [200, { jobs: ++seen.claims === 1 ? [job(1, 60_000)] : [] }];
+    if (path.endsWith('/heartbeat')) {
+      seen.beats++;
+      return refuse ? [401, error('unauthorized')] : [200, { leaseExpiresAt: '2030-01-01T00:00:00Z', cancelRequested: false }];
+    }
+    seen.reports++;
+    await held; // the report is never answered while the test runs
+    return [500, error('internal_error')];
+  });
+  const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
+  client.registerTool({
+    name: 't', version: '1', handler: async (input, ctx) => {
+      await new Promise((r) => ctx.signal.addEventListener('abort', r, { once: true }));
+      throw new Error('stopped');
+    },
+  });
+  const started = client.worker.start({ concurrency: 1, pollIntervalMs: 50, stopGraceMs: STOP_GRACE_MS, onError: () => {} })
+    .catch(() => {});
+  await until(() => seen.beats >= 1);
+  const stopped = client.worker.stop({ timeoutMs: STOP_MS });
+  refuse = true;
+  await until(() => seen.reports >= 1); // the refusal aborted the handler: its report is in flight
+  const cut = timers.find(({ ms }) => ms === REFUSED_CUT);
+  assert.ok(cut, 'no report cut-off armed at the refusal');
+  assert.ok(timers.find(({ ms }) => ms === STOP_MS + 2 * STOP_GRACE_MS).cleared, "the stop's own cut-off is still armed");
+  cut.fire(); // twice the grace has passed
+  assert.equal(await hangGuard(stopped, 'stop() never ended'), false);
+  await hangGuard(started, 'start() never ended');
+});
+
 // SDK QA: a claim refused 400, 409 or 422 was asked again at every backoff
 // for as long as the worker ran. The claim's body is the worker's own, so
 // every claim would be refused alike: the worker stops with the refusal. A
