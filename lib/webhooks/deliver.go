@@ -1194,9 +1194,13 @@ var postgresUTC = regexp.MustCompile(`^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?\+0
 
 // utcZ writes the UTC timestamps of an event's data as every other time
 // the API writes, with Z: data built in SQL (jsonb_build_object over a
-// timestamptz) reads +00:00. Event data holds ids, states, counts and
-// times, never a caller's payload, so no value of theirs is rewritten.
-// Data that is not a JSON document is sent as it is.
+// timestamptz) reads +00:00. Only the values of keys ending in _at are
+// times (every time SQL writes into data is named so, and every key so
+// named is a time): the data's names are sent as they are, also one that
+// reads like a time (an endpoint may be named "2026-12-07T09:00:00+00:00",
+// and a handler version may read so: rewritten, circuit.closed named an
+// endpoint that does not exist; events QA). Data that is not a JSON
+// document is sent as it is.
 func utcZ(data []byte) []byte {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.UseNumber()
@@ -1205,26 +1209,26 @@ func utcZ(data []byte) []byte {
 		return data
 	}
 	changed := false
-	var walk func(any) any
-	walk = func(v any) any {
+	var walk func(v any, isTime bool) any
+	walk = func(v any, isTime bool) any {
 		switch t := v.(type) {
 		case map[string]any:
 			for k, e := range t {
-				t[k] = walk(e)
+				t[k] = walk(e, strings.HasSuffix(k, "_at"))
 			}
 		case []any:
 			for i, e := range t {
-				t[i] = walk(e)
+				t[i] = walk(e, isTime)
 			}
 		case string:
-			if postgresUTC.MatchString(t) {
+			if isTime && postgresUTC.MatchString(t) {
 				changed = true
 				return strings.TrimSuffix(t, "+00:00") + "Z"
 			}
 		}
 		return v
 	}
-	v = walk(v)
+	v = walk(v, false)
 	if !changed {
 		return data
 	}

@@ -59,10 +59,14 @@ func TestShorthandIPv4(t *testing.T) {
 
 func TestUTCZWritesTimestampsAsTheAPIDoes(t *testing.T) {
 	in := `{"effect_id":"eff_1","opened_at":"2026-11-30T15:16:15.414274+00:00","n":9007199254740993,` +
-		`"closes_at":null,"list":["2026-11-30T15:16:15+00:00","note +00:00"],"at":"2026-11-30T15:16:15+01:00"}`
+		`"closes_at":null,"seen_at":["2026-11-30T15:16:15+00:00","note +00:00"],"at":"2026-11-30T15:16:15+01:00",` +
+		`"endpoint":"2026-11-30T15:16:15+00:00","list":["2026-11-30T15:16:15+00:00"]}`
 	got := string(utcZ([]byte(in)))
-	want := `{"at":"2026-11-30T15:16:15+01:00","closes_at":null,"effect_id":"eff_1","list":["2026-11-30T15:16:15Z",` +
-		`"note +00:00"],"n":9007199254740993,"opened_at":"2026-11-30T15:16:15.414274Z"}`
+	// Only the values of keys ending _at are times: a name that reads like
+	// one is sent as it is (events QA).
+	want := `{"at":"2026-11-30T15:16:15+01:00","closes_at":null,"effect_id":"eff_1",` +
+		`"endpoint":"2026-11-30T15:16:15+00:00","list":["2026-11-30T15:16:15+00:00"],"n":9007199254740993,` +
+		`"opened_at":"2026-11-30T15:16:15.414274Z","seen_at":["2026-11-30T15:16:15Z","note +00:00"]}`
 	if got != want {
 		t.Fatalf("utcZ:\n got %s\nwant %s", got, want)
 	}
