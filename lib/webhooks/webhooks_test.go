@@ -126,8 +126,19 @@ func start(t *testing.T, allowPrivate bool, opts ...apitest.Option) (*apitest.En
 
 func record(t *testing.T, env *apitest.Env, ws, typ string, at time.Time) string {
 	subject := ids.New(ids.Effect)
+	// Data as the type's own (the OpenAPI document's webhooks say it, and
+	// apitest.CheckDelivery holds a delivery to that).
+	data := map[string]any{"effect_id": subject}
+	switch typ {
+	case events.EffectIndeterminate:
+		data = map[string]any{"effect_id": subject, "effect_type": "email.send", "attempt": 1, "lease_expired_at": at.UTC()}
+	case events.RunFinished:
+		data = map[string]any{"status": "SUCCEEDED"}
+	case events.StepExhausted:
+		data = map[string]any{"jobId": ids.New(ids.Job), "attempt": 1, "leaseLapsed": false}
+	}
 	require.NoError(t, events.Record(context.Background(), env.App.Pool, events.Event{
-		WorkspaceID: ws, Type: typ, SubjectID: subject, Data: map[string]any{"effect_id": subject}, At: at,
+		WorkspaceID: ws, Type: typ, SubjectID: subject, Data: data, At: at,
 	}))
 	return subject
 }
