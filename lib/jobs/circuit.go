@@ -12,6 +12,7 @@ import (
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/events"
+	"github.com/getratchet/ratchet/lib/ids"
 )
 
 // The endpoint circuit breaker (migration 0018). Claims keep it shut
@@ -129,11 +130,20 @@ type circuitChange struct {
 // trippedEvent and closedEvent are of the gate breakers' types, so a
 // subscriber to circuit.tripped hears of both kinds; an endpoint's carry
 // endpointId where a gate breaker's carry effect_type.
+//
+// Each is a transition of the endpoint's row (closed to open, open to
+// closed) read under its lock (sqlCircuitRecord, sqlLockCircuit), so none
+// repeats another, and each has a key of its own: its event id, as the
+// gate's breaker events have. Keyed by an instant alone (when it opened),
+// a second open-close cycle whose clock read the instant the first read
+// (another instance's reading, lagging by the time between them) took the
+// first cycle's keys and was not announced (events QA).
 func trippedEvent(workspaceID string, c circuitChange, now time.Time) event {
 	data, _ := json.Marshal(map[string]any{"endpointId": c.ID, "endpoint": c.Name, "state": CircuitOpen,
 		"openedAt": now.UTC(), "probeAt": utc(c.ProbeAt), "consecutiveFailures": c.Failures})
-	return event{workspaceID: workspaceID, typ: events.CircuitTripped, subject: c.ID, data: string(data),
-		dedupe: "endpoint-open:" + now.UTC().Format(time.RFC3339Nano)}
+	id := ids.NewAt(ids.Event, now)
+	return event{id: id, workspaceID: workspaceID, typ: events.CircuitTripped, subject: c.ID, data: string(data),
+		dedupe: "endpoint-open:" + now.UTC().Format(time.RFC3339Nano) + ":" + id}
 }
 
 // closedEvent records the closing of a circuit opened at openedAt; by says
@@ -142,8 +152,9 @@ func trippedEvent(workspaceID string, c circuitChange, now time.Time) event {
 func closedEvent(workspaceID, id, name string, openedAt, now time.Time, by string) event {
 	data, _ := json.Marshal(map[string]any{"endpointId": id, "endpoint": name, "state": CircuitClosed,
 		"openedAt": openedAt.UTC(), "closedAt": now.UTC(), "closedBy": by})
-	return event{workspaceID: workspaceID, typ: events.CircuitClosed, subject: id, data: string(data),
-		dedupe: "endpoint-closed:" + openedAt.UTC().Format(time.RFC3339Nano)}
+	eventID := ids.NewAt(ids.Event, now)
+	return event{id: eventID, workspaceID: workspaceID, typ: events.CircuitClosed, subject: id, data: string(data),
+		dedupe: "endpoint-closed:" + openedAt.UTC().Format(time.RFC3339Nano) + ":" + eventID}
 }
 
 // CloseCircuit closes the endpoint's circuit breaker (API.md §3.2) and

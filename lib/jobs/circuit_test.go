@@ -378,3 +378,25 @@ func TestACircuitClosedWhileAReportOpensItClosesAfterItOpened(t *testing.T) {
 	require.True(t, openedAt.Equal(opened), "openedAt %v, want the report's %v", openedAt, opened)
 	require.False(t, closedAt.Before(openedAt), "closedAt %v precedes openedAt %v", closedAt, openedAt)
 }
+
+// Every opening and closing of an endpoint's circuit is announced, also
+// one whose clock reads the instant an earlier transition of it read (as
+// the gate's breakers are: TestEachCircuitTransitionIsAnnouncedUnderOneClockReading).
+// Keyed by that instant, the second cycle's trip took the first trip's key
+// and its close the first close's (both opened at that instant), and
+// neither was announced (events QA).
+func TestEachEndpointCircuitTransitionIsAnnouncedUnderOneClockReading(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ep := b.circuitEndpoint(t, 1, 3_600_000)
+	b.enqueueN(t, 2)
+	w := b.register(t)
+	for range 2 {
+		b.fail(t, b.claimOne(t, w), nil)
+		require.Equal(t, jobs.CircuitOpen, b.endpoint(t, ep.ID).Circuit.State)
+		_, err := b.svc.CloseCircuit(ctx, b.ws, ep.ID)
+		require.NoError(t, err)
+	}
+	require.Len(t, b.circuitEvents(t, ep.ID, "circuit.tripped"), 2)
+	require.Len(t, b.circuitEvents(t, ep.ID, "circuit.closed"), 2)
+}

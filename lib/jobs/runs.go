@@ -1332,8 +1332,10 @@ func (s *Service) settleRun(ctx context.Context, tx pgx.Tx, runID string) (bool,
 	return n > 0, nil
 }
 
+// event is an outbox row recordEvents writes; id is made there unless
+// given (a key made of it: trippedEvent).
 type event struct {
-	workspaceID, typ, subject, data, dedupe string
+	id, workspaceID, typ, subject, data, dedupe string
 }
 
 func (s *Service) recordEvents(ctx context.Context, q db.Querier, events []event) error {
@@ -1345,7 +1347,10 @@ func (s *Service) recordEvents(ctx context.Context, q db.Querier, events []event
 		make([]string, n), make([]string, n)
 	now := s.now()
 	for i, e := range events {
-		idv[i], ws[i], typ[i], sub[i], data[i], dd[i] = ids.NewAt(ids.Event, now), e.workspaceID, e.typ, e.subject, e.data, e.dedupe
+		idv[i], ws[i], typ[i], sub[i], data[i], dd[i] = e.id, e.workspaceID, e.typ, e.subject, e.data, e.dedupe
+		if e.id == "" {
+			idv[i] = ids.NewAt(ids.Event, now)
+		}
 	}
 	if _, err := q.Exec(ctx, sqlInsertEvents, idv, ws, typ, sub, data, now, dd); err != nil {
 		return fmt.Errorf("record events: %w", err)
