@@ -22,11 +22,7 @@ import (
 // Only step.exhausted's and the emergency stop's data were documented
 // (events QA).
 func TestEveryEventTypeIsDeliveredAsTheDocumentSaysIt(t *testing.T) {
-	env, clk := start(t, true)
-	ws := env.Signup()
-	rcv := newReceiver(t)
-	env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
-		map[string]any{"url": rcv.URL, "events": events.Types})
+	env, clk, ws, rcv := subscribedToAll(t)
 	must := func(status int, method, path string, body any) map[string]any {
 		t.Helper()
 		clk.Add(time.Millisecond) // transitions in the order made
@@ -105,4 +101,48 @@ func TestEveryEventTypeIsDeliveredAsTheDocumentSaysIt(t *testing.T) {
 	for _, typ := range events.Types {
 		require.NotZero(t, seen[typ], "%s was sent (sent: %v)", typ, seen)
 	}
+	// No reminders left for the later tests' sweeps (the outbox is the
+	// package database's).
+	env.Must(http.StatusOK, "PUT", "/api/v1/policies/charge.create", ws.Key, map[string]any{"reconcile_every_hours": nil})
+}
+
+// subscribedToAll starts a server with a workspace whose receiver is
+// subscribed to every event type, until the test ends: the later tests'
+// sweeps send it nothing (the outbox is the package database's).
+func subscribedToAll(t *testing.T) (*apitest.Env, *apitest.Clock, apitest.Workspace, *receiver) {
+	env, clk := start(t, true)
+	ws := env.Signup()
+	rcv := newReceiver(t)
+	id := env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
+		map[string]any{"url": rcv.URL, "events": events.Types}).JSON()["id"].(string)
+	t.Cleanup(func() { env.Must(http.StatusOK, "DELETE", "/api/v1/webhooks/"+id, ws.Key, nil) })
+	return env, clk, ws, rcv
+}
+
+// A delivery's data carries the names it names as they are: only the
+// times SQL wrote (keys ending _at, read +00:00 from the outbox) are sent
+// with Z. An endpoint may be named like a time ("printable, without white
+// space at either end"), and so may a handler version; rewritten, the
+// circuit.closed of endpoint "2026-12-07T09:00:00+00:00" named an endpoint
+// that does not exist, and a step.replayed's newHandlerVersion one no
+// worker registers (events QA).
+func TestADeliverySendsNamesThatReadLikeTimesAsTheyAre(t *testing.T) {
+	env, clk, ws, rcv := subscribedToAll(t)
+	const name = "2026-12-07T09:00:00+00:00"
+	ep := env.Must(http.StatusCreated, "POST", "/api/v1/endpoints", ws.Key, map[string]any{"name": name}).JSON()
+	require.Equal(t, name, ep["name"])
+	_, err := env.App.Pool.Exec(context.Background(), `UPDATE job_endpoints SET circuit_state = 'open',
+		circuit_opened_at = $2 WHERE id = $1`, ep["id"], clk.Now().Add(-time.Minute))
+	require.NoError(t, err)
+	env.Must(http.StatusOK, "POST", "/api/v1/endpoints/"+ep["id"].(string)+"/circuit/close", ws.Key, nil)
+
+	env.App.Sweeper.RunOnce(context.Background())
+	require.Equal(t, 1, rcv.count())
+	var got struct {
+		SubjectID string         `json:"subject_id"`
+		Data      map[string]any `json:"data"`
+	}
+	require.NoError(t, json.Unmarshal(rcv.bodies[0], &got))
+	require.Equal(t, ep["id"], got.SubjectID)
+	require.Equal(t, name, got.Data["endpoint"], "the endpoint's name, as its reads show it")
 }
