@@ -82,8 +82,8 @@ func wireDomain(deps *httpapi.Deps, sweeper *sweep.Sweeper) error {
 		}},
 		// Before retention, so that groups a lowered retention made due
 		// go in the same pass.
-		sweep.Task{Name: "groups.retention_lowered", Run: func(ctx context.Context, _ time.Time) (int, error) {
-			return deps.Gate.SweepGroupsToDate(ctx, typesToDatePerPass, groupsToDatePerPass)
+		sweep.Task{Name: "groups.retention_lowered", Run: func(ctx context.Context, now time.Time) (int, error) {
+			return deps.Gate.SweepGroupsToDate(ctx, now, typesToDatePerPass, groupsToDatePerPass)
 		}},
 		sweep.Task{Name: "effects.retention", Drains: true, Run: func(ctx context.Context, now time.Time) (int, error) {
 			return deps.Gate.SweepRetention(ctx, now, retentionPerPass)

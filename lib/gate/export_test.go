@@ -125,6 +125,10 @@ func SetDatingBatches(s *Service, batch, batches int) {
 	s.datingBatch, s.datingBatches = batch, batches
 }
 
+// EndsInFlight is how long after a policy write lowering a retention its
+// dating's final pass is due (endsInFlight).
+const EndsInFlight = endsInFlight
+
 // SQLLapseDue and SQLUnwindingDue are the sweeper's picks of lapsed leases
 // and of unwinding groups, for a test of their plans.
 var (

@@ -473,7 +473,7 @@ func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string,
 			out = p
 			if req.RetentionDays.Set {
 				shortenTo = p.RetentionDays
-				return markGroupsToDate(ctx, tx, workspaceID, effectType, shortenTo)
+				return markGroupsToDate(ctx, tx, workspaceID, effectType, shortenTo, s.clock())
 			}
 			return nil
 		}
@@ -532,7 +532,7 @@ func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string,
 			}
 		}
 		if shortenTo != 0 {
-			return markGroupsToDate(ctx, tx, workspaceID, effectType, shortenTo)
+			return markGroupsToDate(ctx, tx, workspaceID, effectType, shortenTo, now)
 		}
 		return nil
 	})
@@ -578,7 +578,7 @@ func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string,
 // changes nothing too), and so does the sweeper.
 func (s *Service) shortenKeptGroups(ctx context.Context, workspaceID, effectType string) error {
 	for range s.datingBatches {
-		_, more, err := s.dateGroupsBatch(ctx, workspaceID, effectType, s.datingBatch, true)
+		_, more, err := s.dateGroupsBatch(ctx, workspaceID, effectType, s.datingBatch, true, s.clock())
 		if err != nil || !more {
 			return err
 		}
@@ -594,13 +594,16 @@ const (
 	datingBatchesPerWrite = 100
 )
 
-// markGroupsToDate records in tx, the policy write's, that the ended groups
-// of a type whose retention it lowers to days are to be dated again
-// (sqlMarkGroupsToDate): dating them (dateGroupsBatch) deletes the
-// record, and the sweeper dates them should that fail (SweepGroupsToDate).
-// The last statement of the write.
-func markGroupsToDate(ctx context.Context, tx pgx.Tx, workspaceID, effectType string, days int) error {
-	if _, err := tx.Exec(ctx, sqlMarkGroupsToDate, workspaceID, effectType, days); err != nil {
+// markGroupsToDate records in tx, the policy write's, at now, that the
+// ended groups of a type whose retention it lowers to days are to be dated
+// again (sqlMarkGroupsToDate): dating them (dateGroupsBatch) marks the
+// record batched, the sweeper dates them should that fail
+// (SweepGroupsToDate), and its final pass endsInFlight after now, over the
+// groups ended from endsInFlight before it, dates those whose end raced
+// the write and deletes the record. The last statement of the write.
+func markGroupsToDate(ctx context.Context, tx pgx.Tx, workspaceID, effectType string, days int, now time.Time) error {
+	if _, err := tx.Exec(ctx, sqlMarkGroupsToDate, workspaceID, effectType, days, now.Add(endsInFlight).UTC(),
+		now.Add(-endsInFlight).UTC()); err != nil {
 		return fmt.Errorf("mark groups to date: %w", err)
 	}
 	return nil

@@ -1160,40 +1160,84 @@ const (
 )
 
 // sqlGroupsToDateOf answers the record of workspace $1's type $2's groups
-// to date (its days and after_id), read under the type's claim: what the
-// last batch left of it. No row when none is left to date.
-const sqlGroupsToDateOf = `SELECT days, after_id FROM gate_groups_to_date
+// to date (its days, after_id, batched, final_at and ended_from, migration
+// 0079), read under the type's claim: what the last batch left of it. No
+// row when none is left to date.
+const sqlGroupsToDateOf = `SELECT days, after_id, batched, final_at, ended_from FROM gate_groups_to_date
 WHERE workspace_id = $1 AND effect_type = $2`
 
 // sqlMarkGroupsToDate records, as the last statement of a policy write
 // that lowers type $2's retention to $3 days (workspace $1), that the
 // type's ended groups are to be dated again (gate_groups_to_date, 0078):
 // the lowest retention since, from the first group again when it is lower
-// than the one recorded. Last, so that a sweep holding a group and waiting
-// for this row waits for the write's commit only.
-const sqlMarkGroupsToDate = `INSERT INTO gate_groups_to_date AS t (workspace_id, effect_type, days)
-VALUES ($1, $2, $3::int)
+// than the one recorded or when the groups were dated already (batched:
+// only the final pass was left), and the final pass (0079) at $4 at the
+// earliest over the groups ended from $5 on, the latest and the earliest
+// of the writes recorded. Last, so that a sweep holding a group and
+// waiting for this row waits for the write's commit only.
+const sqlMarkGroupsToDate = `INSERT INTO gate_groups_to_date AS t (workspace_id, effect_type, days, final_at, ended_from)
+VALUES ($1, $2, $3::int, $4::timestamptz, $5::timestamptz)
 ON CONFLICT (workspace_id, effect_type) DO UPDATE
 SET days = least(t.days, excluded.days),
-    after_id = CASE WHEN excluded.days < t.days THEN '' ELSE t.after_id END`
+    after_id = CASE WHEN excluded.days < t.days OR t.batched THEN '' ELSE t.after_id END,
+    batched = false,
+    final_at = greatest(t.final_at, excluded.final_at),
+    ended_from = least(t.ended_from, excluded.ended_from)`
+
+// sqlGroupsBatched marks the record of type $2's groups to date
+// (workspace $1) batched once they are dated for $3 days, unless a lower
+// retention was recorded since: only its final pass is left
+// (sqlLockEndedGroupsToShorten), from its ended_from on (after_id empty).
+const sqlGroupsBatched = `UPDATE gate_groups_to_date SET batched = true, after_id = ''
+WHERE workspace_id = $1 AND effect_type = $2 AND days >= $3::int AND NOT batched`
 
 // sqlGroupsDated deletes the record of type $2's groups to date (workspace
-// $1) once they are dated for $3 days, unless a lower retention was
-// recorded since.
+// $1) once its final pass has dated them for $3 days, unless a retention
+// was lowered since (which makes it to date in batches again).
 const sqlGroupsDated = `DELETE FROM gate_groups_to_date
-WHERE workspace_id = $1 AND effect_type = $2 AND days >= $3::int`
+WHERE workspace_id = $1 AND effect_type = $2 AND days >= $3::int AND batched`
+
+// sqlFinalDatedTo moves the final pass of type $2's groups to date
+// (workspace $1, $3 days) on past group $5, ended at $4, the last of its
+// batch, unless a retention was lowered since.
+const sqlFinalDatedTo = `UPDATE gate_groups_to_date SET ended_from = $4, after_id = $5
+WHERE workspace_id = $1 AND effect_type = $2 AND days = $3::int AND batched`
+
+// sqlLockEndedGroupsToShorten reads the final pass's batch: up to $6 of
+// workspace $1's ended groups in the order they ended, from after
+// ($4, $5), the end and id the last batch left off at
+// (effect_groups_ended_ws_idx, migration 0079), whatever their types, and
+// locks those of them the type $2's retention lowered to $3 days shortens
+// (groupsToShorten), in id order as sqlLockGroupsToShortenAfter does, so
+// that two datings cannot deadlock. It answers each group of the batch
+// with its end and whether it is locked to shorten. Bounded by the batch,
+// and read from the end of the groups the datings before it read.
+const sqlLockEndedGroupsToShorten = `
+WITH c AS MATERIALIZED (
+    SELECT g.id, coalesce(g.finished_at, g.committed_at) AS ended FROM effect_groups g
+    WHERE g.workspace_id = $1 AND g.state IN ('committed', 'unwound', 'unwind_failed')
+      AND (coalesce(g.finished_at, g.committed_at), g.id) > ($4::timestamptz, $5::text)
+    ORDER BY coalesce(g.finished_at, g.committed_at), g.id
+    LIMIT $6::int
+), l AS MATERIALIZED (` + groupsToShorten + `
+      AND g.id IN (SELECT id FROM c)
+    ORDER BY g.id
+    FOR UPDATE
+)
+SELECT c.id, c.ended, l.id IS NOT NULL FROM c LEFT JOIN l ON l.id = c.id ORDER BY c.ended, c.id`
 
 // sqlGroupsDatedTo moves the record of type $2's groups to date (workspace
 // $1, $3 days) on past group $4, the last of a sweeper's batch, unless a
 // lower retention was recorded since.
 const sqlGroupsDatedTo = `UPDATE gate_groups_to_date SET after_id = $4
-WHERE workspace_id = $1 AND effect_type = $2 AND days = $3::int`
+WHERE workspace_id = $1 AND effect_type = $2 AND days = $3::int AND NOT batched`
 
 // sqlGroupsToDate answers up to $1 types with groups to date, each
-// workspace's first before any workspace's second.
+// workspace's first before any workspace's second: those still to date in
+// batches, and those whose final pass is due at $2.
 const sqlGroupsToDate = `SELECT workspace_id, effect_type FROM (
     SELECT t.*, row_number() OVER (PARTITION BY t.workspace_id ORDER BY t.effect_type) AS turn
-    FROM gate_groups_to_date t) x
+    FROM gate_groups_to_date t WHERE NOT t.batched OR t.final_at <= $2::timestamptz) x
 ORDER BY turn, workspace_id, effect_type
 LIMIT $1::int`
 

@@ -175,16 +175,17 @@ const groupsPerEffects = 10
 // happen, or not wholly (it failed, or the instance stopped first: under
 // an Idempotency-Key the failure is only logged, and a resend replays the
 // answer; or the write dated its most, datingBatchesPerWrite batches), so
-// that a lost dating is done by the next pass: up to types such types
-// (each workspace's first before any one's second), a batch of up to
-// groups groups of each (dateGroupsBatch), from where the last batch left
-// it. A type whose batch another transaction is dating (a second sweeper,
-// the policy write) is passed over. Each type in a transaction of its
-// own; one that fails holds no other back. It answers how many groups it
-// dated.
-func (s *Service) SweepGroupsToDate(ctx context.Context, types, groups int) (int, error) {
+// that a lost dating is done by the next pass, and makes the final pass of
+// those dated whose final pass is due at now (endsInFlight): up to types
+// such types (each workspace's first before any one's second), a batch of
+// up to groups groups of each (dateGroupsBatch), from where the last batch
+// left it. A type whose batch another transaction is dating (a second
+// sweeper, the policy write) is passed over. Each type in a transaction of
+// its own; one that fails holds no other back. It answers how many groups
+// it dated.
+func (s *Service) SweepGroupsToDate(ctx context.Context, now time.Time, types, groups int) (int, error) {
 	type toDate struct{ workspaceID, effectType string }
-	rows, err := s.pool.Query(ctx, sqlGroupsToDate, types)
+	rows, err := s.pool.Query(ctx, sqlGroupsToDate, types, now.UTC())
 	if err != nil {
 		return 0, fmt.Errorf("read groups to date: %w", err)
 	}
@@ -200,7 +201,7 @@ func (s *Service) SweepGroupsToDate(ctx context.Context, types, groups int) (int
 		errs []error
 	)
 	for _, t := range due {
-		m, _, err := s.dateGroupsBatch(ctx, t.workspaceID, t.effectType, groups, false)
+		m, _, err := s.dateGroupsBatch(ctx, t.workspaceID, t.effectType, groups, false, now)
 		if err != nil {
 			if errs = append(errs, fmt.Errorf("date groups of a lowered retention: %w", err)); !sweep.GoOn(ctx, err) {
 				break
@@ -212,24 +213,44 @@ func (s *Service) SweepGroupsToDate(ctx context.Context, types, groups int) (int
 	return n, errors.Join(errs...)
 }
 
+// endsInFlight is how long after a policy write lowering a retention its
+// dating's final pass comes (the record's final_at, migration 0079), and
+// how long before it the groups that pass reads ended (ended_from). A
+// group's end (a commit, the end of a rollback) dates the group by the
+// policies its statement reads, without waiting for a policy write (a
+// report can end a rollback, and waits for none): one that read them
+// before the write committed, and committed after the dating read the
+// type's groups, was not ended in the dating's snapshot, and kept the
+// longer date (review). Such an end began before the write committed and
+// runs in a request or a sweeper's task: it commits or rolls back within
+// the longest of those (30 s for a request, the functions' limit; 60 s
+// for the sweeper's Lambda function), and dated its group by its
+// instance's clock no earlier than its own start. Five minutes leaves
+// room for both and for instances' clocks minutes apart: by the final
+// pass every such end is committed, and it ended within the window.
+const endsInFlight = 5 * time.Minute
+
 // dateGroupsBatch dates again, in a transaction of its own, a batch of up
 // to groups of the ended groups that a lowered retention of workspaceID's
 // type effectType left to date (gate_groups_to_date, migration 0078), from
 // where the last batch left off (after_id), and moves the record on past
-// them, or deletes it once the last is dated (unless a lower retention was
-// recorded meanwhile). The one place groups are shortened: a policy
-// write's dating runs it batch after batch (shortenKeptGroups), the
-// sweeper a batch a type a pass (SweepGroupsToDate). It claims the type
-// first (sqlClaimGroupsToDate), then reads the record, then locks the
-// groups, then writes the record: a policy write holds the record only as
-// its last statement, so the batch waits for no more than its commit.
-// Claimed by another transaction, the type is waited for when wait (the
-// write's dating: it then goes on from where that one left it), else
-// passed over (the sweeper's: dated 0, more). It answers the groups whose
-// date changed, and whether any is left to date (more: the record is
-// still there).
-func (s *Service) dateGroupsBatch(ctx context.Context, workspaceID, effectType string, groups int, wait bool) (
-	n int, more bool, err error) {
+// them, or marks it batched once the last is dated (unless a lower
+// retention was recorded meanwhile). Once batched, and its final pass due
+// at now (final_at, migration 0079), a batch is one of the final pass
+// (finalDating), which deletes the record once done. The one place groups
+// are shortened: a policy write's dating runs it batch after batch
+// (shortenKeptGroups), the sweeper a batch a type a pass
+// (SweepGroupsToDate). It claims the type first (sqlClaimGroupsToDate),
+// then reads the record, then locks the groups, then writes the record: a
+// policy write holds the record only as its last statement, so the batch
+// waits for no more than its commit. Claimed by another transaction, the
+// type is waited for when wait (the write's dating: it then goes on from
+// where that one left it), else passed over (the sweeper's: dated 0,
+// more). It answers the groups whose date changed, and whether any is left
+// to date now (more: the record is still there, not batched or its final
+// pass due).
+func (s *Service) dateGroupsBatch(ctx context.Context, workspaceID, effectType string, groups int, wait bool,
+	now time.Time) (n int, more bool, err error) {
 	err = db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
 		n, more = 0, true
 		claimed := true
@@ -244,11 +265,9 @@ func (s *Service) dateGroupsBatch(ctx context.Context, workspaceID, effectType s
 		if !claimed {
 			return nil // another transaction is dating this batch
 		}
-		var (
-			days    int
-			afterID string
-		)
-		err := tx.QueryRow(ctx, sqlGroupsToDateOf, workspaceID, effectType).Scan(&days, &afterID)
+		var r toDateRecord
+		err := tx.QueryRow(ctx, sqlGroupsToDateOf, workspaceID, effectType).Scan(&r.days, &r.afterID, &r.batched,
+			&r.finalAt, &r.endedFrom)
 		if errors.Is(err, pgx.ErrNoRows) {
 			more = false // dated already
 			return nil
@@ -256,25 +275,29 @@ func (s *Service) dateGroupsBatch(ctx context.Context, workspaceID, effectType s
 		if err != nil {
 			return fmt.Errorf("read groups to date: %w", err)
 		}
-		batch, err := db.CollectIDs(tx.Query(ctx, sqlLockGroupsToShortenAfter, workspaceID, effectType, days,
-			afterID, groups))
+		if r.batched {
+			if r.finalAt.After(now) {
+				more = false // dated; the final pass is not due yet
+				return nil
+			}
+			n, more, err = finalDating(ctx, tx, workspaceID, effectType, r, groups)
+			return err
+		}
+		batch, err := db.CollectIDs(tx.Query(ctx, sqlLockGroupsToShortenAfter, workspaceID, effectType, r.days,
+			r.afterID, groups))
 		if err != nil {
 			return fmt.Errorf("lock groups to shorten: %w", err)
 		}
-		if len(batch) > 0 {
-			ct, err := tx.Exec(ctx, sqlShortenKeptGroups, batch)
-			if err != nil {
-				return fmt.Errorf("shorten kept groups: %w", err)
-			}
-			n = int(ct.RowsAffected())
+		if n, err = shortenLocked(ctx, tx, batch); err != nil {
+			return err
 		}
 		if len(batch) == groups { // perhaps more after the last
-			if _, err := tx.Exec(ctx, sqlGroupsDatedTo, workspaceID, effectType, days, batch[len(batch)-1]); err != nil {
+			if _, err := tx.Exec(ctx, sqlGroupsDatedTo, workspaceID, effectType, r.days, batch[len(batch)-1]); err != nil {
 				return fmt.Errorf("groups dated to: %w", err)
 			}
 			return nil
 		}
-		ct, err := tx.Exec(ctx, sqlGroupsDated, workspaceID, effectType, days)
+		ct, err := tx.Exec(ctx, sqlGroupsBatched, workspaceID, effectType, r.days)
 		if err != nil {
 			return fmt.Errorf("groups dated: %w", err)
 		}
@@ -285,4 +308,76 @@ func (s *Service) dateGroupsBatch(ctx context.Context, workspaceID, effectType s
 		return 0, false, err
 	}
 	return n, more, nil
+}
+
+// toDateRecord is a type's record of groups to date (sqlGroupsToDateOf).
+type toDateRecord struct {
+	days               int
+	afterID            string
+	batched            bool
+	finalAt, endedFrom time.Time
+}
+
+// finalDating runs a batch of r's final pass in tx, which holds the type's
+// claim: it reads up to groups of the workspace's groups that ended from
+// r's ended_from (and after_id) on, in the order they ended
+// (sqlLockEndedGroupsToShorten), dates again those of the type kept too
+// long, and moves the record on past the batch, or deletes it once the
+// batch is the last (unless a retention was lowered meanwhile). So a group
+// whose end committed after the batches read its type's groups, having
+// read the policies before the write, is dated by the lowered retention
+// all the same (endsInFlight). It answers the groups whose date changed
+// and whether the record is still there.
+func finalDating(ctx context.Context, tx pgx.Tx, workspaceID, effectType string, r toDateRecord, groups int) (
+	n int, more bool, err error) {
+	type ended struct {
+		id      string
+		at      time.Time
+		shorten bool
+	}
+	rows, err := tx.Query(ctx, sqlLockEndedGroupsToShorten, workspaceID, effectType, r.days, r.endedFrom, r.afterID, groups)
+	if err != nil {
+		return 0, false, fmt.Errorf("lock ended groups to shorten: %w", err)
+	}
+	batch, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (ended, error) {
+		var e ended
+		return e, row.Scan(&e.id, &e.at, &e.shorten)
+	})
+	if err != nil {
+		return 0, false, fmt.Errorf("lock ended groups to shorten: %w", err)
+	}
+	var locked []string
+	for _, e := range batch {
+		if e.shorten {
+			locked = append(locked, e.id)
+		}
+	}
+	if n, err = shortenLocked(ctx, tx, locked); err != nil {
+		return 0, false, err
+	}
+	if len(batch) == groups { // perhaps more after the last
+		last := batch[len(batch)-1]
+		if _, err := tx.Exec(ctx, sqlFinalDatedTo, workspaceID, effectType, r.days, last.at, last.id); err != nil {
+			return 0, false, fmt.Errorf("final groups dated to: %w", err)
+		}
+		return n, true, nil
+	}
+	ct, err := tx.Exec(ctx, sqlGroupsDated, workspaceID, effectType, r.days)
+	if err != nil {
+		return 0, false, fmt.Errorf("groups dated: %w", err)
+	}
+	return n, ct.RowsAffected() == 0, nil // still there: a retention lowered meanwhile
+}
+
+// shortenLocked dates again the groups tx locked to shorten
+// (sqlShortenKeptGroups), and answers those whose date changed.
+func shortenLocked(ctx context.Context, tx pgx.Tx, batch []string) (int, error) {
+	if len(batch) == 0 {
+		return 0, nil
+	}
+	ct, err := tx.Exec(ctx, sqlShortenKeptGroups, batch)
+	if err != nil {
+		return 0, fmt.Errorf("shorten kept groups: %w", err)
+	}
+	return int(ct.RowsAffected()), nil
 }
