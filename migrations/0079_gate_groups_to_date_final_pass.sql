@@ -10,13 +10,15 @@
 -- last pass at final_at, once every end that could have read the older
 -- policy has committed or rolled back, over the groups of the workspace
 -- that ended from ended_from on (then its cursor, with after_id), dating
--- those of the type again, and then deletes the record. The defaults are
--- for the rows a previous release writes during the deploy, and those
--- written before: a final pass over every ended group of the workspace, at
--- once, as their write's time is not known.
+-- those of the type again, and then deletes the record; it reads the
+-- groups that ended up to final_at only. The defaults are for the rows a
+-- previous release writes during the deploy, and those written before: a
+-- final pass due at once (at their insert, or this migration, for those
+-- written before it) over every group of the workspace that ended by then,
+-- as their write's time is not known.
 ALTER TABLE gate_groups_to_date
     ADD COLUMN IF NOT EXISTS batched    boolean     NOT NULL DEFAULT false,
-    ADD COLUMN IF NOT EXISTS final_at   timestamptz NOT NULL DEFAULT '-infinity',
+    ADD COLUMN IF NOT EXISTS final_at   timestamptz NOT NULL DEFAULT now(),
     ADD COLUMN IF NOT EXISTS ended_from timestamptz NOT NULL DEFAULT '-infinity';
 
 -- The final pass reads a workspace's groups by when they ended. Built in

@@ -1206,7 +1206,10 @@ WHERE workspace_id = $1 AND effect_type = $2 AND days = $3::int AND batched`
 // sqlLockEndedGroupsToShorten reads the final pass's batch: up to $6 of
 // workspace $1's ended groups in the order they ended, from after
 // ($4, $5), the end and id the last batch left off at
-// (effect_groups_ended_ws_idx, migration 0079), whatever their types, and
+// (effect_groups_ended_ws_idx, migration 0079), up to $7, the pass's
+// final_at (an end that read the policies before the write dated its group
+// by then; the pass would otherwise chase the ends of a busy workspace,
+// never done), whatever their types, and
 // locks those of them the type $2's retention lowered to $3 days shortens
 // (groupsToShorten), in id order as sqlLockGroupsToShortenAfter does, so
 // that two datings cannot deadlock. It answers each group of the batch
@@ -1217,6 +1220,7 @@ WITH c AS MATERIALIZED (
     SELECT g.id, coalesce(g.finished_at, g.committed_at) AS ended FROM effect_groups g
     WHERE g.workspace_id = $1 AND g.state IN ('committed', 'unwound', 'unwind_failed')
       AND (coalesce(g.finished_at, g.committed_at), g.id) > ($4::timestamptz, $5::text)
+      AND coalesce(g.finished_at, g.committed_at) <= $7::timestamptz
     ORDER BY coalesce(g.finished_at, g.committed_at), g.id
     LIMIT $6::int
 ), l AS MATERIALIZED (` + groupsToShorten + `

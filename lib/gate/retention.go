@@ -320,7 +320,8 @@ type toDateRecord struct {
 
 // finalDating runs a batch of r's final pass in tx, which holds the type's
 // claim: it reads up to groups of the workspace's groups that ended from
-// r's ended_from (and after_id) on, in the order they ended
+// r's ended_from (and after_id) on, up to its final_at, in the order they
+// ended
 // (sqlLockEndedGroupsToShorten), dates again those of the type kept too
 // long, and moves the record on past the batch, or deletes it once the
 // batch is the last (unless a retention was lowered meanwhile). So a group
@@ -335,7 +336,8 @@ func finalDating(ctx context.Context, tx pgx.Tx, workspaceID, effectType string,
 		at      time.Time
 		shorten bool
 	}
-	rows, err := tx.Query(ctx, sqlLockEndedGroupsToShorten, workspaceID, effectType, r.days, r.endedFrom, r.afterID, groups)
+	rows, err := tx.Query(ctx, sqlLockEndedGroupsToShorten, workspaceID, effectType, r.days, r.endedFrom, r.afterID, groups,
+		r.finalAt)
 	if err != nil {
 		return 0, false, fmt.Errorf("lock ended groups to shorten: %w", err)
 	}

@@ -1072,8 +1072,10 @@ func TestAGroupEndingAsItsRetentionIsLoweredIsDatedByIt(t *testing.T) {
 	// (in either order: they ended at one instant), and an empty batch.
 	// (email.retract's first policy lowered its default 90 days: its final
 	// pass runs beside; whichever pass reaches the unwound group, it is
-	// dated once.)
-	b.clock.Add(gate.EndsInFlight)
+	// dated once.) A group that ended after final_at is not read: the
+	// pass would chase a busy workspace's ends, never done.
+	b.clock.Add(gate.EndsInFlight + time.Second)
+	later, _ := b.committedGroup("charge.card")
 	records := func() (n int) {
 		require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM gate_groups_to_date
 			WHERE workspace_id = $1 AND effect_type = 'charge.card'`, b.ws.ID).Scan(&n))
@@ -1094,7 +1096,28 @@ func TestAGroupEndingAsItsRetentionIsLoweredIsDatedByIt(t *testing.T) {
 
 	b.clock.Set(endedAt.Add(9*day + time.Hour))
 	sweep()
-	b.requireKept(false, "/api/v1/groups/"+committed, "/api/v1/groups/"+unwound)
+	b.requireKept(false, "/api/v1/groups/"+committed, "/api/v1/groups/"+unwound, "/api/v1/groups/"+later)
+}
+
+// A retention lowered again while the type's record waits for its final
+// pass (its groups dated, batched) dates every group of the type again,
+// not only those the final pass reads: a group that ended before that
+// pass's window kept the date of the first lowering. Not parallel, in its
+// own era (1916).
+func TestLoweringARetentionAgainBeforeTheFinalPassDatesEveryGroup(t *testing.T) {
+	b, _ := inEra(t, 1916)
+	day := 24 * time.Hour
+	b.putPolicy("charge.card", map[string]any{"retention_days": 60})
+	endedAt := b.clock.Now()
+	g, _ := b.committedGroup("charge.card")
+	b.clock.Add(time.Hour)
+	b.putPolicy("charge.card", map[string]any{"retention_days": 30})
+	require.WithinDuration(t, endedAt.Add(30*day), *b.keepUntil(g), time.Second)
+	require.Zero(t, b.groupsToDate(), "only the final pass is left")
+	b.clock.Add(time.Minute)
+	b.putPolicy("charge.card", map[string]any{"retention_days": 10})
+	require.WithinDuration(t, endedAt.Add(10*day), *b.keepUntil(g), time.Second, "dated again by the second lowering")
+	b.sweptAt(endedAt.Add(10*day+time.Hour), g)
 }
 
 // holdGroupEnd makes the end of group g (its update to an ended state)
