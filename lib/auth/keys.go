@@ -146,9 +146,11 @@ const sqlLiveKey = `SELECT true FROM api_keys WHERE id = $1::text AND revoked_at
 // RequireLive checks, inside tx, that keyID is not revoked, and holds its
 // row until tx ends, so the key cannot be revoked before tx commits: a key
 // revoked on another instance, whose cache still holds it for
-// KEY_CACHE_TTL, acts no more (ErrRevokedKey). For rare acts that queue
-// work (a replay, a tool test) or mint a key; begin, enqueue and claim
-// check the key in their own statements instead, without a lock.
+// KEY_CACHE_TTL, or as the request ran, acts no more (ErrRevokedKey). A
+// replay and a mint take it themselves; lib/httpapi has every other
+// transaction of a call that changes something take it first
+// (db.WithCheck), settling calls aside; begin, enqueue and claim check the
+// key in their own statements instead, without a lock.
 func RequireLive(ctx context.Context, tx pgx.Tx, keyID string) error {
 	var live bool
 	err := tx.QueryRow(ctx, sqlLiveKey, keyID).Scan(&live)
@@ -214,8 +216,9 @@ func (s *Service) Authenticate(ctx context.Context, secret string) (*Principal, 
 
 // AuthenticateUncached is Authenticate read from the database whatever the
 // cache holds: for a call that changes something and whose own statements
-// do not check the key (a policy, a key, a webhook, a run...), so that a key
-// revoked on another instance changes nothing here either. It costs the
+// do not check the key (a policy, a webhook, a run...), whose transactions
+// hold the key live as they write (RequireLive), so that a key revoked on
+// another instance is refused before the call does anything. It costs the
 // one round trip a rate-limited cached key costs anyway, and caches what
 // it reads.
 func (s *Service) AuthenticateUncached(ctx context.Context, secret string) (*Principal, error) {

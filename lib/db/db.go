@@ -328,7 +328,8 @@ func Snapshot(ctx context.Context, pool *pgxpool.Pool, fn func(pgx.Tx) error) er
 // carries a request's transaction (BeginRequest), fn runs in a savepoint of
 // it instead, and what it writes commits with the request's own work. It is
 // the one place services begin transactions, so every caller gets the same
-// rollback discipline and joins a request's transaction the same way.
+// rollback discipline, joins a request's transaction the same way, and
+// runs ctx's check first (WithCheck).
 func Tx(ctx context.Context, pool *pgxpool.Pool, fn func(pgx.Tx) error) error {
 	if rt := requestTx(ctx); rt != nil {
 		tx, err := rt.begun(ctx)
@@ -336,6 +337,14 @@ func Tx(ctx context.Context, pool *pgxpool.Pool, fn func(pgx.Tx) error) error {
 			return err
 		}
 		return pgx.BeginFunc(ctx, tx, fn)
+	}
+	if check := checkOf(ctx); check != nil {
+		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			if err := check(ctx, tx); err != nil {
+				return err
+			}
+			return fn(tx)
+		})
 	}
 	return pgx.BeginFunc(ctx, pool, fn)
 }

@@ -50,16 +50,45 @@ func requestTx(ctx context.Context) *RequestTx {
 	return rt
 }
 
-// begun is the transaction, begun now if no statement has been sent yet.
+// begun is the transaction, begun now if no statement has been sent yet,
+// and checked first (WithCheck): refused, it is rolled back, and the next
+// statement begins it again.
 func (rt *RequestTx) begun(ctx context.Context) (pgx.Tx, error) {
 	if rt.tx == nil {
 		tx, err := rt.pool.Begin(ctx)
 		if err != nil {
 			return nil, fmt.Errorf("begin request transaction: %w", err)
 		}
+		if check := checkOf(ctx); check != nil {
+			if err := check(ctx, tx); err != nil {
+				_ = tx.Rollback(ctx)
+				return nil, err
+			}
+		}
 		rt.tx = tx
 	}
 	return rt.tx, nil
+}
+
+type checkKey struct{}
+
+// WithCheck returns ctx carrying check, which every transaction begun
+// under it runs as its first statement (Tx, and a request's transaction,
+// BeginRequest), so that what the transaction writes commits only if check
+// passed in it: for a request whose key must still be live as it writes
+// (auth.RequireLive, which holds the key's row until the transaction
+// ends). A check that fails fails the transaction with its error, before
+// anything was written. Snapshot's read-only transactions, statements run
+// on the pool outside a transaction, and what runs once the request's
+// write committed (Unchecked, AfterRequest) are not checked.
+func WithCheck(ctx context.Context, check func(context.Context, pgx.Tx) error) context.Context {
+	return context.WithValue(ctx, checkKey{}, check)
+}
+
+// checkOf is ctx's check (WithCheck), or nil.
+func checkOf(ctx context.Context) func(context.Context, pgx.Tx) error {
+	check, _ := ctx.Value(checkKey{}).(func(context.Context, pgx.Tx) error)
+	return check
 }
 
 // Exec runs a statement in the transaction.
@@ -162,9 +191,20 @@ func InRequest(ctx context.Context) bool { return requestTx(ctx) != nil }
 
 // AfterRequest is ctx without its request's transaction, for what
 // AfterCommit runs once that transaction has committed: what runs under it
-// commits on its own.
+// commits on its own, Unchecked.
 func AfterRequest(ctx context.Context) context.Context {
-	return context.WithValue(ctx, requestTxKey{}, (*RequestTx)(nil))
+	return context.WithValue(Unchecked(ctx), requestTxKey{}, (*RequestTx)(nil))
+}
+
+// Unchecked is ctx without its check (WithCheck): for the work a request
+// does once what it wrote has committed, which follows from that write (a
+// group settled after its step's report), so that a key revoked since
+// does not fail the request after its change was made.
+func Unchecked(ctx context.Context) context.Context {
+	if checkOf(ctx) == nil {
+		return ctx
+	}
+	return context.WithValue(ctx, checkKey{}, (func(context.Context, pgx.Tx) error)(nil))
 }
 
 // Conn is what a service runs a statement of its own on: the request's
@@ -190,4 +230,48 @@ func AfterCommit(ctx context.Context, fn func()) {
 		return
 	}
 	fn()
+}
+
+// Statement runs a write of one statement (Writer).
+type Statement interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Writer is what a service runs a write of one statement on: Conn's,
+// except that under a check (WithCheck) and outside a request's
+// transaction the statement runs in a transaction of its own, checked
+// first, as Tx's are: on the pool it would write unchecked.
+func Writer(ctx context.Context, pool *pgxpool.Pool) Statement {
+	if requestTx(ctx) == nil && checkOf(ctx) != nil {
+		return checkedStatement{pool}
+	}
+	return Conn(ctx, pool)
+}
+
+// checkedStatement runs each statement in a Tx of its own.
+type checkedStatement struct{ pool *pgxpool.Pool }
+
+func (c checkedStatement) Exec(ctx context.Context, sql string, args ...any) (tag pgconn.CommandTag, err error) {
+	err = Tx(ctx, c.pool, func(tx pgx.Tx) error {
+		tag, err = tx.Exec(ctx, sql, args...)
+		return err
+	})
+	return tag, err
+}
+
+// QueryRow runs the statement as the row is scanned.
+func (c checkedStatement) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	return checkedRow{c.pool, ctx, sql, args}
+}
+
+type checkedRow struct {
+	pool *pgxpool.Pool
+	ctx  context.Context // the statement's: it runs at Scan
+	sql  string
+	args []any
+}
+
+func (r checkedRow) Scan(dest ...any) error {
+	return Tx(r.ctx, r.pool, func(tx pgx.Tx) error { return tx.QueryRow(r.ctx, r.sql, r.args...).Scan(dest...) })
 }

@@ -165,3 +165,81 @@ func TestRequestTxCommitSaysWhenItsOutcomeIsUnknown(t *testing.T) {
 	rt.Landed()
 	require.Equal(t, 1, woken, "once")
 }
+
+// A check (db.WithCheck) runs first in every transaction begun under it:
+// Tx's, a request's (once, at its first statement) and Writer's own for a
+// statement outside a request; refused, nothing the transaction would have
+// written is, and its error is answered. Unchecked and AfterRequest drop
+// it, and a statement on the pool (Conn outside a request) is not checked.
+func TestACheckRunsFirstInEveryTransactionBegunUnderIt(t *testing.T) {
+	t.Parallel()
+	pool, table := requestPool(t)
+	refused := fmt.Errorf("refused")
+	var checks int
+	pass := true
+	checked := db.WithCheck(context.Background(), func(ctx context.Context, tx pgx.Tx) error {
+		checks++
+		// In the transaction it checks: what it writes rolls back with it.
+		if _, err := tx.Exec(ctx, `INSERT INTO `+table+` VALUES (0)`); err != nil {
+			return err
+		}
+		if !pass {
+			return refused
+		}
+		return nil
+	})
+	insert := func(ctx context.Context, n int) error {
+		return db.Tx(ctx, pool, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `INSERT INTO `+table+` VALUES ($1)`, n)
+			return err
+		})
+	}
+	empty := func() {
+		_, err := pool.Exec(context.Background(), `DELETE FROM `+table)
+		require.NoError(t, err)
+	}
+	var n int
+	writes := map[string]func(context.Context) error{
+		"Tx": func(ctx context.Context) error { return insert(ctx, 1) },
+		"Writer.Exec": func(ctx context.Context) error {
+			_, err := db.Writer(ctx, pool).Exec(ctx, `INSERT INTO `+table+` VALUES (1)`)
+			return err
+		},
+		"Writer.QueryRow": func(ctx context.Context) error {
+			return db.Writer(ctx, pool).QueryRow(ctx, `INSERT INTO `+table+` VALUES (1) RETURNING n`).Scan(&n)
+		},
+		"a request's transaction": func(ctx context.Context) error {
+			rctx, rt := db.BeginRequest(ctx, pool)
+			defer func() { _ = rt.Rollback(ctx) }()
+			if err := insert(rctx, 1); err != nil {
+				return err
+			}
+			if _, err := db.Writer(rctx, pool).Exec(rctx, `INSERT INTO `+table+` VALUES (2)`); err != nil {
+				return err
+			}
+			return rt.Commit(ctx)
+		},
+	}
+	for name, write := range writes {
+		pass, checks = false, 0
+		require.ErrorIs(t, write(checked), refused, name)
+		require.Equal(t, 1, checks, name)
+		require.Empty(t, rows(t, pool, table), "%s: refused, it wrote nothing", name)
+
+		pass, checks = true, 0
+		require.NoError(t, write(checked), name)
+		require.Equal(t, 1, checks, "%s: checked once", name)
+		require.Contains(t, rows(t, pool, table), 0, "%s: checked in its transaction", name)
+		empty()
+
+		pass, checks = false, 0
+		require.NoError(t, write(db.Unchecked(checked)), name)
+		empty()
+		require.NoError(t, write(db.AfterRequest(checked)), name)
+		empty()
+		require.Zero(t, checks, "%s: unchecked", name)
+	}
+	_, err := db.Conn(checked, pool).Exec(checked, `INSERT INTO `+table+` VALUES (3)`)
+	require.NoError(t, err)
+	require.Zero(t, checks, "a statement on the pool is not checked")
+}

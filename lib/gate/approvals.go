@@ -98,7 +98,7 @@ func (s *Service) Decide(ctx context.Context, p *auth.Principal, id, state strin
 		a     Approval
 		group *string // the effect's group
 	)
-	err := s.pool.QueryRow(ctx, sqlDecideApproval, id, p.WorkspaceID, state, now, p.KeyID, note,
+	err := db.Writer(ctx, s.pool).QueryRow(ctx, sqlDecideApproval, id, p.WorkspaceID, state, now, p.KeyID, note,
 		ids.NewAt(ids.Event, now)).Scan(append(a.dest(), &group)...)
 	if err == nil {
 		if state == ApprovalRejected {

@@ -149,3 +149,8 @@ const SQLSweepMootApprovals = sqlSweepMootApprovals
 
 // MootNote is the note of an approval a resolution, or the sweeper, closed.
 const MootNote = mootNote
+
+// AfterStep runs afterStep: what follows a step's commit.
+func (s *Service) AfterStep(ctx context.Context, workspaceID string, groupID *string) error {
+	return s.afterStep(ctx, workspaceID, groupID)
+}

@@ -174,7 +174,7 @@ var errGroupGone = errors.New("the key's group was deleted meanwhile")
 // createGroup is one try of CreateGroup.
 func (s *Service) createGroup(ctx context.Context, p *auth.Principal, name string, key *string) (Group, error) {
 	now := s.clock()
-	g, err := scanGroup(s.pool.QueryRow(ctx, sqlCreateGroup, ids.NewAt(ids.Group, now), p.WorkspaceID, name,
+	g, err := scanGroup(db.Writer(ctx, s.pool).QueryRow(ctx, sqlCreateGroup, ids.NewAt(ids.Group, now), p.WorkspaceID, name,
 		p.KeyID, now, key))
 	if err == nil {
 		fresh := false
@@ -480,7 +480,8 @@ func (s *Service) afterStep(ctx context.Context, workspaceID string, groupID *st
 	if groupID == nil {
 		return nil
 	}
-	_, err := s.settleGroup(ctx, workspaceID, *groupID, false)
+	// The step has committed: a key revoked since fails it no more.
+	_, err := s.settleGroup(db.Unchecked(ctx), workspaceID, *groupID, false)
 	return err
 }
 

@@ -59,10 +59,12 @@ type Route struct {
 	Settles bool
 	// ChecksKey marks a call that changes something and whose own
 	// statements refuse a revoked key (auth.LiveKeySQL, auth.RequireLive):
-	// a begin, an enqueue, a claim... It may take the key from the
-	// instance's cache. Any other call that changes something, settling
-	// calls aside, reads its key afresh (auth.AuthenticateUncached), so a
-	// key revoked on another instance changes nothing there either.
+	// a begin, an enqueue, a claim, a key's mint or revoke... It may take
+	// the key from the instance's cache. Any other call that changes
+	// something, settling calls aside, reads its key afresh
+	// (auth.AuthenticateUncached) and has every transaction it begins
+	// hold the key's row live first (checksKeyAsItWrites), so a key
+	// revoked on another instance, or as the call ran, changes nothing.
 	ChecksKey bool
 	Query     []Param
 	// Request and Response are zero values of the body types, used for the
@@ -176,6 +178,14 @@ func (r *Route) OpenAPIPath() string { return r.Pattern }
 
 // changes says whether the route may change something: any method but GET.
 func (r *Route) changes() bool { return r.Method != http.MethodGet }
+
+// checksKeyAsItWrites says whether the route's key is read afresh and held
+// live by every transaction the route begins (Server.run, db.WithCheck):
+// a keyed call that changes something, neither settling what was begun
+// nor checking the key in its own statements (ChecksKey).
+func (r *Route) checksKeyAsItWrites() bool {
+	return r.Auth == AuthKey && r.changes() && !r.Settles && !r.ChecksKey
+}
 
 // IsAPI reports whether the route lives under /api/v1.
 func (r *Route) IsAPI() bool { return strings.HasPrefix(r.Pattern, "/api/v1/") }

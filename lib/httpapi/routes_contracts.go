@@ -44,8 +44,8 @@ func (s *Server) contractsRoutes() []Route {
 				"requested). The implicit contract of name@version applies: input and output are validated, its " +
 				"timeout is used, maxAttempts is always 1. Answers the run, step and job ids.",
 			Request: jobs.ToolTestRequest{}, Response: jobs.ToolTestResult{}, Status: 200,
-			Errors:    []string{apierr.CodeInvalidRequest, apierr.CodeInvalidState},
-			ChecksKey: true, Handle: s.testTool,
+			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeInvalidState},
+			Handle: s.testTool,
 		},
 		{
 			Method: "GET", Pattern: "/api/v1/steps/{id}/replay", Name: "steps.replay.preview", Tag: "jobs",

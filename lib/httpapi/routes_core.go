@@ -49,7 +49,7 @@ func (s *Server) coreRoutes() []Route {
 		},
 		{
 			Method: "POST", Pattern: "/api/v1/keys", Name: "keys.create", Tag: "keys", Scopes: []string{auth.ScopeKeysWrite},
-			Idempotent: true,
+			Idempotent: true, ChecksKey: true, // the mint holds its minter's row (auth.RequireLive)
 			Summary: "Mint a key with scopes (or a preset) no wider than the caller's own; the secret is shown once. " +
 				"Sent again under its Idempotency-Key once the key was revoked: 404 not_found (" +
 				ReplayedHeader + ": true), the answer that showed the secret erased with it.",
@@ -79,6 +79,7 @@ func (s *Server) coreRoutes() []Route {
 		},
 		{
 			Method: "DELETE", Pattern: "/api/v1/keys/{id}", Name: "keys.revoke", Tag: "keys", Scopes: []string{auth.ScopeKeysWrite},
+			ChecksKey: true, // the revoke locks its caller's row with the keys it revokes
 			Summary: "Revoke a key for good; returns the revoked key. The answer kept for its create's " +
 				"Idempotency-Key is erased with it (sent again, the create is 404). Every call that changes something honours it " +
 				"at once on every instance; reads, reports and heartbeats within KEY_CACHE_TTL. " +

@@ -153,18 +153,16 @@ func (s *Server) gateRoutes() []Route {
 			Scopes:  []string{auth.ScopeApprovalsWrite},
 			Summary: "Approve a pending effect: the next begin on its key executes.",
 			Request: gate.DecideRequest{}, Response: gate.Approval{}, Status: 200,
-			Errors:    []string{apierr.CodeNotFound, apierr.CodeInvalidState, apierr.CodeGroupUnwinding},
-			ChecksKey: true,
-			Handle:    s.decideApproval(gate.ApprovalApproved),
+			Errors: []string{apierr.CodeNotFound, apierr.CodeInvalidState, apierr.CodeGroupUnwinding},
+			Handle: s.decideApproval(gate.ApprovalApproved),
 		},
 		{
 			Method: "POST", Pattern: "/api/v1/approvals/{id}/reject", Name: "approvals.reject", Tag: "approvals",
 			Scopes:  []string{auth.ScopeApprovalsWrite},
 			Summary: "Reject a pending effect: every begin on its key is denied with approval_rejected.",
 			Request: gate.DecideRequest{}, Response: gate.Approval{}, Status: 200,
-			Errors:    []string{apierr.CodeNotFound, apierr.CodeInvalidState},
-			ChecksKey: true,
-			Handle:    s.decideApproval(gate.ApprovalRejected),
+			Errors: []string{apierr.CodeNotFound, apierr.CodeInvalidState},
+			Handle: s.decideApproval(gate.ApprovalRejected),
 		},
 	}
 }

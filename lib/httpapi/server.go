@@ -17,6 +17,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/getratchet/ratchet/lib/apierr"
@@ -354,6 +355,16 @@ func (s *Server) run(ctx context.Context, c *Call) (any, error) {
 	if err := s.authorize(ctx, c, true); err != nil {
 		return nil, err
 	}
+	if c.Route.checksKeyAsItWrites() {
+		// Read live just now, the key may be revoked before the route
+		// writes: every transaction the route begins holds its row live
+		// first, so a revocation either waits for the write's commit or,
+		// committed before, refuses the write (401, as a revoked key).
+		keyID := c.Principal.KeyID
+		ctx = db.WithCheck(ctx, func(ctx context.Context, tx pgx.Tx) error {
+			return auth.RequireLive(ctx, tx, keyID)
+		})
+	}
 	if err := textParams(c.R, c.Route.Pattern, c.Route.PathParams()); err != nil {
 		return nil, err
 	}
@@ -517,7 +528,7 @@ func (s *Server) authorize(ctx context.Context, c *Call, count bool) error {
 			verify = s.Auth.Verify
 		case c.Route.Settles:
 			verify = s.Auth.AuthenticateSettling
-		case c.Route.changes() && !c.Route.ChecksKey:
+		case c.Route.checksKeyAsItWrites():
 			verify = s.Auth.AuthenticateUncached
 		}
 		p, err := verify(ctx, secret)

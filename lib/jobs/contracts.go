@@ -210,7 +210,7 @@ func (s *Service) PublishContract(ctx context.Context, workspaceID, keyID, name 
 	if err := p.Err(); err != nil {
 		return Contract{}, err
 	}
-	c, err := scanContract(db.Conn(ctx, s.pool).QueryRow(ctx, sqlPublishContract, workspaceID, name, req.HandlerVersion,
+	c, err := scanContract(db.Writer(ctx, s.pool).QueryRow(ctx, sqlPublishContract, workspaceID, name, req.HandlerVersion,
 		string(in), string(out), timeout, pol.Preset, pol.MaxAttempts, pol.InitialDelayMs, pol.Multiplier,
 		pol.MaxDelayMs, pol.JitterPercent, status, keyID, s.now()))
 	if err != nil {

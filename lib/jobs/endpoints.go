@@ -289,7 +289,7 @@ func (s *Service) CreateEndpoint(ctx context.Context, workspaceID string, req Cr
 	} else if !errors.Is(err, pgx.ErrNoRows) {
 		return Endpoint{}, false, err
 	}
-	e, err := scanEndpoint(s.pool.QueryRow(ctx, sqlInsertEndpoint, policyArgs(ids.NewAt(ids.Endpoint, s.now()),
+	e, err := scanEndpoint(db.Writer(ctx, s.pool).QueryRow(ctx, sqlInsertEndpoint, policyArgs(ids.NewAt(ids.Endpoint, s.now()),
 		workspaceID, req.Name, pol, s.now())...))
 	if errors.Is(err, pgx.ErrNoRows) { // created concurrently
 		e, err = s.endpointByName(ctx, s.pool, workspaceID, req.Name)

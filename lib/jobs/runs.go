@@ -280,7 +280,7 @@ func (s *Service) CreateRun(ctx context.Context, workspaceID string, req CreateR
 		r.SpentMicros = &zero
 	}
 	if req.IdempotencyKey == nil {
-		if _, err := s.pool.Exec(ctx, sqlInsertRun, r.ID, workspaceID, r.Name, now, req.BudgetMicros); err != nil {
+		if _, err := db.Writer(ctx, s.pool).Exec(ctx, sqlInsertRun, r.ID, workspaceID, r.Name, now, req.BudgetMicros); err != nil {
 			return Run{}, fmt.Errorf("create run: %w", err)
 		}
 		return r, nil
@@ -292,7 +292,7 @@ func (s *Service) CreateRun(ctx context.Context, workspaceID string, req CreateR
 	// Twice at most: a run the key named may be deleted (retention) between
 	// the insert that met it and the reads.
 	for range 2 {
-		tag, err := s.pool.Exec(ctx, sqlInsertKeyedRun, r.ID, workspaceID, r.Name, now, req.BudgetMicros,
+		tag, err := db.Writer(ctx, s.pool).Exec(ctx, sqlInsertKeyedRun, r.ID, workspaceID, r.Name, now, req.BudgetMicros,
 			*req.IdempotencyKey, hash)
 		if err != nil {
 			return Run{}, fmt.Errorf("create run: %w", err)

@@ -65,7 +65,7 @@ func (s *Service) RegisterWorker(ctx context.Context, p *auth.Principal, req Reg
 		return RegisterResult{}, err
 	}
 	id := ids.NewAt(ids.Worker, s.now())
-	if _, err := db.Conn(ctx, s.pool).Exec(ctx, sqlInsertWorker, id, p.WorkspaceID, p.KeyID, names, versions, s.now()); err != nil {
+	if _, err := db.Writer(ctx, s.pool).Exec(ctx, sqlInsertWorker, id, p.WorkspaceID, p.KeyID, names, versions, s.now()); err != nil {
 		return RegisterResult{}, fmt.Errorf("register worker: %w", err)
 	}
 	return RegisterResult{WorkerID: id}, nil
