@@ -139,18 +139,20 @@ func KeyRevoked(ctx context.Context, q db.Querier, keyID string) (bool, error) {
 	return revoked, nil
 }
 
-// sqlLiveKey share-locks key $1's row while it is not revoked: a revocation
-// (an UPDATE of the row) waits for the transaction that took it.
-const sqlLiveKey = `SELECT true FROM api_keys WHERE id = $1::text AND revoked_at IS NULL FOR SHARE`
+// sqlLiveKey key-share-locks key $1's row while it is not revoked: a
+// revocation, which locks the row FOR UPDATE before it writes
+// (sqlLockRevoke), waits for the transaction that took it, and one that
+// committed first leaves no live row to lock.
+const sqlLiveKey = `SELECT true FROM api_keys WHERE id = $1::text AND revoked_at IS NULL FOR KEY SHARE`
 
 // RequireLive checks, inside tx, that keyID is not revoked, and holds its
 // row until tx ends, so the key cannot be revoked before tx commits: a key
 // revoked on another instance, whose cache still holds it for
 // KEY_CACHE_TTL, or as the request ran, acts no more (ErrRevokedKey). A
 // replay and a mint take it themselves; lib/httpapi has every other
-// transaction of a call that changes something take it first
-// (db.WithCheck), settling calls aside; begin, enqueue and claim check the
-// key in their own statements instead, without a lock.
+// transaction of a call that changes something take it last, before it
+// commits (db.WithCheck), settling calls aside; begin, enqueue and claim
+// check the key in their own statements instead, without a lock.
 func RequireLive(ctx context.Context, tx pgx.Tx, keyID string) error {
 	var live bool
 	err := tx.QueryRow(ctx, sqlLiveKey, keyID).Scan(&live)

@@ -329,7 +329,7 @@ func Snapshot(ctx context.Context, pool *pgxpool.Pool, fn func(pgx.Tx) error) er
 // it instead, and what it writes commits with the request's own work. It is
 // the one place services begin transactions, so every caller gets the same
 // rollback discipline, joins a request's transaction the same way, and
-// runs ctx's check first (WithCheck).
+// runs ctx's check last, before its commit (WithCheck).
 func Tx(ctx context.Context, pool *pgxpool.Pool, fn func(pgx.Tx) error) error {
 	if rt := requestTx(ctx); rt != nil {
 		tx, err := rt.begun(ctx)
@@ -340,10 +340,10 @@ func Tx(ctx context.Context, pool *pgxpool.Pool, fn func(pgx.Tx) error) error {
 	}
 	if check := checkOf(ctx); check != nil {
 		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			if err := check(ctx, tx); err != nil {
+			if err := fn(tx); err != nil {
 				return err
 			}
-			return fn(tx)
+			return check(ctx, tx)
 		})
 	}
 	return pgx.BeginFunc(ctx, pool, fn)

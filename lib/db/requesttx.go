@@ -50,20 +50,12 @@ func requestTx(ctx context.Context) *RequestTx {
 	return rt
 }
 
-// begun is the transaction, begun now if no statement has been sent yet,
-// and checked first (WithCheck): refused, it is rolled back, and the next
-// statement begins it again.
+// begun is the transaction, begun now if no statement has been sent yet.
 func (rt *RequestTx) begun(ctx context.Context) (pgx.Tx, error) {
 	if rt.tx == nil {
 		tx, err := rt.pool.Begin(ctx)
 		if err != nil {
 			return nil, fmt.Errorf("begin request transaction: %w", err)
-		}
-		if check := checkOf(ctx); check != nil {
-			if err := check(ctx, tx); err != nil {
-				_ = tx.Rollback(ctx)
-				return nil, err
-			}
 		}
 		rt.tx = tx
 	}
@@ -73,14 +65,20 @@ func (rt *RequestTx) begun(ctx context.Context) (pgx.Tx, error) {
 type checkKey struct{}
 
 // WithCheck returns ctx carrying check, which every transaction begun
-// under it runs as its first statement (Tx, and a request's transaction,
-// BeginRequest), so that what the transaction writes commits only if check
-// passed in it: for a request whose key must still be live as it writes
-// (auth.RequireLive, which holds the key's row until the transaction
-// ends). A check that fails fails the transaction with its error, before
-// anything was written. Snapshot's read-only transactions, statements run
-// on the pool outside a transaction, and what runs once the request's
-// write committed (Unchecked, AfterRequest) are not checked.
+// under it runs last, just before its commit (Tx's, and a request's
+// transaction, RequestTx.Commit), so that what the transaction wrote
+// commits only if check passed in it: for a request whose key must still
+// be live as it writes (auth.RequireLive, which holds the key's row until
+// the transaction ends, so that a revocation waits for the commit). Last,
+// so that the row is held for one round trip, not while the transaction
+// waits for its other locks: held from the first statement, a revoke
+// waited behind a stream of writes of the key that took turns on a lock of
+// their own, each holding the row as it waited (a revoke's FOR UPDATE
+// does not keep later KEY SHAREs from joining). A check that fails fails
+// the transaction with its error, and nothing it wrote is kept. Snapshot's
+// read-only transactions, statements run on the pool outside a
+// transaction, and what runs once the request's write committed
+// (Unchecked, AfterRequest) are not checked.
 func WithCheck(ctx context.Context, check func(context.Context, pgx.Tx) error) context.Context {
 	return context.WithValue(ctx, checkKey{}, check)
 }
@@ -127,7 +125,9 @@ func (r errRow) Scan(...any) error { return r.err }
 // the connection was lost while the commit was sent or answered.
 var ErrCommitUnknown = errors.New("commit outcome unknown")
 
-// Commit commits the transaction, then runs what AfterCommit deferred. A
+// Commit runs ctx's check (WithCheck) in the transaction, whose error it
+// answers (nothing committed), commits the transaction, then runs what
+// AfterCommit deferred. A
 // failure wraps ErrCommitUnknown unless the commit surely did not land: it
 // was never sent, or the server answered that it rolled back (the
 // transaction had failed before, or COMMIT failed with an ERROR, such as a
@@ -135,6 +135,11 @@ var ErrCommitUnknown = errors.New("commit outcome unknown")
 // answer may come after the commit landed.
 func (rt *RequestTx) Commit(ctx context.Context) error {
 	if rt.tx != nil {
+		if check := checkOf(ctx); check != nil {
+			if err := check(ctx, rt.tx); err != nil {
+				return err // the caller rolls back
+			}
+		}
 		if err := rt.tx.Commit(ctx); err != nil {
 			var pe *pgconn.PgError
 			if errors.Is(err, pgx.ErrTxCommitRollback) || Unapplied(err) ||
@@ -241,7 +246,7 @@ type Statement interface {
 // Writer is what a service runs a write of one statement on: Conn's,
 // except that under a check (WithCheck) and outside a request's
 // transaction the statement runs in a transaction of its own, checked
-// first, as Tx's are: on the pool it would write unchecked.
+// before it commits, as Tx's are: on the pool it would write unchecked.
 func Writer(ctx context.Context, pool *pgxpool.Pool) Statement {
 	if requestTx(ctx) == nil && checkOf(ctx) != nil {
 		return checkedStatement{pool}

@@ -166,12 +166,12 @@ func TestRequestTxCommitSaysWhenItsOutcomeIsUnknown(t *testing.T) {
 	require.Equal(t, 1, woken, "once")
 }
 
-// A check (db.WithCheck) runs first in every transaction begun under it:
-// Tx's, a request's (once, at its first statement) and Writer's own for a
-// statement outside a request; refused, nothing the transaction would have
-// written is, and its error is answered. Unchecked and AfterRequest drop
+// A check (db.WithCheck) runs last, before the commit, in every
+// transaction begun under it: Tx's, a request's (once, as it commits) and
+// Writer's own for a statement outside a request; refused, nothing the
+// transaction wrote is kept, and its error is answered. Unchecked and AfterRequest drop
 // it, and a statement on the pool (Conn outside a request) is not checked.
-func TestACheckRunsFirstInEveryTransactionBegunUnderIt(t *testing.T) {
+func TestACheckRunsLastInEveryTransactionBegunUnderIt(t *testing.T) {
 	t.Parallel()
 	pool, table := requestPool(t)
 	refused := fmt.Errorf("refused")

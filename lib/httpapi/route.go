@@ -63,8 +63,9 @@ type Route struct {
 	// the key from the instance's cache. Any other call that changes
 	// something, settling calls aside, reads its key afresh
 	// (auth.AuthenticateUncached) and has every transaction it begins
-	// hold the key's row live first (checksKeyAsItWrites), so a key
-	// revoked on another instance, or as the call ran, changes nothing.
+	// hold the key's row live before it commits (checksKeyAsItWrites), so
+	// a key revoked on another instance, or as the call ran, changes
+	// nothing.
 	ChecksKey bool
 	Query     []Param
 	// Request and Response are zero values of the body types, used for the
@@ -180,7 +181,8 @@ func (r *Route) OpenAPIPath() string { return r.Pattern }
 func (r *Route) changes() bool { return r.Method != http.MethodGet }
 
 // checksKeyAsItWrites says whether the route's key is read afresh and held
-// live by every transaction the route begins (Server.run, db.WithCheck):
+// live by every transaction the route begins, before it commits
+// (Server.run, db.WithCheck):
 // a keyed call that changes something, neither settling what was begun
 // nor checking the key in its own statements (ChecksKey).
 func (r *Route) checksKeyAsItWrites() bool {

@@ -358,8 +358,9 @@ func (s *Server) run(ctx context.Context, c *Call) (any, error) {
 	if c.Route.checksKeyAsItWrites() {
 		// Read live just now, the key may be revoked before the route
 		// writes: every transaction the route begins holds its row live
-		// first, so a revocation either waits for the write's commit or,
-		// committed before, refuses the write (401, as a revoked key).
+		// before it commits, so a revocation either waits for the write's
+		// commit or, committed before, refuses the write (401, as a
+		// revoked key).
 		keyID := c.Principal.KeyID
 		ctx = db.WithCheck(ctx, func(ctx context.Context, tx pgx.Tx) error {
 			return auth.RequireLive(ctx, tx, keyID)
