@@ -78,6 +78,7 @@ func webhookData(typ string) map[string]any {
 		return map[string]any{"type": "string", "format": "date-time", "description": d}
 	}
 	integer := func(d string) map[string]any { return map[string]any{"type": "integer", "description": d} }
+	boolean := func(d string) map[string]any { return map[string]any{"type": "boolean", "description": d} }
 	enum := func(d string, values ...string) map[string]any {
 		return map[string]any{"type": "string", "enum": values, "description": d}
 	}
@@ -133,11 +134,12 @@ func webhookData(typ string) map[string]any {
 			"last_reconciled_at":    orNull(at("its last reconciliation (null: none yet)")),
 			"due_at":                at("when this period's reconciliation fell due")})
 	case events.RunFinished:
-		return object(map[string]any{"status": enum("how the run ended", "SUCCEEDED", "FAILED")})
+		return object(map[string]any{"status": enum("how the run ended", "SUCCEEDED", "FAILED"),
+			"synthetic": boolean("the run is a tool test's (POST /tools/{name}/test; false for every other run)")})
 	case events.StepExhausted:
 		return object(map[string]any{"jobId": str("the step's durable job"), "attempt": integer("its last attempt"),
-			"leaseLapsed": map[string]any{"type": "boolean",
-				"description": "the last attempt's lease lapsed without a report: its side effect may have happened"}})
+			"leaseLapsed": boolean("the last attempt's lease lapsed without a report: its side effect may have happened"),
+			"synthetic":   boolean("the step is a tool test's (POST /tools/{name}/test; false for every other step)")})
 	case events.StepReplayed:
 		return object(map[string]any{"jobId": str("the step's durable job"), "replayId": str("the replay's audit id"),
 			"keyId":              str("the key that asked for it"),

@@ -1260,15 +1260,30 @@ func (s *Service) release(ctx context.Context, tx pgx.Tx, done []endedStep, depe
 	var queued []queuedJob
 	var events []event
 	stepIDs := make([]string, 0, len(done))
+	var exhaustedRuns []string
 	for _, e := range done {
 		if e.runID != "" {
 			runs[e.runID] = true
 		}
 		stepIDs = append(stepIDs, e.stepID)
 		if e.status == StatusExhausted {
-			events = append(events, event{workspaceID: e.workspaceID, typ: EventStepExhausted, subject: e.stepID,
-				data:   fmt.Sprintf(`{"jobId":%q,"attempt":%d,"leaseLapsed":%t}`, e.jobID, e.attempt, e.lapsed),
-				dedupe: strconv.Itoa(e.attempt)})
+			exhaustedRuns = append(exhaustedRuns, e.runID)
+		}
+	}
+	if len(exhaustedRuns) > 0 {
+		// step.exhausted says whether its step is a tool test's (synthetic),
+		// as run.finished does, so a receiver paging on it can tell.
+		var synthetic []string
+		if err := tx.QueryRow(ctx, sqlSyntheticRuns, exhaustedRuns).Scan(&synthetic); err != nil {
+			return nil, nil, fmt.Errorf("synthetic runs: %w", err)
+		}
+		for _, e := range done {
+			if e.status == StatusExhausted {
+				events = append(events, event{workspaceID: e.workspaceID, typ: EventStepExhausted, subject: e.stepID,
+					data: fmt.Sprintf(`{"jobId":%q,"attempt":%d,"leaseLapsed":%t,"synthetic":%t}`,
+						e.jobID, e.attempt, e.lapsed, slices.Contains(synthetic, e.runID)),
+					dedupe: strconv.Itoa(e.attempt)})
+			}
 		}
 	}
 	// One statement decides the whole cascade from its snapshot; a step an

@@ -338,7 +338,8 @@ UPDATE job_runs SET completion_requested = true WHERE id = $1::text AND workspac
 // sqlSettleRun finishes a run: FAILED as soon as a step is EXHAUSTED or
 // CANCELLED, whether or not its completion was requested (migration 0019);
 // SUCCEEDED once its completion was requested and every step ended well
-// (SKIPPED counts as well). It records run.finished once, and answers
+// (SKIPPED counts as well). It records run.finished once (data: the status
+// and whether the run is synthetic, a tool test's), and answers
 // whether it finished the run (1) or found it finished or undecided (0).
 const sqlSettleRun = `
 WITH r AS (
@@ -347,10 +348,11 @@ WITH r AS (
                       THEN 'FAILED' ELSE 'SUCCEEDED' END,
         finished_at = $2::timestamptz
     WHERE r.id = $1::text AND r.status = 'RUNNING' AND ` + runDecided + `
-    RETURNING r.id, r.workspace_id, r.status, r.reopened
+    RETURNING r.id, r.workspace_id, r.status, r.reopened, r.synthetic
 ), evt AS (
     INSERT INTO events (id, workspace_id, type, subject_id, data, created_at, dedupe_key)
-    SELECT $3::text, workspace_id, 'run.finished', id, jsonb_build_object('status', status), $2::timestamptz,
+    SELECT $3::text, workspace_id, 'run.finished', id, jsonb_build_object('status', status, 'synthetic', synthetic),
+           $2::timestamptz,
            -- A run reopened by a replay finishes again: one event per finish.
            CASE WHEN reopened = 0 THEN '' ELSE 'reopened:' || reopened END FROM r
     ON CONFLICT DO NOTHING
@@ -414,6 +416,11 @@ var sqlStrandedDependents = db.RoundRobin(`
     SELECT DISTINCT w.after_step_id AS id, d.workspace_id, coalesce(d.finished_at, d.updated_at) AS due
     FROM jobs w JOIN jobs d ON d.step_id = w.after_step_id
     WHERE w.status = 'WAITING' AND d.status IN ('SUCCEEDED', 'EXHAUSTED', 'CANCELLED', 'SKIPPED')`, "$1::int")
+
+// sqlSyntheticRuns answers which of the runs $1 are synthetic (a tool
+// test's, set at its insert and never changed).
+const sqlSyntheticRuns = `
+SELECT coalesce(array_agg(id), '{}') FROM job_runs WHERE id = ANY($1::text[]) AND synthetic`
 
 const sqlInsertEvents = `
 INSERT INTO events (id, workspace_id, type, subject_id, data, created_at, dedupe_key)

@@ -3,6 +3,7 @@ package webhooks_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"maps"
 	"net/http"
 	"slices"
@@ -145,4 +146,70 @@ func TestADeliverySendsNamesThatReadLikeTimesAsTheyAre(t *testing.T) {
 	require.NoError(t, json.Unmarshal(rcv.bodies[0], &got))
 	require.Equal(t, ep["id"], got.SubjectID)
 	require.Equal(t, name, got.Data["endpoint"], "the endpoint's name, as its reads show it")
+}
+
+// A tool test's step.exhausted and run.finished are sent, as any run's
+// (visibility), and say in data.synthetic that they are a tool test's, so a
+// receiver paging on a failure can tell one from production: they said
+// nothing of it (events QA). Both ways a step is exhausted: a failed report
+// and a lapsed lease (the sweeper's); an ordinary run's say false.
+func TestAToolTestsEventsSayTheyAreSynthetic(t *testing.T) {
+	env, clk, ws, rcv := subscribedToAll(t)
+	must := func(status int, method, path string, body any) map[string]any {
+		t.Helper()
+		clk.Add(time.Millisecond)
+		return env.Must(status, method, path, ws.Key, body).JSON()
+	}
+	synthetic := map[string]bool{} // subject (run or step) → data.synthetic expected
+	for range 2 {
+		run := must(http.StatusCreated, "POST", "/api/v1/runs", map[string]any{"name": "welcome"})
+		step := must(http.StatusCreated, "POST", "/api/v1/runs/"+run["id"].(string)+"/steps", map[string]any{
+			"name": "send_mail", "version": "1", "input": map[string]any{}, "maxAttempts": 1})
+		synthetic[run["id"].(string)], synthetic[step["stepId"].(string)] = false, false
+		tested := must(http.StatusOK, "POST", "/api/v1/tools/send_mail/test", map[string]any{"version": "1", "input": map[string]any{}})
+		synthetic[tested["runId"].(string)], synthetic[tested["stepId"].(string)] = true, true
+	}
+	worker := must(http.StatusCreated, "POST", "/api/v1/workers/register",
+		map[string]any{"tools": []any{map[string]any{"name": "send_mail", "version": "1"}}})
+	jobs := must(http.StatusOK, "POST", "/api/v1/workers/"+worker["workerId"].(string)+"/claim",
+		map[string]any{"limit": 4, "waitSeconds": 0})["jobs"].([]any)
+	require.Len(t, jobs, 4)
+	// One ordinary step and one tool test fail by report; the others' leases lapse.
+	failed := map[bool]bool{}
+	for _, j := range jobs {
+		job := j.(map[string]any)
+		tool := synthetic[job["stepId"].(string)]
+		if failed[tool] {
+			continue
+		}
+		failed[tool] = true
+		must(http.StatusOK, "POST", "/api/v1/jobs/"+job["jobId"].(string)+"/report", map[string]any{
+			"leaseToken": job["leaseToken"], "status": "FAILED", "error": map[string]any{"message": "refused", "retryable": false}})
+	}
+	require.Len(t, failed, 2)
+	clk.Add(2 * time.Hour) // the other two leases lapsed
+	for range 2 {          // a pass records the lapses; the next sends what it fanned out
+		env.App.Sweeper.RunOnce(context.Background())
+	}
+
+	rcv.mu.Lock()
+	defer rcv.mu.Unlock()
+	seen := map[string]int{} // type, and a step's way of ending, with data.synthetic
+	for _, body := range rcv.bodies {
+		var ev struct {
+			Type      string         `json:"type"`
+			SubjectID string         `json:"subject_id"`
+			Data      map[string]any `json:"data"`
+		}
+		require.NoError(t, json.Unmarshal(body, &ev))
+		want, ok := synthetic[ev.SubjectID]
+		require.True(t, ok, "an event of this test's runs and steps: %s", body)
+		require.Equal(t, want, ev.Data["synthetic"], "%s", body)
+		seen[fmt.Sprintf("%s lapsed=%v synthetic=%v", ev.Type, ev.Data["leaseLapsed"], want)]++
+	}
+	require.Equal(t, map[string]int{
+		"step.exhausted lapsed=false synthetic=false": 1, "step.exhausted lapsed=false synthetic=true": 1,
+		"step.exhausted lapsed=true synthetic=false": 1, "step.exhausted lapsed=true synthetic=true": 1,
+		"run.finished lapsed=<nil> synthetic=false": 2, "run.finished lapsed=<nil> synthetic=true": 2,
+	}, seen, "every step exhausted, by report or lapse, and every run failed")
 }

@@ -133,9 +133,9 @@ func record(t *testing.T, env *apitest.Env, ws, typ string, at time.Time) string
 	case events.EffectIndeterminate:
 		data = map[string]any{"effect_id": subject, "effect_type": "email.send", "attempt": 1, "lease_expired_at": at.UTC()}
 	case events.RunFinished:
-		data = map[string]any{"status": "SUCCEEDED"}
+		data = map[string]any{"status": "SUCCEEDED", "synthetic": false}
 	case events.StepExhausted:
-		data = map[string]any{"jobId": ids.New(ids.Job), "attempt": 1, "leaseLapsed": false}
+		data = map[string]any{"jobId": ids.New(ids.Job), "attempt": 1, "leaseLapsed": false, "synthetic": false}
 	}
 	require.NoError(t, events.Record(context.Background(), env.App.Pool, events.Event{
 		WorkspaceID: ws, Type: typ, SubjectID: subject, Data: data, At: at,
