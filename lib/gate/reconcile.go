@@ -286,7 +286,7 @@ func (s *Service) Reconcile(ctx context.Context, p *auth.Principal, req Reconcil
 		if db.InRequest(ctx) {
 			db.AfterCommit(ctx, func() { _ = s.endRollbacks(db.AfterRequest(ctx), p.WorkspaceID, groups) })
 		} else {
-			_ = s.endRollbacks(ctx, p.WorkspaceID, groups)
+			_ = s.endRollbacks(db.Unchecked(ctx), p.WorkspaceID, groups) // follows the committed resolutions
 		}
 	}
 	return out, nil

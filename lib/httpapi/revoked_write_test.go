@@ -158,3 +158,42 @@ func (w *refusalWorld) digestBut(t *testing.T, id string) map[string]string {
 	out["public.api_keys"] = keys
 	return out
 }
+
+// TestAKeyRevokedAfterItsPolicyCommittedDoesNotFailThePut: a policy write
+// that lowers a retention commits the policy, then dates the type's kept
+// groups in transactions of their own (shortenKeptGroups). Those follow
+// from the committed policy: a revocation committed between the two does
+// not answer the PUT 401 (which says nothing changed) after its policy
+// changed. The test holds the dating's claim of the type, revokes the key
+// once the PUT waits for it (its policy committed), then lets it go on.
+func TestAKeyRevokedAfterItsPolicyCommittedDoesNotFailThePut(t *testing.T) {
+	t.Parallel()
+	e := apitest.Start(t)
+	ws := e.Signup()
+	ctx := context.Background()
+	pool := e.App.Pool
+	e.Must(http.StatusOK, "PUT", "/api/v1/policies/revoked.after", ws.Key, map[string]any{"retention_days": 100})
+	minted := e.Must(http.StatusCreated, "POST", "/api/v1/keys", ws.Key,
+		map[string]any{"name": "revoked after its write", "scopes": auth.AllScopes}).JSON()
+	id, secret := minted["id"].(string), minted["secret"].(string)
+
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('groups_to_date:' || $1::text || ':' ||
+		$2::text, 0))`, ws.ID, "revoked.after")
+	require.NoError(t, err)
+	done := make(chan struct{})
+	var res *apitest.Response
+	go func() {
+		defer close(done)
+		res = e.Do("PUT", "/api/v1/policies/revoked.after", secret, map[string]any{"retention_days": 30})
+	}()
+	apitest.WaitDoneOrBlockedBy(t, pool, apitest.BackendPID(t, tx), done, "the PUT dates its groups")
+	require.Equal(t, 30, int(e.Must(http.StatusOK, "GET", "/api/v1/policies/revoked.after", ws.Key, nil).
+		JSON()["retention_days"].(float64)), "the policy committed before its dating")
+	e.Must(http.StatusOK, "DELETE", "/api/v1/keys/"+id, ws.Key, nil)
+	require.NoError(t, tx.Rollback(ctx))
+	<-done
+	require.Equal(t, http.StatusOK, res.Status, "%s", clip(res.Body))
+}
