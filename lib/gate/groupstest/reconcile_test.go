@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/auth"
 	"github.com/getratchet/ratchet/lib/config"
 )
 
@@ -665,6 +666,43 @@ func TestReconcileUnderAKeyEndsItsRollbacksAfterCommit(t *testing.T) {
 	r := <-answered
 	require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
 	require.Equal(t, []string{key.(string)}, keysOf(r.JSON()["resolved"]))
+	require.Equal(t, "unwound", f.stored(g))
+}
+
+// A reconciliation (without an Idempotency-Key) whose resolutions have
+// committed ends the rollback they settled even when its key is revoked
+// in between: the ending follows from the committed resolutions, and a
+// revoked key left it to the sweeper. The test holds the group as the
+// ending waits for it (FOR KEY SHARE, which the resolutions do not wait
+// for), revokes the key, then lets the ending go on.
+func TestAReconcileEndsItsRollbacksThoughItsKeyIsRevokedOnceItsResolutionsCommitted(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	g, maybe, _, body := f.unresolvedStepFailedAtVendor()
+	minted := f.must(http.StatusCreated, "POST", "/api/v1/keys", map[string]any{"name": "revoked as it ends",
+		"scopes": auth.AllScopes})
+	id, secret := minted["id"].(string), minted["secret"].(string)
+
+	ctx := context.Background()
+	pool := f.env.App.Pool
+	hold, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = hold.Rollback(ctx) }()
+	_, err = hold.Exec(ctx, `SELECT 1 FROM effect_groups WHERE id = $1 FOR KEY SHARE`, g)
+	require.NoError(t, err)
+	done := make(chan struct{})
+	var r *apitest.Response
+	go func() {
+		defer close(done)
+		r = f.env.Do("POST", "/api/v1/reconcile", secret, body)
+	}()
+	apitest.WaitDoneOrBlockedBy(t, pool, apitest.BackendPID(t, hold), done, "the reconciliation ends the rollback")
+	require.Equal(t, "failed", f.must(http.StatusOK, "GET", "/api/v1/effects/"+maybe, nil)["state"],
+		"the resolution committed before the ending")
+	f.must(http.StatusOK, "DELETE", "/api/v1/keys/"+id, nil)
+	require.NoError(t, hold.Rollback(ctx))
+	<-done
+	require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
 	require.Equal(t, "unwound", f.stored(g))
 }
 
