@@ -111,8 +111,8 @@ func TestGoExamples(t *testing.T) {
 		require.NoError(t, err)
 		_, err = b.env.App.Server.Webhooks.Deliver(ctx, now)
 		require.NoError(t, err)
-		receiver.waitFor(t, regexp.MustCompile(`run\.finished about `+succeeded.ID+`: \{"status":"SUCCEEDED"\}`))
-		receiver.waitFor(t, regexp.MustCompile(`run\.finished about `+failed.ID+`: \{"status":"FAILED"\}`))
+		receiver.waitFor(t, regexp.MustCompile(`run\.finished about `+succeeded.ID+`: \{"status":"SUCCEEDED","synthetic":false\}`))
+		receiver.waitFor(t, regexp.MustCompile(`run\.finished about `+failed.ID+`: \{"status":"FAILED","synthetic":false\}`))
 		receiver.waitFor(t, regexp.MustCompile(`step\.exhausted about `+failed.Steps[0].ID))
 
 		// Ctrl-C: the worker stops gracefully, the receiver unsubscribes.
