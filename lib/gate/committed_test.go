@@ -117,3 +117,27 @@ func TestASlowGrantThatCommittedIsNeverAnsweredNotApplied(t *testing.T) {
 	again := b.mustBegin("execute", body)
 	require.Equal(t, float64(1), again["attempt"], "the first grant stood")
 }
+
+// A resolve of a grouped effect commits, then settles its group in a
+// transaction of its own, as a report does. When the database fails that
+// second step before its statement is sent, the resolve has landed all the
+// same: the answer may not say nothing was applied (it did, 503
+// not_applied, while the effect read resolved), and the retry it invites
+// answers the resolve that landed.
+func TestAResolveThatCommittedIsNeverAnsweredNotApplied(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	h := serverTraced(b, failingAfter{fail: gate.SQLLockUnwinding})
+	body := email(key("grouped-resolve"))
+	body["group_id"] = b.newGroup("g", "")
+	d := b.mustBegin("execute", body)
+	b.clock.Add(2 * time.Minute) // the lease lapses unreported
+
+	resolve := map[string]any{"outcome": "succeeded", "result": map[string]any{"id": 1}}
+	status, out := postTo(t, h, "/api/v1/effects/"+str(d["effect_id"])+"/resolve", b.ws.Key, resolve)
+	require.Equal(t, "succeeded", b.get(str(d["effect_id"]))["state"], "the resolve committed")
+	require.Equal(t, "unknown", outcomeOf(t, status, out))
+
+	again := b.env.Do("POST", "/api/v1/effects/"+str(d["effect_id"])+"/resolve", b.ws.Key, resolve)
+	require.Equal(t, http.StatusOK, again.Status, "%s", again.Body)
+}

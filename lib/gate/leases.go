@@ -243,7 +243,7 @@ func (s *Service) Report(ctx context.Context, p *auth.Principal, id string, req 
 }
 
 // committedThen is the error of a step a request takes after its change
-// committed on its own (settling a reported effect's group, measuring a
+// committed on its own (settling a reported or resolved effect's group, measuring a
 // slow grant's lease again). The database failing that step, even before
 // anything of it was sent (a connection found gone, the request's time
 // run out, a deadlock's victim), is answered database_unavailable with
@@ -447,7 +447,7 @@ func (s *Service) Resolve(ctx context.Context, p *auth.Principal, id string, req
 	if err != nil {
 		return Effect{}, err
 	}
-	return out, s.afterStep(ctx, p.WorkspaceID, out.GroupID)
+	return out, committedThen(s.afterStep(ctx, p.WorkspaceID, out.GroupID))
 }
 
 // namesUnknownAttempt refuses a resolve of an indeterminate effect that
