@@ -75,6 +75,18 @@ func outcomeOf(t *testing.T, status int, body map[string]any) any {
 	return e["detail"].(map[string]any)["outcome"]
 }
 
+// groupedStepFailingItsSettle begins (execute) a step of a new group under
+// a key prefixed prefix, and answers it with a server whose database fails
+// every settle of a group (sqlLockUnwinding) before the statement is sent.
+func groupedStepFailingItsSettle(t *testing.T, prefix string) (*bundle, http.Handler, map[string]any) {
+	t.Helper()
+	b := setup(t)
+	h := serverTraced(b, failingAfter{fail: gate.SQLLockUnwinding})
+	body := email(key(prefix))
+	body["group_id"] = b.newGroup("g", "")
+	return b, h, b.mustBegin("execute", body)
+}
+
 // A report of a grouped effect commits, then settles its group in a
 // transaction of its own. When the database fails that second step before
 // its statement is sent, the report has landed all the same: the answer
@@ -82,11 +94,7 @@ func outcomeOf(t *testing.T, status int, body map[string]any) any {
 // effect read succeeded).
 func TestAReportThatCommittedIsNeverAnsweredNotApplied(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	h := serverTraced(b, failingAfter{fail: gate.SQLLockUnwinding})
-	body := email(key("grouped-report"))
-	body["group_id"] = b.newGroup("g", "")
-	d := b.mustBegin("execute", body)
+	b, h, d := groupedStepFailingItsSettle(t, "grouped-report")
 
 	status, out := postTo(t, h, "/api/v1/effects/"+str(d["effect_id"])+"/report", b.ws.Key,
 		map[string]any{"lease_token": d["lease_token"], "outcome": "succeeded", "result": map[string]any{"id": 1}})
@@ -126,11 +134,7 @@ func TestASlowGrantThatCommittedIsNeverAnsweredNotApplied(t *testing.T) {
 // answers the resolve that landed.
 func TestAResolveThatCommittedIsNeverAnsweredNotApplied(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	h := serverTraced(b, failingAfter{fail: gate.SQLLockUnwinding})
-	body := email(key("grouped-resolve"))
-	body["group_id"] = b.newGroup("g", "")
-	d := b.mustBegin("execute", body)
+	b, h, d := groupedStepFailingItsSettle(t, "grouped-resolve")
 	b.clock.Add(2 * time.Minute) // the lease lapses unreported
 
 	resolve := map[string]any{"outcome": "succeeded", "result": map[string]any{"id": 1}}
