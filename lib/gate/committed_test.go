@@ -56,9 +56,14 @@ func serverTraced(b *bundle, tr pgx.QueryTracer) http.Handler {
 
 func postTo(t *testing.T, h http.Handler, path, key string, body any) (int, map[string]any) {
 	t.Helper()
+	return sendTo(t, h, "POST", path, key, body)
+}
+
+func sendTo(t *testing.T, h http.Handler, method, path, key string, body any) (int, map[string]any) {
+	t.Helper()
 	raw, err := json.Marshal(body)
 	require.NoError(t, err)
-	req := httptest.NewRequest("POST", path, bytes.NewReader(raw))
+	req := httptest.NewRequest(method, path, bytes.NewReader(raw))
 	req.Header.Set("Authorization", "Bearer "+key)
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, req)
@@ -144,4 +149,24 @@ func TestAResolveThatCommittedIsNeverAnsweredNotApplied(t *testing.T) {
 
 	again := b.env.Do("POST", "/api/v1/effects/"+str(d["effect_id"])+"/resolve", b.ws.Key, resolve)
 	require.Equal(t, http.StatusOK, again.Status, "%s", again.Body)
+}
+
+// A policy write that lowers a type's retention commits, then dates the
+// kept groups again in transactions of their own. When the database fails
+// that dating before its statement is sent, the policy is written all the
+// same: the answer may not say nothing was applied (it did, 503
+// not_applied, while the policy read the new retention), and the PUT sent
+// again (how a client retries a dating that failed) answers the policy.
+func TestAPolicyPutThatCommittedIsNeverAnsweredNotApplied(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	h := serverTraced(b, failingAfter{fail: gate.SQLClaimGroupsToDate})
+	put := map[string]any{"retention_days": 7}
+
+	status, out := sendTo(t, h, "PUT", "/api/v1/policies/email.send", b.ws.Key, put)
+	got := b.env.Must(http.StatusOK, "GET", "/api/v1/policies/email.send", b.ws.Key, nil).JSON()
+	require.Equal(t, float64(7), got["retention_days"], "the policy committed")
+	require.Equal(t, "unknown", outcomeOf(t, status, out))
+
+	require.Equal(t, float64(7), b.putPolicy("email.send", put)["retention_days"])
 }

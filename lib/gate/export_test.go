@@ -77,6 +77,11 @@ func PurgeKeptGroups(ctx context.Context, tx pgx.Tx, now time.Time, limit, steps
 // begins with, so a test can fail it after the report committed.
 var SQLLockUnwinding = sqlLockUnwinding
 
+// SQLClaimGroupsToDate is the statement a lowered retention's dating of
+// kept groups begins with, after the policy's write committed, so a test
+// can fail it then.
+var SQLClaimGroupsToDate = sqlClaimGroupsToDate
+
 // SQLBeginFast and SQLLengthenLease are begin's one-statement path and the
 // statement that measures a slow grant's lease again after it committed.
 var (

@@ -559,7 +559,10 @@ func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string,
 	}
 	// The policy has committed: the dating follows from it, and a key
 	// revoked since fails it no more (a 401 would say nothing changed).
-	return out, s.shortenKeptGroups(db.Unchecked(ctx), workspaceID, effectType)
+	// committedThen: a database failing the dating is answered outcome
+	// unknown, never not_applied (the policy stands; the PUT sent again
+	// answers it and dates the groups).
+	return out, committedThen(s.shortenKeptGroups(db.Unchecked(ctx), workspaceID, effectType))
 }
 
 // shortenKeptGroups dates again the ended groups holding an effect of a
