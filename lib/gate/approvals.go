@@ -124,6 +124,19 @@ func (s *Service) Decide(ctx context.Context, p *auth.Principal, id, state strin
 		return Approval{}, err
 	}
 	if a.State == state {
+		if state == ApprovalRejected {
+			// The repeat of a rejection whose answer was lost, or was
+			// outcome unknown because the settling of its group failed
+			// after it committed: it ends the rollback as the first would
+			// have (QA: the repeat answered the approval and the group's
+			// row read unwinding until a read or the sweeper settled it).
+			var group *string
+			if err := s.pool.QueryRow(ctx, sqlEffectGroupOf, a.EffectID).Scan(&group); err != nil &&
+				!errors.Is(err, pgx.ErrNoRows) { // deleted by retention: nothing to settle
+				return Approval{}, fmt.Errorf("decide approval: effect's group: %w", err)
+			}
+			return a, committedThen(s.afterStep(ctx, p.WorkspaceID, group))
+		}
 		return a, nil
 	}
 	if a.State == ApprovalPending {

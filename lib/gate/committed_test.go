@@ -170,3 +170,34 @@ func TestAPolicyPutThatCommittedIsNeverAnsweredNotApplied(t *testing.T) {
 
 	require.Equal(t, float64(7), b.putPolicy("email.send", put)["retention_days"])
 }
+
+// A rejection of a compensation ends its group's rollback in a transaction
+// of its own once the rejection committed. When the database fails that
+// step, the answer says the outcome is unknown, and the rejection sent again
+// (as that answer invites) ends the rollback as the first would have: the
+// group's row reads unwind_failed after it, not only once a read or the
+// sweeper settled it (it read unwinding: the repeat answered the approval
+// and settled nothing).
+func TestARejectionRepeatedAfterItsSettleFailedEndsTheRollback(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	h := serverTraced(b, failingAfter{fail: gate.SQLLockUnwinding})
+	b.putPolicy("email.retract", map[string]any{"mode": "require_approval"})
+	g, _, step := b.groupWithStep("g", "")
+	b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+g+"/unwind", b.ws.Key, nil)
+	aid := str(b.mustBegin("approval_required", map[string]any{"effect_type": "email.retract",
+		"idempotency_key": "compensate:" + str(step["effect_id"]), "compensates_effect_id": step["effect_id"]})["approval_id"])
+
+	status, out := postTo(t, h, "/api/v1/approvals/"+aid+"/reject", b.ws.Key, map[string]any{})
+	require.Equal(t, "unknown", outcomeOf(t, status, out))
+	stored := func() string {
+		var state string
+		require.NoError(t, b.env.App.Pool.QueryRow(context.Background(),
+			`SELECT state FROM effect_groups WHERE id = $1`, g).Scan(&state))
+		return state
+	}
+	require.Equal(t, "unwinding", stored(), "the settle failed")
+
+	b.env.Must(http.StatusOK, "POST", "/api/v1/approvals/"+aid+"/reject", b.ws.Key, nil)
+	require.Equal(t, "unwind_failed", stored(), "settled by the repeated rejection, before any read")
+}

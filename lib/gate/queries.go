@@ -1104,6 +1104,9 @@ JOIN effect_groups g ON g.id = f.group_id
 WHERE ap.id = $1 AND (g.state IN ('unwound', 'unwind_failed')
     OR (g.state = 'unwinding' AND f.compensates_effect_id IS NULL))`
 
+// sqlEffectGroupOf is the group of effect $1 (NULL: none).
+const sqlEffectGroupOf = `SELECT group_id FROM effects WHERE id = $1`
+
 // $1 approval id, $2 workspace.
 const sqlGetApproval = `SELECT ` + approvalCols + ` FROM approvals WHERE id = $1 AND workspace_id = $2`
 
