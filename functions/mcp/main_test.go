@@ -117,8 +117,9 @@ func TestLinesAreAdmittedOrRefused(t *testing.T) {
 			`{"error":{"code":-32602,"message":"Invalid params: initialize needs protocolVersion, a string"},"id":4,"jsonrpc":"2.0"}`},
 		{`{"jsonrpc":"1.0","id":6,"method":"ping"}`, nil,
 			`{"error":{"code":-32600,"message":"Invalid Request: not a JSON-RPC 2.0 message"},"id":6,"jsonrpc":"2.0"}`},
+		// An id of another type says what an id may be, as over HTTP.
 		{`{"jsonrpc":"2.0","id":{"a":1},"method":"ping"}`, nil,
-			`{"error":{"code":-32600,"message":"Invalid Request: not a JSON-RPC 2.0 message"},"id":null,"jsonrpc":"2.0"}`},
+			`{"error":{"code":-32600,"message":"` + mcpserver.BadIDMessage + `"},"id":null,"jsonrpc":"2.0"}`},
 		{`[{"jsonrpc":"2.0","id":1,"method":"ping"}]`, nil,
 			`{"error":{"code":-32600,"message":"Invalid Request: JSON-RPC batches are not supported"},"id":null,"jsonrpc":"2.0"}`},
 		{`[]`, nil, `{"error":{"code":-32600,"message":"Invalid Request: JSON-RPC batches are not supported"},"id":null,"jsonrpc":"2.0"}`},

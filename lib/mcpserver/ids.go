@@ -31,8 +31,14 @@ func answerableID(id json.RawMessage) bool {
 		return true // no id: a notification
 	}
 	c := id[0]
-	if c != '-' && (c < '0' || c > '9') {
-		return true // a string, null or another type: the SDK refuses what it must
+	switch {
+	case c == '"' || string(id) == "null":
+		return true // a string; null, the SDK's to refuse as a missing id
+	case c != '-' && (c < '0' || c > '9'):
+		// true, false, an object or an array: no id. The SDK refused one
+		// in words naming its Go type ("invalid ID type map[string]interface
+		// {}", MCP review), where this says what an id may be.
+		return false
 	}
 	return exactInteger(string(id))
 }

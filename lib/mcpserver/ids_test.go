@@ -35,6 +35,11 @@ func TestEnvelopeRefusesIDsItCannotAnswer(t *testing.T) {
 		`{"jsonrpc":"2.0","id":0.5,"method":"ping"}`:                                            false,
 		`[{"jsonrpc":"2.0","id":1,"method":"ping"},{"jsonrpc":"2.0","id":2,"method":"ping"}]`:   true,
 		`[{"jsonrpc":"2.0","id":1,"method":"ping"},{"jsonrpc":"2.0","id":2.5,"method":"ping"}]`: false,
+		`{"jsonrpc":"2.0","id":true,"method":"ping"}`:                                           false,
+		`{"jsonrpc":"2.0","id":false,"method":"ping"}`:                                          false,
+		`{"jsonrpc":"2.0","id":{},"method":"ping"}`:                                             false,
+		`{"jsonrpc":"2.0","id":["1"],"method":"ping"}`:                                          false,
+		`[{"jsonrpc":"2.0","id":1,"method":"ping"},{"jsonrpc":"2.0","id":{},"method":"ping"}]`:  false,
 		`{"jsonrpc":"2.0","ID":7.5,"method":"ping"}`:                                            true, // no id to the SDK: a notification
 		`not json`: true, // a parse error
 	} {

@@ -197,6 +197,31 @@ func TestTransportErrorsDoNotEchoValues(t *testing.T) {
 	}
 }
 
+// An id that is neither a string nor a number (true, an object, an array)
+// is refused as any id the answer cannot carry is, saying what an id may
+// be: the SDK's refusal named the Go type it had read ("invalid ID type
+// map[string]interface {}", MCP review).
+func TestAnIDOfAnotherTypeIsRefusedSayingWhatAnIDIs(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	key := env.Key(env.Signup(), map[string]any{"name": "agent", "preset": "AGENT"})
+	for _, id := range []string{`true`, `false`, `{}`, `{"a":1}`, `[1]`} {
+		status, body := postMCP(t, env, key, `{"jsonrpc":"2.0","id":`+id+`,"method":"ping"}`)
+		require.Equal(t, http.StatusBadRequest, status, "%s: %s", id, body)
+		var out struct {
+			ID    any `json:"id"`
+			Error struct {
+				Code    int    `json:"code"`
+				Message string `json:"message"`
+			} `json:"error"`
+		}
+		require.NoError(t, json.Unmarshal(body, &out), "%s", body)
+		require.Nil(t, out.ID, id)
+		require.Equal(t, -32600, out.Error.Code, id)
+		require.Equal(t, mcpserver.BadIDMessage, out.Error.Message, id)
+	}
+}
+
 // Behind a reverse proxy or a tunnel on the same host, a request reaches
 // a loopback address under the public Host; MCP answers it as REST does.
 func TestEndpointAnswersUnderAnyHost(t *testing.T) {
