@@ -301,8 +301,10 @@ func TestToolSchemasSayWhatTheRoutesTake(t *testing.T) {
 	res, err := cs.ListTools(context.Background(), nil)
 	require.NoError(t, err)
 	reads := []string{"ratchet_get_effect", "ratchet_list_effects", "ratchet_get_policy", "ratchet_list_approvals"}
-	// Settling calls answer their first outcome again: safe to retry.
-	repeatable := []string{"ratchet_report", "ratchet_heartbeat", "ratchet_resolve", "ratchet_decide_approval"}
+	// Settling calls answer their first outcome again: safe to retry. Not
+	// ratchet_resolve: without attempt, repeated, it settles a later
+	// attempt (TestARepeatedResolveWithoutAttemptSettlesALaterAttempt).
+	repeatable := []string{"ratchet_report", "ratchet_heartbeat", "ratchet_decide_approval"}
 	for _, tl := range res.Tools {
 		require.NotNil(t, tl.Annotations, tl.Name)
 		require.Equal(t, slices.Contains(reads, tl.Name), tl.Annotations.ReadOnlyHint, tl.Name)

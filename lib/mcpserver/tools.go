@@ -488,14 +488,21 @@ var tools = []tool{
 		func(in HeartbeatInput) (string, string, any) {
 			return "POST", "/api/v1/effects/" + pathEscape(in.EffectID) + "/heartbeat", map[string]any{"lease_token": in.LeaseToken}
 		})),
-	idempotent(define("ratchet_resolve", "Record what the vendor shows for an indeterminate effect; unblocks its key.", "effects:resolve",
+	// Not marked idempotent: a resolve without attempt settles whatever
+	// attempt is unknown when it runs, so the same call repeated after the
+	// key's next attempt lapsed settled that attempt too (MCP review: a
+	// retried failed resolve recorded attempt 2, which may have happened,
+	// as failed). Only one naming its attempt answers its first outcome again.
+	define("ratchet_resolve", "Record what the vendor shows for an indeterminate effect; unblocks its key. "+
+		"Send attempt: a resolve naming it, repeated, answers its first outcome again, where one without it "+
+		"settles whatever attempt is unknown when it runs, a later one included.", "effects:resolve",
 		func(in ResolveInput) (string, string, any) {
 			body := map[string]any{"outcome": in.Outcome, "result": in.Result, "note": in.Note}
 			if in.Attempt != nil {
 				body["attempt"] = *in.Attempt
 			}
 			return "POST", "/api/v1/effects/" + pathEscape(in.EffectID) + "/resolve", body
-		}, like[gate.ResolveRequest])),
+		}, like[gate.ResolveRequest]),
 	readOnly(define("ratchet_get_effect", "Read one effect with its attempts.", "effects:read",
 		func(in EffectInput) (string, string, any) {
 			return "GET", "/api/v1/effects/" + pathEscape(in.EffectID), nil

@@ -405,3 +405,42 @@ func TestResolveToolSendsTheAttempt(t *testing.T) {
 	require.False(t, isErr, "%v", body)
 	require.Equal(t, "failed", body["state"])
 }
+
+// ratchet_resolve is not marked idempotent: the same call without attempt,
+// repeated once the key's next attempt has lapsed, settles that attempt
+// too (here as failed, though it may have happened). A client that retries
+// tools marked idempotentHint would have done so on its own after a lost
+// answer (MCP review).
+func TestARepeatedResolveWithoutAttemptSettlesALaterAttempt(t *testing.T) {
+	t.Parallel()
+	clock := apitest.NewClock(time.Now().UTC().Truncate(24 * time.Hour).Add(12 * time.Hour))
+	env := apitest.Start(t, apitest.WithNow(clock.Now))
+	ws := env.Signup()
+	cs := connect(t, mcpserver.New(mcpserver.HandlerCaller{Handler: env.App.Server}, "Bearer "+ws.Key))
+	begin := map[string]any{"effect_type": "m.x", "idempotency_key": "resolve-again"}
+	eff := env.Must(http.StatusOK, "POST", "/api/v1/effects/begin", ws.Key, begin).JSON()["effect_id"]
+	clock.Add(2 * time.Minute)
+	resolve := map[string]any{"effect_id": eff, "outcome": "failed"}
+	body, isErr := callJSON(t, cs, "ratchet_resolve", resolve)
+	require.False(t, isErr, "%v", body)
+	require.EqualValues(t, 1, body["attempt"])
+
+	again := env.Must(http.StatusOK, "POST", "/api/v1/effects/begin", ws.Key, begin).JSON()
+	require.Equal(t, "execute", again["decision"])
+	require.EqualValues(t, 2, again["attempt"])
+	clock.Add(2 * time.Minute)
+	body, isErr = callJSON(t, cs, "ratchet_resolve", resolve)
+	require.False(t, isErr, "%v", body)
+	require.EqualValues(t, 2, body["attempt"], "the same call settled the later attempt")
+
+	res, err := cs.ListTools(context.Background(), nil)
+	require.NoError(t, err)
+	for _, tl := range res.Tools {
+		if tl.Name == "ratchet_resolve" {
+			require.False(t, tl.Annotations.IdempotentHint, "a repeat of it is not safe")
+			require.Contains(t, tl.Description, "Send attempt")
+			return
+		}
+	}
+	t.Fatal("ratchet_resolve is not listed")
+}
