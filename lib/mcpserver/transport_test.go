@@ -453,6 +453,27 @@ func TestAStatelessProtocolClientCallsTheTools(t *testing.T) {
 	called := send("tools/call", "ratchet_begin", `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"ratchet_begin",`+
 		`"arguments":{"effect_type":"email.send","idempotency_key":"stateless:1","payload":{}},`+meta+`}}`)
 	require.Contains(t, called["content"].([]any)[0].(map[string]any)["text"], `"decision":"execute"`)
+
+	// As README says: under 2026-07-28 a method not served, and ping and
+	// initialize, which that version dropped, are -32601 with HTTP 404.
+	for _, method := range []string{"resources/list", "ping", "x/unknown"} {
+		req := mcpRequest(t, env, key, `{"jsonrpc":"2.0","id":3,"method":"`+method+`","params":{`+meta+`}}`)
+		req.Header.Set("MCP-Protocol-Version", "2026-07-28")
+		req.Header.Set("Mcp-Method", method)
+		res, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		var out struct {
+			ID    any `json:"id"`
+			Error struct {
+				Code int `json:"code"`
+			} `json:"error"`
+		}
+		require.NoError(t, json.NewDecoder(res.Body).Decode(&out))
+		res.Body.Close()
+		require.Equal(t, http.StatusNotFound, res.StatusCode, method)
+		require.Equal(t, -32601, out.Error.Code, method)
+		require.EqualValues(t, 3, out.ID, method)
+	}
 }
 
 // An answer nests at most MaxAnswerNesting levels, as a request body does:
