@@ -383,16 +383,22 @@ func TestURLArgumentsAreRefusedAsRESTRefusesThem(t *testing.T) {
 	}
 }
 
+// resolving is a workspace on a clock of its own, and an MCP client of it
+// under its key.
+func resolving(t *testing.T) (*apitest.Clock, *apitest.Env, apitest.Workspace, *mcp.ClientSession) {
+	clock := apitest.NewClock(time.Now().UTC().Truncate(24 * time.Hour).Add(12 * time.Hour))
+	env := apitest.Start(t, apitest.WithNow(clock.Now))
+	ws := env.Signup()
+	return clock, env, ws, connect(t, mcpserver.New(mcpserver.HandlerCaller{Handler: env.App.Server}, "Bearer "+ws.Key))
+}
+
 // ratchet_resolve passes attempt through: a resolve naming another attempt
 // than the unknown one is refused, naming that one, and changes nothing;
 // naming it, it is recorded (resolve QA: a retried resolve settled a later
 // attempt).
 func TestResolveToolSendsTheAttempt(t *testing.T) {
 	t.Parallel()
-	clock := apitest.NewClock(time.Now().UTC().Truncate(24 * time.Hour).Add(12 * time.Hour))
-	env := apitest.Start(t, apitest.WithNow(clock.Now))
-	ws := env.Signup()
-	cs := connect(t, mcpserver.New(mcpserver.HandlerCaller{Handler: env.App.Server}, "Bearer "+ws.Key))
+	clock, env, ws, cs := resolving(t)
 	eff := env.Must(http.StatusOK, "POST", "/api/v1/effects/begin", ws.Key,
 		map[string]any{"effect_type": "m.x", "idempotency_key": "resolve-attempt"}).JSON()["effect_id"]
 	clock.Add(2 * time.Minute)
@@ -413,10 +419,7 @@ func TestResolveToolSendsTheAttempt(t *testing.T) {
 // answer (MCP review).
 func TestARepeatedResolveWithoutAttemptSettlesALaterAttempt(t *testing.T) {
 	t.Parallel()
-	clock := apitest.NewClock(time.Now().UTC().Truncate(24 * time.Hour).Add(12 * time.Hour))
-	env := apitest.Start(t, apitest.WithNow(clock.Now))
-	ws := env.Signup()
-	cs := connect(t, mcpserver.New(mcpserver.HandlerCaller{Handler: env.App.Server}, "Bearer "+ws.Key))
+	clock, env, ws, cs := resolving(t)
 	begin := map[string]any{"effect_type": "m.x", "idempotency_key": "resolve-again"}
 	eff := env.Must(http.StatusOK, "POST", "/api/v1/effects/begin", ws.Key, begin).JSON()["effect_id"]
 	clock.Add(2 * time.Minute)

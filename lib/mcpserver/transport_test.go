@@ -197,6 +197,15 @@ func TestTransportErrorsDoNotEchoValues(t *testing.T) {
 	}
 }
 
+// rpcAnswer is a JSON-RPC error answer, as the tests read it.
+type rpcAnswer struct {
+	ID    any `json:"id"`
+	Error struct {
+		Code    int    `json:"code"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
 // An id that is neither a string nor a number (true, an object, an array)
 // is refused as any id the answer cannot carry is, saying what an id may
 // be: the SDK's refusal named the Go type it had read ("invalid ID type
@@ -208,13 +217,7 @@ func TestAnIDOfAnotherTypeIsRefusedSayingWhatAnIDIs(t *testing.T) {
 	for _, id := range []string{`true`, `false`, `{}`, `{"a":1}`, `[1]`} {
 		status, body := postMCP(t, env, key, `{"jsonrpc":"2.0","id":`+id+`,"method":"ping"}`)
 		require.Equal(t, http.StatusBadRequest, status, "%s: %s", id, body)
-		var out struct {
-			ID    any `json:"id"`
-			Error struct {
-				Code    int    `json:"code"`
-				Message string `json:"message"`
-			} `json:"error"`
-		}
+		var out rpcAnswer
 		require.NoError(t, json.Unmarshal(body, &out), "%s", body)
 		require.Nil(t, out.ID, id)
 		require.Equal(t, -32600, out.Error.Code, id)
@@ -250,13 +253,7 @@ func TestAnUnsupportedProtocolHeaderIsNamed(t *testing.T) {
 	require.NoError(t, err)
 	defer res.Body.Close()
 	require.Equal(t, http.StatusBadRequest, res.StatusCode)
-	var out struct {
-		ID    any `json:"id"`
-		Error struct {
-			Code    int    `json:"code"`
-			Message string `json:"message"`
-		} `json:"error"`
-	}
+	var out rpcAnswer
 	require.NoError(t, json.NewDecoder(res.Body).Decode(&out))
 	require.EqualValues(t, 1, out.ID)
 	require.Equal(t, -32600, out.Error.Code)
@@ -454,20 +451,15 @@ func TestAStatelessProtocolClientCallsTheTools(t *testing.T) {
 		`"arguments":{"effect_type":"email.send","idempotency_key":"stateless:1","payload":{}},`+meta+`}}`)
 	require.Contains(t, called["content"].([]any)[0].(map[string]any)["text"], `"decision":"execute"`)
 
-	// As README says: under 2026-07-28 a method not served, and ping and
-	// initialize, which that version dropped, are -32601 with HTTP 404.
+	// As README says: under 2026-07-28 a method not served, and ping,
+	// which that version dropped, are -32601 with HTTP 404.
 	for _, method := range []string{"resources/list", "ping", "x/unknown"} {
 		req := mcpRequest(t, env, key, `{"jsonrpc":"2.0","id":3,"method":"`+method+`","params":{`+meta+`}}`)
 		req.Header.Set("MCP-Protocol-Version", "2026-07-28")
 		req.Header.Set("Mcp-Method", method)
 		res, err := http.DefaultClient.Do(req)
 		require.NoError(t, err)
-		var out struct {
-			ID    any `json:"id"`
-			Error struct {
-				Code int `json:"code"`
-			} `json:"error"`
-		}
+		var out rpcAnswer
 		require.NoError(t, json.NewDecoder(res.Body).Decode(&out))
 		res.Body.Close()
 		require.Equal(t, http.StatusNotFound, res.StatusCode, method)
