@@ -358,13 +358,27 @@ func operation(r Route) map[string]any {
 		sort.Strings(cs)
 		var schema any = map[string]any{"$ref": "#/components/schemas/Error"}
 		if body, ok := r.ErrorBodies[st]; ok {
-			schema = map[string]any{"anyOf": []any{schema, schemaOf(body)}}
+			schema = map[string]any{"anyOf": []any{schema, schemaOf(bodyOf(body))}}
 		}
 		responses[fmt.Sprint(st)] = map[string]any{
 			"description":   strings.Join(cs, ", "),
 			"content":       map[string]any{"application/json": map[string]any{"schema": schema}},
 			"x-error-codes": cs,
 		}
+	}
+	// A status the route answers only with a body of its own, never with
+	// an error code of the API's (MCP's -32601 under protocol 2026-07-28,
+	// HTTP 404: it was answered, and not listed).
+	for st, body := range r.ErrorBodies {
+		if _, listed := responses[fmt.Sprint(st)]; listed {
+			continue
+		}
+		why := http.StatusText(st)
+		if d, ok := body.(describedBody); ok {
+			why = d.Why
+		}
+		responses[fmt.Sprint(st)] = map[string]any{"description": why,
+			"content": map[string]any{"application/json": map[string]any{"schema": schemaOf(bodyOf(body))}}}
 	}
 	for st, resp := range responses {
 		headers, _ := resp.(map[string]any)["headers"].(map[string]any)
@@ -673,4 +687,19 @@ func anyForNullOnly(s *jsonschema.Schema) {
 	}
 	anyForNullOnly(s.Items)
 	anyForNullOnly(s.AdditionalProperties)
+}
+
+// describedBody is a body of Route.ErrorBodies with what its status means,
+// for a status the route answers with no error code of the API's.
+type describedBody struct {
+	Why  string
+	Body any
+}
+
+// bodyOf is the body an ErrorBodies entry describes.
+func bodyOf(b any) any {
+	if d, ok := b.(describedBody); ok {
+		return d.Body
+	}
+	return b
 }

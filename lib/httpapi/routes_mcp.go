@@ -120,7 +120,10 @@ func (s *Server) mcpRoutes() []Route {
 			// versions that have them, and answered with an array.
 			rt.Request = batchOf{One: mcpMessage{}, Max: mcpserver.MaxBatch}
 			rt.Response = batchOf{One: mcpAnswer{}, Max: mcpserver.MaxBatch}
-			rt.ErrorBodies = map[int]any{http.StatusBadRequest: mcpAnswer{}}
+			rt.ErrorBodies = map[int]any{http.StatusBadRequest: mcpAnswer{},
+				http.StatusNotFound: describedBody{Why: "Under protocol 2026-07-28 (MCP-Protocol-Version), a " +
+					"JSON-RPC error -32601 under the request's id: a method not served, or one that version " +
+					"dropped (ping, initialize)", Body: mcpAnswer{}}}
 			rt.Bodiless = map[int]string{http.StatusAccepted: "Accepted: a JSON-RPC notification or response, " +
 				"which has no answer, or a batch whose every request a notifications/cancelled of the batch " +
 				"cancelled (a cancelled request is not answered)"}
