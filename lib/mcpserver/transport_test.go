@@ -262,6 +262,46 @@ func TestAnUnsupportedProtocolHeaderIsNamed(t *testing.T) {
 	require.NotContains(t, out.Error.Message, "1999-01-01", "never the value sent")
 }
 
+// A version later than the last the server supports is read as a request
+// of the 2026-07-28 kind, as README says: -32022 with the versions supported
+// (and not the one asked for) when params._meta names it as the header
+// does, the negotiation a later client falls back by; -32602 for the
+// missing _meta when it names none.
+func TestALaterProtocolVersionIsAnsweredWithTheVersionsSupported(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	key := env.Key(env.Signup(), map[string]any{"name": "agent", "preset": "AGENT"})
+	const meta = `"_meta":{"io.modelcontextprotocol/protocolVersion":"2099-01-01",` +
+		`"io.modelcontextprotocol/clientCapabilities":{},"io.modelcontextprotocol/clientInfo":{"name":"t","version":"1"}}`
+	header := http.Header{"Accept": {"application/json, text/event-stream"}, "Mcp-Protocol-Version": {"2099-01-01"},
+		"Mcp-Method": {"tools/list"}}
+	res := env.DoWith("POST", "/api/v1/mcp", key, header, `{"jsonrpc":"2.0","id":5,"method":"tools/list","params":{`+meta+`}}`)
+	require.Equal(t, http.StatusBadRequest, res.Status, "%s", res.Body)
+	var out struct {
+		ID    any `json:"id"`
+		Error struct {
+			Code int `json:"code"`
+			Data struct {
+				Supported []string `json:"supported"`
+			} `json:"data"`
+		} `json:"error"`
+	}
+	require.NoError(t, json.Unmarshal(res.Body, &out), "%s", res.Body)
+	require.EqualValues(t, 5, out.ID)
+	require.Equal(t, -32022, out.Error.Code)
+	require.Contains(t, out.Error.Data.Supported, "2026-07-28")
+	require.Contains(t, out.Error.Data.Supported, "2025-06-18")
+	require.NotContains(t, string(res.Body), "2099")
+
+	res = env.DoWith("POST", "/api/v1/mcp", key, header, `{"jsonrpc":"2.0","id":6,"method":"tools/list"}`)
+	require.Equal(t, http.StatusBadRequest, res.Status, "%s", res.Body)
+	var bare rpcAnswer
+	require.NoError(t, json.Unmarshal(res.Body, &bare), "%s", res.Body)
+	require.EqualValues(t, 6, bare.ID)
+	require.Equal(t, -32602, bare.Error.Code)
+	require.Contains(t, bare.Error.Message, "_meta")
+}
+
 // MCP's transport must validate Origin against DNS rebinding (MCP QA: any
 // was served). A browser's request from a page of another origin is refused
 // 403 and not run; a same-origin page's, one through a proxy that rewrote
