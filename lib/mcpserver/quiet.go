@@ -3,7 +3,9 @@ package mcpserver
 import (
 	"bytes"
 	"encoding/json"
+	"strconv"
 	"strings"
+	"unicode"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 
@@ -34,6 +36,16 @@ func QuietMessage(msg string, code int64) string {
 	if plainMessages[msg] {
 		return msg
 	}
+	if plain, ok := paramsRefusal(msg); ok {
+		return plain
+	}
+	if method, rest, ok := handling(msg); ok {
+		// The method the SDK names is one it dispatched: the rest is
+		// quieted on its own, so that its quote does not open a span
+		// running to a single quote inside a value (MCP review: "it's"
+		// in params left what followed it in the clear).
+		return "handling '" + method + "': " + QuietMessage(rest, code)
+	}
 	var b strings.Builder
 	for {
 		start, end, ok := nextQuote(msg)
@@ -61,6 +73,96 @@ func QuietMessage(msg string, code int64) string {
 		return "Error"
 	}
 	return quiet
+}
+
+// handling splits the SDK's wrapping of a method's error, "handling
+// 'tools/list': …", into the method, when it is one the server serves (or
+// refuses as not offered), and the error.
+func handling(msg string) (method, rest string, ok bool) {
+	after, ok := strings.CutPrefix(msg, "handling '")
+	if !ok {
+		return "", "", false
+	}
+	method, rest, ok = strings.Cut(after, "': ")
+	if !ok || !(servedMethods[method] || notOfferedMethod(method)) {
+		return "", "", false
+	}
+	return method, rest, true
+}
+
+// paramsRefusal says in plain words the SDK's refusal of params it could
+// not read: "handling 'tools/list': invalid params: unmarshaling
+// "{…the params…}" into a *mcp.ListToolsParams: json: cannot unmarshal
+// "{…the rest…}" into Go struct field mcp.ListToolsParams.cursor of type
+// string" becomes "Invalid params: params.cursor of tools/list must be a
+// string", with neither the values (both quoted spans are read exactly, as
+// Go quoted them) nor the Go types it named (MCP review).
+func paramsRefusal(msg string) (string, bool) {
+	method, rest, ok := handling(msg)
+	if !ok {
+		return "", false
+	}
+	rest, ok = strings.CutPrefix(strings.TrimPrefix(rest, "invalid params: "), "unmarshaling ")
+	if !ok {
+		return "", false
+	}
+	params, err := strconv.QuotedPrefix(rest)
+	if err != nil {
+		return "", false
+	}
+	rest = rest[len(params):]
+	_, rest, ok = strings.Cut(rest, ": json: cannot unmarshal ")
+	if !ok {
+		return "", false
+	}
+	value, err := strconv.QuotedPrefix(rest)
+	if err != nil {
+		return "", false
+	}
+	rest = rest[len(value):]
+	if strings.HasPrefix(rest, " into Go value of type ") {
+		return "Invalid params: the params of " + method + " must be a JSON object", true
+	}
+	rest, ok = strings.CutPrefix(rest, " into Go struct field ")
+	if !ok {
+		return "", false
+	}
+	field, goType, ok := strings.Cut(rest, " of type ")
+	if !ok {
+		return "", false
+	}
+	// The field is the Go struct's name, then the JSON names down to the
+	// member (mcp.initializeParamsV2mcp.Implementation.clientInfo.name):
+	// what follows the last name of a Go type, which starts upper case.
+	parts := strings.Split(field, ".")
+	from := 0
+	for i, p := range parts {
+		if p != "" && unicode.IsUpper(rune(p[0])) {
+			from = i + 1
+		}
+	}
+	path := "a member of the params"
+	if from > 0 && from < len(parts) {
+		path = "params." + strings.Join(parts[from:], ".")
+	}
+	return "Invalid params: " + path + " of " + method + " " + mustBe(goType), true
+}
+
+// mustBe says what JSON a Go type takes.
+func mustBe(goType string) string {
+	switch t := strings.TrimPrefix(goType, "*"); {
+	case t == "string":
+		return "must be a string"
+	case t == "bool":
+		return "must be true or false"
+	case strings.HasPrefix(t, "int"), strings.HasPrefix(t, "uint"), strings.HasPrefix(t, "float"):
+		return "must be a number"
+	case strings.HasPrefix(t, "[]"):
+		return "must be an array"
+	case strings.HasPrefix(t, "map["), strings.HasPrefix(t, "mcp."), strings.HasPrefix(t, "struct"):
+		return "must be an object"
+	}
+	return "has the wrong type"
 }
 
 // nextQuote finds the first quoted span of s: the index of its opening

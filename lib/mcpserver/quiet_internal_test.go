@@ -2,6 +2,7 @@ package mcpserver
 
 import (
 	"encoding/json"
+	"strconv"
 	"testing"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
@@ -39,6 +40,35 @@ func TestQuietMessageKeepsProtocolWordsOnly(t *testing.T) {
 	require.Equal(t, json.RawMessage(`{"supported":["2025-06-18"]}`),
 		quietData(json.RawMessage(`{"supported":["2025-06-18"],"requested":"sk_live_SECRET"}`)))
 	require.Nil(t, quietData(json.RawMessage(`{"uri":"file:///sk_live_SECRET"}`)))
+}
+
+// The SDK's refusal of params it could not read is said in plain words,
+// with neither the params nor the Go types: a single quote inside a value
+// ("it's") closed the span that the method's quote opened, and what
+// followed it came back in the clear (MCP review).
+func TestAParamsRefusalSaysWhichMemberInPlainWords(t *testing.T) {
+	const secret = "sk_live_SECRET"
+	refusal := func(method, params, rest, tail string) string {
+		return "handling '" + method + "': invalid params: unmarshaling " + strconv.Quote(params) +
+			" into a *mcp.T: json: cannot unmarshal " + strconv.Quote(rest) + " into Go " + tail
+	}
+	for msg, want := range map[string]string{
+		refusal("tools/list", `{"cursor":5,"x":"it's `+secret+`"}`, `5,"x":"it's `+secret+`"}`,
+			"struct field mcp.ListToolsParams.cursor of type string"): "Invalid params: params.cursor of tools/list must be a string",
+		refusal("tools/call", `{"name":"a","_meta":"it's `+secret+`"}`, `"it's `+secret+`"}`,
+			"struct field mcp.CallToolParamsRaw._meta of type map[string]interface {}"): "Invalid params: params._meta of tools/call must be an object",
+		refusal("ping", `"it's `+secret+`"`, `"it's `+secret+`"`,
+			"value of type mcp.PingParams"): "Invalid params: the params of ping must be a JSON object",
+		"handling 'initialize': unmarshaling " + strconv.Quote(`{"clientInfo":{"name":5},"x":"it's `+secret+`"}`) +
+			" into a *mcp.initializeParamsV2: json: cannot unmarshal " + strconv.Quote(`5},"x":"it's `+secret+`"}`) +
+			" into Go struct field mcp.initializeParamsV2mcp.Implementation.clientInfo.name of type string": "Invalid params: params.clientInfo.name of initialize must be a string",
+		// Another error of a method: quieted after the method, on its own.
+		"handling 'tools/call': bad " + strconv.Quote(`it's `+secret): `handling 'tools/call': bad "…"`,
+	} {
+		got := QuietMessage(msg, jsonrpc.CodeInvalidParams)
+		require.Equal(t, want, got, msg)
+		require.NotContains(t, got, secret)
+	}
 }
 
 // A call before initialize is answered by the SDK with code 0, which no

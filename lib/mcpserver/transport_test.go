@@ -176,6 +176,13 @@ func TestTransportErrorsDoNotEchoValues(t *testing.T) {
 		// Not JSON: the parser's message quoted the rest of the input, unquoted (QA).
 		{`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"ratchet_report","arguments":` +
 			`{"lease_token":` + secret + `, "outcome":"succeeded"}}}`, -32700},
+		// A single quote in a value closed the span the method's quote
+		// opened, and what followed it came back (MCP review).
+		{`{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"cursor":5,"x":"it's ` + secret + `"}}`, -32602},
+		{`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"ratchet_get_policy","arguments":` +
+			`{"effect_type":"it's"},"_meta":"it's ` + secret + `"}}`, -32602},
+		{`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18",` +
+			`"clientInfo":{"name":5,"version":"it's ` + secret + `"}}}`, -32602},
 	} {
 		_, body := postMCP(t, env, key, c.body)
 		require.NotContains(t, string(body), secret, c.body)
@@ -194,6 +201,9 @@ func TestTransportErrorsDoNotEchoValues(t *testing.T) {
 		e := first["error"].(map[string]any)
 		require.Equal(t, c.code, e["code"], "%s", body)
 		require.NotEmpty(t, e["message"], "%s", body)
+		// Nor the SDK's Go types ("into a *mcp.CallToolParamsRaw").
+		require.NotContains(t, e["message"], "Go ", "%s", body)
+		require.NotContains(t, e["message"], "mcp.", "%s", body)
 	}
 }
 
