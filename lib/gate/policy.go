@@ -473,7 +473,7 @@ func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string,
 			out = p
 			if req.RetentionDays.Set {
 				shortenTo = p.RetentionDays
-				return markGroupsToDate(ctx, tx, workspaceID, effectType, shortenTo, s.clock())
+				return markGroupsToDate(ctx, tx, workspaceID, effectType, shortenTo, false, s.clock())
 			}
 			return nil
 		}
@@ -532,7 +532,7 @@ func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string,
 			}
 		}
 		if shortenTo != 0 {
-			return markGroupsToDate(ctx, tx, workspaceID, effectType, shortenTo, now)
+			return markGroupsToDate(ctx, tx, workspaceID, effectType, shortenTo, true, now)
 		}
 		return nil
 	})
@@ -600,15 +600,17 @@ const (
 )
 
 // markGroupsToDate records in tx, the policy write's, at now, that the
-// ended groups of a type whose retention it lowers to days are to be dated
-// again (sqlMarkGroupsToDate): dating them (dateGroupsBatch) marks the
+// ended groups of a type whose retention it lowers to days (lowers; else
+// it repeats the retention) are to be dated again (sqlMarkGroupsToDate):
+// a lowering dates them from the first again. Dating them (dateGroupsBatch) marks the
 // record batched, the sweeper dates them should that fail
 // (SweepGroupsToDate), and its final pass endsInFlight after now, over the
 // groups ended from endsInFlight before it, dates those whose end raced
 // the write and deletes the record. The last statement of the write.
-func markGroupsToDate(ctx context.Context, tx pgx.Tx, workspaceID, effectType string, days int, now time.Time) error {
+func markGroupsToDate(ctx context.Context, tx pgx.Tx, workspaceID, effectType string, days int, lowers bool,
+	now time.Time) error {
 	if _, err := tx.Exec(ctx, sqlMarkGroupsToDate, workspaceID, effectType, days, now.Add(endsInFlight).UTC(),
-		now.Add(-endsInFlight).UTC()); err != nil {
+		now.Add(-endsInFlight).UTC(), lowers); err != nil {
 		return fmt.Errorf("mark groups to date: %w", err)
 	}
 	return nil

@@ -1164,47 +1164,63 @@ const (
 
 // sqlGroupsToDateOf answers the record of workspace $1's type $2's groups
 // to date (its days, after_id, batched, final_at and ended_from, migration
-// 0079), read under the type's claim: what the last batch left of it. No
-// row when none is left to date.
-const sqlGroupsToDateOf = `SELECT days, after_id, batched, final_at, ended_from FROM gate_groups_to_date
+// 0079, and restarts, 0080), read under the type's claim: what the last
+// batch left of it. No row when none is left to date.
+const sqlGroupsToDateOf = `SELECT days, after_id, batched, final_at, ended_from, restarts FROM gate_groups_to_date
 WHERE workspace_id = $1 AND effect_type = $2`
 
 // sqlMarkGroupsToDate records, as the last statement of a policy write
-// that lowers type $2's retention to $3 days (workspace $1), that the
-// type's ended groups are to be dated again (gate_groups_to_date, 0078):
-// the lowest retention since, from the first group again when it is lower
-// than the one recorded or when the groups were dated already (batched:
-// only the final pass was left), and the final pass (0079) at $4 at the
-// earliest over the groups ended from $5 on, the latest and the earliest
-// of the writes recorded. Last, so that a sweep holding a group and
-// waiting for this row waits for the write's commit only.
+// that lowers type $2's retention to $3 days (workspace $1), or repeats
+// it ($6 false: the write changed nothing), that the type's ended groups
+// are to be dated again (gate_groups_to_date, 0078). A write that lowers
+// it ($6) dates them from the first group again, by $3: a group the
+// batches had passed may have been kept longer since by a retention
+// raised in between (a retention pass reaching a group due reads the
+// policies of the day), and kept that date past $3 (review); the
+// lowest retention recorded since would read groups dated by the policy
+// in force as ones to shorten. A repeat keeps the lowest and goes on
+// from where the batches are, but from the first group again when the
+// groups were dated already (batched: only the final pass was left), or
+// $3 is lower than the one recorded. Each restart counts in restarts
+// (0080): a batch that read the record before it leaves the record as it
+// is (sqlGroupsDatedTo). The final pass (0079) is at $4 at the earliest
+// over the groups ended from $5 on, the latest and the earliest of the
+// writes recorded. Last, so that a sweep holding a group and waiting for
+// this row waits for the write's commit only.
 const sqlMarkGroupsToDate = `INSERT INTO gate_groups_to_date AS t (workspace_id, effect_type, days, final_at, ended_from)
 VALUES ($1, $2, $3::int, $4::timestamptz, $5::timestamptz)
 ON CONFLICT (workspace_id, effect_type) DO UPDATE
-SET days = least(t.days, excluded.days),
-    after_id = CASE WHEN excluded.days < t.days OR t.batched THEN '' ELSE t.after_id END,
+SET days = CASE WHEN $6::boolean THEN excluded.days ELSE least(t.days, excluded.days) END,
+    after_id = CASE WHEN ` + groupsToDateRestart + ` THEN '' ELSE t.after_id END,
+    restarts = t.restarts + CASE WHEN ` + groupsToDateRestart + ` THEN 1 ELSE 0 END,
     batched = false,
     final_at = greatest(t.final_at, excluded.final_at),
     ended_from = least(t.ended_from, excluded.ended_from)`
 
+// groupsToDateRestart says that sqlMarkGroupsToDate dates the type's
+// groups from the first again.
+const groupsToDateRestart = `($6::boolean OR excluded.days < t.days OR t.batched)`
+
 // sqlGroupsBatched marks the record of type $2's groups to date
-// (workspace $1) batched once they are dated for $3 days, unless a lower
-// retention was recorded since: only its final pass is left
-// (sqlLockEndedGroupsToShorten), from its ended_from on (after_id empty).
+// (workspace $1) batched once they are dated, unless the dating was
+// restarted since its batch read restarts $3 (sqlMarkGroupsToDate): only
+// its final pass is left (sqlLockEndedGroupsToShorten), from its
+// ended_from on (after_id empty).
 const sqlGroupsBatched = `UPDATE gate_groups_to_date SET batched = true, after_id = ''
-WHERE workspace_id = $1 AND effect_type = $2 AND days >= $3::int AND NOT batched`
+WHERE workspace_id = $1 AND effect_type = $2 AND restarts = $3::bigint AND NOT batched`
 
 // sqlGroupsDated deletes the record of type $2's groups to date (workspace
-// $1) once its final pass has dated them for $3 days, unless a retention
-// was lowered since (which makes it to date in batches again).
+// $1) once its final pass has dated them, unless the dating was restarted
+// since its batch read restarts $3 (which makes it to date in batches
+// again).
 const sqlGroupsDated = `DELETE FROM gate_groups_to_date
-WHERE workspace_id = $1 AND effect_type = $2 AND days >= $3::int AND batched`
+WHERE workspace_id = $1 AND effect_type = $2 AND restarts = $3::bigint AND batched`
 
 // sqlFinalDatedTo moves the final pass of type $2's groups to date
-// (workspace $1, $3 days) on past group $5, ended at $4, the last of its
-// batch, unless a retention was lowered since.
+// (workspace $1) on past group $5, ended at $4, the last of its batch,
+// unless the dating was restarted since its batch read restarts $3.
 const sqlFinalDatedTo = `UPDATE gate_groups_to_date SET ended_from = $4, after_id = $5
-WHERE workspace_id = $1 AND effect_type = $2 AND days = $3::int AND batched`
+WHERE workspace_id = $1 AND effect_type = $2 AND restarts = $3::bigint AND batched`
 
 // sqlLockEndedGroupsToShorten reads the final pass's batch: up to $6 of
 // workspace $1's ended groups in the order they ended, from after
@@ -1234,10 +1250,11 @@ WITH c AS MATERIALIZED (
 SELECT c.id, c.ended, l.id IS NOT NULL FROM c LEFT JOIN l ON l.id = c.id ORDER BY c.ended, c.id`
 
 // sqlGroupsDatedTo moves the record of type $2's groups to date (workspace
-// $1, $3 days) on past group $4, the last of a sweeper's batch, unless a
-// lower retention was recorded since.
+// $1) on past group $4, the last of a batch, unless the dating was
+// restarted since the batch read restarts $3 (sqlMarkGroupsToDate): a
+// lowering to the days it read, after a raise, too.
 const sqlGroupsDatedTo = `UPDATE gate_groups_to_date SET after_id = $4
-WHERE workspace_id = $1 AND effect_type = $2 AND days = $3::int AND NOT batched`
+WHERE workspace_id = $1 AND effect_type = $2 AND restarts = $3::bigint AND NOT batched`
 
 // sqlGroupsToDate answers up to $1 types with groups to date, each
 // workspace's first before any workspace's second: those still to date in

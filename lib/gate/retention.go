@@ -267,7 +267,7 @@ func (s *Service) dateGroupsBatch(ctx context.Context, workspaceID, effectType s
 		}
 		var r toDateRecord
 		err := tx.QueryRow(ctx, sqlGroupsToDateOf, workspaceID, effectType).Scan(&r.days, &r.afterID, &r.batched,
-			&r.finalAt, &r.endedFrom)
+			&r.finalAt, &r.endedFrom, &r.restarts)
 		if errors.Is(err, pgx.ErrNoRows) {
 			more = false // dated already
 			return nil
@@ -292,16 +292,16 @@ func (s *Service) dateGroupsBatch(ctx context.Context, workspaceID, effectType s
 			return err
 		}
 		if len(batch) == groups { // perhaps more after the last
-			if _, err := tx.Exec(ctx, sqlGroupsDatedTo, workspaceID, effectType, r.days, batch[len(batch)-1]); err != nil {
+			if _, err := tx.Exec(ctx, sqlGroupsDatedTo, workspaceID, effectType, r.restarts, batch[len(batch)-1]); err != nil {
 				return fmt.Errorf("groups dated to: %w", err)
 			}
 			return nil
 		}
-		ct, err := tx.Exec(ctx, sqlGroupsBatched, workspaceID, effectType, r.days)
+		ct, err := tx.Exec(ctx, sqlGroupsBatched, workspaceID, effectType, r.restarts)
 		if err != nil {
 			return fmt.Errorf("groups dated: %w", err)
 		}
-		more = ct.RowsAffected() == 0 // a lower retention recorded meanwhile
+		more = ct.RowsAffected() == 0 // restarted meanwhile
 		return nil
 	})
 	if err != nil {
@@ -316,6 +316,7 @@ type toDateRecord struct {
 	afterID            string
 	batched            bool
 	finalAt, endedFrom time.Time
+	restarts           int64
 }
 
 // finalDating runs a batch of r's final pass in tx, which holds the type's
@@ -359,16 +360,16 @@ func finalDating(ctx context.Context, tx pgx.Tx, workspaceID, effectType string,
 	}
 	if len(batch) == groups { // perhaps more after the last
 		last := batch[len(batch)-1]
-		if _, err := tx.Exec(ctx, sqlFinalDatedTo, workspaceID, effectType, r.days, last.at, last.id); err != nil {
+		if _, err := tx.Exec(ctx, sqlFinalDatedTo, workspaceID, effectType, r.restarts, last.at, last.id); err != nil {
 			return 0, false, fmt.Errorf("final groups dated to: %w", err)
 		}
 		return n, true, nil
 	}
-	ct, err := tx.Exec(ctx, sqlGroupsDated, workspaceID, effectType, r.days)
+	ct, err := tx.Exec(ctx, sqlGroupsDated, workspaceID, effectType, r.restarts)
 	if err != nil {
 		return 0, false, fmt.Errorf("groups dated: %w", err)
 	}
-	return n, ct.RowsAffected() == 0, nil // still there: a retention lowered meanwhile
+	return n, ct.RowsAffected() == 0, nil // still there: restarted meanwhile
 }
 
 // shortenLocked dates again the groups tx locked to shorten

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -1118,6 +1119,105 @@ func TestLoweringARetentionAgainBeforeTheFinalPassDatesEveryGroup(t *testing.T) 
 	b.putPolicy("charge.card", map[string]any{"retention_days": 10})
 	require.WithinDuration(t, endedAt.Add(10*day), *b.keepUntil(g), time.Second, "dated again by the second lowering")
 	b.sweptAt(endedAt.Add(10*day+time.Hour), g)
+}
+
+// A retention lowered again after a raise, while its type's groups were
+// still dated in batches, dates the type's groups from the first again:
+// the batches went on from where they were (after_id), and a group they
+// had passed, which a retention pass reaching it due had kept by the
+// raised retention since (a pass reads the policies of the day), kept the
+// raised date past the retention lowered to (review). Each group is dated
+// by the policy in force, not the lowest retention recorded (30 days).
+// Not parallel, in its own era (1917).
+func TestLoweringARetentionAgainAfterARaiseDatesTheGroupsTheBatchesPassed(t *testing.T) {
+	b, sweep := inEra(t, 1917)
+	day := 24 * time.Hour
+	svc := b.env.App.Server.Gate
+	b.putPolicy("charge.card", map[string]any{"retention_days": 60})
+	endedAt := b.clock.Now()
+	groups := b.committedGroupsInIDOrder(2, "charge.card")
+	gate.SetDatingBatches(svc, 1, 1)
+	b.putPolicy("charge.card", map[string]any{"retention_days": 30})
+	require.WithinDuration(t, endedAt.Add(30*day), *b.keepUntil(groups[0]), time.Second, "the first batch")
+	require.WithinDuration(t, endedAt.Add(60*day), *b.keepUntil(groups[1]), time.Second, "left to the sweeper")
+	b.putPolicy("charge.card", map[string]any{"retention_days": 60}) // raised: dates nothing
+	b.clock.Set(endedAt.Add(30*day + time.Hour))
+	sweep()
+	require.WithinDuration(t, endedAt.Add(60*day), *b.keepUntil(groups[0]), time.Second,
+		"a pass keeps the group due by the raised retention")
+
+	gate.SetDatingBatches(svc, 100, 100)
+	b.putPolicy("charge.card", map[string]any{"retention_days": 45})
+	for _, g := range groups {
+		require.WithinDuration(t, endedAt.Add(45*day), *b.keepUntil(g), time.Second, "dated by the retention in force")
+	}
+	require.Zero(t, b.groupsToDate())
+	b.sweptAt(endedAt.Add(45*day+time.Hour), groups...)
+}
+
+// A lowering recorded while a batch of its type's groups is being dated
+// (the sweeper's, having read the record, waiting for a group a pass
+// holds) restarts the dating all the same: the batch, once done, moved
+// the record on past its groups when the record's days were those it
+// read, which a lowering to the same retention after a raise leaves
+// unchanged, and the groups before them kept the raised date (review). A
+// batch moves the record on only while no restart was recorded since
+// (restarts, migration 0080). Not parallel, in its own era (1918).
+func TestALoweringRecordedWhileABatchIsDatedRestartsTheDating(t *testing.T) {
+	b, sweep := inEra(t, 1918)
+	ctx := context.Background()
+	day := 24 * time.Hour
+	svc := b.env.App.Server.Gate
+	b.putPolicy("charge.card", map[string]any{"retention_days": 60})
+	endedAt := b.clock.Now()
+	groups := b.committedGroupsInIDOrder(3, "charge.card")
+	gate.SetDatingBatches(svc, 1, 1)
+	b.putPolicy("charge.card", map[string]any{"retention_days": 30})
+	b.putPolicy("charge.card", map[string]any{"retention_days": 60})
+	b.clock.Set(endedAt.Add(30*day + time.Hour))
+	sweep()
+	require.WithinDuration(t, endedAt.Add(60*day), *b.keepUntil(groups[0]), time.Second,
+		"a pass keeps the group due by the raised retention")
+
+	held := b.holding(`SELECT 1 FROM effect_groups WHERE id = $1 FOR UPDATE`, groups[1])
+	waits := apitest.NewLockWaits(t, b.env.App.Pool, apitest.BackendPID(t, held))
+	done, swept := make(chan struct{}), make(chan error, 1)
+	go func() {
+		defer close(done)
+		_, err := svc.SweepGroupsToDate(ctx, b.clock.Now(), 100, 1)
+		swept <- err
+	}()
+	waits.Waiting(done, "the sweeper's batch, the record read, waits for the held group")
+	gate.SetDatingBatches(svc, 1, 0) // the write dates none itself: the sweeper does
+	b.putPolicy("charge.card", map[string]any{"retention_days": 30})
+	require.NoError(t, held.Rollback(ctx))
+	require.NoError(t, <-swept)
+	for range 2 * len(groups) {
+		if b.groupsToDate() == 0 {
+			break
+		}
+		_, err := svc.SweepGroupsToDate(ctx, b.clock.Now(), 100, 1)
+		require.NoError(t, err)
+	}
+	require.Zero(t, b.groupsToDate())
+	for _, g := range groups {
+		require.WithinDuration(t, endedAt.Add(30*day), *b.keepUntil(g), time.Second, "dated by the retention in force")
+	}
+	b.sweptAt(endedAt.Add(30*day+2*time.Hour), groups...)
+}
+
+// committedGroupsInIDOrder is n committed groups of b's workspace, each
+// with a succeeded step of each of types, in id order (the order the
+// dating's batches read them; made at one instant, their ids are not).
+func (b *bundle) committedGroupsInIDOrder(n int, types ...string) []string {
+	b.t.Helper()
+	var groups []string
+	for range n {
+		g, _ := b.committedGroup(types...)
+		groups = append(groups, g)
+	}
+	slices.Sort(groups)
+	return groups
 }
 
 // holdGroupEnd makes the end of group g (its update to an ended state)
