@@ -369,7 +369,7 @@ func (s *Service) Deliver(ctx context.Context, now time.Time) (int, error) {
 	for rounds := 0; rounds < maxRounds; {
 		// The first round too: one started with less than a send's time
 		// left cut its sends short and used up their attempts (review).
-		if !timeForARound(ctx) {
+		if !timeForARound(ctx, s.sendTimeout) {
 			break
 		}
 		if rounds > 0 || p.inFlight() > 0 {
@@ -409,13 +409,13 @@ func (s *Service) Deliver(ctx context.Context, now time.Time) (int, error) {
 const RoundTime = sendTimeout + recordTimeout + time.Second
 
 // timeForARound says whether ctx leaves a round its longest time: a send's
-// timeout and the recording of its outcome.
-func timeForARound(ctx context.Context) bool {
+// timeout (send) and the recording of its outcome.
+func timeForARound(ctx context.Context, send time.Duration) bool {
 	if ctx.Err() != nil {
 		return false
 	}
 	deadline, ok := ctx.Deadline()
-	return !ok || time.Until(deadline) > sendTimeout+recordTimeout
+	return !ok || time.Until(deadline) > send+recordTimeout
 }
 
 // pass tracks the sends one Deliver has in flight: by webhook and by
@@ -793,13 +793,13 @@ func (s *Service) deliverOne(ctx context.Context, c claimed) (*outcome, error) {
 	if err != nil {
 		return nil, fmt.Errorf("encode delivery: %w", err)
 	}
-	// A send runs its course (sendTimeout) even when the pass is stopped
+	// A send runs its course (s.sendTimeout) even when the pass is stopped
 	// (the local server shutting down, a cron caller gone): the receiver may
 	// have the delivery already, and cut short it was recorded failed and
 	// sent again (QA: each restart of scripts/dev sent the deliveries in
 	// flight twice). A pass's deadline never cuts one: a round starts only
 	// with a send's time left (timeForARound), and stops none after it.
-	sendCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), sendTimeout)
+	sendCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.sendTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(sendCtx, http.MethodPost, c.url, bytes.NewReader(body))
 	if err != nil {

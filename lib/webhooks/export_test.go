@@ -51,6 +51,13 @@ func (s *Service) DeliverSealed(ctx context.Context, id, webhookID, ws, url stri
 // other sends to record with it.
 func SetRecordWait(s *Service, d time.Duration) { s.recordWait = d }
 
+// SetSendTimeout sets how long a delivery waits for its receiver's
+// answer (the send's own deadline and its client's).
+func SetSendTimeout(s *Service, d time.Duration) {
+	s.sendTimeout = d
+	s.client.Timeout = d
+}
+
 // SQLAbandon is the delete's second statement, for a test of its plan.
 var SQLAbandon = sqlAbandon
 

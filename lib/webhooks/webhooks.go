@@ -114,6 +114,10 @@ type Service struct {
 	// recordWait bounds how long an ended send's outcome waits for others
 	// to record with it (recordWait; tests raise it).
 	recordWait time.Duration
+	// sendTimeout bounds how long a delivery waits for its receiver's
+	// answer (sendTimeout; a test raises it, so that a receiver it holds
+	// is not timed out whatever the machine's pace).
+	sendTimeout time.Duration
 	// heldSQL is reportHeld's statement (sqlHeld; a test breaks it).
 	heldSQL string
 }
@@ -126,7 +130,8 @@ func New(pool *pgxpool.Pool, sealer *seal.Sealer, now func() time.Time, allowPri
 	// Postgres keeps microseconds: a write answers the time a read returns.
 	clock := func() time.Time { return now().UTC().Truncate(time.Microsecond) }
 	return &Service{pool: pool, sealer: sealer, now: clock, client: newClient(allowPrivate), allowPrivate: allowPrivate,
-		logger: redact.Logger(logger), dispatchBatch: dispatchBatch, conns: db.ShareOf(pool), recordWait: recordWait, heldSQL: sqlHeld}
+		logger: redact.Logger(logger), dispatchBatch: dispatchBatch, conns: db.ShareOf(pool), recordWait: recordWait, sendTimeout: sendTimeout,
+		heldSQL: sqlHeld}
 }
 
 // validate checks the request. Unless allowPrivate, a receiver named by a

@@ -49,6 +49,52 @@ type receiver struct {
 	sigs     []string
 	headers  []http.Header
 	statuses []int // answered in order; 200 once exhausted
+	hits     counter
+}
+
+// counter counts a receiver's requests as they arrive; reached(n) is
+// closed once it has had n, so that a test waits for them causally rather
+// than within a wall-clock margin.
+type counter struct {
+	mu      sync.Mutex
+	n       int
+	waiters map[int]chan struct{}
+}
+
+func (c *counter) add() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.n++
+	if ch, ok := c.waiters[c.n]; ok {
+		close(ch)
+		delete(c.waiters, c.n)
+	}
+}
+
+// Load is how many requests arrived.
+func (c *counter) Load() int32 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return int32(c.n)
+}
+
+// reached is closed once n requests have arrived.
+func (c *counter) reached(n int) <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ch := make(chan struct{})
+	switch {
+	case c.n >= n:
+		close(ch)
+	case c.waiters[n] != nil:
+		ch = c.waiters[n]
+	default:
+		if c.waiters == nil {
+			c.waiters = map[int]chan struct{}{}
+		}
+		c.waiters[n] = ch
+	}
+	return ch
 }
 
 func newReceiver(t *testing.T, statuses ...int) *receiver {
@@ -59,6 +105,7 @@ func newReceiver(t *testing.T, statuses ...int) *receiver {
 		r.bodies = append(r.bodies, b)
 		r.sigs = append(r.sigs, req.Header.Get("Ratchet-Signature"))
 		r.headers = append(r.headers, req.Header.Clone())
+		r.hits.add()
 		status := http.StatusOK
 		if len(r.statuses) > 0 {
 			status, r.statuses = r.statuses[0], r.statuses[1:]
@@ -73,13 +120,13 @@ func newReceiver(t *testing.T, statuses ...int) *receiver {
 
 // newBlockingReceiver answers no request until unblock is called (or the
 // request ends), counting them in hits.
-func newBlockingReceiver(t *testing.T) (srv *httptest.Server, hits *atomic.Int32, unblock func()) {
+func newBlockingReceiver(t *testing.T) (srv *httptest.Server, hits *counter, unblock func()) {
 	release := make(chan struct{})
 	var once sync.Once
 	unblock = func() { once.Do(func() { close(release) }) }
-	hits = new(atomic.Int32)
+	hits = new(counter)
 	srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		hits.Add(1)
+		hits.add()
 		select {
 		case <-release:
 		case <-r.Context().Done():
@@ -1271,10 +1318,14 @@ func TestADeleteIsAllOrNothing(t *testing.T) {
 // rounds go on for the other webhooks, of the same workspace and of others,
 // while the slow one's sends are in flight, and the slow webhook's backlog
 // follows once they end (QA: a receiver taking 9 s held every other
-// receiver to one round of 20 a pass).
+// receiver to one round of 20 a pass). The slow sends are held until the
+// fast webhooks have drained, however long that takes: their timeout is
+// raised past the test's (it rested on the fast ones draining within 8 s,
+// before the 10 s timeout cut the slow sends short).
 func TestASlowReceiverDoesNotHoldThePassesNextRounds(t *testing.T) {
 	env, clk := start(t, true)
 	ctx := context.Background()
+	webhooks.SetSendTimeout(env.App.Server.Webhooks, time.Hour)
 	a, b := env.Signup(), env.Signup()
 	slow, slowHits, unblock := newBlockingReceiver(t)
 	fastA, fastB := newReceiver(t), newReceiver(t)
@@ -1304,9 +1355,14 @@ func TestASlowReceiverDoesNotHoldThePassesNextRounds(t *testing.T) {
 		n, err := env.App.Server.Webhooks.Deliver(ctx, clk.Now())
 		done <- result{n, err}
 	}()
-	require.Eventually(t, func() bool { return fastA.count() == 100 && fastB.count() == 100 }, 8*time.Second,
-		10*time.Millisecond, "the fast webhooks drain while the slow one's sends are in flight (a=%d, b=%d)",
-		fastA.count(), fastB.count())
+	for _, reached := range []<-chan struct{}{slowHits.reached(20), fastA.hits.reached(100), fastB.hits.reached(100)} {
+		select {
+		case <-reached:
+		case r := <-done:
+			t.Fatalf("the pass ended (%d sent, %v) before the fast webhooks drained while the slow one's sends "+
+				"were in flight (a=%d, b=%d, slow=%d)", r.n, r.err, fastA.count(), fastB.count(), slowHits.Load())
+		}
+	}
 	require.Equal(t, int32(20), slowHits.Load(), "the slow webhook has its one share in flight, no more")
 	unblock()
 	r := <-done
