@@ -1132,21 +1132,8 @@ func TestLoweringARetentionAgainBeforeTheFinalPassDatesEveryGroup(t *testing.T) 
 func TestLoweringARetentionAgainAfterARaiseDatesTheGroupsTheBatchesPassed(t *testing.T) {
 	b, sweep := inEra(t, 1917)
 	day := 24 * time.Hour
-	svc := b.env.App.Server.Gate
-	b.putPolicy("charge.card", map[string]any{"retention_days": 60})
-	endedAt := b.clock.Now()
-	groups := b.committedGroupsInIDOrder(2, "charge.card")
-	gate.SetDatingBatches(svc, 1, 1)
-	b.putPolicy("charge.card", map[string]any{"retention_days": 30})
-	require.WithinDuration(t, endedAt.Add(30*day), *b.keepUntil(groups[0]), time.Second, "the first batch")
-	require.WithinDuration(t, endedAt.Add(60*day), *b.keepUntil(groups[1]), time.Second, "left to the sweeper")
-	b.putPolicy("charge.card", map[string]any{"retention_days": 60}) // raised: dates nothing
-	b.clock.Set(endedAt.Add(30*day + time.Hour))
-	sweep()
-	require.WithinDuration(t, endedAt.Add(60*day), *b.keepUntil(groups[0]), time.Second,
-		"a pass keeps the group due by the raised retention")
-
-	gate.SetDatingBatches(svc, 100, 100)
+	endedAt, groups := lengthenedByARaise(t, b, sweep, 2)
+	gate.SetDatingBatches(b.env.App.Server.Gate, 100, 100)
 	b.putPolicy("charge.card", map[string]any{"retention_days": 45})
 	for _, g := range groups {
 		require.WithinDuration(t, endedAt.Add(45*day), *b.keepUntil(g), time.Second, "dated by the retention in force")
@@ -1168,17 +1155,7 @@ func TestALoweringRecordedWhileABatchIsDatedRestartsTheDating(t *testing.T) {
 	ctx := context.Background()
 	day := 24 * time.Hour
 	svc := b.env.App.Server.Gate
-	b.putPolicy("charge.card", map[string]any{"retention_days": 60})
-	endedAt := b.clock.Now()
-	groups := b.committedGroupsInIDOrder(3, "charge.card")
-	gate.SetDatingBatches(svc, 1, 1)
-	b.putPolicy("charge.card", map[string]any{"retention_days": 30})
-	b.putPolicy("charge.card", map[string]any{"retention_days": 60})
-	b.clock.Set(endedAt.Add(30*day + time.Hour))
-	sweep()
-	require.WithinDuration(t, endedAt.Add(60*day), *b.keepUntil(groups[0]), time.Second,
-		"a pass keeps the group due by the raised retention")
-
+	endedAt, groups := lengthenedByARaise(t, b, sweep, 3)
 	held := b.holding(`SELECT 1 FROM effect_groups WHERE id = $1 FOR UPDATE`, groups[1])
 	waits := apitest.NewLockWaits(t, b.env.App.Pool, apitest.BackendPID(t, held))
 	done, swept := make(chan struct{}), make(chan error, 1)
@@ -1204,6 +1181,30 @@ func TestALoweringRecordedWhileABatchIsDatedRestartsTheDating(t *testing.T) {
 		require.WithinDuration(t, endedAt.Add(30*day), *b.keepUntil(g), time.Second, "dated by the retention in force")
 	}
 	b.sweptAt(endedAt.Add(30*day+2*time.Hour), groups...)
+}
+
+// lengthenedByARaise commits n groups of charge.card (60 days) at
+// endedAt, and answers them in id order once its retention was lowered to
+// 30 days, dating the first group alone (a batch of one: the others are
+// left to the sweeper), and raised back to 60, and a retention pass
+// (sweep) reaching the first group due, 30 days on, kept it by the raised
+// retention.
+func lengthenedByARaise(t *testing.T, b *bundle, sweep func() int, n int) (endedAt time.Time, groups []string) {
+	t.Helper()
+	day := 24 * time.Hour
+	b.putPolicy("charge.card", map[string]any{"retention_days": 60})
+	endedAt = b.clock.Now()
+	groups = b.committedGroupsInIDOrder(n, "charge.card")
+	gate.SetDatingBatches(b.env.App.Server.Gate, 1, 1)
+	b.putPolicy("charge.card", map[string]any{"retention_days": 30})
+	require.WithinDuration(t, endedAt.Add(30*day), *b.keepUntil(groups[0]), time.Second, "the first batch")
+	require.WithinDuration(t, endedAt.Add(60*day), *b.keepUntil(groups[1]), time.Second, "left to the sweeper")
+	b.putPolicy("charge.card", map[string]any{"retention_days": 60}) // raised: dates nothing
+	b.clock.Set(endedAt.Add(30*day + time.Hour))
+	sweep()
+	require.WithinDuration(t, endedAt.Add(60*day), *b.keepUntil(groups[0]), time.Second,
+		"a pass keeps the group due by the raised retention")
+	return endedAt, groups
 }
 
 // committedGroupsInIDOrder is n committed groups of b's workspace, each
