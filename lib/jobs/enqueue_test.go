@@ -116,6 +116,39 @@ func TestEnqueueRoundTrips(t *testing.T) {
 	require.EqualValues(t, 1, c.n.Load()-before)
 }
 
+// A report that exhausts a step records its step.exhausted, whose
+// synthetic says whether the step is a tool test's, in the statement that
+// records the release's events: the runs' synthetic was read by a
+// statement of its own before it (one round trip more). The event's data
+// is byte for byte what it was, for a tool test's step and an ordinary
+// one's.
+func TestAnExhaustingReportsRoundTrips(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	svc, c := b.counted(t)
+	wid := b.register(t)
+	test, err := b.svc.TestTool(ctx, b.worker, "send_email", jobs.ToolTestRequest{Version: "1"})
+	require.NoError(t, err)
+	plain := b.enqueue(t, b.run(t), jobs.EnqueueRequest{MaxAttempts: ptr[int64](1)})
+	synthetic := map[string]bool{test.StepID: true, plain.StepID: false}
+	for range synthetic {
+		j := b.claimOne(t, wid)
+		before := c.n.Load()
+		_, err := svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken, Status: "FAILED",
+			Error: &jobs.ReportError{Retryable: ptr(false)}})
+		require.NoError(t, err)
+		require.EqualValues(t, 7, c.n.Load()-before, "round trips of the report exhausting step %s", j.StepID)
+		require.Equal(t, jobs.StatusExhausted, b.step(t, j.StepID).Status)
+		// As the data was written before: synthetic written by Go.
+		var data, want string
+		require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT e.data::text, $2::jsonb::text FROM events e
+			WHERE e.type = 'step.exhausted' AND e.subject_id = $1`, j.StepID,
+			fmt.Sprintf(`{"jobId":%q,"attempt":%d,"leaseLapsed":%t,"synthetic":%t}`, j.JobID, 1, false,
+				synthetic[j.StepID])).Scan(&data, &want))
+		require.Equal(t, want, data)
+	}
+}
+
 // Concurrent enqueues of one key on an endpoint that does not exist yet
 // make exactly one step, and every other one answers it, deduplicated.
 func TestConcurrentEnqueuesOfOneKeyMakeOneStep(t *testing.T) {

@@ -1260,30 +1260,19 @@ func (s *Service) release(ctx context.Context, tx pgx.Tx, done []endedStep, depe
 	var queued []queuedJob
 	var events []event
 	stepIDs := make([]string, 0, len(done))
-	var exhaustedRuns []string
 	for _, e := range done {
 		if e.runID != "" {
 			runs[e.runID] = true
 		}
 		stepIDs = append(stepIDs, e.stepID)
 		if e.status == StatusExhausted {
-			exhaustedRuns = append(exhaustedRuns, e.runID)
-		}
-	}
-	if len(exhaustedRuns) > 0 {
-		// step.exhausted says whether its step is a tool test's (synthetic),
-		// as run.finished does, so a receiver paging on it can tell.
-		var synthetic []string
-		if err := tx.QueryRow(ctx, sqlSyntheticRuns, exhaustedRuns).Scan(&synthetic); err != nil {
-			return nil, nil, fmt.Errorf("synthetic runs: %w", err)
-		}
-		for _, e := range done {
-			if e.status == StatusExhausted {
-				events = append(events, event{workspaceID: e.workspaceID, typ: EventStepExhausted, subject: e.stepID,
-					data: fmt.Sprintf(`{"jobId":%q,"attempt":%d,"leaseLapsed":%t,"synthetic":%t}`,
-						e.jobID, e.attempt, e.lapsed, slices.Contains(synthetic, e.runID)),
-					dedupe: strconv.Itoa(e.attempt)})
-			}
+			// step.exhausted says whether its step is a tool test's
+			// (synthetic), as run.finished does, so a receiver paging on it
+			// can tell: its record reads the run's (syntheticRun).
+			events = append(events, event{workspaceID: e.workspaceID, typ: EventStepExhausted, subject: e.stepID,
+				data: fmt.Sprintf(`{"jobId":%q,"attempt":%d,"leaseLapsed":%t,"synthetic":false}`,
+					e.jobID, e.attempt, e.lapsed),
+				dedupe: strconv.Itoa(e.attempt), syntheticRun: e.runID})
 		}
 	}
 	// One statement decides the whole cascade from its snapshot; a step an
@@ -1348,9 +1337,12 @@ func (s *Service) settleRun(ctx context.Context, tx pgx.Tx, runID string) (bool,
 }
 
 // event is an outbox row recordEvents writes; id is made there unless
-// given (a key made of it: trippedEvent).
+// given (a key made of it: trippedEvent). syntheticRun, when set, is the
+// run whose being synthetic data's synthetic (written false) says
+// (sqlInsertEvents reads it).
 type event struct {
 	id, workspaceID, typ, subject, data, dedupe string
+	syntheticRun                                string
 }
 
 func (s *Service) recordEvents(ctx context.Context, q db.Querier, events []event) error {
@@ -1358,16 +1350,17 @@ func (s *Service) recordEvents(ctx context.Context, q db.Querier, events []event
 		return nil
 	}
 	n := len(events)
-	idv, ws, typ, sub, data, dd := make([]string, n), make([]string, n), make([]string, n), make([]string, n),
-		make([]string, n), make([]string, n)
+	idv, ws, typ, sub, data, dd, run := make([]string, n), make([]string, n), make([]string, n), make([]string, n),
+		make([]string, n), make([]string, n), make([]string, n)
 	now := s.now()
 	for i, e := range events {
-		idv[i], ws[i], typ[i], sub[i], data[i], dd[i] = e.id, e.workspaceID, e.typ, e.subject, e.data, e.dedupe
+		idv[i], ws[i], typ[i], sub[i], data[i], dd[i], run[i] = e.id, e.workspaceID, e.typ, e.subject, e.data, e.dedupe,
+			e.syntheticRun
 		if e.id == "" {
 			idv[i] = ids.NewAt(ids.Event, now)
 		}
 	}
-	if _, err := q.Exec(ctx, sqlInsertEvents, idv, ws, typ, sub, data, now, dd); err != nil {
+	if _, err := q.Exec(ctx, sqlInsertEvents, idv, ws, typ, sub, data, now, dd, run); err != nil {
 		return fmt.Errorf("record events: %w", err)
 	}
 	return nil
