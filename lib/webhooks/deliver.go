@@ -811,7 +811,7 @@ func (s *Service) deliverOne(ctx context.Context, c claimed) (*outcome, error) {
 	req.Header.Set("Ratchet-Signature", Sign(s.now(), body, secrets...))
 	res, err := s.client.Do(req)
 	if err != nil {
-		return ended(nil, sendFailure(err))
+		return ended(nil, sendFailure(err, s.sendTimeout))
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, 64<<10))
 	res.Body.Close()
@@ -1076,7 +1076,7 @@ func shorthandIPv4(host string) net.IP {
 // a receiver too slow to answer (webhooks QA: each read "request failed").
 // Never the error's own words: they hold the URL, whose query may carry
 // the receiver's token, and whatever a TLS or DNS server said.
-func sendFailure(err error) string {
+func sendFailure(err error, sendTimeout time.Duration) string {
 	var (
 		dns     *net.DNSError
 		cert    *tls.CertificateVerificationError

@@ -109,7 +109,8 @@ func dispatchedAt(t *testing.T, env *apitest.Env, now time.Time) (n int) {
 
 // A round of deliveries takes turns among workspaces, each workspace's
 // sends in flight counted as its first turns: receivers of three
-// workspaces that hang (the send times out after 10 s) do not fill the
+// workspaces that hang (held here for as long as the test takes, their
+// timeout raised past it, not cut at 10 s) do not fill the
 // pass's room for sends ahead of a fourth workspace's delivery, due after
 // all of theirs (multi-tenant QA: in the order deliveries fell due, the
 // three took the whole room, 40 + 40 + 20 sends, and took it again as
@@ -119,6 +120,7 @@ func dispatchedAt(t *testing.T, env *apitest.Env, now time.Time) (n int) {
 func TestHungReceiversOfThreeWorkspacesHoldNoOtherDelivery(t *testing.T) {
 	env, clk := start(t, true)
 	ctx := context.Background()
+	webhooks.SetSendTimeout(env.App.Server.Webhooks, time.Hour)
 	dispatchAll(t, env, clk.Now())
 	hung, _, unblock := newBlockingReceiver(t)
 	arrived := make(chan struct{})

@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 )
 
 func TestPublicRefusesEveryNonPublicRange(t *testing.T) {
@@ -112,13 +113,17 @@ func TestSendFailureSaysWhichKind(t *testing.T) {
 			"connection closed without an answer"},
 		{wrap(errors.New("net/http: HTTP/1.x transport connection broken: malformed HTTP response")), "request failed"},
 	} {
-		got := sendFailure(c.err)
+		got := sendFailure(c.err, sendTimeout)
 		if got != c.want {
 			t.Errorf("%v: %q, want %q", c.err, got, c.want)
 		}
 		if strings.Contains(got, "receiver-secret") || strings.Contains(got, "hooks.example.com") {
 			t.Errorf("%q says the URL", got)
 		}
+	}
+	// The timeout named is the send's own (a test raises it).
+	if got := sendFailure(wrap(context.DeadlineExceeded), time.Hour); got != "timed out: no answer within 1h0m0s" {
+		t.Errorf("a send given an hour: %q", got)
 	}
 }
 
@@ -148,7 +153,7 @@ func TestSendFailureSaysTLSHandshakeFailedOnAlerts(t *testing.T) {
 			res.Body.Close()
 			t.Fatalf("%s: the handshake succeeded", name)
 		}
-		if got := sendFailure(err); got != "TLS handshake failed" {
+		if got := sendFailure(err, sendTimeout); got != "TLS handshake failed" {
 			t.Errorf("%s: %v recorded %q, want %q", name, err, got, "TLS handshake failed")
 		}
 	}
@@ -185,7 +190,7 @@ func TestAReceiversAnswerHeadersAreBounded(t *testing.T) {
 			res.Body.Close()
 			t.Fatalf("%d KiB of headers were taken (status %d)", c.headers, res.StatusCode)
 		}
-		if got := sendFailure(err); got != "answer's headers over 64 KiB" {
+		if got := sendFailure(err, sendTimeout); got != "answer's headers over 64 KiB" {
 			t.Errorf("%v recorded %q", err, got)
 		}
 	}

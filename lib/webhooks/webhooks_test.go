@@ -1217,7 +1217,10 @@ func TestRetentionKeepsTheCurrentReconcileReminder(t *testing.T) {
 
 // The local loop sends detached: a receiver that does not answer holds
 // neither the next pass nor another workspace's delivery (QA: every pass
-// waited for the 10 s send, and so did every other receiver).
+// waited for the 10 s send, and so did every other receiver). The sweeper
+// loop sends here, and a sweep starts a round only with a send's time left
+// (timeForARound), so the slow send keeps its 10 s timeout: the fast
+// delivery must go out within it.
 func TestASlowReceiverHoldsNoOtherDelivery(t *testing.T) {
 	env, clk := start(t, true)
 	slowWS, fastWS := env.Signup(), env.Signup()
