@@ -19,6 +19,7 @@ import (
 	"github.com/getratchet/ratchet/lib/ids"
 	"github.com/getratchet/ratchet/lib/jsonx"
 	"github.com/getratchet/ratchet/lib/money"
+	"github.com/getratchet/ratchet/lib/sweep"
 )
 
 // Reconciliation (API.md §2.7): the caller posts the vendor's own records
@@ -283,10 +284,11 @@ func (s *Service) Reconcile(ctx context.Context, p *auth.Principal, req Reconcil
 		// is left to the sweeper (SweepGroups): the reconciliation has
 		// committed, and its answer (what it resolved) is what the caller
 		// needs, not a 5xx for a step the sweeper takes again.
+		// Each failure is logged.
 		if db.InRequest(ctx) {
-			db.AfterCommit(ctx, func() { _ = s.endRollbacks(db.AfterRequest(ctx), p.WorkspaceID, groups) })
+			db.AfterCommit(ctx, func() { s.endRollbacks(db.AfterRequest(ctx), p.WorkspaceID, groups) })
 		} else {
-			_ = s.endRollbacks(db.Unchecked(ctx), p.WorkspaceID, groups) // follows the committed resolutions
+			s.endRollbacks(db.Unchecked(ctx), p.WorkspaceID, groups) // follows the committed resolutions
 		}
 	}
 	return out, nil
@@ -529,16 +531,23 @@ func (s *Service) SweepReconcileDue(ctx context.Context, now time.Time, limit in
 // statement, not a transaction each (QA: 3 000 charges, each a step of its
 // checkout's open group, cost 9 000 round trips after the answer was
 // decided). Read after the commit, as a resolve's afterStep does: an unwind
-// that began since sees these outcomes itself.
-func (s *Service) endRollbacks(ctx context.Context, workspaceID string, groups []string) error {
+// that began since sees these outcomes itself. A group whose settle fails
+// does not stop those after it, as in SweepGroups (sweep.GoOn): it stopped
+// at the first, and the rest waited for the sweeper. Failures are logged,
+// not answered: the reconciliation has committed, and the sweeper settles
+// what is left.
+func (s *Service) endRollbacks(ctx context.Context, workspaceID string, groups []string) {
 	unwinding, err := db.CollectIDs(s.pool.Query(ctx, sqlUnwindingAmong, workspaceID, groups))
 	if err != nil {
-		return fmt.Errorf("reconcile: groups: %w", err)
+		s.logger.Warn("rollbacks a reconciliation settled steps of not read", "err", err)
+		return
 	}
 	for _, g := range unwinding {
 		if _, err := s.settleGroup(ctx, workspaceID, g, false); err != nil {
-			return err
+			s.logger.Warn("rollback a reconciliation settled a step of not ended", "group_id", g, "err", err)
+			if !sweep.GoOn(ctx, err) {
+				return
+			}
 		}
 	}
-	return nil
 }

@@ -11,10 +11,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/gate"
+	"github.com/getratchet/ratchet/lib/httpapi"
 	"github.com/getratchet/ratchet/lib/ids"
 )
 
@@ -287,4 +289,61 @@ func TestAReconciliationLeavesAnAttemptBegunSinceItsReadUnsettled(t *testing.T) 
 	require.Equal(t, []string{str(probe["effect_id"])}, lists["unsettled"])
 	effect := b.env.Must(http.StatusOK, "GET", "/api/v1/effects/"+str(probe["effect_id"]), b.ws.Key, nil).JSON()
 	require.Equal(t, "indeterminate", effect["state"], "the probe may have acted: its outcome is still unknown")
+}
+
+// A reconciliation that settles steps of several rollbacks ends each
+// rollback it can, though ending one failed: it stopped at the first
+// failure, so the groups after it (by id) stayed unwinding until the
+// sweeper took them, while SweepGroups goes on past a failure of a
+// group's own (sweep.GoOn). Here the first group's row is held, so its
+// settle meets lock_timeout; the second's still ends.
+func TestReconcileEndsTheRollbacksAfterOneThatFailed(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	cfg := b.env.App.Pool.Config()
+	cfg.ConnConfig.RuntimeParams["lock_timeout"] = "50ms"
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	deps := b.env.App.Server.Deps
+	deps.Gate = gate.New(pool, deps.Sealer, deps.Auth.Hash, deps.Now, deps.Logger)
+	h := httpapi.New(deps)
+
+	start := b.clock.Now()
+	var groups []string
+	records := []map[string]any{}
+	for i := range 2 {
+		g := b.newGroup(fmt.Sprintf("rollback-%d", i), "")
+		step := groupStep(g, email(key("lapsed")), nil)
+		b.mustBegin("execute", step)
+		groups = append(groups, g)
+		records = append(records, map[string]any{"idempotency_key": step["idempotency_key"], "status": "failed"})
+	}
+	slices.Sort(groups)          // the order the reconciliation ends them in
+	b.clock.Add(2 * time.Minute) // the leases lapse unreported
+	for _, g := range groups {
+		u := b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+g+"/unwind", b.ws.Key, nil).JSON()
+		require.Equal(t, "unwinding", u["state"], "waiting for its unknown step")
+	}
+	stored := func(g string) string {
+		var state string
+		require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT state FROM effect_groups WHERE id = $1`, g).Scan(&state))
+		return state
+	}
+
+	hold, err := b.env.App.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = hold.Rollback(ctx) }()
+	_, err = hold.Exec(ctx, `SELECT 1 FROM effect_groups WHERE id = $1 FOR UPDATE`, groups[0])
+	require.NoError(t, err)
+	status, out := postTo(t, h, "/api/v1/reconcile", b.ws.Key, map[string]any{"effect_type": "email.send",
+		"from": start.Add(-time.Minute).Format(time.RFC3339Nano), "to": b.clock.Now().Format(time.RFC3339Nano),
+		"records": records})
+	require.Equal(t, http.StatusOK, status, "%v", out)
+	require.Len(t, out["resolved"], 2)
+	require.NoError(t, hold.Rollback(ctx))
+
+	require.Equal(t, "unwinding", stored(groups[0]), "its settle met the held row")
+	require.Equal(t, "unwound", stored(groups[1]), "ended though the one before failed")
 }
