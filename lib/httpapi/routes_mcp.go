@@ -98,7 +98,8 @@ func (s *Server) mcpRoutes() []Route {
 		"each tool call is the REST call it names, with that call's scopes). GET and DELETE answer 405. An " +
 		"answer holds at most about 4 MB: a list tool's page ends early (next_cursor) to fit, and a tool call " +
 		"of a batch whose result would take the batch's answer past it is answered a JSON-RPC error (-32600) " +
-		"instead, to be sent again alone or in a smaller batch; room is kept for each ratchet_begin's decision, " +
+		"instead, to be sent again alone or in a smaller batch, or, for a write that ran (a report, a heartbeat, " +
+		"a resolve, a decision), a short result saying it was applied and which tool reads its outcome; room is kept for each ratchet_begin's decision, " +
 		"which is always answered (a duplicate's large result aside). A request of a batch that a " +
 		"notifications/cancelled of the batch names is not answered (MCP): it is left out of the batch's answer; " +
 		"a ratchet_begin without request_id granted as its cancellation landed has its lease given back " +

@@ -197,10 +197,10 @@ func call(ctx context.Context, c Caller, req *mcp.CallToolRequest, defaultAuth, 
 	}
 	status, resp, err := c.Call(callCtx, method, path, auth, raw)
 	if err != nil {
-		return fit(ctx, tool, unanswered(err), nil)
+		return fit(ctx, tool, unanswered(err), nil, "")
 	}
 	if !fromAPI(status, resp) {
-		return fit(ctx, tool, notTheAPI(status), nil)
+		return fit(ctx, tool, notTheAPI(status), nil, "")
 	}
 	if ctx.Err() != nil {
 		resp = saidStopped(ctx, resp)
@@ -227,7 +227,22 @@ func call(ctx context.Context, c Caller, req *mcp.CallToolRequest, defaultAuth, 
 			}
 		}
 	}
-	return fit(ctx, tool, res, undo)
+	return fit(ctx, tool, res, undo, readsOutcome(method, path, tool, res))
+}
+
+// readsOutcome names the tool that reads what a call changed, when it
+// changed something whose sending again is not the same answer: a write
+// the API took (2xx) other than a begin (which, sent again, answers the
+// same grant, or a new one once its lease was given back). "" otherwise.
+func readsOutcome(method, path, tool string, res *mcp.CallToolResult) string {
+	switch {
+	case method == http.MethodGet || tool == beginTool || res.IsError:
+		return ""
+	case strings.HasPrefix(path, "/api/v1/approvals/"):
+		return "ratchet_list_approvals"
+	default:
+		return "ratchet_get_effect"
+	}
 }
 
 // MaxAnswerNesting is how many levels of arrays and objects an answer of

@@ -21,7 +21,8 @@ import (
 // carries its REST answer twice (as text, escaped, and as structured
 // content). A tool call whose result does not fit in what is left is
 // answered a JSON-RPC error instead (tooLarge): send it again alone or in a
-// smaller batch. Its members run concurrently, so which of a batch's calls
+// smaller batch; a write that ran (a report, a heartbeat, a resolve, a
+// decision) is answered a short result saying so instead (omitted). Its members run concurrently, so which of a batch's calls
 // are refused depends on which finish first. A list call asks the REST
 // route for a page a third of the room left, so that a call alone always
 // fits. Each ratchet_begin has beginRoom set aside, which its result takes
@@ -48,8 +49,9 @@ type roomKey struct{}
 
 // messageOverhead is what each message's answer takes besides its id and
 // its tool result's text and structured content: the JSON-RPC envelope,
-// the result's members, a comma.
-const messageOverhead = 256
+// the result's members, a comma; or, in place of a result refused room,
+// the error (tooLarge) or the short result of a write that ran (omitted).
+const messageOverhead = 640
 
 // WithRoom is ctx carrying the room of the answer to body, one JSON-RPC
 // message or a batch (CheckEnvelope passed it): answer.Budget less, for
@@ -161,9 +163,11 @@ func resultSize(res *mcp.CallToolResult) int {
 }
 
 // fit answers res, the result of a call of tool, when the room (if any)
-// holds it, and otherwise the error tooLarge, after undo has given back
-// what the call granted that only its answer would have told.
-func fit(ctx context.Context, tool string, res *mcp.CallToolResult, undo func(context.Context)) (*mcp.CallToolResult, error) {
+// holds it. Otherwise, when the call changed something (readWith names
+// the tool that reads its outcome), it answers omitted; for any other,
+// the error tooLarge, after undo has given back what the call granted
+// that only its answer would have told.
+func fit(ctx context.Context, tool string, res *mcp.CallToolResult, undo func(context.Context), readWith string) (*mcp.CallToolResult, error) {
 	room := roomOf(ctx)
 	if room == nil {
 		return res, nil
@@ -175,6 +179,9 @@ func fit(ctx context.Context, tool string, res *mcp.CallToolResult, undo func(co
 	if take(resultSize(res)) {
 		return res, nil
 	}
+	if readWith != "" {
+		return omitted(readWith), nil
+	}
 	if undo != nil {
 		uctx, stop := GivingBack(ctx, GiveBackTimeout)
 		defer stop()
@@ -184,9 +191,28 @@ func fit(ctx context.Context, tool string, res *mcp.CallToolResult, undo func(co
 }
 
 // tooLarge refuses a tool call whose result would take its answer past
-// answer.Budget (Room). It names no value of the call.
+// answer.Budget (Room) and that changed nothing, or whose sending again
+// answers the same (a read, a begin): it names no value of the call.
 func tooLarge() *jsonrpc.Error {
 	return &jsonrpc.Error{Code: jsonrpc.CodeInvalidRequest, Message: fmt.Sprintf("Invalid Request: the answers "+
 		"of this batch would pass %d bytes together, more than one answer may hold; send this request again "+
 		"alone or in a smaller batch", answer.Budget)}
+}
+
+// omitted answers a write (a report, a heartbeat, a resolve, a decision)
+// that ran, and whose result would take its answer past answer.Budget
+// (Room): it was answered tooLarge, which said to send it again, as if
+// nothing had happened (review). A resolve without attempt sent again
+// settles whatever attempt is unknown then, a later one included, or is
+// refused invalid_state. The write stands, so this is its tool result, not
+// an error: applied, and the tool that reads the outcome (ratchet_get_effect,
+// or ratchet_list_approvals for a decision) instead of a resend. It fits in
+// messageOverhead, whatever the room has left. It names no value of the call.
+func omitted(readWith string) *mcp.CallToolResult {
+	text := fmt.Sprintf(`{"applied":true,"answer_omitted":"this call ran and its outcome stands, but its `+
+		`answer would take this batch's answer past %d bytes; do not send it again: read the outcome with %s"}`,
+		answer.Budget, readWith)
+	var structured map[string]any
+	_ = json.Unmarshal([]byte(text), &structured)
+	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: text}}, StructuredContent: structured}
 }

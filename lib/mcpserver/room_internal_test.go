@@ -88,7 +88,7 @@ func TestABeginPastItsBatchsRoomGivesItsLeaseBack(t *testing.T) {
 	}
 	// A read asks for its page within a third of what is left.
 	g := &budgetCaller{}
-	_, err := call(within(3_000_256), g, nil, "", http.MethodGet, "/api/v1/effects", nil)
+	_, err := call(within(3_000_000+messageOverhead), g, nil, "", http.MethodGet, "/api/v1/effects", nil)
 	require.NoError(t, err)
 	require.Equal(t, 1_000_000, g.budget)
 }
@@ -136,4 +136,50 @@ func TestABeginsResultHasRoomSetAsideForIt(t *testing.T) {
 	written = append(written, '\n')
 	size := resultSize(&mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: string(written)}}})
 	require.Less(t, 2*size, beginRoom, "with room to spare")
+}
+
+// A write that ran (a resolve here) whose result does not fit in what its
+// batch's answer has left is not answered the error that says to send it
+// again, as if nothing had happened: a resolve without attempt sent again
+// settled whatever attempt was unknown then, a later one included, or was
+// refused invalid_state (review). It is answered a short result saying it
+// ran, and which tool reads its outcome; a decision's is read through the
+// approvals. A read, which changed nothing, is still refused with the
+// error. Either answer fits in what each message has set aside for it.
+func TestAWriteThatRanPastItsBatchsRoomSaysItRan(t *testing.T) {
+	t.Parallel()
+	within := func() context.Context {
+		return context.WithValue(context.Background(), roomKey{}, &Room{left: 10})
+	}
+	for path, readWith := range map[string]string{
+		"/api/v1/effects/eff_01/resolve":  "ratchet_get_effect",
+		"/api/v1/effects/eff_01/report":   "ratchet_get_effect",
+		"/api/v1/approvals/apr_01/reject": "ratchet_list_approvals",
+	} {
+		g := &grantingCaller{}
+		res, err := call(within(), g, nil, "Bearer rk_x", http.MethodPost, path, map[string]any{"outcome": "failed"})
+		require.NoError(t, err, path)
+		require.False(t, res.IsError, path)
+		require.Equal(t, true, res.StructuredContent.(map[string]any)["applied"], path)
+		text := res.Content[0].(*mcp.TextContent).Text
+		require.Contains(t, text, "do not send it again: read the outcome with "+readWith, path)
+		require.NotContains(t, text, "send this request again", path)
+		require.Equal(t, []string{"POST " + path}, g.calls, "nothing is given back")
+		require.LessOrEqual(t, answerSize(t, map[string]any{"result": res}), messageOverhead)
+	}
+	_, err := call(within(), &grantingCaller{}, nil, "", http.MethodGet, "/api/v1/effects/eff_01", nil)
+	var rpc *jsonrpc.Error
+	require.ErrorAs(t, err, &rpc)
+	require.EqualValues(t, jsonrpc.CodeInvalidRequest, rpc.Code)
+	require.Contains(t, rpc.Message, "send this request again alone or in a smaller batch")
+	require.LessOrEqual(t, answerSize(t, map[string]any{"error": rpc}), messageOverhead)
+}
+
+// answerSize is what a JSON-RPC answer with members takes, less its id.
+func answerSize(t *testing.T, members map[string]any) int {
+	t.Helper()
+	members["jsonrpc"], members["id"] = "2.0", nil
+	b, err := json.Marshal(members)
+	require.NoError(t, err)
+	return len(b) + len(",") - len("null")
 }

@@ -92,7 +92,7 @@ func define[In any](name, description, needs string, route func(In) (method, pat
 				defer stop()
 				in, err := decodeArguments[In](req.Params.Arguments, resolved, urlOnly)
 				if err != nil {
-					return fit(ctx, name, argumentsError(err), nil)
+					return fit(ctx, name, argumentsError(err), nil, "")
 				}
 				method, path, body := route(in)
 				return call(ctx, c, req, defaultAuth, method, path, body)
