@@ -485,6 +485,21 @@ func (s *Service) afterStep(ctx context.Context, workspaceID string, groupID *st
 	return err
 }
 
+// settleEach settles groups of workspaceID after a change that committed
+// (why: what it was) may have ended their rollbacks. One that fails does
+// not stop those after it, as in SweepGroups (sweep.GoOn); each failure is
+// logged, not answered (the change stands), and the sweeper settles it.
+func (s *Service) settleEach(ctx context.Context, workspaceID string, groups []string, why string) {
+	for _, g := range groups {
+		if _, err := s.settleGroup(ctx, workspaceID, g, false); err != nil {
+			s.logger.Warn("rollback not settled after its change", "after", why, "group_id", g, "err", err)
+			if !sweep.GoOn(ctx, err) {
+				return
+			}
+		}
+	}
+}
+
 // SweepGroups is the sweeper's backstop: it settles up to limit unwinding
 // groups, least recently checked first. One that fails does not stop
 // those after it, whose check sqlUnwindingDue has just recorded too (it

@@ -437,6 +437,10 @@ func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string,
 	var (
 		out       Policy
 		shortenTo int // the retention lowered to, if it was
+		// spentFrom, spentTo: the attempts from which a failed effect of
+		// the type is now spent, and from which it was before, when
+		// max_attempts was lowered (settleSpentGroups).
+		spentFrom, spentTo int
 	)
 	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, sqlLockPolicy, workspaceID, effectType); err != nil {
@@ -479,6 +483,9 @@ func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string,
 		}
 		if p.RetentionDays < was.RetentionDays {
 			shortenTo = p.RetentionDays
+		}
+		if p.MaxAttempts < was.MaxAttempts {
+			spentFrom, spentTo = p.MaxAttempts, was.MaxAttempts
 		}
 		surgeOn := p.SurgePerHour != nil || p.SurgeMultiplier != nil
 		turnedOff := !surgeOn && (was.SurgePerHour != nil || was.SurgeMultiplier != nil)
@@ -536,8 +543,27 @@ func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string,
 		}
 		return nil
 	})
-	if err != nil || shortenTo == 0 {
+	if err != nil {
 		return out, err
+	}
+	if spentFrom != 0 {
+		// Failures the lowered max_attempts has spent may end rollbacks:
+		// settled now, once the policy has committed, as a step's outcome
+		// settles its group (afterStep), not at the next read or sweep:
+		// the group's stored state (a list by state reads it) follows
+		// the write.
+		// Under an Idempotency-Key, once the request's transaction has
+		// committed (its locks released), as the dating below.
+		if db.InRequest(ctx) {
+			db.AfterCommit(ctx, func() {
+				s.settleSpentGroups(db.AfterRequest(ctx), workspaceID, effectType, spentFrom, spentTo)
+			})
+		} else {
+			s.settleSpentGroups(db.Unchecked(ctx), workspaceID, effectType, spentFrom, spentTo)
+		}
+	}
+	if shortenTo == 0 {
+		return out, nil
 	}
 	if db.InRequest(ctx) {
 		// Under an Idempotency-Key the policy's transaction is the
@@ -564,6 +590,29 @@ func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string,
 	// answers it and dates the groups).
 	return out, committedThen(s.shortenKeptGroups(db.Unchecked(ctx), workspaceID, effectType))
 }
+
+// settleSpentGroups settles up to spentSettles rollbacks of workspaceID
+// holding an effect of effectType that failed (or was denied) after from
+// attempts or more, fewer than to: spent since max_attempts was lowered
+// from to to from, so a compensation that waited for a retry is final,
+// and its rollback may end (unwind_failed). The sweeper (SweepGroups)
+// settles those past the bound, and any whose settle fails: a failure is
+// logged, not answered, as a reconciliation's (endRollbacks), since the
+// policy has committed and a repeated PUT, changing nothing, settles
+// nothing. One that fails does not stop those after it (sweep.GoOn).
+func (s *Service) settleSpentGroups(ctx context.Context, workspaceID, effectType string, from, to int) {
+	groups, err := db.CollectIDs(s.pool.Query(ctx, sqlSpentAmongUnwinding, workspaceID, effectType, from, to,
+		spentSettles))
+	if err != nil {
+		s.logger.Warn("rollbacks a lowered max_attempts may end not read", "effect_type", effectType, "err", err)
+		return
+	}
+	s.settleEach(ctx, workspaceID, groups, "lowered max_attempts")
+}
+
+// spentSettles bounds the rollbacks a policy write settles (a transaction
+// each, after its answer is decided); the sweeper takes the rest.
+const spentSettles = 100
 
 // shortenKeptGroups dates again the ended groups holding an effect of a
 // type whose retention was just lowered: they were dated by the longest

@@ -1,6 +1,7 @@
 package gate_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -345,4 +346,33 @@ func TestAPolicyRequestReencodesItsDimensionLimits(t *testing.T) {
 	again, err := json.Marshal(req.DimensionLimits)
 	require.NoError(t, err)
 	require.JSONEq(t, `{"recipient":{"daily_count":3},"":{}}`, string(again))
+}
+
+// A policy write lowering a type's max_attempts can spend a compensation
+// that failed and waited for a retry: its rollback then ends
+// (unwind_failed) with the write, as when the compensation's own outcome
+// lands (afterStep), under an Idempotency-Key too. It stayed unwinding in
+// storage until a read or the sweeper settled it, so a list of groups by
+// state, and what follows a rollback's end, lagged the write.
+func TestLoweringMaxAttemptsEndsTheRollbacksItSpent(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	stored := func(g string) string {
+		var state string
+		require.NoError(t, b.env.App.Pool.QueryRow(context.Background(),
+			`SELECT state FROM effect_groups WHERE id = $1`, g).Scan(&state))
+		return state
+	}
+	for i, header := range []http.Header{nil, {"Idempotency-Key": {"lower-max-attempts"}}} {
+		b.putPolicy("email.retract", map[string]any{"max_attempts": 3})
+		g, _, step := b.groupWithStep(fmt.Sprintf("spent-%d", i), "")
+		b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+g+"/unwind", b.ws.Key, nil)
+		b.executedAs("failed", map[string]any{"effect_type": "email.retract",
+			"idempotency_key": "compensate:" + str(step["effect_id"]), "compensates_effect_id": step["effect_id"]})
+		require.Equal(t, "unwinding", stored(g), "the failed compensation may be tried again")
+
+		r := b.env.DoWith("PUT", "/api/v1/policies/email.retract", b.ws.Key, header, map[string]any{"max_attempts": 1})
+		require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+		require.Equal(t, "unwind_failed", stored(g), "ended by the write, before any read")
+	}
 }

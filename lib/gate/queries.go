@@ -911,6 +911,17 @@ SELECT DISTINCT group_id FROM upd WHERE group_id IS NOT NULL ORDER BY group_id`
 const sqlUnwindingAmong = `SELECT id FROM effect_groups
 WHERE workspace_id = $1 AND id = ANY($2::text[]) AND state = 'unwinding' ORDER BY id`
 
+// sqlSpentAmongUnwinding answers up to $5 unwinding groups of workspace
+// $1 holding an effect of type $2 that failed, or was denied, after $3
+// attempts or more but fewer than $4: those a max_attempts lowered from $4
+// to $3 has made spent (sqlGroupSteps), which may end their rollback
+// (settleSpentGroups). Through effects_type_state_idx.
+const sqlSpentAmongUnwinding = `SELECT DISTINCT e.group_id FROM effects e
+JOIN effect_groups g ON g.id = e.group_id AND g.state = 'unwinding'
+WHERE e.workspace_id = $1 AND e.effect_type = $2 AND e.state IN ('failed', 'denied')
+  AND e.group_id IS NOT NULL AND e.attempt >= $3 AND e.attempt < $4
+ORDER BY e.group_id LIMIT $5`
+
 // sqlReconciled records when a type was last reconciled, never moving it
 // back: a reconciliation whose clock reads earlier than the one recorded
 // (another instance's clock behind, or two committing out of order) leaves

@@ -19,7 +19,6 @@ import (
 	"github.com/getratchet/ratchet/lib/ids"
 	"github.com/getratchet/ratchet/lib/jsonx"
 	"github.com/getratchet/ratchet/lib/money"
-	"github.com/getratchet/ratchet/lib/sweep"
 )
 
 // Reconciliation (API.md §2.7): the caller posts the vendor's own records
@@ -542,12 +541,5 @@ func (s *Service) endRollbacks(ctx context.Context, workspaceID string, groups [
 		s.logger.Warn("rollbacks a reconciliation settled steps of not read", "err", err)
 		return
 	}
-	for _, g := range unwinding {
-		if _, err := s.settleGroup(ctx, workspaceID, g, false); err != nil {
-			s.logger.Warn("rollback a reconciliation settled a step of not ended", "group_id", g, "err", err)
-			if !sweep.GoOn(ctx, err) {
-				return
-			}
-		}
-	}
+	s.settleEach(ctx, workspaceID, unwinding, "reconciliation")
 }
