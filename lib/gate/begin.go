@@ -813,12 +813,37 @@ func keyReuse() error {
 		"This idempotency key was used with a different payload fingerprint.")
 }
 
-func precheckError(ev *eval) error {
+func precheckError(ev *eval) *apierr.Error {
 	if *ev.precheck == apierr.CodeCostRequired {
 		return apierr.Of(apierr.CodeCostRequired, "This effect type requires a declared cost_micros.")
 	}
 	return apierr.Of(apierr.CodeDimensionRequired, "The policy requires dimensions that were not declared: %s.",
 		strings.Join(ev.missingDimensions, ", ")).WithDetail("dimensions", ev.missingDimensions)
+}
+
+// begunWithout is the precheck's refusal of a key whose effect exists: it
+// was begun before its type required what it did not declare (a cost, a
+// dimension), and a begin of the key must repeat it as first sent (its
+// fingerprint), so declaring it now is 409 idempotency_key_reuse (QA: the
+// refusal advised declaring it, as for a new key). It names the effect,
+// and says what is left: once the effect is known not to have acted, the
+// work under a new key that declares it; while its outcome is unknown,
+// finding out and resolving first, since a new key could repeat what it
+// did.
+func begunWithout(ev *eval, row *effectRow, now time.Time) error {
+	advice := "begin the work again under a new idempotency key that declares it"
+	if row.effectiveState(now) == StateIndeterminate {
+		advice = "its last attempt's outcome is unknown: check the vendor and resolve the effect " +
+			"(POST /api/v1/effects/{id}/resolve) before any new idempotency key repeats the work"
+	}
+	e := precheckError(ev)
+	what := "a declared cost_micros"
+	if e.Code == apierr.CodeDimensionRequired {
+		what = "dimensions (" + strings.Join(ev.missingDimensions, ", ") + ")"
+	}
+	e.Message = fmt.Sprintf("The policy now requires %s, which this key's effect was begun without; a begin of "+
+		"the key must repeat it as first sent (its fingerprint), so it cannot add that now: %s.", what, advice)
+	return e.WithDetail("effect_id", row.ID)
 }
 
 // minRequestID is the shortest request_id, in characters as its schema's
@@ -1039,7 +1064,7 @@ func (s *Service) decideLocked(ctx context.Context, tx pgx.Tx, in *beginInput) (
 // Attempts count execute grants only: a denial or an approval wait uses none.
 func (s *Service) transition(ctx context.Context, tx pgx.Tx, in *beginInput, ev *eval, row *effectRow) (Decision, error) {
 	if ev.precheck != nil {
-		return Decision{}, precheckError(ev)
+		return Decision{}, begunWithout(ev, row, in.now)
 	}
 	if err := admitAttempt(ctx, tx, row); err != nil {
 		return Decision{}, err

@@ -771,3 +771,54 @@ func TestABudgetSetAfterAProbeIsResolvedByALaggingClockCountsItOnce(t *testing.T
 	b.mustBegin("execute", charge(key("fits"), 300))
 	b.denialOf("budget_exceeded", charge(key("full"), 1))
 }
+
+// A key begun before its type required a dimension (or a cost) cannot
+// declare it on a retry: the retry must repeat the begin as first sent (its
+// fingerprint), and one that declares it is 409 idempotency_key_reuse. The
+// refusal says so, names the key's effect, and says what to do: use a new
+// key once the effect is known not to have acted, resolve it first when
+// its outcome is unknown (QA: it advised declaring the dimension, which
+// only ever answered 409, and for an unknown outcome a new key could
+// repeat work that was done).
+func TestARetryOfAKeyBegunBeforeItsCeilingNeededADeclarationSaysWhatToDo(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	bare := func(k string) map[string]any {
+		return map[string]any{"effect_type": "email.send", "idempotency_key": k, "payload": map[string]any{"to": "u"}}
+	}
+	b.putPolicy("email.send", map[string]any{"on_indeterminate": "retry"})
+	failed, unknown := bare(key("failed")), bare(key("unknown"))
+	d := b.mustBegin("execute", failed)
+	require.Equal(t, http.StatusOK, b.report(str(d["effect_id"]), str(d["lease_token"]), "failed", nil).Status)
+	u := b.mustBegin("execute", unknown)
+	b.clock.Add(2 * time.Minute) // its lease lapses: indeterminate
+	b.putPolicy("email.send", map[string]any{"require_cost": true, "dimension_limits": map[string]any{
+		"recipient": map[string]any{"daily_count": 2}}})
+
+	refused := func(body map[string]any, code, id, advice string) map[string]any {
+		t.Helper()
+		e := errCode(t, b.begin(body), http.StatusBadRequest, code)
+		require.Equal(t, id, e["detail"].(map[string]any)["effect_id"], "%v", e)
+		require.Contains(t, e["message"], "begun without", "%v", e)
+		require.Contains(t, e["message"], advice, "%v", e)
+		return e
+	}
+	refused(failed, "cost_required", str(d["effect_id"]), "new idempotency key")
+	refused(unknown, "cost_required", str(u["effect_id"]), "resolve")
+	b.putPolicy("email.send", map[string]any{"require_cost": false})
+	e := refused(failed, "dimension_required", str(d["effect_id"]), "new idempotency key")
+	require.Equal(t, []any{"recipient"}, e["detail"].(map[string]any)["dimensions"])
+	refused(unknown, "dimension_required", str(u["effect_id"]), "resolve")
+
+	// Declaring it is another fingerprint, as the refusal says.
+	declared := bare(str(failed["idempotency_key"]))
+	declared["dimensions"] = map[string]any{"recipient": "u"}
+	errCode(t, b.begin(declared), http.StatusConflict, "idempotency_key_reuse")
+	// A new key that declares it proceeds; one that does not is told to
+	// declare it, as ever.
+	fresh := bare(key("fresh"))
+	fresh["dimensions"] = map[string]any{"recipient": "u"}
+	b.mustBegin("execute", fresh)
+	e = errCode(t, b.begin(bare(key("new"))), http.StatusBadRequest, "dimension_required")
+	require.NotContains(t, e["detail"], "effect_id")
+}
