@@ -1122,6 +1122,11 @@ func (m *modelRun) resolve(k *mKey, outcome string) {
 	k.state = outcome
 	if outcome == "succeeded" {
 		k.result = apitest.CanonicalOf(result)
+		if k.approval == "pending" {
+			// Nothing is left to approve (README "Approvals"): the
+			// resolution closes the retry's pending approval as rejected.
+			k.approval = "rejected"
+		}
 	}
 	// A refused retry's code says nothing once the outcome is known, except
 	// max_attempts_exceeded after a failure, which still answers the key
