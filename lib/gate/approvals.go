@@ -191,15 +191,54 @@ func (s *Service) closeMootApprovals(ctx context.Context, tx pgx.Tx, p *auth.Pri
 	return nil
 }
 
-// SweepMootApprovals closes up to limit pending approvals whose effect is
-// settled succeeded, as a resolution that settles one does
-// (closeMootApprovals): those settled before resolutions closed them, and
-// those a resolution passed over while another transaction held them
-// (sqlSweepMootApprovals). It answers how many it closed.
+// rolledBackNote is the note of an approval a group's rollback closed
+// (closeRolledBackApprovals).
+const rolledBackNote = "Closed without a decision: the effect's group was rolled back, which keeps the effect " +
+	"from ever running, so nothing is left to approve."
+
+// closeRolledBackApprovals decides, in tx, which holds group groupID and
+// has just moved it (an unwind began, or the rollback ended), the pending
+// approvals of its effects that the rollback keeps from ever running (a
+// forward step once the unwind began, a compensation once the rollback
+// ended): a yes could no longer be given (Decide: 409 group_unwinding),
+// and left pending each stayed in the queue for good until an operator
+// rejected it by hand (groups QA). Each is rejected, with rolledBackNote,
+// decided by key (the key that unwound; nil when the rollback's end came
+// from elsewhere), and announced (approval.decided) as a decision is; the
+// effect keeps its state, so a begin of its key is still answered by the
+// group (409 group_unwinding), not approval_rejected. One another
+// transaction holds is passed over (a decide deciding it now, or a begin
+// or resolve holding its effect); the sweeper closes such
+// (SweepMootApprovals).
+func (s *Service) closeRolledBackApprovals(ctx context.Context, tx pgx.Tx, groupID string, key *string,
+	now time.Time) error {
+	moot, err := db.CollectIDs(tx.Query(ctx, sqlLockRolledBackApprovals, groupID))
+	if err != nil {
+		return fmt.Errorf("close rolled-back approvals: %w", err)
+	}
+	if len(moot) == 0 {
+		return nil
+	}
+	now = now.UTC().Truncate(time.Microsecond)
+	if _, err := tx.Exec(ctx, sqlCloseRolledBackApprovals, now, moot, rolledBackNote, eventIDsAt(now, len(moot)),
+		key); err != nil {
+		return fmt.Errorf("close rolled-back approvals: %w", err)
+	}
+	return nil
+}
+
+// SweepMootApprovals closes up to limit pending approvals that ask nothing
+// any more, as the inline closes do: those whose effect is settled
+// succeeded (closeMootApprovals), and those whose effect its group's
+// rollback keeps from ever running (closeRolledBackApprovals); each one
+// closed before the inline close existed, or passed over because another
+// transaction held it then (sqlSweepMootApprovals). It answers how many it
+// closed.
 func (s *Service) SweepMootApprovals(ctx context.Context, now time.Time, limit int) (int, error) {
 	now = now.UTC().Truncate(time.Microsecond)
 	var n int
-	if err := s.pool.QueryRow(ctx, sqlSweepMootApprovals, now, limit, mootNote, eventIDsAt(now, limit)).Scan(&n); err != nil {
+	if err := s.pool.QueryRow(ctx, sqlSweepMootApprovals, now, limit, mootNote, eventIDsAt(now, limit),
+		rolledBackNote).Scan(&n); err != nil {
 		return 0, fmt.Errorf("sweep moot approvals: %w", err)
 	}
 	return n, nil

@@ -150,10 +150,14 @@ func (s *Service) Logger() *slog.Logger { return s.logger }
 
 // SQLSweepMootApprovals is the statement SweepMootApprovals runs, for a
 // test of its plan.
-const SQLSweepMootApprovals = sqlSweepMootApprovals
+var SQLSweepMootApprovals = sqlSweepMootApprovals
 
 // MootNote is the note of an approval a resolution, or the sweeper, closed.
 const MootNote = mootNote
+
+// RolledBackNote is the note of an approval a group's rollback, or the
+// sweeper, closed.
+const RolledBackNote = rolledBackNote
 
 // AfterStep runs afterStep: what follows a step's commit.
 func (s *Service) AfterStep(ctx context.Context, workspaceID string, groupID *string) error {

@@ -443,8 +443,12 @@ func (s *Service) UnwindGroup(ctx context.Context, p *auth.Principal, id string)
 			if g, err = scanGroup(tx.QueryRow(ctx, sqlSetGroupState, id, GroupUnwinding, now)); err != nil {
 				return fmt.Errorf("unwind group: %w", err)
 			}
+			// Its forward steps' approvals can no longer be given.
+			if err := s.closeRolledBackApprovals(ctx, tx, id, &p.KeyID, now); err != nil {
+				return err
+			}
 		}
-		out, err = s.settleLocked(ctx, tx, g, now, true)
+		out, err = s.settleLocked(ctx, tx, g, now, true, &p.KeyID)
 		return err
 	})
 	return out, err
@@ -468,7 +472,7 @@ func (s *Service) settleGroup(ctx context.Context, workspaceID, id string, skip 
 		if err != nil {
 			return fmt.Errorf("settle group: %w", err)
 		}
-		u, err := s.settleLocked(ctx, tx, g, now, false)
+		u, err := s.settleLocked(ctx, tx, g, now, false, nil)
 		ended = u.State != GroupUnwinding
 		return err
 	})
@@ -530,9 +534,11 @@ func (s *Service) SweepGroups(ctx context.Context, now time.Time, limit int) (in
 }
 
 // settleLocked computes the rollback of a locked group and, when it is
-// unwinding and nothing is left to do, ends it. withPlan opens the
-// compensations into the plan (unwind's answer only).
-func (s *Service) settleLocked(ctx context.Context, tx pgx.Tx, g Group, now time.Time, withPlan bool) (Unwind, error) {
+// unwinding and nothing is left to do, ends it, closing the approvals its
+// end makes moot, decided by key (closeRolledBackApprovals). withPlan opens
+// the compensations into the plan (unwind's answer only).
+func (s *Service) settleLocked(ctx context.Context, tx pgx.Tx, g Group, now time.Time, withPlan bool,
+	key *string) (Unwind, error) {
 	steps, err := groupSteps(ctx, tx, g.ID)
 	if err != nil {
 		return Unwind{}, err
@@ -545,6 +551,9 @@ func (s *Service) settleLocked(ctx context.Context, tx pgx.Tx, g Group, now time
 		}
 		if g, err = scanGroup(tx.QueryRow(ctx, sqlSetGroupState, g.ID, end, now)); err != nil {
 			return Unwind{}, fmt.Errorf("settle group: %w", err)
+		}
+		if err := s.closeRolledBackApprovals(ctx, tx, g.ID, key, now); err != nil {
+			return Unwind{}, err
 		}
 	}
 	out := Unwind{GroupID: g.ID, State: g.State, Plan: []PlanItem{}, Unresolved: r.unresolved,

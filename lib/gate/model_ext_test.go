@@ -1135,6 +1135,19 @@ func (e *extRun) settle(g *mGroup) {
 		if len(r.irreversible) > 0 {
 			g.state = "unwind_failed"
 		}
+		e.closeRolledBack(g)
+	}
+}
+
+// closeRolledBack closes the pending approvals of g's keys that its
+// rollback, just begun or ended, keeps from ever running, as the gate does
+// then (README "Approvals"): rejected, the effect keeping its state (one
+// settled succeeded is a resolution's to close).
+func (e *extRun) closeRolledBack(g *mGroup) {
+	for _, k := range e.m.keys {
+		if k.group == g && k.approval == "pending" && e.rolledBack(k) && k.effState(e.m.now()) != "succeeded" {
+			k.approval = "rejected"
+		}
 	}
 }
 
@@ -1211,6 +1224,7 @@ func (e *extRun) unwind(g *mGroup) {
 	now := m.now()
 	if g.state == "open" || g.state == "committed" {
 		g.state = "unwinding"
+		e.closeRolledBack(g)
 	}
 	want := e.rollback(g, now)
 	e.settle(g)

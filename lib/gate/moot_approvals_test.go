@@ -36,6 +36,18 @@ func (b *bundle) heldRetryOf(typ string) (id, approval string, body map[string]a
 	return id, str(held["approval_id"]), body
 }
 
+// pendAgain makes approval pending again, as one an earlier release left
+// pending (or a close passed over) was, its announcement gone with its
+// decision.
+func (b *bundle) pendAgain(approval string) {
+	b.t.Helper()
+	_, err := b.env.App.Pool.Exec(context.Background(), `WITH ap AS (UPDATE approvals SET state = 'pending',
+		decided_at = NULL, decided_by_key_id = NULL, note = NULL WHERE id = $1 RETURNING id, effect_id),
+		ev AS (DELETE FROM events WHERE subject_id = (SELECT id FROM ap))
+		UPDATE effects SET approval_state = 'pending' WHERE id = (SELECT effect_id FROM ap)`, approval)
+	require.NoError(b.t, err)
+}
+
 // A rejection is final for the key (API.md §2.4, §5): an effect the
 // operator resolved failed while its retry waited for the approval reads
 // denied approval_rejected as soon as it is rejected, as one waiting in
@@ -199,10 +211,7 @@ func TestTheSweptMootApprovalsTakeTurnsAmongWorkspaces(t *testing.T) {
 	moot := func(b *bundle, typ string) string {
 		id, approval, _ := b.heldRetryOf(typ)
 		b.env.Must(http.StatusOK, "POST", "/api/v1/effects/"+id+"/resolve", b.ws.Key, map[string]any{"outcome": "succeeded"})
-		_, err := b.env.App.Pool.Exec(ctx, `WITH ap AS (UPDATE approvals SET state = 'pending', decided_at = NULL,
-			decided_by_key_id = NULL, note = NULL WHERE id = $1 RETURNING effect_id)
-			UPDATE effects SET approval_state = 'pending' WHERE id = (SELECT effect_id FROM ap)`, approval)
-		require.NoError(t, err)
+		b.pendAgain(approval)
 		return approval
 	}
 	sweep := func(limit int) int {
@@ -254,7 +263,8 @@ func TestTheMootApprovalsPassReadsNotEveryApproval(t *testing.T) {
 		events[i] = fmt.Sprintf("evt_moot%06d", i)
 	}
 	for _, mode := range testpg.PlanCacheModes {
-		read, _, err := testpg.RowsRead(ctx, tx, mode, gate.SQLSweepMootApprovals, time.Now(), 500, gate.MootNote, events)
+		read, _, err := testpg.RowsRead(ctx, tx, mode, gate.SQLSweepMootApprovals, time.Now(), 500, gate.MootNote, events,
+			gate.RolledBackNote)
 		require.NoError(t, err, mode)
 		// The 50 pending, read by their workspaces' probes and again by
 		// id, and the 50 closed; of 20,000.

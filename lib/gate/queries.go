@@ -1054,40 +1054,55 @@ WHERE e.id = ANY($1::text[]) AND e.workspace_id = $2 AND e.state = 'succeeded' A
 ORDER BY ap.id
 FOR UPDATE OF ap SKIP LOCKED`
 
-// sqlSweepMootApprovals is the backstop of closeMootApprovals: at $1, it
-// closes up to $2 pending approvals whose effect is settled succeeded (one
-// settled before resolutions closed them, or one a resolution passed over
-// because another transaction held it then), rejected with note $3 and
-// decided by the key that resolved the effect's latest attempt settled
-// (none when no key did), whether or not that key was revoked since (a
-// rejection lets nothing run, and the decision is the resolution's), and
-// announces each (approval.decided, ids $4 in turn). Each workspace takes
-// its turn: one approval of each workspace with any, then a second of
-// each, up to $2 (one probe of approvals_list_idx per workspace), read
-// through the primary key as = ANY(ARRAY(…)) (db.RoundRobin: as IN (…),
-// the planner hashed them and read every approval, scale QA). It locks
-// the approvals and their effects, passing over any another transaction
-// holds (a decide, a resolve, a begin), so it waits for no lock: the next
-// pass takes them.
-const sqlSweepMootApprovals = `
+// sqlSweepMootApprovals is the backstop of closeMootApprovals and
+// closeRolledBackApprovals: at $1, it closes up to $2 pending approvals
+// that ask nothing any more, rejected and announced (approval.decided, ids
+// $4 in turn): those whose effect is settled succeeded (one settled before
+// resolutions closed them, or one a resolution passed over because another
+// transaction held it then), with note $3, decided by the key that resolved
+// the effect's latest attempt settled (none when no key did), whether or
+// not that key was revoked since (a rejection lets nothing run, and the
+// decision is the resolution's); and those whose effect its group's
+// rollback keeps from ever running (one an unwind or a rollback's end
+// passed over, or that was left pending before they closed them), with
+// note $5, decided by no key (the key that unwound is not recorded).
+// Each workspace takes its turn: one approval of each workspace with any,
+// then a second of each, up to $2 (one probe of approvals_list_idx per
+// workspace), read through the primary key as = ANY(ARRAY(…))
+// (db.RoundRobin: as IN (…), the planner hashed them and read every
+// approval, scale QA). It locks the approvals and their effects, passing
+// over any another transaction holds (a decide, a resolve, a begin), so it
+// waits for no lock: the next pass takes them.
+var sqlSweepMootApprovals = `
 WITH turns AS (
     SELECT c.id, row_number() OVER (PARTITION BY c.workspace_id ORDER BY c.id) AS turn, c.workspace_id
     FROM workspaces w CROSS JOIN LATERAL (
         SELECT ap.id, ap.workspace_id FROM approvals ap JOIN effects e ON e.id = ap.effect_id
-        WHERE ap.workspace_id = w.id AND ap.state = 'pending' AND e.approval_id = ap.id AND e.state = 'succeeded'
+        WHERE ap.workspace_id = w.id AND ap.state = 'pending' AND e.approval_id = ap.id
+          AND (e.state = 'succeeded' OR ` + rolledBackSQL("e") + `)
         ORDER BY ap.id
         LIMIT $2::int) c
 ), moot AS (
-    SELECT ap.id, ap.workspace_id, ap.effect_id, ap.effect_type FROM approvals ap JOIN effects e ON e.id = ap.effect_id
+    SELECT ap.id, CASE WHEN e.state = 'succeeded' THEN $3 ELSE $5 END AS note,
+        CASE WHEN e.state = 'succeeded' THEN (SELECT x.resolved_by_key_id FROM effect_attempts x
+            WHERE x.effect_id = e.id AND x.outcome = 'succeeded' AND x.resolved_by_key_id IS NOT NULL
+            ORDER BY x.attempt DESC LIMIT 1) END AS decided_by
+    FROM approvals ap JOIN effects e ON e.id = ap.effect_id
     WHERE ap.id = ANY(ARRAY(SELECT t.id FROM turns t ORDER BY t.turn, t.workspace_id, t.id LIMIT $2::int))
-      AND ap.state = 'pending' AND e.approval_id = ap.id AND e.state = 'succeeded'
+      AND ap.state = 'pending' AND e.approval_id = ap.id AND (e.state = 'succeeded' OR ` + rolledBackSQL("e") + `)
     ORDER BY ap.id
     FOR UPDATE OF ap, e SKIP LOCKED
-), a AS (
-    UPDATE approvals ap SET state = 'rejected', decided_at = $1, note = $3, answers = NULL,
-        decided_by_key_id = (SELECT x.resolved_by_key_id FROM effect_attempts x
-            WHERE x.effect_id = m.effect_id AND x.outcome = 'succeeded' AND x.resolved_by_key_id IS NOT NULL
-            ORDER BY x.attempt DESC LIMIT 1)
+` + closeApprovalsSQL
+
+// closeApprovalsSQL ends a statement whose CTE moot (id, note, decided_by)
+// names pending approvals it holds: each is rejected at $1 with its note,
+// decided by its key (answers none), its effect's approval_state follows,
+// the effect keeping its state, and it is announced (approval.decided, ids
+// $4 in turn: one event per approval, whatever its past). It answers how
+// many it closed.
+const closeApprovalsSQL = `), a AS (
+    UPDATE approvals ap SET state = 'rejected', decided_at = $1, note = m.note, answers = NULL,
+        decided_by_key_id = m.decided_by
     FROM moot m WHERE ap.id = m.id
     RETURNING ap.id, ap.workspace_id, ap.effect_id, ap.effect_type
 ), e AS (
@@ -1105,15 +1120,47 @@ WITH turns AS (
 )
 SELECT count(*) FROM a`
 
+// sqlLockRolledBackApprovals locks the pending approvals of group $1's
+// effects that its rollback keeps from ever running (rolledBackSQL; one
+// whose effect is settled succeeded is closeMootApprovals'), passing over
+// one another transaction holds, approval or effect: a decide locks its
+// approval, then its effect, so waiting could close a cycle with it; the
+// sweeper closes such later (sqlSweepMootApprovals). The caller holds the
+// group, so what it reads of it stands.
+var sqlLockRolledBackApprovals = `SELECT ap.id FROM effects e JOIN approvals ap ON ap.id = e.approval_id
+WHERE e.group_id = $1 AND ap.state = 'pending' AND e.state <> 'succeeded' AND ` + rolledBackSQL("e") + `
+ORDER BY ap.id
+FOR UPDATE OF ap, e SKIP LOCKED`
+
+// sqlCloseRolledBackApprovals closes the approvals $2 that
+// sqlLockRolledBackApprovals locked, at $1, with note $3, decided by key $5
+// (closeApprovalsSQL, events $4).
+const sqlCloseRolledBackApprovals = `WITH moot AS (
+    SELECT ap.id, $3::text AS note, $5::text AS decided_by FROM approvals ap
+    WHERE ap.id = ANY($2::text[]) AND ap.state = 'pending'
+` + closeApprovalsSQL
+
+// rolledBackSQL is true of effect f (an alias) when its group's rollback
+// keeps it from ever taking an attempt: a forward step of a group being
+// (or that was) rolled back, or a compensation of one whose rollback
+// ended.
+func rolledBackSQL(f string) string {
+	return `EXISTS (SELECT 1 FROM effect_groups g WHERE g.id = ` + f + `.group_id AND ` + rolledBackGroupSQL(f) + `)`
+}
+
+// rolledBackGroupSQL is rolledBackSQL's test of group g's state.
+func rolledBackGroupSQL(f string) string {
+	return `(g.state IN ('unwound', 'unwind_failed') OR (g.state = 'unwinding' AND ` + f + `.compensates_effect_id IS NULL))`
+}
+
 // sqlApprovalRolledBack answers the state of the group whose rollback
 // keeps approval $1's effect from ever taking its attempt: a forward step
 // of a group being (or that was) rolled back, or a compensation of one
 // whose rollback ended. No row otherwise.
-const sqlApprovalRolledBack = `SELECT g.state FROM approvals ap
+var sqlApprovalRolledBack = `SELECT g.state FROM approvals ap
 JOIN effects f ON f.id = ap.effect_id
 JOIN effect_groups g ON g.id = f.group_id
-WHERE ap.id = $1 AND (g.state IN ('unwound', 'unwind_failed')
-    OR (g.state = 'unwinding' AND f.compensates_effect_id IS NULL))`
+WHERE ap.id = $1 AND ` + rolledBackGroupSQL("f")
 
 // sqlEffectGroupOf is the group of effect $1 (NULL: none).
 const sqlEffectGroupOf = `SELECT group_id FROM effects WHERE id = $1`

@@ -420,7 +420,9 @@ func TestAReconciliationRacingARetentionPass(t *testing.T) {
 }
 
 // The other order than TestRetentionSkipsAGroupWhoseApprovalADecideHolds:
-// decisions on the pending approval of a step of an ended rollback, sent
+// decisions on the pending approval of a step of an ended rollback (one
+// the rollback's close passed over, or an earlier release left pending;
+// closed, it is decided already), sent
 // while a pass deletes the group (its statements done, not yet committed),
 // wait for it and answer 404 once it commits (an approve refused
 // group_unwinding from the group as it was before is allowed too), never
@@ -435,6 +437,7 @@ func TestADecisionWaitingForARetentionPassAnswersNotFound(t *testing.T) {
 	w["group_id"] = g
 	asked := b.mustBegin("approval_required", w)
 	require.Equal(t, "unwound", b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+g+"/unwind", b.ws.Key, nil).JSON()["state"])
+	b.pendAgain(str(asked["approval_id"]))
 	b.clock.Add(49 * time.Hour)
 
 	tx, pid, _ := b.heldPass(g)

@@ -330,7 +330,7 @@ func TestRetentionDeletesAnEndedRollbackWhole(t *testing.T) {
 }
 
 // A step awaiting an approval when its group's rollback ended never takes
-// its attempt (the group refuses it, and its approval cannot be given): it goes with its
+// its attempt (the group refuses it, and the rollback closed its approval): it goes with its
 // group when the group is due, approval and all, instead of keeping the
 // whole group for ever a day at a time (review). A group committed, then
 // unwound, is dated from the end of its rollback, not from its commit, and
@@ -358,7 +358,7 @@ func TestRetentionDeletesAnEndedRollbackWithAStepAwaitingApproval(t *testing.T) 
 	asked := b.mustBegin("approval_required", w)
 	require.Equal(t, "unwound", b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+pending+"/unwind", b.ws.Key, nil).JSON()["state"])
 	errCode(t, b.env.Do("POST", "/api/v1/approvals/"+str(asked["approval_id"])+"/approve", b.ws.Key, nil),
-		http.StatusConflict, "group_unwinding")
+		http.StatusConflict, "invalid_state")
 	errCode(t, b.begin(w), http.StatusConflict, "group_unwinding")
 	endedAt := b.clock.Now()
 

@@ -1061,8 +1061,10 @@ func TestACompensationIsAnsweredOnlyByACompensationOfItsStep(t *testing.T) {
 
 // A forward step waiting for an approval when its group's rollback starts
 // can never take its attempt; a yes would mark the approval decided with
-// nothing to run (groups QA), so it is refused, and a rejection clears it.
-// A compensation's approval is approved while the rollback runs.
+// nothing to run (groups QA), so the unwind closes it (rejected) and a yes
+// is refused as after any rejection; one left pending (passed over while
+// another transaction held it) is refused group_unwinding, changing
+// nothing. A compensation's approval is approved while the rollback runs.
 func TestAnApprovalOfARolledBackStepCannotBeGiven(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
@@ -1083,8 +1085,19 @@ func TestAnApprovalOfARolledBackStepCannotBeGiven(t *testing.T) {
 	u := f.unwind(g)
 	require.Equal(t, "unwinding", u["state"])
 	r := f.do("POST", "/api/v1/approvals/"+waiting+"/approve", map[string]any{})
-	errCode(t, r, http.StatusConflict, "group_unwinding")
+	errCode(t, r, http.StatusConflict, "invalid_state")
 	a := f.must(http.StatusOK, "GET", "/api/v1/approvals/"+waiting, nil)
+	require.Equal(t, "rejected", a["state"], "closed by the unwind")
+	require.Contains(t, a["note"], rolledBackNote)
+	// One left pending, as one the unwind passed over while held.
+	_, err := f.env.App.Pool.Exec(context.Background(), `WITH ap AS (UPDATE approvals SET state = 'pending',
+		decided_at = NULL, decided_by_key_id = NULL, note = NULL WHERE id = $1 RETURNING id, effect_id),
+		ev AS (DELETE FROM events WHERE subject_id = (SELECT id FROM ap))
+		UPDATE effects SET approval_state = 'pending' WHERE id = (SELECT effect_id FROM ap)`, waiting)
+	require.NoError(t, err)
+	r = f.do("POST", "/api/v1/approvals/"+waiting+"/approve", map[string]any{})
+	errCode(t, r, http.StatusConflict, "group_unwinding")
+	a = f.must(http.StatusOK, "GET", "/api/v1/approvals/"+waiting, nil)
 	require.Equal(t, "pending", a["state"], "the refusal changed nothing")
 	// Its key is no longer told to wait for the approval, named with its
 	// group or not.
@@ -1109,7 +1122,8 @@ func TestAnApprovalOfARolledBackStepCannotBeGiven(t *testing.T) {
 	f.report(d["effect_id"].(string), d["lease_token"].(string), "succeeded")
 	require.Equal(t, "unwound", f.unwind(g)["state"])
 	errCode(t, f.do("POST", "/api/v1/approvals/"+other+"/approve", map[string]any{}),
-		http.StatusConflict, "group_unwinding")
+		http.StatusConflict, "invalid_state")
+	require.Equal(t, 1, f.events("approval.decided", other))
 }
 
 // A plan item's compensation is stated in the OpenAPI document as what it

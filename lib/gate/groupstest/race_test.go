@@ -310,11 +310,12 @@ func TestApproveRacingBeginsExecutesOnce(t *testing.T) {
 }
 
 // An approval of a group's forward step racing the group's unwind and the
-// step's begins: the approval is given before the rollback started or
-// refused group_unwinding (and stays pending); the step executes only if
-// approved and begun before the rollback started, and then every unwind
-// holds the plan behind it (unresolved); one approval.decided event per
-// decision made.
+// step's begins: the approval is given before the rollback started, or
+// the unwind closes it (rejected) and a yes is refused (group_unwinding
+// while the unwind holds it, invalid_state after); the step executes only
+// if approved and begun before the rollback started, and then every unwind
+// holds the plan behind it (unresolved); one approval.decided event for
+// the one decision made.
 func TestApproveRacingUnwind(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
@@ -343,8 +344,8 @@ func TestApproveRacingUnwind(t *testing.T) {
 			case 0:
 				if r.Status == http.StatusOK {
 					approved++
-				} else {
-					errCode(t, r, http.StatusConflict, "group_unwinding")
+				} else if r.ErrorCode() != "group_unwinding" {
+					errCode(t, r, http.StatusConflict, "invalid_state")
 				}
 			case 1:
 				require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
@@ -378,8 +379,9 @@ func TestApproveRacingUnwind(t *testing.T) {
 			require.Equal(t, 1, f.events("approval.decided", apr))
 		} else {
 			require.Zero(t, executed)
-			require.Equal(t, "pending", a["state"])
-			require.Equal(t, 0, f.events("approval.decided", apr))
+			require.Equal(t, "rejected", a["state"], "closed by the unwind")
+			require.Contains(t, a["note"], rolledBackNote)
+			require.Equal(t, 1, f.events("approval.decided", apr))
 		}
 		if executed == 0 {
 			errCode(t, f.do("POST", "/api/v1/effects/begin", body), http.StatusConflict, "group_unwinding")
