@@ -1111,6 +1111,12 @@ func (s *Service) transition(ctx context.Context, tx pgx.Tx, in *beginInput, ev 
 		ev.fresh == apierr.CodeCircuitOpen:
 		code = ev.fresh
 	case ev.fresh == "approval" && !approved:
+		// A compensation of an ended rollback takes no attempt: asked, the
+		// approval could never be given, and the effect would leave the
+		// state the rollback's final record holds (groups QA).
+		if err := admitCompensationGrant(ctx, tx, row); err != nil {
+			return Decision{}, err
+		}
 		if err := tx.QueryRow(ctx, sqlRequestApproval, row.ID, in.now, in.approvalID, ev.approvalReason,
 			in.eventID).Scan(out.dest()...); err != nil {
 			return Decision{}, fmt.Errorf("begin: request approval: %w", err)

@@ -714,6 +714,9 @@ func (m *modelRun) predictBegin(k *mKey, o mBegin, now time.Time) mAnswer {
 		return refuse(circuit)
 	}
 	if reason := k.approvalNeeded(circuit == circuitApproval, a.hold); reason != "" {
+		if refusal, refused := m.ext.admitGrant(k); refused {
+			return refusal // an ended rollback's compensation is asked no approval
+		}
 		if k.approval == "approved" {
 			m.seen["asked again after a yes: "+reason]++
 		}

@@ -131,7 +131,9 @@ func (s *Server) groupRoutes() []Route {
 			Method: "POST", Pattern: "/api/v1/groups/{id}/unwind", Name: "groups.unwind", Tag: "groups", Scopes: begin,
 			Summary: "Start (or re-read) the rollback: the compensation plan in reverse order of success, with " +
 				"deterministic suggested idempotency keys. Read unresolved first: the plan stops at any step " +
-				"whose outcome is unknown. Safe to repeat. Another key's group needs effects:read and " +
+				"whose outcome is unknown. Safe to repeat. The pending approvals the rollback makes moot (its " +
+				"forward steps' once it starts, its compensations' once it ends) are closed as rejected, with a " +
+				"note; their effects keep their state. Another key's group needs effects:read and " +
 				"effects:resolve. A compensation the plan needs that this server cannot decrypt (its encryption key " +
 				"is not configured) is 500 internal_error, the group left as it was. A plan that would take the " +
 				"answer past about 4 MB (compensation payloads may be 1 MiB each) holds its first items only, " +
