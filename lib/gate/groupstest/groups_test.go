@@ -553,7 +553,10 @@ func TestADeniedCompensationWithNoAttemptLeftIsIrreversible(t *testing.T) {
 
 // An ended rollback is final: raising max_attempts afterwards neither
 // reopens the plan nor lets the compensation it counted irreversible run
-// (QA: it ran, and the group read unwind_failed with every step reversed).
+// (QA: it ran, and the group read unwind_failed with every step reversed),
+// nor asks an approval for it that could never be given (require_approval
+// set since: it was answered approval_required, the effect turned
+// awaiting_approval, and the approval sat pending).
 func TestAnEndedRollbackStaysEnded(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
@@ -570,10 +573,13 @@ func TestAnEndedRollbackStaysEnded(t *testing.T) {
 	require.Equal(t, []string{a}, strs(u["irreversible"]))
 	require.Empty(t, u["plan"])
 	comp := item["compensation"].(map[string]any)
-	r := f.do("POST", "/api/v1/effects/begin", map[string]any{"effect_type": comp["effect_type"],
-		"payload": comp["payload"], "cost_micros": 0, "idempotency_key": item["suggested_idempotency_key"],
-		"compensates_effect_id": a})
-	errCode(t, r, http.StatusConflict, "invalid_state")
+	again := map[string]any{"effect_type": comp["effect_type"], "payload": comp["payload"], "cost_micros": 0,
+		"idempotency_key": item["suggested_idempotency_key"], "compensates_effect_id": a}
+	errCode(t, f.do("POST", "/api/v1/effects/begin", again), http.StatusConflict, "invalid_state")
+	require.Equal(t, []string{a}, strs(f.unwind(g)["irreversible"]))
+	f.must(http.StatusOK, "PUT", "/api/v1/policies/payment.refund", map[string]any{"mode": "require_approval"})
+	errCode(t, f.do("POST", "/api/v1/effects/begin", again), http.StatusConflict, "invalid_state")
+	require.Empty(t, f.must(http.StatusOK, "GET", "/api/v1/approvals?state=pending", nil)["data"])
 	require.Equal(t, []string{a}, strs(f.unwind(g)["irreversible"]))
 }
 

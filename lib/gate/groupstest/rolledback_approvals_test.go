@@ -232,28 +232,3 @@ func TestUnwindRacingADecisionOfAForwardStepsApproval(t *testing.T) {
 		}
 	}
 }
-
-// A compensation of a rollback that ended takes no new attempt, so its
-// key is not asked an approval that could never be given (which would sit
-// pending until the sweeper closed it): a begin its type's policy would
-// now hold for an operator (max_attempts raised, require_approval set
-// after the end) is refused by the group first (409 invalid_state), as its
-// grant would be, and no approval is made.
-func TestAnEndedRollbacksCompensationIsNotAskedAnApproval(t *testing.T) {
-	t.Parallel()
-	f := setup(t)
-	f.must(http.StatusOK, "PUT", "/api/v1/policies/payment.refund", map[string]any{"max_attempts": 1})
-	g := f.group()
-	a := f.done(g, true)
-	item := f.unwind(g)["plan"].([]any)[0].(map[string]any)
-	f.compensate(item, "failed")
-	require.Equal(t, "unwind_failed", f.state(g))
-	f.must(http.StatusOK, "PUT", "/api/v1/policies/payment.refund",
-		map[string]any{"max_attempts": 5, "mode": "require_approval"})
-	comp := item["compensation"].(map[string]any)
-	r := f.do("POST", "/api/v1/effects/begin", map[string]any{"effect_type": comp["effect_type"],
-		"payload": comp["payload"], "cost_micros": 0, "idempotency_key": item["suggested_idempotency_key"],
-		"compensates_effect_id": a})
-	errCode(t, r, http.StatusConflict, "invalid_state")
-	require.Empty(t, f.must(http.StatusOK, "GET", "/api/v1/approvals?state=pending", nil)["data"])
-}
