@@ -66,10 +66,12 @@ func wireDomain(deps *httpapi.Deps, sweeper *sweep.Sweeper) error {
 		sweep.Task{Name: "reconciliation.due", Run: func(ctx context.Context, now time.Time) (int, error) {
 			return deps.Gate.SweepReconcileDue(ctx, now, remindersPerPass)
 		}},
-		// Pending approvals whose effect is settled succeeded, closed as a
-		// resolution closes them: those settled before it did (session
-		// 61), and those one passed over while they were held. Before
-		// retention, which keeps an effect whose approval is pending.
+		// Pending approvals that ask nothing any more, closed as a
+		// resolution (effect settled succeeded) or a group's rollback
+		// (effect kept from ever running) closes them: those left pending
+		// before they did (session 61, and rollbacks before this), and
+		// those one passed over while they were held. Before retention,
+		// which keeps an effect whose approval is pending.
 		sweep.Task{Name: "approvals.moot", Drains: true, Batch: func() int { return mootApprovalsPerPass },
 			Run: func(ctx context.Context, now time.Time) (int, error) {
 				return deps.Gate.SweepMootApprovals(ctx, now, mootApprovalsPerPass)
