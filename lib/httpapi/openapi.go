@@ -135,6 +135,8 @@ func errorDetailSchema() map[string]any {
 			"dimension": str("dimension_limit_exceeded: the dimension whose limit would be breached."),
 			"dimensions": map[string]any{"type": "array", "items": map[string]any{"type": "string"},
 				"description": "dimension_required: the required dimensions the begin left out."},
+			"effect_id": str("cost_required, dimension_required (a key begun before its type required it): the key's " +
+				"effect, which a begin of the key cannot change (its fingerprint): resolve it or use a new key."),
 			"run_id":              str("run_budget_exceeded: the run whose wallet refused."),
 			"budget_micros":       integer("run_budget_exceeded: the run's budget."),
 			"spent_micros":        integer("run_budget_exceeded: what the run has spent."),
