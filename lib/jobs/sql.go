@@ -424,6 +424,7 @@ var sqlStrandedDependents = db.RoundRobin(`
 // insert and never changed): read here, not by a statement of its own
 // before (one round trip less a release of exhausted steps). jsonb keeps
 // one value a key, in its own order, so the data is the same either way.
+// An event naming no run (an empty string) joins on NULL: no index probe.
 const sqlInsertEvents = `
 INSERT INTO events (id, workspace_id, type, subject_id, data, created_at, dedupe_key)
 SELECT u.id, u.ws, u.type, u.subject,
@@ -431,7 +432,7 @@ SELECT u.id, u.ws, u.type, u.subject,
     $6::timestamptz, u.dedupe
 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $7::text[], $8::text[])
     AS u(id, ws, type, subject, data, dedupe, run)
-LEFT JOIN job_runs r ON r.id = u.run
+LEFT JOIN job_runs r ON r.id = NULLIF(u.run, '')
 ON CONFLICT DO NOTHING`
 
 // failLapsed follows a CTE upd of jobs whose attempt's lease lapsed (id,

@@ -36,10 +36,10 @@ func QuietMessage(msg string, code int64) string {
 	if plainMessages[msg] {
 		return msg
 	}
-	if plain, ok := paramsRefusal(msg); ok {
-		return plain
-	}
 	if method, rest, ok := handling(msg); ok {
+		if plain, ok := paramsRefusal(method, rest); ok {
+			return plain
+		}
 		// The method the SDK names is one it dispatched: the rest is
 		// quieted on its own, so that its quote does not open a span
 		// running to a single quote inside a value (MCP review: "it's"
@@ -96,13 +96,10 @@ func handling(msg string) (method, rest string, ok bool) {
 // "{…the rest…}" into Go struct field mcp.ListToolsParams.cursor of type
 // string" becomes "Invalid params: params.cursor of tools/list must be a
 // string", with neither the values (both quoted spans are read exactly, as
-// Go quoted them) nor the Go types it named (MCP review).
-func paramsRefusal(msg string) (string, bool) {
-	method, rest, ok := handling(msg)
-	if !ok {
-		return "", false
-	}
-	rest, ok = strings.CutPrefix(strings.TrimPrefix(rest, "invalid params: "), "unmarshaling ")
+// Go quoted them) nor the Go types it named (MCP review). It is given the
+// method and what follows it, as handling split them.
+func paramsRefusal(method, rest string) (string, bool) {
+	rest, ok := strings.CutPrefix(strings.TrimPrefix(rest, "invalid params: "), "unmarshaling ")
 	if !ok {
 		return "", false
 	}

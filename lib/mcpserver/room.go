@@ -22,8 +22,9 @@ import (
 // content). A tool call whose result does not fit in what is left is
 // answered a JSON-RPC error instead (tooLarge): send it again alone or in a
 // smaller batch; a write that ran (a report, a heartbeat, a resolve, a
-// decision) is answered a short result saying so instead (omitted). Its members run concurrently, so which of a batch's calls
-// are refused depends on which finish first. A list call asks the REST
+// decision) is answered a short result saying so instead (omitted). Its
+// members run concurrently, so which of a batch's calls are refused depends
+// on which finish first. A list call asks the REST
 // route for a page a third of the room left, so that a call alone always
 // fits. Each ratchet_begin has beginRoom set aside, which its result takes
 // first: a begin is always answered, unless it answers a duplicate's large
