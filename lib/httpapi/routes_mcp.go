@@ -182,24 +182,40 @@ func writeEnvelopeError(w http.ResponseWriter, e *mcpserver.EnvelopeError) {
 }
 
 // acceptsJSON reports whether an Accept header's values take a JSON answer:
-// none at all (RFC 9110: any type), application/json, application/* or */*,
-// unless with a q of 0, which says "not acceptable" (RFC 9110 12.4.2).
+// none at all (RFC 9110: any type), or a range that covers application/json
+// without a q of 0 ("not acceptable", RFC 9110 12.4.2). The most specific
+// range that covers it decides (RFC 9110 12.5.1): application/json before
+// application/*, before */* (QA: "application/json;q=0, */*" was served
+// JSON, the */* read as yes); among ranges as specific, any that says yes.
 func acceptsJSON(values []string) bool {
 	if len(values) == 0 {
 		return true
 	}
+	specificity, accepted := 0, false
 	for _, value := range values {
 		for _, token := range strings.Split(value, ",") {
 			base, params, _ := strings.Cut(token, ";")
+			var s int
 			switch strings.ToLower(strings.TrimSpace(base)) {
-			case "application/json", "application/*", "*/*":
-				if !refusedByQ(params) {
-					return true
-				}
+			case "application/json":
+				s = 3
+			case "application/*":
+				s = 2
+			case "*/*":
+				s = 1
+			default:
+				continue
+			}
+			yes := !refusedByQ(params)
+			switch {
+			case s > specificity:
+				specificity, accepted = s, yes
+			case s == specificity:
+				accepted = accepted || yes
 			}
 		}
 	}
-	return false
+	return accepted
 }
 
 // refusedByQ reports whether a media range's parameters carry a q of 0

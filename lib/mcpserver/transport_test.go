@@ -40,15 +40,19 @@ func TestAnyClientAcceptingJSONIsServed(t *testing.T) {
 		return res.StatusCode, string(b)
 	}
 	for _, accept := range [][]string{nil, {"application/json"}, {"text/html", "application/json;q=0.9"},
-		{"*/*"}, {"application/*"}, {"application/json, text/event-stream"}} {
+		{"*/*"}, {"application/*"}, {"application/json, text/event-stream"}, {"*/*;q=0, application/json"},
+		{"application/*;q=0, application/json;q=0.1"}, {"application/json;q=0", "application/json"}} {
 		status, body := ping(accept...)
 		require.Equal(t, http.StatusOK, status, "%q: %s", accept, body)
 		require.JSONEq(t, `{"jsonrpc":"2.0","id":1,"result":{}}`, body, "%q", accept)
 	}
 	// A q of 0 says "not acceptable" (RFC 9110 12.4.2; QA: it was served
-	// JSON as if it had said yes).
+	// JSON as if it had said yes), and the most specific range that covers
+	// JSON decides (RFC 9110 12.5.1: a */* beside application/json;q=0 was
+	// read as yes).
 	for _, accept := range []string{"text/event-stream", "text/html", "application/json;q=0, text/event-stream",
-		"*/*; q=0", "application/json; Q=0.000"} {
+		"*/*; q=0", "application/json; Q=0.000", "application/json;q=0, */*", "application/*;q=0, */*;q=0.5",
+		"*/*, application/json;q=0"} {
 		status, body := ping(accept)
 		require.Equal(t, http.StatusBadRequest, status, "%q: %s", accept, body)
 		require.JSONEq(t, `{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"Invalid Request: `+
