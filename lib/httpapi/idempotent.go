@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/auth"
 	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/idemkey"
 	"github.com/getratchet/ratchet/lib/idempotency"
@@ -95,6 +96,9 @@ func (s *Server) runOnce(ctx context.Context, c *Call, values []string) (any, er
 	case errors.As(err, &busy):
 		return nil, retryRequest(busy.RetryAfter)
 	case errors.As(err, &erased):
+		if err := s.refuseRevokedReplay(ctx, c); err != nil {
+			return nil, err
+		}
 		return erasedAnswer(c, erased)
 	case lostDatabase(err):
 		// The route never ran (Begin gave up a claim that may have
@@ -104,6 +108,9 @@ func (s *Server) runOnce(ctx context.Context, c *Call, values []string) (any, er
 	case err != nil:
 		return nil, err
 	case stored != nil:
+		if err := s.refuseRevokedReplay(ctx, c); err != nil {
+			return nil, err
+		}
 		return encoded{status: stored.Status, body: stored.Body, original: stored.RequestID}, nil
 	}
 
@@ -133,6 +140,30 @@ func (s *Server) runOnce(ctx context.Context, c *Call, values []string) (any, er
 		return nil, err
 	}
 	return answer, nil
+}
+
+// refuseRevokedReplay refuses the answer kept for an Idempotency-Key to a
+// key revoked since: 401, as the call itself is refused. A route that
+// checks its key in its own statements (ChecksKey: a key's mint, a step's
+// replay) may take it from the instance's cache, and the answer given
+// again runs none of those statements: a minting key revoked on another
+// instance was handed, within KEY_CACHE_TTL, the secret of the live key it
+// had minted (security QA). Every other route read the key afresh
+// (Server.authorize).
+func (s *Server) refuseRevokedReplay(ctx context.Context, c *Call) error {
+	if c.Route.checksKeyAsItWrites() {
+		return nil
+	}
+	revoked, err := auth.KeyRevoked(ctx, s.Pool, c.Principal.KeyID)
+	switch {
+	case lostDatabase(err):
+		return notApplied(ctx, err)
+	case err != nil:
+		return err
+	case revoked:
+		return auth.ErrRevokedKey()
+	}
+	return nil
 }
 
 // giveUp frees the key of a request that changed nothing.

@@ -502,6 +502,39 @@ func TestARevokedKeyChangesNothingOnAnotherInstance(t *testing.T) {
 	require.Equal(t, http.StatusUnauthorized, refused.Status)
 }
 
+// The answer kept for a mint's Idempotency-Key holds the minted key's
+// secret, and a mint may take its key from the instance's cache (it checks
+// the key as it mints): given again, it is given only to a live key. A
+// minting key revoked on another instance was handed, within
+// KEY_CACHE_TTL, the secret of the live key it had minted (security QA).
+func TestAKeptAnswerIsNotGivenToARevokedKey(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	clock := apitest.WithNow(func() time.Time { return now })
+	a := apitest.Start(t, clock)
+	b := apitest.Start(t, clock, apitest.WithConfig(func(c *config.Config) { c.KeyCacheTTL = time.Hour }))
+	ws := a.Signup()
+	r := a.Must(http.StatusCreated, "POST", "/api/v1/keys", ws.Key, map[string]any{"name": "minter", "preset": "OPERATOR"})
+	minter, minterID := r.JSON()["secret"].(string), r.JSON()["id"].(string)
+
+	body := map[string]any{"name": "child", "preset": "AGENT"}
+	first := b.DoWith("POST", "/api/v1/keys", minter, idemKey("mint-child"), body) // b caches the minter
+	require.Equal(t, http.StatusCreated, first.Status, "%s", first.Body)
+	child := first.JSON()["secret"].(string)
+	again := b.DoWith("POST", "/api/v1/keys", minter, idemKey("mint-child"), body)
+	require.Equal(t, http.StatusCreated, again.Status, "a live key is answered again")
+	require.Equal(t, "true", again.Header.Get(httpapi.ReplayedHeader))
+
+	a.Must(http.StatusOK, "DELETE", "/api/v1/keys/"+minterID, ws.Key, nil) // the child stays live
+	require.Equal(t, http.StatusOK, b.Do("GET", "/api/v1/keys/current", child, nil).Status)
+	require.Equal(t, http.StatusOK, b.Do("GET", "/api/v1/keys", minter, nil).Status, "b still holds the minter")
+	revoked := b.DoWith("POST", "/api/v1/keys", minter, idemKey("mint-child"), body)
+	require.Equal(t, http.StatusUnauthorized, revoked.Status, "%s", revoked.Body)
+	require.Equal(t, "unauthorized", revoked.ErrorCode())
+	require.NotContains(t, string(revoked.Body), child)
+	require.Empty(t, revoked.Header.Get(httpapi.ReplayedHeader))
+}
+
 func TestSignupModes(t *testing.T) {
 	t.Parallel()
 	closed := apitest.Start(t, apitest.WithConfig(func(c *config.Config) { c.SignupMode = "closed" }))
