@@ -165,3 +165,52 @@ func TestTwoAuthorizationHeadersAreRefused(t *testing.T) {
 	require.Equal(t, http.StatusUnauthorized, r.Status, "%s", r.Body)
 	env.Must(http.StatusOK, "GET", "/api/v1/keys", ws.Key, nil)
 }
+
+// The Bearer scheme is read as RFC 9110 has it (its name in any case, one
+// or more spaces before the credential), and anything else is refused as
+// any bad key is: 401 in the envelope with a request id, the credential
+// never echoed, and one answer whatever was wrong, so that nothing tells a
+// revoked key, a wrong secret and an unknown key apart (security QA:
+// checked, and found so).
+func TestTheBearerCredentialIsReadStrictlyAndRefusedAlike(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	send := func(values ...string) *apitest.Response {
+		return env.DoWith("GET", "/api/v1/keys/current", "", http.Header{"Authorization": values}, nil)
+	}
+	for _, h := range []string{"Bearer " + ws.Key, "bearer " + ws.Key, "BEARER " + ws.Key, "Bearer   " + ws.Key,
+		"Bearer " + ws.Key + " "} {
+		require.Equal(t, http.StatusOK, send(h).Status, "%q", h)
+	}
+
+	r := env.Must(http.StatusCreated, "POST", "/api/v1/keys", ws.Key, map[string]any{"name": "r", "preset": "AGENT"})
+	revoked := r.JSON()["secret"].(string)
+	env.Must(http.StatusOK, "DELETE", "/api/v1/keys/"+r.JSON()["id"].(string), ws.Key, nil)
+	wrong := ws.Key[:len(ws.Key)-1] + "0"
+	if wrong == ws.Key {
+		wrong = ws.Key[:len(ws.Key)-1] + "1"
+	}
+	unknown := "rk_" + strings.Repeat("0", 26) + "_" + strings.Repeat("a", 64)
+	var first string
+	for name, values := range map[string][]string{
+		"revoked": {"Bearer " + revoked}, "wrong secret": {"Bearer " + wrong}, "unknown": {"Bearer " + unknown},
+		"no credential": {"Bearer"}, "empty credential": {"Bearer "}, "empty": {""}, "other scheme": {"Token " + ws.Key},
+		"colon": {"Bearer:" + ws.Key}, "two credentials": {"Bearer " + ws.Key + " " + ws.Key},
+		"non-ASCII": {"Bearer " + strings.Replace(ws.Key, "_", "é", 1)}, "long": {"Bearer " + strings.Repeat("k", 200_000)},
+		"two headers": {"Bearer " + ws.Key, "Bearer " + ws.Key},
+	} {
+		got := send(values...)
+		require.Equal(t, http.StatusUnauthorized, got.Status, "%s: %s", name, got.Body)
+		require.Equal(t, "unauthorized", got.ErrorCode(), name)
+		require.NotEmpty(t, got.Header.Get(httpapi.RequestIDHeader), name)
+		require.Equal(t, `Bearer realm="ratchet"`, got.Header.Get("WWW-Authenticate"), name)
+		for _, secret := range []string{ws.Key, revoked, wrong, unknown} {
+			require.NotContains(t, string(got.Body), secret, name)
+		}
+		if first == "" {
+			first = string(got.Body)
+		}
+		require.Equal(t, first, string(got.Body), "%s: one answer for every bad credential", name)
+	}
+}

@@ -424,6 +424,21 @@ func TestRevocationReachesOtherInstancesWithinCacheTTL(t *testing.T) {
 	require.Equal(t, http.StatusUnauthorized, b.Do("GET", "/api/v1/keys", secret, nil).Status, "after KEY_CACHE_TTL")
 }
 
+// cachingInstanceAndAKey starts two instances over one database, b caching
+// keys for an hour, and answers a workspace and an OPERATOR key minted in
+// it (its secret and id), which is not its last root key: to be revoked
+// on a while b may still hold it.
+func cachingInstanceAndAKey(t *testing.T) (a, b *apitest.Env, ws apitest.Workspace, secret, id string) {
+	t.Helper()
+	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	clock := apitest.WithNow(func() time.Time { return now })
+	a = apitest.Start(t, clock)
+	b = apitest.Start(t, clock, apitest.WithConfig(func(c *config.Config) { c.KeyCacheTTL = time.Hour }))
+	ws = a.Signup()
+	r := a.Must(http.StatusCreated, "POST", "/api/v1/keys", ws.Key, map[string]any{"name": "x", "preset": "OPERATOR"})
+	return a, b, ws, r.JSON()["secret"].(string), r.JSON()["id"].(string)
+}
+
 // A call that changes something and does not check the key in its own
 // statements (a policy, a webhook, a run, a circuit...) reads the key
 // afresh: a key revoked on one instance changes nothing on another whose
@@ -431,13 +446,7 @@ func TestRevocationReachesOtherInstancesWithinCacheTTL(t *testing.T) {
 // such route of the table is tried, so a new one is covered as it lands.
 func TestARevokedKeyChangesNothingOnAnotherInstance(t *testing.T) {
 	t.Parallel()
-	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
-	clock := apitest.WithNow(func() time.Time { return now })
-	a := apitest.Start(t, clock)
-	b := apitest.Start(t, clock, apitest.WithConfig(func(c *config.Config) { c.KeyCacheTTL = time.Hour }))
-	ws := a.Signup()
-	r := a.Must(http.StatusCreated, "POST", "/api/v1/keys", ws.Key, map[string]any{"name": "x", "preset": "OPERATOR"})
-	secret, id := r.JSON()["secret"].(string), r.JSON()["id"].(string)
+	a, b, ws, secret, id := cachingInstanceAndAKey(t)
 	b.Must(http.StatusOK, "GET", "/api/v1/keys", secret, nil) // b caches it
 
 	var changing []httpapi.Route
@@ -509,13 +518,7 @@ func TestARevokedKeyChangesNothingOnAnotherInstance(t *testing.T) {
 // KEY_CACHE_TTL, the secret of the live key it had minted (security QA).
 func TestAKeptAnswerIsNotGivenToARevokedKey(t *testing.T) {
 	t.Parallel()
-	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
-	clock := apitest.WithNow(func() time.Time { return now })
-	a := apitest.Start(t, clock)
-	b := apitest.Start(t, clock, apitest.WithConfig(func(c *config.Config) { c.KeyCacheTTL = time.Hour }))
-	ws := a.Signup()
-	r := a.Must(http.StatusCreated, "POST", "/api/v1/keys", ws.Key, map[string]any{"name": "minter", "preset": "OPERATOR"})
-	minter, minterID := r.JSON()["secret"].(string), r.JSON()["id"].(string)
+	a, b, ws, minter, minterID := cachingInstanceAndAKey(t)
 
 	body := map[string]any{"name": "child", "preset": "AGENT"}
 	first := b.DoWith("POST", "/api/v1/keys", minter, idemKey("mint-child"), body) // b caches the minter
