@@ -536,6 +536,13 @@ func TestAKeptAnswerIsNotGivenToARevokedKey(t *testing.T) {
 	require.Equal(t, "unauthorized", revoked.ErrorCode())
 	require.NotContains(t, string(revoked.Body), child)
 	require.Empty(t, revoked.Header.Get(httpapi.ReplayedHeader))
+
+	// Its answer erased with the child's revoke, it is still 401, not the
+	// 404 that tells a live key its create acted.
+	a.Must(http.StatusOK, "DELETE", "/api/v1/keys/"+first.JSON()["id"].(string), ws.Key, nil)
+	erased := b.DoWith("POST", "/api/v1/keys", minter, idemKey("mint-child"), body)
+	require.Equal(t, http.StatusUnauthorized, erased.Status, "%s", erased.Body)
+	require.Empty(t, erased.Header.Get(httpapi.ReplayedHeader))
 }
 
 func TestSignupModes(t *testing.T) {
