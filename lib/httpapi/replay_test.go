@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/jobs"
 )
 
 // exhausted enqueues one send_email@1 step with maxAttempts attempts, fails
@@ -567,4 +568,60 @@ func TestAStepReplayedOntoAnotherContractWhileItRanIsDueWhenItsAttemptEnds(t *te
 	require.Equal(t, enq["jobId"], again[0]["jobId"])
 	require.Equal(t, "2", again[0]["version"])
 	require.EqualValues(t, 2, again[0]["attempt"])
+}
+
+// TestAReplayPreviewChecksItsTargetsWithinOneBudget: the preview checks the
+// saved input against each target within one budget for them all (that of
+// one enqueue's check, jobs.MaxCheckEvaluations), not one each (QA: a
+// 450 kB input and 3 contracts answered after 27 s, 12 s past the
+// request's deadline; 100 contracts would have held a core for minutes).
+// A target the budget does not reach reads not checked, not compatible,
+// and counts toward eligible as one that may fit; a replay onto it checks
+// it.
+func TestAReplayPreviewChecksItsTargetsWithinOneBudget(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t, "send_email@1", "send_email@2")
+	// Each item of the input is checked against 25 branches: one check of
+	// the whole input counts a little over half the budget.
+	branches := make([]any, 25)
+	for i := range branches {
+		branches[i] = map[string]any{}
+	}
+	items := jobs.MaxCheckEvaluations/2/(len(branches)+1) + 1
+	heavy := func(extra map[string]any) map[string]any {
+		s := map[string]any{"type": "array", "items": map[string]any{"anyOf": branches}}
+		for k, v := range extra {
+			s[k] = v
+		}
+		return s
+	}
+	w1 := e.register("send_email@1")
+	_, stepID := e.exhausted(w1, make([]int, items), 1)
+	// Handler 1 is wholly FORBIDDEN: only an upgrade may run the step.
+	e.publish("send_email", contractBody("1", map[string]any{"inputSchema": true, "status": "FORBIDDEN"}))
+	e.publish("send_email", contractBody("2", map[string]any{"inputSchema": heavy(nil)}))                           // fits
+	e.publish("send_email", contractBody("2", map[string]any{"inputSchema": heavy(map[string]any{"maxItems": 1})})) // does not
+
+	p := e.preview(stepID)
+	require.Equal(t, true, p["handlerVersionForbidden"])
+	ups := p["upgrades"].([]any)
+	require.Len(t, ups, 3)
+	newest, fits := ups[0].(map[string]any), ups[1].(map[string]any)
+	require.EqualValues(t, 3, newest["contractVersion"])
+	require.Equal(t, false, newest["compatible"], "checked: it spent more than half the budget")
+	require.Equal(t, "input", newest["validation"].([]any)[0].(map[string]any)["field"])
+	require.NotContains(t, newest["validation"].([]any)[0].(map[string]any)["message"], "not checked")
+	require.EqualValues(t, 2, fits["contractVersion"])
+	require.Equal(t, false, fits["compatible"], "not checked: the budget left could not cover it")
+	require.Len(t, fits["validation"], 1)
+	notChecked := fits["validation"].([]any)[0].(map[string]any)
+	require.Equal(t, "input", notChecked["field"])
+	require.Contains(t, notChecked["message"], "was not checked")
+	require.Equal(t, true, p["eligible"], "a target not checked may take the step, %v", p["ineligibleReason"])
+
+	// A replay onto it checks it, within an enqueue's budget.
+	res := e.Must(http.StatusOK, "POST", "/api/v1/steps/"+stepID+"/replay", e.ws.Key, map[string]any{
+		"acknowledgeDuplicateRisk": true, "targetContractVersion": 2, "expectedHandlerVersion": "1",
+		"acknowledgeVersionChange": true}).JSON()
+	require.Equal(t, "2", res["handlerVersion"])
 }

@@ -55,7 +55,10 @@ func (s *Server) contractsRoutes() []Route {
 				"so only an upgrade replays it) some upgrade not FORBIDDEN accepts its input) and, when not, " +
 				"ineligibleReason; the current handlerVersion (send it " +
 				"back as expectedHandlerVersion) and upgrades[]: every other contract of the tool with compatible " +
-				"(the saved input validates against its inputSchema; the input is never returned) and forbidden. " +
+				"(the saved input validates against its inputSchema; the input is never returned) and forbidden; the " +
+				"input is checked against all targets within one enqueue's budget, newest first, and a target it " +
+				"does not reach reads compatible false with validation [{field: input}] saying it was not checked " +
+				"(a replay onto it checks it). " +
 				"inputUnreadable: true when this server cannot decrypt the saved input (its encryption key is not " +
 				"configured, or it is damaged): no upgrade then reads compatible, and a replay answers 500.",
 			Response: jobs.ReplayPreview{}, Status: 200, Errors: []string{apierr.CodeNotFound}, Handle: s.previewReplay,

@@ -44,6 +44,45 @@ type ReplayUpgrade struct {
 	Compatible      bool                `json:"compatible"`
 	Forbidden       bool                `json:"forbidden"`
 	Validation      []apierr.FieldError `json:"validation" openapi:"notNull"`
+
+	// unchecked: the preview's budget (fitBudget) ran out before the
+	// saved input was checked against this contract, so its fit is not
+	// known; compatible reads false and validation says so.
+	unchecked bool
+}
+
+// fitBudget is what one replay preview may spend checking the saved input
+// against its targets' input schemas: the evaluations one enqueue's check
+// may take (MaxCheckEvaluations), over them all. Each target was held to it
+// alone, so a preview spent it up to once per target, 100 listed and any
+// number older (QA: a 450 kB input checked against 3 contracts answered the
+// preview after 27 s, 12 s past its deadline; 100 such contracts would hold
+// a core for minutes per GET). A target it does not reach reads
+// compatible false with a validation saying it was not checked; a replay
+// onto it checks it (replayTarget), within an enqueue's budget.
+type fitBudget struct{ left int64 }
+
+func newFitBudget() *fitBudget { return &fitBudget{left: MaxCheckEvaluations} }
+
+// notChecked is the validation of a target the preview's budget did not
+// reach.
+var notChecked = apierr.FieldError{Field: "input", Message: fmt.Sprintf("was not checked against this contract's "+
+	"inputSchema: checking it, after the newer contracts, could evaluate more than the %d subschemas a "+
+	"preview checks in all; a replay onto it (targetContractVersion) checks it", MaxCheckEvaluations)}
+
+// fit checks the saved input against schema from what is left of the
+// budget: checked is false, with no problems, when what is left could not
+// cover the check.
+func (b *fitBudget) fit(schema, input json.RawMessage) (problems []apierr.FieldError, checked bool, err error) {
+	if b.left <= 0 {
+		return nil, false, nil
+	}
+	problems, n, err := validateDocWithin(schema, input, "input", b.left)
+	b.left -= n
+	if errors.Is(err, errOverBudget) {
+		return nil, false, nil
+	}
+	return problems, true, err
 }
 
 // ReplayPreview answers GET /api/v1/steps/{id}/replay. handlerVersion is the
@@ -220,6 +259,7 @@ func (s *Service) PreviewReplay(ctx context.Context, workspaceID, stepID string)
 		HandlerVersion: j.version, ContractVersion: intPtr(j.contractVersion), Attempt: j.attempt,
 		MaxAttempts: j.maxAttempts, EndpointPaused: j.paused, Upgrades: []ReplayUpgrade{},
 		InputUnreadable: openErr != nil, HandlerVersionForbidden: j.versionForbidden}
+	budget := newFitBudget()
 	for _, c := range targets {
 		if j.contractVersion != nil && int(*j.contractVersion) == c.ContractVersion {
 			continue // the current contract is a same-version replay, not a target
@@ -227,23 +267,26 @@ func (s *Service) PreviewReplay(ctx context.Context, workspaceID, stepID string)
 		u := ReplayUpgrade{ContractVersion: c.ContractVersion, HandlerVersion: c.HandlerVersion, Status: c.Status,
 			Forbidden: c.Status == ContractForbidden, Validation: []apierr.FieldError{}}
 		if !out.InputUnreadable {
-			problems, err := validateDoc(c.InputSchema, input, "input")
-			if err != nil {
+			problems, checked, err := budget.fit(c.InputSchema, input)
+			switch {
+			case err != nil:
 				return ReplayPreview{}, err
-			}
-			if problems != nil {
+			case !checked:
+				u.unchecked, u.Validation = true, []apierr.FieldError{notChecked}
+			case problems != nil:
 				u.Validation = problems
 			}
-			u.Compatible = len(problems) == 0
+			u.Compatible = checked && len(problems) == 0
 		}
 		out.Upgrades = append(out.Upgrades, u)
 	}
 	why := j.ineligible()
 	if why == "" && j.versionForbidden && !slices.ContainsFunc(out.Upgrades, func(u ReplayUpgrade) bool {
-		// One whose fit cannot be told (inputUnreadable) may take the
-		// step once the key is configured again, as a same-version
-		// replay may (eligible says what the step's state allows).
-		return !u.Forbidden && (u.Compatible || out.InputUnreadable)
+		// One whose fit cannot be told (inputUnreadable, or not checked
+		// within the budget) may take the step (once the key is
+		// configured again), as a same-version replay may (eligible says
+		// what the step's state allows).
+		return !u.Forbidden && (u.Compatible || out.InputUnreadable || u.unchecked)
 	}) {
 		runnable := false
 		if len(targets) == maxReplayTargets {
@@ -251,7 +294,7 @@ func (s *Service) PreviewReplay(ctx context.Context, workspaceID, stepID string)
 			// (jobs QA: a step whose only fitting upgrade was older than
 			// the newest 100 read eligible: false).
 			if runnable, err = s.olderUpgradeRuns(ctx, workspaceID, j, input, out.InputUnreadable,
-				targets[len(targets)-1].ContractVersion); err != nil {
+				targets[len(targets)-1].ContractVersion, budget); err != nil {
 				return ReplayPreview{}, err
 			}
 		}
@@ -268,10 +311,11 @@ func (s *Service) PreviewReplay(ctx context.Context, workspaceID, stepID string)
 
 // olderUpgradeRuns says whether a contract of the step's tool older than
 // below, not FORBIDDEN, accepts the saved input (any does when the input
-// cannot be opened: its fit is told once the key is configured again), as
-// a replay onto it would; read page by page, newest first, until one does.
+// cannot be opened: its fit is told once the key is configured again; and
+// any the budget does not reach may), as a replay onto it would; read page
+// by page, newest first, until one does.
 func (s *Service) olderUpgradeRuns(ctx context.Context, workspaceID string, j replayJob, input json.RawMessage,
-	unreadable bool, below int) (bool, error) {
+	unreadable bool, below int, budget *fitBudget) (bool, error) {
 	for {
 		rows, err := s.pool.Query(ctx, sqlReplayOlderTargets, workspaceID, j.name, below, maxReplayTargets)
 		if err != nil {
@@ -285,11 +329,11 @@ func (s *Service) olderUpgradeRuns(ctx context.Context, workspaceID string, j re
 			if unreadable {
 				return true, nil
 			}
-			problems, err := validateDoc(c.InputSchema, input, "input")
+			problems, checked, err := budget.fit(c.InputSchema, input)
 			if err != nil {
 				return false, err
 			}
-			if len(problems) == 0 {
+			if !checked || len(problems) == 0 {
 				return true, nil
 			}
 		}

@@ -452,36 +452,57 @@ func (c *schemaCache) get(doc []byte) (*jsonschema.Schema, error) {
 // messages name the rule broken and never quote the document's values, so
 // they are safe to return and to store.
 func validateDoc(schema, doc []byte, root string) ([]apierr.FieldError, error) {
+	problems, _, err := validateDocWithin(schema, doc, root, MaxCheckEvaluations)
+	return problems, err
+}
+
+// errOverBudget is validateDocWithin's answer for a document it did not
+// check: its check could evaluate more subschemas than the budget left.
+var errOverBudget = errors.New("checking the document could pass the evaluations left")
+
+// validateDocWithin is validateDoc held to budget evaluations (at most
+// MaxCheckEvaluations): it answers the evaluations it counted
+// (checkEvaluations, which stops past budget), the work the check cost and
+// bounds, and errOverBudget, having checked nothing, for a document whose
+// check could take more than a budget below MaxCheckEvaluations (one that
+// could take more than MaxCheckEvaluations is refused as validateDoc
+// refuses it). A caller checking one document against many schemas spends
+// one budget over them all (the replay preview).
+func validateDocWithin(schema, doc []byte, root string, budget int64) ([]apierr.FieldError, int64, error) {
 	s, err := schemas.get(schema)
 	if err != nil {
-		return nil, fmt.Errorf("stored contract schema does not compile: %w", err)
+		return nil, 0, fmt.Errorf("stored contract schema does not compile: %w", err)
 	}
 	if nestsDeeperThan(doc, MaxCheckedDepth) {
 		return []apierr.FieldError{{Field: root, Message: fmt.Sprintf(
 			"nests objects and arrays more than %d levels deep, too deep to check against the contract's schema",
-			MaxCheckedDepth)}}, nil
+			MaxCheckedDepth)}}, 0, nil
 	}
 	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(doc))
 	if err != nil {
-		return []apierr.FieldError{{Field: root, Message: "must be JSON"}}, nil
+		return []apierr.FieldError{{Field: root, Message: "must be JSON"}}, 0, nil
 	}
-	if checkEvaluations(s, v, MaxCheckEvaluations) > MaxCheckEvaluations {
+	n := checkEvaluations(s, v, budget)
+	switch {
+	case n > budget && budget < MaxCheckEvaluations:
+		return nil, n, errOverBudget
+	case n > budget:
 		return []apierr.FieldError{{Field: root, Message: fmt.Sprintf(
 			"is too large to check against the contract's schema: checking it could evaluate more than %d "+
 				"subschemas (send fewer values, or publish a schema with fewer alternatives per value)",
-			MaxCheckEvaluations)}}, nil
+			MaxCheckEvaluations)}}, n, nil
 	}
 	if err = validateSafely(s, v); errors.Is(err, errUncheckable) {
-		return []apierr.FieldError{{Field: root, Message: "holds a number the schema check cannot read"}}, nil
+		return []apierr.FieldError{{Field: root, Message: "holds a number the schema check cannot read"}}, n, nil
 	}
 	if err == nil {
-		return nil, nil
+		return nil, n, nil
 	}
 	var ve *jsonschema.ValidationError
 	if !errors.As(err, &ve) {
-		return nil, fmt.Errorf("validate: %w", err)
+		return nil, n, fmt.Errorf("validate: %w", err)
 	}
-	return leafProblems(ve, root, "does not match the schema"), nil
+	return leafProblems(ve, root, "does not match the schema"), n, nil
 }
 
 // leafProblems flattens a validation error tree into its leaves' problems,
