@@ -1,8 +1,11 @@
 package httpapi_test
 
 import (
+	"bytes"
 	"context"
+	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -624,4 +627,45 @@ func TestAReplayPreviewChecksItsTargetsWithinOneBudget(t *testing.T) {
 		"acknowledgeDuplicateRisk": true, "targetContractVersion": 2, "expectedHandlerVersion": "1",
 		"acknowledgeVersionChange": true}).JSON()
 	require.Equal(t, "2", res["handlerVersion"])
+}
+
+// TestAReplayPreviewStaysWithinOneAnswer: the preview cuts its upgrades'
+// validations (each to its first problems, as many as fit) to stay within
+// one answer, keeping every upgrade and its compatible flag (QA: 100
+// contracts refusing an input's 20 keys of 1 000 control characters, each
+// path escaped six times over, answered 12 MB, more than the serverless
+// platforms deliver). Here the budget holds about half the whole answer.
+func TestAReplayPreviewStaysWithinOneAnswer(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t)
+	input := map[string]any{}
+	for i := range 5 {
+		input[fmt.Sprintf("%s%d", strings.Repeat("\u0001", 1000), i)] = i
+	}
+	enq := e.enqueue(e.run(), map[string]any{"name": "send_email", "version": "1", "input": input})
+	stepID := enq["stepId"].(string)
+	e.Must(http.StatusOK, "POST", "/api/v1/steps/"+stepID+"/cancel", e.ws.Key, nil)
+	for range 3 {
+		e.publish("send_email", map[string]any{"handlerVersion": "2",
+			"inputSchema": map[string]any{"type": "object", "additionalProperties": false}})
+	}
+	whole := e.Must(http.StatusOK, "GET", "/api/v1/steps/"+stepID+"/replay", e.ws.Key, nil)
+	for _, u := range whole.JSON()["upgrades"].([]any) {
+		require.Len(t, u.(map[string]any)["validation"], 5)
+	}
+	budget := len(whole.Body) / 2
+	r := withBudget(t, e.Env, budget).Must(http.StatusOK, "GET", "/api/v1/steps/"+stepID+"/replay", e.ws.Key, nil)
+	require.LessOrEqual(t, len(bytes.TrimSpace(r.Body)), budget)
+	p := r.JSON()
+	require.Equal(t, true, p["eligible"])
+	ups := p["upgrades"].([]any)
+	require.Len(t, ups, 3, "every upgrade is kept")
+	for _, u := range ups {
+		u := u.(map[string]any)
+		require.Equal(t, false, u["compatible"])
+		v := u["validation"].([]any)
+		require.NotEmpty(t, v, "each keeps its first problems")
+		require.Less(t, len(v), 5)
+		require.Equal(t, whole.JSON()["upgrades"].([]any)[0].(map[string]any)["validation"].([]any)[0], v[0])
+	}
 }

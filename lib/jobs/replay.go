@@ -12,11 +12,13 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/getratchet/ratchet/lib/answer"
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/auth"
 	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/events"
 	"github.com/getratchet/ratchet/lib/ids"
+	"github.com/getratchet/ratchet/lib/jsonx"
 	"github.com/getratchet/ratchet/lib/seal"
 	"github.com/getratchet/ratchet/lib/toolname"
 )
@@ -306,7 +308,51 @@ func (s *Service) PreviewReplay(ctx context.Context, workspaceID, stepID string)
 	if why != "" {
 		out.IneligibleReason = &why
 	}
+	if err := fitAnswer(ctx, &out); err != nil {
+		return ReplayPreview{}, err
+	}
 	return out, nil
+}
+
+// fitAnswer keeps the preview within one answer (answer.Of): each
+// upgrade's validation is cut to its first k problems, k the most, from
+// maxValidationProblems down to 1, under which the answer fits (QA: 100
+// contracts refusing an input's 20 keys of 1 000 control characters, each
+// path escaped six times over, answered 12 MB, three times what the
+// serverless platforms deliver, so the step could not be previewed). The
+// upgrades and their compatible flags are kept whole; a path is at most
+// apierr.MaxFieldBytes, so one problem each always fits the full budget.
+func fitAnswer(ctx context.Context, out *ReplayPreview) error {
+	full := make([][]apierr.FieldError, len(out.Upgrades))
+	for i := range out.Upgrades {
+		full[i], out.Upgrades[i].Validation = out.Upgrades[i].Validation, []apierr.FieldError{}
+	}
+	b, err := jsonx.Marshal(out)
+	if err != nil {
+		return fmt.Errorf("replay preview: %w", err)
+	}
+	// sizes[k-1] is what the answer grows by when each validation holds
+	// its first k problems (each problem with its comma).
+	sizes := make([]int, maxValidationProblems)
+	for _, v := range full {
+		for j, pr := range v[:min(len(v), maxValidationProblems)] {
+			e, err := jsonx.Marshal(pr)
+			if err != nil {
+				return fmt.Errorf("replay preview: %w", err)
+			}
+			for k := j; k < maxValidationProblems; k++ {
+				sizes[k] += len(e) + 1
+			}
+		}
+	}
+	k := maxValidationProblems
+	for k > 1 && len(b)+sizes[k-1] > answer.Of(ctx) {
+		k--
+	}
+	for i, v := range full {
+		out.Upgrades[i].Validation = v[:min(len(v), k)]
+	}
+	return nil
 }
 
 // olderUpgradeRuns says whether a contract of the step's tool older than
