@@ -116,14 +116,14 @@ func (f PolicyFields) merge(cur endpointPolicy, p *apierr.Problems) endpointPoli
 		}
 		return set
 	}
-	preset := cur.Preset
+	preset, known := cur.Preset, true
 	if notNull("preset", f.Preset.Set, f.Preset.Null) {
 		switch f.Preset.Value {
 		case PresetStandard, PresetAggressive, PresetRelaxed, PresetCustom:
 			preset = f.Preset.Value
 		default:
 			p.Add("preset", "must be one of STANDARD, AGGRESSIVE, RELAXED, CUSTOM")
-			return cur
+			known = false
 		}
 	}
 	out := cur
@@ -139,14 +139,20 @@ func (f PolicyFields) merge(cur endpointPolicy, p *apierr.Problems) endpointPoli
 		{"maxDelayMs", f.MaxDelayMs.Set, f.MaxDelayMs.Null},
 		{"jitterPercent", f.JitterPercent.Set, f.JitterPercent.Null},
 	}
-	if preset != PresetCustom {
+	switch {
+	case !known:
+		// The custom fields belong to a preset the body does not name, so
+		// they are not judged; the gates below still are, each rule the
+		// body breaks being listed (QA: an unknown preset hid a
+		// maxConcurrent of 0, answered once the preset was fixed).
+	case preset != PresetCustom:
 		for _, c := range customs {
 			if c.set {
 				p.Add(c.name, "is only allowed with preset CUSTOM; built-in presets take no custom fields")
 			}
 		}
 		out.RetryPolicy = Presets[preset]
-	} else {
+	default:
 		// A policy becoming CUSTOM must be complete; an existing CUSTOM
 		// policy merges field by field.
 		for _, c := range customs {
