@@ -594,7 +594,8 @@ type ReportResult struct {
 
 const maxErrorMessage = 2000
 
-// validate checks a report, prefixing fields with prefix (for batches).
+// validate checks a report's own fields, naming them from its body's root (a batch
+// item's are named within the item, answered in its slot).
 func (r ReportRequest) validate(p *apierr.Problems) {
 	if r.LeaseToken == "" {
 		p.Add("leaseToken", "is required")
