@@ -264,30 +264,31 @@ class Transport:
             # With a bound on the call, each attempt has the time left (a
             # socket timeout of 0 would not block at all).
             per_attempt = (timeout or self.timeout) if deadline is None else max(deadline - time.monotonic(), 0.001)
+            polled = False  # a wait for a held key, not a retry
             try:
                 answer, date = self._once(method, path, data, idempotency_key, per_attempt, safe, abort, read)
                 return (answer, date) if with_date else answer
             except RatchetError as err:
                 unsure = unsure or err.may_have_applied
+                failure: Exception = err
                 if idempotency_key and err.code == RETRY_REQUEST and held < MAX_KEY_HELD_WAITS and retries > 0:
                     # The server still acts on an earlier attempt under this
                     # key: wait as asked, outside the retry bound (but not
-                    # with retries off, as the Go SDK's).
+                    # with retries off, as the Go SDK's). The wait ends as a
+                    # retry's does, at the abort or the retry cut-off too (a
+                    # stopping worker's registration slept it out, past the
+                    # stop's deadline, where Go's ends at the cut-off).
                     held += 1
+                    polled = True
                     wait: float = max(err.retry_after_seconds, 1)
-                    if deadline is not None and time.monotonic() + wait >= deadline:
+                else:
+                    delay = self.retry_delay(err, attempt, safe)
+                    if delay is None or attempt >= retries:
+                        # An earlier attempt may have acted: this answer only
+                        # says why the retries stopped (Go's unconfirmed).
                         err._unconfirmed = err._unconfirmed or unsure
                         raise
-                    self.sleep(wait)
-                    continue
-                delay = self.retry_delay(err, attempt, safe)
-                if delay is None or attempt >= retries:
-                    # An earlier attempt may have acted: this answer only
-                    # says why the retries stopped (Go's unconfirmed).
-                    err._unconfirmed = err._unconfirmed or unsure
-                    raise
-                wait = delay
-                failure: Exception = err
+                    wait = delay
             except ConnectionLost as err:
                 unsure = True
                 if not safe or attempt >= retries or (abort is not None and abort.fired):
@@ -299,7 +300,8 @@ class Transport:
                 if isinstance(failure, RatchetError):
                     failure._unconfirmed = failure._unconfirmed or unsure
                 raise failure
-            attempt += 1
+            if not polled:
+                attempt += 1
             if (abort is None or abort is sleep_through) and retry_cutoff is None:
                 self.sleep(wait)
             elif _wait_either(wait, abort, retry_cutoff):

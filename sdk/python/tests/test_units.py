@@ -307,6 +307,22 @@ class TransportTest(unittest.TestCase):
             t.call("POST", "/workers/register", {}, safe=True, idempotency_key="k1", max_retries=0)
         self.assertEqual((caught.exception.code, len(server.seen), waits), ("retry_request", 1, []))
 
+    def test_a_held_key_is_waited_for_no_longer_than_a_retry(self) -> None:
+        # A stopping worker's registration: the retry cut-off (its stop),
+        # fired as the held key's answer comes, ends the wait for it at
+        # once, as it ends a retry's wait and as Go's sleepCtx ends it; it
+        # was slept out, past the stop's deadline.
+        cut = _http.Abort()
+
+        def respond(method, path, body):
+            cut.fire()
+            return 409, error("retry_request", retry_after_seconds=5), {}
+
+        t, server, waits = self.transport(respond)
+        with self.assertRaises(RatchetError) as caught:
+            t.call("POST", "/workers/register", {}, safe=True, idempotency_key="k1", retry_cutoff=cut)
+        self.assertEqual((caught.exception.code, len(server.seen), waits), ("retry_request", 1, []))
+
     def test_bad_configuration_is_refused(self) -> None:
         with self.assertRaises(ValueError):
             Transport("http://x", "")

@@ -151,11 +151,10 @@ export class Transport {
       if (deadline !== null && Date.now() + wait >= deadline) {
         throw unsure && failure instanceof RatchetError ? markUnconfirmed(failure) : failure;
       }
-      if (polled) {
-        await this.sleep(wait, signal);
-        continue;
-      }
-      attempt++;
+      // A wait for a held key is no retry, but ends as a retry's wait does:
+      // at retryCutoff too (a stopping worker's registration; it waited on,
+      // where Go's ends at the cut-off).
+      if (!polled) attempt++;
       if (!retryCutoff) {
         await this.sleep(wait, signal);
         continue;

@@ -165,6 +165,28 @@ test('a held idempotency key is waited for', async (t) => {
   assert.deepEqual(off.waits, []);
 });
 
+test('a held key is waited for no longer than a retry', async (t) => {
+  // A stopping worker's registration: the retry cut-off (its stop), aborted
+  // as the held key's answer comes, ends the wait for it at once, as it ends
+  // a retry's wait and as Go's sleepCtx ends it; it was waited out until the
+  // stop's deadline.
+  const cutoff = new AbortController();
+  const server = await fakeServer(t, () => {
+    cutoff.abort();
+    return [409, error('retry_request', { retry_after_seconds: 5 })];
+  });
+  const waits = [];
+  const sleep = async (ms, signal) => {
+    if (signal?.aborted) throw signal.reason;
+    waits.push(ms);
+  };
+  const tr = new Transport({ baseUrl: server.url, apiKey: 'rk_test', timeoutMs: 5000, sleep });
+  await assert.rejects(tr.call('POST', '/workers/register', {}, { safe: true, idempotencyKey: 'k1', retryCutoff: cutoff.signal }),
+    (err) => err.code === 'retry_request');
+  assert.equal(server.seen.length, 1);
+  assert.deepEqual(waits, []);
+});
+
 test('bad configuration is refused', () => {
   assert.throws(() => new Transport({ baseUrl: 'http://x', apiKey: '' }), TypeError);
   assert.throws(() => new Transport({ baseUrl: 'ftp://x', apiKey: 'k' }), TypeError);
