@@ -1255,7 +1255,10 @@ class Ratchet:
         clears an optional one) into the endpoint's policy while
         expected_version is still its version (otherwise RatchetError code
         version_conflict). Jobs already enqueued keep their snapshot. Not
-        repeated after a lost answer, as update_effect_policy."""
+        repeated after a lost answer (a repeat of an update that landed
+        would meet the new version): read the endpoint to see.
+        update_effect_policy, unlike it, is repeated under an
+        Idempotency-Key."""
         body = dict(_fields(update, fields), expectedVersion=expected_version)
         answer = self._transport.call("PUT", "/endpoints/" + path_id(endpoint_id) + "/policy", body, safe=False,
                                       call_timeout=timeout)

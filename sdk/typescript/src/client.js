@@ -62,8 +62,9 @@ function query(params) {
  * call, by key, lease token or Idempotency-Key) are repeated after a lost
  * answer or a 5xx with capped backoff and jitter, up to maxRetries times; a
  * 429 after the server's retry_after_seconds; startRun and createGroup
- * without an idempotency key, and the policy updates, are never repeated
- * after an ambiguous failure.
+ * without an idempotency key, and updateEndpointPolicy, are never repeated
+ * after an ambiguous failure (updateEffectPolicy is, under an
+ * Idempotency-Key of its own).
  */
 export class Ratchet {
   #transport;
