@@ -639,7 +639,9 @@ def _retry_after_header(value: str, date: Optional[datetime] = None) -> int:
     as the Go SDK measures it) when it sent one; 0 when absent, unreadable
     or past."""
     value = (value or "").strip()
-    if value.isdigit():
+    # ASCII digits only: str.isdigit() takes a superscript two, which int()
+    # refuses (a ValueError out of the call, and out of a worker's start()).
+    if value.isascii() and value.isdigit():
         return int(value)
     try:
         now = date.timestamp() if date is not None else time.time()

@@ -726,6 +726,14 @@ class ErrorTextTest(unittest.TestCase):
             headers = {"Retry-After": later} if date is None else {"Date": date, "Retry-After": later}
             self.assertIn(_http._decode_error(429, headers, b"").retry_after_seconds, range(3590, 3602))
 
+    def test_a_retry_after_that_is_no_number_or_date_is_no_wait(self) -> None:
+        # A proxy's header in digits str.isdigit() takes and int() does not
+        # (a superscript two, as the latin-1 header reads byte 0xB2): it
+        # raised ValueError out of the call, and a worker's start() with it,
+        # where the Go and TypeScript SDKs read no wait.
+        for value in ("\u00b2", "\u00b9\u00b3", "1.5", "-1", "soon"):
+            self.assertEqual(_http._decode_error(429, {"Retry-After": value}, b"").retry_after_seconds, 0, value)
+
 
 class RevokedKeyTest(unittest.TestCase):
     def test_a_claim_refused_401_stops_the_worker(self) -> None:
