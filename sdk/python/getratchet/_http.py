@@ -159,7 +159,13 @@ class Transport:
                  sleep: Callable[[float], None] = time.sleep) -> None:
         if not api_key:
             raise ValueError("ratchet: an API key is required (read it from the environment)")
+        # A trailing /api/v1 is accepted, as the Go SDK accepts it (a base
+        # URL copied from the API's own paths went to /api/v1/api/v1/...,
+        # every call 404 not_found, where a Go client of the same setting
+        # worked).
         base = (base_url or DEFAULT_BASE_URL).rstrip("/")
+        if base.endswith("/api/v1"):
+            base = base[:-len("/api/v1")]
         parsed = urllib.parse.urlparse(base)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
             raise ValueError("ratchet: base_url must be an http(s) URL")

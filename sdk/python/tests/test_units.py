@@ -323,6 +323,17 @@ class TransportTest(unittest.TestCase):
             t.call("POST", "/workers/register", {}, safe=True, idempotency_key="k1", retry_cutoff=cut)
         self.assertEqual((caught.exception.code, len(server.seen), waits), ("retry_request", 1, []))
 
+    def test_a_base_url_ending_in_the_api_path_is_taken_as_go_takes_it(self) -> None:
+        # A base URL copied from the API's own paths ("…/api/v1", as the Go
+        # SDK accepts it) went to /api/v1/api/v1/..., every call 404.
+        server = FakeServer(lambda method, path, body: (200, {"path": path}, {}))
+        self.addCleanup(server.close)
+        for base in (server.url + "/api/v1", server.url + "/api/v1/", server.url + "/proxy/api/v1"):
+            t = Transport(base, "rk_test", timeout=5)
+            self.addCleanup(t.close)
+            want = "/proxy/api/v1/runs/r" if "/proxy" in base else "/api/v1/runs/r"
+            self.assertEqual(t.call("GET", "/runs/r", safe=True), {"path": want}, base)
+
     def test_bad_configuration_is_refused(self) -> None:
         with self.assertRaises(ValueError):
             Transport("http://x", "")

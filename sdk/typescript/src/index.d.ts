@@ -42,7 +42,7 @@ export type FetchFunction = typeof globalThis extends { fetch: infer F } ? F
 export type Json = null | boolean | number | string | Json[] | { [key: string]: Json };
 
 export interface RatchetOptions {
-  /** https://getratchet.app when omitted. */
+  /** https://getratchet.app when omitted. A trailing /api/v1 is accepted. */
   baseUrl?: string | undefined;
   /** Read from the environment or a secret store, never from source. */
   apiKey: string;

@@ -49,7 +49,10 @@ export function sleep(ms, signal) {
 export class Transport {
   constructor({ baseUrl, apiKey, timeoutMs = 60_000, maxRetries = 3, userAgent = '', fetch: fetchImpl, sleep: sleepImpl } = {}) {
     if (!apiKey) throw new TypeError('ratchet: an API key is required (read it from the environment)');
-    const base = String(baseUrl || DEFAULT_BASE_URL).replace(/\/+$/, '');
+    // A trailing /api/v1 is accepted, as the Go SDK accepts it (a base URL
+    // copied from the API's own paths went to /api/v1/api/v1/..., every
+    // call 404 not_found, where a Go client of the same setting worked).
+    const base = String(baseUrl || DEFAULT_BASE_URL).replace(/\/+$/, '').replace(/\/api\/v1$/, '');
     let parsed;
     try {
       parsed = new URL(base);

@@ -187,6 +187,16 @@ test('a held key is waited for no longer than a retry', async (t) => {
   assert.deepEqual(waits, []);
 });
 
+test('a base URL ending in the API path is taken as Go takes it', async (t) => {
+  // A base URL copied from the API's own paths ('…/api/v1', as the Go SDK
+  // accepts it) went to /api/v1/api/v1/..., every call 404.
+  const server = await fakeServer(t, (method, path) => [200, { path }]);
+  for (const [base, want] of [['/api/v1', '/api/v1/runs/r'], ['/api/v1/', '/api/v1/runs/r'], ['/proxy/api/v1', '/proxy/api/v1/runs/r']]) {
+    const tr = new Transport({ baseUrl: server.url + base, apiKey: 'rk_test' });
+    assert.deepEqual(await tr.call('GET', '/runs/r', undefined, { safe: true }), { path: want }, base);
+  }
+});
+
 test('bad configuration is refused', () => {
   assert.throws(() => new Transport({ baseUrl: 'http://x', apiKey: '' }), TypeError);
   assert.throws(() => new Transport({ baseUrl: 'ftp://x', apiKey: 'k' }), TypeError);
