@@ -70,6 +70,23 @@ func (cfg Config) LogValue() slog.Value {
 		slog.String("user_agent", cfg.UserAgent))
 }
 
+// errKeyUnsendable refuses a key no HTTP header can carry; it never holds
+// the key.
+var errKeyUnsendable = errors.New("ratchet: the API key holds a line break, a control character or a character " +
+	"beyond ASCII, which no key holds and no Authorization header can carry (read it without its line end)")
+
+// sendableKey says whether key is printable ASCII (spaces and tabs
+// allowed: the server trims them around it), the only characters a key
+// has, as the Python and TypeScript SDKs check it.
+func sendableKey(key string) bool {
+	for i := 0; i < len(key); i++ {
+		if b := key[i]; b != '\t' && (b < 0x20 || b > 0x7e) {
+			return false
+		}
+	}
+	return true
+}
+
 // maskedKey stands for an API key in printed values: whether one is set,
 // never any part of it.
 func maskedKey(key string) string {
@@ -120,7 +137,8 @@ func (c *Client) String() string { return "ratchet.Client{" + c.base + "}" }
 func (c *Client) GoString() string { return c.String() }
 
 // NewClient returns a Client for cfg. It fails when the base URL does not
-// parse or the key is empty.
+// parse, or the key is empty or holds a character no key has (a line break,
+// another control character, one beyond ASCII: no header can carry it).
 func NewClient(cfg Config) (*Client, error) {
 	base := strings.TrimRight(cfg.BaseURL, "/")
 	if base == "" {
@@ -133,6 +151,11 @@ func NewClient(cfg Config) (*Client, error) {
 	}
 	if strings.TrimSpace(cfg.APIKey) == "" {
 		return nil, errors.New("ratchet: an API key is required (read it from the environment)")
+	}
+	if !sendableKey(cfg.APIKey) {
+		// Never sent: each call failed as a network error (net/http
+		// refuses the header), repeated, a worker's registration for ever.
+		return nil, errKeyUnsendable
 	}
 	hc := cfg.HTTPClient
 	if hc == nil {

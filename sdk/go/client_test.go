@@ -94,6 +94,19 @@ func TestNewClientValidates(t *testing.T) {
 	if err != nil || c.base != "http://localhost:8787/api/v1" {
 		t.Fatalf("base = %q, err = %v", c.base, err)
 	}
+	// A key no header can carry (a secret file read with its line end) is
+	// refused here, without the key in the error, as the Python and
+	// TypeScript SDKs refuse it: each call failed as a network error,
+	// repeated (Python's printed the key). Spaces and tabs around it pass:
+	// the server trims them.
+	for _, key := range []string{"rk_SECRET\n", "rk_SECRET\r\n", "rk_S\x00ECRET", "rk_SÉCRET", "rk_SECRET\x7f"} {
+		if _, err := NewClient(Config{APIKey: key}); err == nil || strings.Contains(err.Error(), "SECRET") {
+			t.Errorf("key %q: err = %v, want a refusal without the key", key, err)
+		}
+	}
+	if _, err := NewClient(Config{APIKey: " rk_ok\t"}); err != nil {
+		t.Errorf("a key with spaces around it refused: %v", err)
+	}
 }
 
 func TestRequestShape(t *testing.T) {

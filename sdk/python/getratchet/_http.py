@@ -50,6 +50,18 @@ if ssl is not None:
     _STALE += (ssl.SSLEOFError,)
 
 
+# Why a key is refused that no HTTP header can carry; never the key itself.
+KEY_UNSENDABLE = ("ratchet: the API key holds a line break, a control character or a character beyond ASCII, "
+                  "which no key holds and no Authorization header can carry (read it without its line end)")
+
+
+def _sendable_key(key: str) -> bool:
+    """Whether key is printable ASCII (spaces and tabs allowed: the server
+    trims them around it), the only characters a key has, as the Go and
+    TypeScript SDKs check it."""
+    return all(c == "\t" or " " <= c <= "~" for c in key)
+
+
 def new_request_id() -> str:
     """A random id for an Idempotency-Key, a begin's request_id or a claimId."""
     return secrets.token_hex(16)
@@ -159,6 +171,11 @@ class Transport:
                  sleep: Callable[[float], None] = time.sleep) -> None:
         if not api_key:
             raise ValueError("ratchet: an API key is required (read it from the environment)")
+        if not _sendable_key(api_key):
+            # Never sent: http.client refused it at each call with a
+            # ValueError that printed the whole key (a secret file read with
+            # its line end, open(path).read()).
+            raise ValueError(KEY_UNSENDABLE)
         # A trailing /api/v1 is accepted, as the Go SDK accepts it (a base
         # URL copied from the API's own paths went to /api/v1/api/v1/...,
         # every call 404 not_found, where a Go client of the same setting

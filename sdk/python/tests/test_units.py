@@ -337,6 +337,16 @@ class TransportTest(unittest.TestCase):
     def test_bad_configuration_is_refused(self) -> None:
         with self.assertRaises(ValueError):
             Transport("http://x", "")
+        # A key no header can carry (a secret file read with its line end)
+        # is refused here, without the key in the error, as the Go and
+        # TypeScript SDKs refuse it: http.client refused it at each call
+        # with a ValueError that printed the whole key. Spaces and tabs
+        # around it pass: the server trims them.
+        for key in ("rk_SECRET\n", "rk_SECRET\r\n", "rk_S\x00ECRET", "rk_S\u00c9CRET", "rk_SECRET\x7f"):
+            with self.assertRaises(ValueError) as refused:
+                Transport("http://x", key)
+            self.assertNotIn("SECRET", str(refused.exception), repr(key))
+        Transport("http://x", " rk_ok\t").close()
         with self.assertRaises(ValueError):
             Transport("ftp://x", "k")
 

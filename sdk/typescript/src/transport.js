@@ -19,6 +19,10 @@ const MAX_RATE_LIMIT_WAIT_S = 60;
 // still holds the key for an earlier attempt (409 retry_request).
 const MAX_KEY_HELD_WAITS = 40;
 
+// Why a key is refused that no HTTP header can carry; never the key itself.
+const KEY_UNSENDABLE = 'ratchet: the API key holds a line break, a control character or a character beyond ASCII, '
+  + 'which no key holds and no Authorization header can carry (read it without its line end)';
+
 /** A random id for an Idempotency-Key, a begin's request_id or a claimId. */
 export function newRequestId() {
   return randomBytes(16).toString('hex');
@@ -49,6 +53,10 @@ export function sleep(ms, signal) {
 export class Transport {
   constructor({ baseUrl, apiKey, timeoutMs = 60_000, maxRetries = 3, userAgent = '', fetch: fetchImpl, sleep: sleepImpl } = {}) {
     if (!apiKey) throw new TypeError('ratchet: an API key is required (read it from the environment)');
+    // Printable ASCII only (spaces and tabs allowed: the server trims them
+    // around it), as the Go and Python SDKs check it: each call failed, as a
+    // lost answer repeated (a worker's registration for ever), never sent.
+    if (!/^[\t\x20-\x7e]*$/.test(String(apiKey))) throw new TypeError(KEY_UNSENDABLE);
     // A trailing /api/v1 is accepted, as the Go SDK accepts it (a base URL
     // copied from the API's own paths went to /api/v1/api/v1/..., every
     // call 404 not_found, where a Go client of the same setting worked).

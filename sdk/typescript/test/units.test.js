@@ -199,6 +199,14 @@ test('a base URL ending in the API path is taken as Go takes it', async (t) => {
 
 test('bad configuration is refused', () => {
   assert.throws(() => new Transport({ baseUrl: 'http://x', apiKey: '' }), TypeError);
+  // A key no header can carry (a secret file read with its line end) is
+  // refused here, without the key in the error, as the Go and Python SDKs
+  // refuse it: each call failed as a lost answer, repeated. Spaces and tabs
+  // around it pass: the server trims them.
+  for (const key of ['rk_SECRET\n', 'rk_SECRET\r\n', 'rk_S\x00ECRET', 'rk_S\u00c9CRET', 'rk_SECRET\x7f']) {
+    assert.throws(() => new Transport({ baseUrl: 'http://x', apiKey: key }), (err) => err instanceof TypeError && !err.message.includes('SECRET'), JSON.stringify(key));
+  }
+  new Transport({ baseUrl: 'http://x', apiKey: ' rk_ok\t' });
   assert.throws(() => new Transport({ baseUrl: 'ftp://x', apiKey: 'k' }), TypeError);
 });
 
