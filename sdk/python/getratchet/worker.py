@@ -557,7 +557,9 @@ class Worker:
         A start() called while its caller handles a KeyboardInterrupt (in
         an ``except KeyboardInterrupt:`` block) counts
         that one as no interrupt of the worker's: the worker's first stops it
-        as above. With block=False it returns at once. stop_grace
+        as above. With block=False it returns once the worker is registered
+        (which waits out an outage first, as below), its loop running on a
+        thread of its own. stop_grace
         (seconds, >= 0; 10 by default, as the Go and TypeScript workers')
         is how long, once a stop's deadline passed, cancelled handlers have
         to return and be reported (those that do not are left unreported,
