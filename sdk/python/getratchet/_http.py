@@ -171,6 +171,11 @@ class Transport:
                  sleep: Callable[[float], None] = time.sleep) -> None:
         if not api_key:
             raise ValueError("ratchet: an API key is required (read it from the environment)")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
+            # Refused as a method's timeout is: 0 timed every call out at
+            # once (a lost answer, repeated: a worker's registration for
+            # ever), a negative one or NaN raised ValueError at each call.
+            raise ValueError("ratchet: timeout must be a positive number of seconds")
         if not _sendable_key(api_key):
             # Never sent: http.client refused it at each call with a
             # ValueError that printed the whole key (a secret file read with

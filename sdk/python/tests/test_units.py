@@ -347,6 +347,11 @@ class TransportTest(unittest.TestCase):
                 Transport("http://x", key)
             self.assertNotIn("SECRET", str(refused.exception), repr(key))
         Transport("http://x", " rk_ok\t").close()
+        # A client timeout is refused as a method's is: 0 timed every call
+        # out at once, a negative one or NaN raised ValueError at each call.
+        for timeout in (0, -1, float("nan"), float("inf"), None, True, "5"):
+            with self.assertRaises(ValueError, msg=repr(timeout)):
+                Transport("http://x", "k", timeout=timeout)  # type: ignore[arg-type]
         with self.assertRaises(ValueError):
             Transport("ftp://x", "k")
 

@@ -71,7 +71,13 @@ export class Transport {
     this.base = base;
     this.#host = parsed.host;
     this.#prefix = parsed.pathname.replace(/\/+$/, '') + '/api/v1';
-    this.timeoutMs = timeoutMs;
+    // Refused as a method's timeoutMs is: 0, a negative number or NaN timed
+    // every call out at once (a lost answer, repeated: a worker's
+    // registration for ever).
+    if (!(Number.isFinite(Number(timeoutMs)) && Number(timeoutMs) > 0)) {
+      throw new TypeError('ratchet: timeoutMs must be a positive number of milliseconds');
+    }
+    this.timeoutMs = Number(timeoutMs);
     this.maxRetries = maxRetries;
     this.userAgent = (userAgent ? userAgent + ' ' : '') + `getratchet-node/${VERSION}`;
     this.fetch = fetchImpl ?? globalThis.fetch;
@@ -255,7 +261,8 @@ export class Transport {
     if (data !== undefined) headers['Content-Type'] = 'application/json';
     if (idempotencyKey) headers['Idempotency-Key'] = idempotencyKey;
     const timeout = new AbortController();
-    const timer = setTimeout(() => timeout.abort(new Error('timed out')), timeoutMs);
+    // setTimeout fires at once past 2^31-1 ms: a longer timeout waits that long.
+    const timer = setTimeout(() => timeout.abort(new Error('timed out')), Math.min(timeoutMs, 2 ** 31 - 1));
     const onAbort = () => timeout.abort(signal.reason);
     signal?.addEventListener('abort', onAbort, { once: true });
     const name = `${method} ${path.split('?')[0]}`;

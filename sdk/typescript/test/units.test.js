@@ -207,6 +207,31 @@ test('bad configuration is refused', () => {
     assert.throws(() => new Transport({ baseUrl: 'http://x', apiKey: key }), (err) => err instanceof TypeError && !err.message.includes('SECRET'), JSON.stringify(key));
   }
   new Transport({ baseUrl: 'http://x', apiKey: ' rk_ok\t' });
+  // A client timeoutMs is refused as a method's is: 0, a negative one or
+  // NaN timed every call out at once, a lost answer repeated.
+  for (const timeoutMs of [0, -1, NaN, Infinity, null, 'soon']) {
+    assert.throws(() => new Transport({ baseUrl: 'http://x', apiKey: 'k', timeoutMs }), TypeError, String(timeoutMs));
+  }
+});
+
+test('a client timeoutMs past 2^31-1 ms is waited that long, not fired at once', async (t) => {
+  // setTimeout fires at once past 2^31-1 ms: every call of a client made
+  // with timeoutMs 3e9 timed out before its answer. What each attempt's
+  // timer is set to is recorded, not waited for.
+  const server = await fakeServer(t, () => [200, { id: 'run_1' }]);
+  const delays = [];
+  const real = globalThis.setTimeout;
+  globalThis.setTimeout = (fn, ms, ...rest) => {
+    delays.push(ms);
+    return real(fn, ms, ...rest);
+  };
+  try {
+    const tr = new Transport({ baseUrl: server.url, apiKey: 'rk_test', timeoutMs: 3_000_000_000 });
+    assert.deepEqual(await tr.call('GET', '/runs/r', undefined, { safe: true }), { id: 'run_1' });
+  } finally {
+    globalThis.setTimeout = real;
+  }
+  assert.ok(delays.includes(2 ** 31 - 1) && delays.every((ms) => !(ms > 2 ** 31 - 1)), String(delays));
   assert.throws(() => new Transport({ baseUrl: 'ftp://x', apiKey: 'k' }), TypeError);
 });
 
