@@ -5,7 +5,7 @@ import {
   ApprovalRequiredError, ConnectionLostError, EffectBlockedError, EffectDeniedError, EffectInFlightError,
   NotPerformedError, OutcomeNotReportedError, RatchetError, ResultNotStoredError, markUnconfirmed,
 } from './errors.js';
-import { stringify } from './json.js';
+import { stringifyFinite } from './json.js';
 import { hideSecrets } from './secrets.js';
 import { Transport, newRequestId, pathId, sleep } from './transport.js';
 import { Worker, batchResults, isGeneratorFunction, leaseLength } from './worker.js';
@@ -956,9 +956,9 @@ function effectReport(token, outcome, result) {
 function unsendableResult(result) {
   let json;
   try {
-    json = stringify(result === undefined ? null : result);
+    json = stringifyFinite(result === undefined ? null : result);
   } catch {
-    return 'result_not_json';
+    return 'result_not_json'; // a NaN too, as Go and Python read it (it was recorded as null)
   }
   if (typeof json !== 'string') return 'result_not_json';
   return Buffer.byteLength(json) > MAX_RESULT_BYTES ? 'payload_too_large' : null;

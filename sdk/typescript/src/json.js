@@ -29,6 +29,23 @@ export function stringify(value, replacer) {
   return stringifyIteratively(value, replacer);
 }
 
+/**
+ * stringify(value), refusing what JSON has no number for and JSON.stringify
+ * writes as null: NaN and the infinities (a RangeError), as Go's
+ * encoding/json and Python's allow_nan=False refuse them. What the SDK
+ * sends is written by it: an input, a payload or a result holding NaN went
+ * out as null, a value the caller never gave (and a gate result recorded
+ * so, where the Go and Python SDKs record result_not_json).
+ */
+export function stringifyFinite(value) {
+  return stringify(value, finiteOnly);
+}
+
+function finiteOnly(key, value) {
+  if (typeof value === 'number' && !Number.isFinite(value)) throw new RangeError(`ratchet: ${value} is not a JSON number`);
+  return value;
+}
+
 /** JSON.stringify's algorithm (ECMA-262 SerializeJSONProperty and its
  * callers) with the arrays and objects being written on a stack. */
 export function stringifyIteratively(value, replacer) {

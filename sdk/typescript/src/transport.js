@@ -4,7 +4,7 @@ import { randomBytes } from 'node:crypto';
 import { STATUS_CODES } from 'node:http';
 import { ConnectionLostError, RatchetError, markUnconfirmed } from './errors.js';
 import { called } from './failurelog.js';
-import { stringify } from './json.js';
+import { stringifyFinite } from './json.js';
 
 export const VERSION = '0.2.7';
 export const DEFAULT_BASE_URL = 'https://getratchet.app';
@@ -120,7 +120,8 @@ export class Transport {
    * results naming other jobs).
    */
   async call(method, path, body, { safe, idempotencyKey, timeoutMs, callTimeoutMs, maxRetries, signal, retryCutoff, withDate = false, read } = {}) {
-    const data = body === undefined ? undefined : stringify(body);
+    // NaN and the infinities are refused (a RangeError), not sent as null.
+    const data = body === undefined ? undefined : stringifyFinite(body);
     const retries = maxRetries ?? this.maxRetries;
     if (callTimeoutMs !== undefined && !(Number.isFinite(callTimeoutMs) && callTimeoutMs > 0)) {
       throw new TypeError('ratchet: timeoutMs must be a positive number of milliseconds');

@@ -5,7 +5,7 @@ import {
   ReportNotRecordedError, RetryableError, clampRetryAfterMs,
 } from './errors.js';
 import { FailureLog } from './failurelog.js';
-import { stringify } from './json.js';
+import { stringify, stringifyFinite } from './json.js';
 import { redactMessage } from './redact.js';
 import { newRequestId, pathId, sleep } from './transport.js';
 
@@ -1078,10 +1078,7 @@ export class Worker {
       // and Python SDKs refuse them too). Written at any depth the API
       // takes (JSON.stringify's RangeError past about 4 500 levels was
       // reported as an output that is not JSON).
-      json = stringify(output === undefined ? null : output, (key, value) => {
-        if (typeof value === 'number' && !Number.isFinite(value)) throw new RangeError(`${value} is not a JSON number`);
-        return value;
-      });
+      json = stringifyFinite(output === undefined ? null : output);
     } catch (failure) {
       this.#notify(new TypeError(`ratchet: ${tool.ref} returned an output that is not JSON (${errorName(failure)}); reported as a non-retryable failure`));
     }

@@ -1994,6 +1994,23 @@ test('a result refused at a field is recorded with the placeholder Go records', 
   }
 });
 
+test('NaN and the infinities are refused before they are sent, and a result holding one is recorded as not JSON', async (t) => {
+  // JSON.stringify writes them as null: an input, a payload or a result
+  // holding one went out as null, a value the caller never gave, and a gate
+  // result was recorded so (a duplicate answered it), where the Go and
+  // Python SDKs refuse them and record result_not_json.
+  const server = await fakeServer(t, () => [201, { stepId: 's', jobId: 'j' }]);
+  const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
+  for (const input of [{ amount: NaN }, [Infinity], -Infinity]) {
+    await assert.rejects(client.enqueue(input, { name: 't', version: '1', runId: 'run_1' }), RangeError);
+  }
+  assert.equal(server.seen.length, 0);
+  const [gate, results] = await refusingResults(t, [500, error('internal_error')]);
+  await assert.rejects(gate.doEffect({ effectType: 'email.send', idempotencyKey: 'k', payload: {} }, () => ({ amount: NaN })),
+    (err) => err instanceof ResultNotStoredError && err.reason === 'result_not_json' && Number.isNaN(err.result.amount));
+  assert.deepEqual(results, [{ ratchet: 'result_not_recorded', reason: 'result_not_json' }]);
+});
+
 /** A client of a fake gate that leases, refuses each success report but
  * the placeholder's with refusal, and records every report's result. */
 async function refusingResults(t, refusal) {
