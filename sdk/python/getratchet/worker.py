@@ -46,6 +46,12 @@ DEFAULT_STOP_GRACE = 10.0
 # The deadline of a stop that stop() did not ask for (a stop_event set, a
 # KeyboardInterrupt in a blocking start()): stop()'s default.
 _IMPLICIT_STOP_TIMEOUT = 30.0
+# The longest stop deadline and stop_grace waited, in seconds: a year, in
+# place of a longer one or infinity ("no deadline", as Go's Stop under a
+# context without one), which raised OverflowError out of stop() and the
+# worker's loop (threading's waits end by TIMEOUT_MAX), the running job
+# left unreported.
+_MAX_STOP_WAIT = 365 * 24 * 3600.0
 # How much longer than the give-up time stop() waits for the deliveries it
 # cut to end and on_error to be told.
 _ABORT_SLACK = 2.0
@@ -602,7 +608,7 @@ class Worker:
             if self._started:
                 raise RuntimeError("ratchet: the worker was already started")
             self._started = True
-            self._stop_grace = float(stop_grace)
+            self._stop_grace = min(float(stop_grace), _MAX_STOP_WAIT)
         self._on_error = on_error
         tools = [{"name": t.name, "version": t.version} for t in self._tools.values()]
         # The failed registrations are told, and a stop_event heard, while
@@ -665,7 +671,8 @@ class Worker:
         too, nothing told: its
         job does not run again for this worker's leaving it); the
         reports are sent until the deadline and twice the grace at most, as
-        the Go SDK's Stop. Returns
+        the Go SDK's Stop. timeout=math.inf sets no deadline (a year, as
+        any longer one), as Go's Stop under a context without one. Returns
         whether every job this worker claimed ended with its outcome
         recorded or settled elsewhere (no report lost: one refused because
         a newer attempt holds the job, it ended, or it no longer exists is
@@ -683,6 +690,9 @@ class Worker:
         recorded told to on_error once), and is raised again once the
         worker is done and on_error told (waited for up to a second; a
         further one cuts short only that wait, none of the giving up)."""
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or math.isnan(timeout):
+            raise ValueError("ratchet: stop's timeout must be a number of seconds (math.inf: no deadline)")
+        timeout = min(max(float(timeout), 0.0), _MAX_STOP_WAIT)
         with self._lock:
             if not self._started:
                 return True

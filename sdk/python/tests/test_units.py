@@ -7,6 +7,7 @@ import hmac
 import inspect
 import json
 import logging
+import math
 import os
 import signal
 import socket
@@ -2121,6 +2122,49 @@ class WorkerRulesTest(unittest.TestCase):
         self.assertTrue(failing.wait(15))  # hang guard: the handler returned, its report is refused
         take_from[0] = time.monotonic() + 0.1 + 1.5 * grace
         self.assertTrue(client.worker.stop(0.1), "the report was given up before the deadline and twice the grace")
+
+    def test_a_stop_with_no_deadline_sends_the_reports(self) -> None:
+        # stop(math.inf), as Go's Stop under a context without a deadline:
+        # threading's waits end by TIMEOUT_MAX, and it raised OverflowError
+        # out of stop() and the worker's loop, the running job left
+        # unreported. Its handler, released as the stop is asked, now
+        # returns and is reported, and stop() answers True.
+        lock, seen = threading.Lock(), {"claims": 0, "reports": 0}
+        running, release = threading.Event(), threading.Event()
+
+        def respond(method, path, body):
+            with lock:
+                if path.endswith("/register"):
+                    return 200, {"workerId": "wkr_1"}, {}
+                if path.endswith("/claim"):
+                    seen["claims"] += 1
+                    return 200, {"jobs": [self.job(1, timeout_ms=60_000)] if seen["claims"] == 1 else []}, {}
+                seen["reports"] += 1
+                return 200, {"jobId": "job_1", "status": body["status"], "attempt": 1, "nextDueAt": None}, {}
+
+        def handler(input, context):
+            running.set()
+            release.wait(15)  # hang guard
+            return {"ok": True}
+
+        self.addCleanup(release.set)  # before the worker's stop, should an assertion fail first
+        client, _ = self.serve(respond, handler)
+        self.assertTrue(running.wait(15))  # hang guard
+        stopped: List[object] = []
+        stopping = threading.Thread(target=lambda: stopped.append(self.stop_catching(client, math.inf)))
+        stopping.start()
+        release.set()
+        stopping.join(30)  # hang guard
+        self.assertEqual((stopped, seen["reports"]), ([True], 1))
+        with self.assertRaises(ValueError):
+            client.worker.stop(float("nan"))
+
+    @staticmethod
+    def stop_catching(client: getratchet.Ratchet, timeout: float) -> object:
+        try:
+            return client.worker.stop(timeout)
+        except BaseException as failure:  # noqa: BLE001 - the test compares it
+            return failure
 
     def test_without_lease_ms_the_lease_is_read_from_its_expiry(self) -> None:
         # Drift QA: against a server that sends no leaseMs the worker assumed

@@ -373,6 +373,7 @@ export declare class Worker {
    * running after the same grace, nothing told
    * (a newer attempt holds the job, or it runs no more). */
   stop(options?: { timeoutMs?: number | undefined }): Promise<boolean>;
+  // timeoutMs: Infinity sets no deadline (2^31-1 ms, as any longer one), as Go's Stop under a context without one.
 }
 
 export interface BeginRequest {

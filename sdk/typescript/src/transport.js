@@ -33,6 +33,13 @@ export function pathId(value) {
   return encodeURIComponent(String(value)).replace(/[!'()*]/g, (c) => '%' + c.charCodeAt(0).toString(16).toUpperCase());
 }
 
+/** ms as a setTimeout delay: at least 0, and at most 2^31-1 (about 24.8
+ * days), past which setTimeout fires at once: a longer wait, Infinity
+ * ("no deadline") included, waits that long instead of none. */
+export function timerMs(ms) {
+  return Math.min(Math.max(ms, 0), 2 ** 31 - 1);
+}
+
 /** Resolves after ms, or rejects with the signal's reason once it aborts. */
 export function sleep(ms, signal) {
   return new Promise((resolve, reject) => {
@@ -40,7 +47,7 @@ export function sleep(ms, signal) {
     const timer = setTimeout(() => {
       signal?.removeEventListener('abort', onAbort);
       resolve();
-    }, Math.max(0, ms));
+    }, timerMs(ms));
     const onAbort = () => {
       clearTimeout(timer);
       reject(signal.reason);
@@ -135,8 +142,7 @@ export class Transport {
       let wait;
       let polled = false; // a wait for a held key, not a retry
       try {
-        // setTimeout fires at once past 2^31-1 ms: a longer bound waits that long.
-        const attemptMs = deadline === null ? timeoutMs ?? this.timeoutMs : Math.min(Math.max(deadline - Date.now(), 0), 2 ** 31 - 1);
+        const attemptMs = deadline === null ? timeoutMs ?? this.timeoutMs : timerMs(deadline - Date.now());
         const [answer, date] = await this.#once(method, path, data, idempotencyKey, attemptMs, signal, read);
         return withDate ? [answer, date] : answer;
       } catch (err) {
@@ -262,8 +268,7 @@ export class Transport {
     if (data !== undefined) headers['Content-Type'] = 'application/json';
     if (idempotencyKey) headers['Idempotency-Key'] = idempotencyKey;
     const timeout = new AbortController();
-    // setTimeout fires at once past 2^31-1 ms: a longer timeout waits that long.
-    const timer = setTimeout(() => timeout.abort(new Error('timed out')), Math.min(timeoutMs, 2 ** 31 - 1));
+    const timer = setTimeout(() => timeout.abort(new Error('timed out')), timerMs(timeoutMs));
     const onAbort = () => timeout.abort(signal.reason);
     signal?.addEventListener('abort', onAbort, { once: true });
     const name = `${method} ${path.split('?')[0]}`;

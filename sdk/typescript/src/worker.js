@@ -7,7 +7,7 @@ import {
 import { FailureLog } from './failurelog.js';
 import { stringify, stringifyFinite } from './json.js';
 import { redactMessage } from './redact.js';
-import { newRequestId, pathId, sleep } from './transport.js';
+import { newRequestId, pathId, sleep, timerMs } from './transport.js';
 
 /** Whether fn is a generator function (function* or async function*), whose
  * body does not run when it is called. */
@@ -133,7 +133,7 @@ function withResolvers() {
 function nap(ms, wake) {
   if (ms === Infinity) return wake;
   let timer;
-  return Promise.race([wake, new Promise((r) => { timer = setTimeout(r, Math.max(0, ms)); })]).finally(() => clearTimeout(timer));
+  return Promise.race([wake, new Promise((r) => { timer = setTimeout(r, timerMs(ms)); })]).finally(() => clearTimeout(timer));
 }
 
 const reportPath = (jobId) => `/jobs/${pathId(jobId)}/report`;
@@ -513,6 +513,9 @@ export class Worker {
    * does nothing and resolves to true. It may be called from onError.
    */
   async stop({ timeoutMs = 30_000 } = {}) {
+    if (typeof timeoutMs !== 'number' || Number.isNaN(timeoutMs)) {
+      throw new RangeError('ratchet: stop timeoutMs must be a number of milliseconds (Infinity: no deadline)');
+    }
     if (!this.#started) return true;
     this.#requestStop(timeoutMs);
     if (this.#done) await this.#done.catch(() => {}); // a refused registration is start()'s to throw
@@ -526,7 +529,10 @@ export class Worker {
     if (this.#stopAt === null) {
       this.#stopAt = now() + Math.max(0, timeoutMs);
       this.#stopTimers = [
-        setTimeout(() => this.#claimCutoff.abort(new Error('stopping')), Math.max(0, timeoutMs)),
+        // A deadline past setTimeout's 2^31-1 ms, Infinity ("no deadline")
+        // included, fired these at once: the claim was cut, and every report
+        // given up unsent, the job run again (timerMs).
+        setTimeout(() => this.#claimCutoff.abort(new Error('stopping')), timerMs(timeoutMs)),
         this.#reportCutoffIn(Math.max(0, timeoutMs) + 2 * this.#stopGraceMs),
       ];
       this.#stopTimers[0].unref?.();
@@ -538,7 +544,7 @@ export class Worker {
   /** The timer that gives every report up (cuts the deliveries in flight)
    * ms from now: the stop's deadline and twice the grace. */
   #reportCutoffIn(ms) {
-    const timer = setTimeout(() => this.#reportCutoff.abort(new Error('ratchet: the worker stopped before the report was answered')), ms);
+    const timer = setTimeout(() => this.#reportCutoff.abort(new Error('ratchet: the worker stopped before the report was answered')), timerMs(ms));
     timer.unref?.();
     return timer;
   }

@@ -367,6 +367,36 @@ test('a stop leaves none of its timers armed once it resolves', async (t) => {
   assert.deepEqual(timers.map(({ ms, cleared }) => ({ ms, cleared })), STOP_TIMERS.map((ms) => ({ ms, cleared: true })));
 });
 
+test('a stop with no deadline (Infinity) sends the reports', async (t) => {
+  // setTimeout fires at once past 2^31-1 ms: stop({ timeoutMs: Infinity }),
+  // as Go's Stop under a context without a deadline, cut the claim and gave
+  // every report up unsent at once (the job ran again). Its timers are set
+  // to 2^31-1 ms now, and the report of the handler that returns is sent.
+  const timers = watchTimers(t, [2 ** 31 - 1, Infinity]);
+  let release;
+  const released = new Promise((r) => { release = r; });
+  let claimed = false;
+  let reports = 0;
+  const { client } = await serve(t, (method, path) => {
+    if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
+    if (path.endsWith('/claim')) {
+      const jobs = claimed ? [] : [job(1, 60_000)];
+      claimed = true;
+      return [200, { jobs }];
+    }
+    reports++;
+    return [200, { jobId: 'job_1', status: 'SUCCEEDED', attempt: 1, nextDueAt: null }];
+  }, () => released);
+  after(t, () => release({ ok: true })); // before the worker's stop, should an assertion fail first
+  await until(() => claimed);
+  const stopped = client.worker.stop({ timeoutMs: Infinity });
+  assert.deepEqual(timers.map(({ ms }) => ms), [2 ** 31 - 1, 2 ** 31 - 1]);
+  release({ ok: true });
+  assert.equal(await hangGuard(stopped, 'stop() never ended'), true);
+  assert.equal(reports, 1);
+  await assert.rejects(client.worker.stop({ timeoutMs: NaN }), RangeError);
+});
+
 test('a stop by start\'s signal leaves none of its timers armed once start resolves', async (t) => {
   const { client } = await idle(t);
   const saved = stopTimes.implicitTimeoutMs;
