@@ -2129,18 +2129,9 @@ class WorkerRulesTest(unittest.TestCase):
         # out of stop() and the worker's loop, the running job left
         # unreported. Its handler, released as the stop is asked, now
         # returns and is reported, and stop() answers True.
-        lock, seen = threading.Lock(), {"claims": 0, "reports": 0}
+        respond, seen = self.one_job_beats(70_000, lambda n: (200, {"leaseExpiresAt": "2099-01-01T00:00:00Z",
+                                                                    "cancelRequested": False}, {}))
         running, release = threading.Event(), threading.Event()
-
-        def respond(method, path, body):
-            with lock:
-                if path.endswith("/register"):
-                    return 200, {"workerId": "wkr_1"}, {}
-                if path.endswith("/claim"):
-                    seen["claims"] += 1
-                    return 200, {"jobs": [self.job(1, timeout_ms=60_000)] if seen["claims"] == 1 else []}, {}
-                seen["reports"] += 1
-                return 200, {"jobId": "job_1", "status": body["status"], "attempt": 1, "nextDueAt": None}, {}
 
         def handler(input, context):
             running.set()
@@ -2155,7 +2146,7 @@ class WorkerRulesTest(unittest.TestCase):
         stopping.start()
         release.set()
         stopping.join(30)  # hang guard
-        self.assertEqual((stopped, seen["reports"]), ([True], 1))
+        self.assertEqual((stopped, [r["status"] for r in seen["reports"]]), ([True], ["SUCCEEDED"]))
         with self.assertRaises(ValueError):
             client.worker.stop(float("nan"))
 
