@@ -27,6 +27,24 @@ MIN_RETRY_AFTER_MS = 1_000
 MAX_RETRY_AFTER_MS = 86_400_000
 
 
+class _SDKError(Exception):
+    """The base of the SDK's exceptions: pickled (multiprocessing, a
+    ProcessPoolExecutor, a task queue's result backend) as their args and
+    attributes, and unpickled without calling __init__, whose parameters
+    are not their args (RatchetError(status, code, message...) was pickled
+    as its text alone, and unpickling raised TypeError in place of it)."""
+
+    def __reduce__(self) -> Any:
+        return _unpickled, (type(self), self.args, self.__dict__)
+
+
+def _unpickled(cls: Any, args: Any, state: Dict[str, Any]) -> Any:
+    error = cls.__new__(cls, *args)
+    error.args = args
+    error.__dict__.update(state)
+    return error
+
+
 def _detail_strings(value: Any) -> List[str]:
     return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
 
@@ -56,7 +74,7 @@ def _error_text(status: int, code: str, message: str, detail: Dict[str, Any], re
     return text
 
 
-class RatchetError(Exception):
+class RatchetError(_SDKError):
     """A failure the API answered: its HTTP status and the stable ``code``.
 
     ``detail`` is the envelope's detail object (``validation``,
@@ -135,13 +153,13 @@ class RatchetError(Exception):
                     and self.detail.get("outcome") == "not_applied")
 
 
-class ConnectionLost(Exception):
+class ConnectionLost(_SDKError):
     """The answer to a call was lost (a network failure or a timeout): the
     call may have been applied. Calls that are safe to repeat are retried
     before this is raised."""
 
 
-class RetryableError(Exception):
+class RetryableError(_SDKError):
     """Raise from a handler: the attempt failed and the job should run again.
 
     ``retry_after_ms`` asks for at least that long before the next attempt;
@@ -167,7 +185,7 @@ class RetryableError(Exception):
             self.retry_after_ms = clamp_retry_after_ms(math.ceil(ms))
 
 
-class NonRetryableError(Exception):
+class NonRetryableError(_SDKError):
     """Raise from a handler: the attempt failed for good and the job ends
     EXHAUSTED without another attempt."""
 
@@ -176,7 +194,7 @@ class NonRetryableError(Exception):
         self.message = message
 
 
-class InvalidDecisionError(Exception):
+class InvalidDecisionError(_SDKError):
     """Passed to a worker's ``on_error`` when a tool's ``classify_error``
     returned a decision the API cannot take as it is. The job is reported
     retryable without a hint, or, when only the hint was out of range
@@ -191,7 +209,7 @@ class InvalidDecisionError(Exception):
         self.clamped = clamped
 
 
-class ReportNotRecorded(Exception):
+class ReportNotRecorded(_SDKError):
     """Passed to a worker's ``on_error`` when a job's report was refused or
     could not be delivered, or was never sent because a stop gave the job
     up (its handler still running when the stop grace ended, or a second
@@ -211,7 +229,7 @@ class ReportNotRecorded(Exception):
         self.__cause__ = cause
 
 
-class LeaseLost(Exception):
+class LeaseLost(_SDKError):
     """Passed to a worker's ``on_error`` when a job's attempt lost its lease
     while its handler ran, which is then cancelled as "lease_lost": a
     heartbeat was refused for good (``__cause__`` is the RatchetError: 409
@@ -250,7 +268,7 @@ class PriorAttempt(TypedDict):
     lease_expired_at: Optional[str]
 
 
-class EffectBlocked(Exception):
+class EffectBlocked(_SDKError):
     """A prior attempt's outcome is unknown: verify at the vendor, then have
     an operator resolve the effect (POST /effects/{id}/resolve)."""
 
@@ -260,7 +278,7 @@ class EffectBlocked(Exception):
         self.prior_attempt = prior_attempt
 
 
-class ApprovalRequired(Exception):
+class ApprovalRequired(_SDKError):
     """An operator decision is pending: poll, or wait for the webhook."""
 
     def __init__(self, effect_id: str, approval_id: str) -> None:
@@ -269,7 +287,7 @@ class ApprovalRequired(Exception):
         self.approval_id = approval_id
 
 
-class EffectDenied(Exception):
+class EffectDenied(_SDKError):
     """Policy, budget, breaker or rejection: report the reason, do not work
     around it. ``code`` is the denial's error code (policy_denied,
     budget_exceeded, circuit_open...), ``error`` the whole RatchetError,
@@ -283,7 +301,7 @@ class EffectDenied(Exception):
         self.request_id = error.request_id
 
 
-class EffectInFlight(Exception):
+class EffectInFlight(_SDKError):
     """Another caller still held the effect's lease when do_effect stopped
     waiting (its ``in_flight_timeout``)."""
 
@@ -292,7 +310,7 @@ class EffectInFlight(Exception):
         self.effect_id = effect_id
 
 
-class NotPerformed(Exception):
+class NotPerformed(_SDKError):
     """Raise from a do_effect action when the action surely did not reach
     the outside world: the attempt is reported ``failed`` and a later caller
     may try again. Any other exception reports nothing, so the lease lapses
@@ -302,7 +320,7 @@ class NotPerformed(Exception):
     report_error: Optional[BaseException] = None
 
 
-class ResultNotStored(Exception):
+class ResultNotStored(_SDKError):
     """The action succeeded but the gate refused its result (too large, or
     refused field): a placeholder result was recorded instead, so the key is
     settled. ``result`` is the action's own result."""
@@ -315,7 +333,7 @@ class ResultNotStored(Exception):
         self.result = result
 
 
-class OutcomeNotReported(Exception):
+class OutcomeNotReported(_SDKError):
     """The action succeeded but its report failed (refused, or its answers
     lost while the lease stood): ``result`` is the action's result, and
     ``cause`` says why. If the report's answer was lost it may have been
@@ -331,7 +349,7 @@ class OutcomeNotReported(Exception):
 
 # Verifying a webhook delivery (verify_webhook).
 
-class WebhookSignatureError(Exception):
+class WebhookSignatureError(_SDKError):
     """verify_webhook's answer to a delivery whose Ratchet-Signature is
     missing, malformed, wrong or outside the tolerance: not Ratchet's, or
     replayed (answer it 401). ``reason`` says which; it never holds the
@@ -342,7 +360,7 @@ class WebhookSignatureError(Exception):
         self.reason = reason
 
 
-class NoWebhookSecretError(Exception):
+class NoWebhookSecretError(_SDKError):
     """verify_webhook's answer when the receiver has no secret to check with
     (an unset variable, say): with an empty key anyone could sign, so
     nothing is accepted. A misconfiguration, not a forged delivery, so it is

@@ -9,6 +9,7 @@ import json
 import logging
 import math
 import os
+import pickle
 import signal
 import socket
 import sys
@@ -752,6 +753,32 @@ class ErrorTextTest(unittest.TestCase):
         for date in (None, "not a date"):
             headers = {"Retry-After": later} if date is None else {"Date": date, "Retry-After": later}
             self.assertIn(_http._decode_error(429, headers, b"").retry_after_seconds, range(3590, 3602))
+
+    def test_every_error_of_the_sdk_survives_pickling(self) -> None:
+        # multiprocessing, a ProcessPoolExecutor or a task queue's result
+        # backend pickle an exception to raise it in another process:
+        # RatchetError(status, code, message...) was pickled as its text
+        # alone and unpickling it raised TypeError in its place (so did
+        # most of the others, whose parameters are not their args).
+        from getratchet import errors as e
+        refusal = e.RatchetError(409, "lease_lost", "m", {"attempt": 2}, "req_1", {"error": {}})
+        refusal._unconfirmed = True
+        samples = [refusal, e.ConnectionLost("lost"), e.RetryableError("x", retry_after_ms=1500),
+                   e.NonRetryableError("n"), e.InvalidDecisionError("t@1", {"retryable": 1}, True),
+                   e.ReportNotRecorded("m", job_id="j", attempt=2, cause=refusal),
+                   e.LeaseLost(job_id="j", attempt=1, tool="t@1", cause=refusal),
+                   e.EffectBlocked("eff", {"attempt": 1, "started_at": "", "lease_expired_at": ""}),
+                   e.ApprovalRequired("eff", "apr"), e.EffectDenied("eff", refusal), e.EffectInFlight("eff"),
+                   e.NotPerformed("np"), e.ResultNotStored("eff", "payload_too_large", {"x": 1}),
+                   e.OutcomeNotReported("eff", {"x": 1}, refusal), e.WebhookSignatureError("bad"),
+                   e.NoWebhookSecretError()]
+        for error in samples:
+            again = pickle.loads(pickle.dumps(error))
+            self.assertEqual((type(again), str(again), again.args), (type(error), str(error), error.args))
+            self.assertEqual({k: repr(v) for k, v in vars(again).items()}, {k: repr(v) for k, v in vars(error).items()})
+        again = pickle.loads(pickle.dumps(refusal))
+        self.assertEqual((again.status, again.code, again.detail, again.request_id, again.may_have_applied),
+                         (409, "lease_lost", {"attempt": 2}, "req_1", True))
 
     def test_a_retry_after_that_is_no_number_or_date_is_no_wait(self) -> None:
         # A proxy's header in digits str.isdigit() takes and int() does not
