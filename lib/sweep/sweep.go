@@ -104,19 +104,18 @@ const outageReminder = time.Minute
 // (QA: on the cron route, one locked table failed all 13 tasks).
 const taskReserve = 500 * time.Millisecond
 
-// run runs one task under TaskTimeout, leaving the tasks after it their
-// reserve of ctx's deadline (after: what they need in all), and reports a
-// failure; interrupted says it was the database's (an outage's), not the
-// task's own (review: a task out of its time, stuck on a lock, kept an
-// outage from ever being logged as ended).
-func (s *Sweeper) run(ctx context.Context, t Task, after time.Duration) (n int, interrupted bool, err error) {
-	limit := TaskTimeout
+// run runs one task until end (its TaskTimeout's), leaving the tasks
+// after it their reserve of ctx's deadline (after: what they need in all),
+// and reports a failure; interrupted says it was the database's (an
+// outage's), not the task's own (review: a task out of its time, stuck on
+// a lock, kept an outage from ever being logged as ended).
+func (s *Sweeper) run(ctx context.Context, t Task, after time.Duration, end time.Time) (n int, interrupted bool, err error) {
 	if deadline, ok := ctx.Deadline(); ok {
-		if left := time.Until(deadline) - after; left < limit {
-			limit = max(left, taskReserve)
+		if mine := later(deadline.Add(-after), time.Now().Add(taskReserve)); mine.Before(end) {
+			end = mine
 		}
 	}
-	taskCtx, cancel := context.WithTimeout(ctx, limit)
+	taskCtx, cancel := context.WithDeadline(ctx, end)
 	defer cancel()
 	n, err = t.Run(taskCtx, s.now())
 	switch {
@@ -232,14 +231,17 @@ func (s *Sweeper) RunOnce(ctx context.Context) Result {
 // runBatches runs t, and a task that Drains again while its last run
 // changed rows (a whole Batch, when it has one) and ctx's deadline leaves
 // time for another (twice the last run's, beside after for the tasks still
-// to run), within TaskTimeout in all. It answers the rows changed in all and the last run's interruption
-// or error.
+// to run), within TaskTimeout in all: each run ends by then, not
+// TaskTimeout after its own start (review: a run stuck on a lock after
+// batches that took most of it held the task to nearly twice the bound).
+// It answers the rows changed in all and the last run's interruption or
+// error.
 func (s *Sweeper) runBatches(ctx context.Context, t Task, after time.Duration) (changed int, interrupted bool, err error) {
 	began := time.Now()
 	for {
 		start := time.Now()
 		var n int
-		n, interrupted, err = s.run(ctx, t, after)
+		n, interrupted, err = s.run(ctx, t, after, began.Add(TaskTimeout))
 		changed += n
 		took := time.Since(start)
 		deadline, ok := ctx.Deadline()
@@ -273,7 +275,7 @@ func (s *Sweeper) Loop(ctx context.Context, interval time.Duration) {
 		outage := false
 		for _, task := range s.tasks {
 			if !task.Detached {
-				_, interrupted, _ := s.run(ctx, task, 0) // the loop has no deadline to share
+				_, interrupted, _ := s.run(ctx, task, 0, time.Now().Add(TaskTimeout)) // the loop has no deadline to share
 				outage = outage || interrupted
 			}
 		}
@@ -293,10 +295,18 @@ func (s *Sweeper) Loop(ctx context.Context, interval time.Duration) {
 			go func() {
 				defer wg.Done()
 				defer func() { <-slots[task.Name] }()
-				_, _, _ = s.run(ctx, task, 0) // the loop has no deadline to share
+				_, _, _ = s.run(ctx, task, 0, time.Now().Add(TaskTimeout)) // the loop has no deadline to share
 			}()
 		}
 	}
+}
+
+// later is the later of a and b.
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // GoOn says whether a task that failed on one record of its batch goes on

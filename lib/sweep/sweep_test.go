@@ -393,3 +393,28 @@ func TestGoOnPastARecordsOwnFailureOnly(t *testing.T) {
 		require.Equal(t, c.goOn, GoOn(c.ctx, c.err), "%v (context ended: %t)", c.err, c.ctx.Err() != nil)
 	}
 }
+
+// A task that Drains has TaskTimeout in all, every run of it ending by
+// then, not TaskTimeout after its own start (review: a run stuck on a lock
+// after batches that took most of the task's time held it to nearly twice
+// the bound the README gives).
+func TestADrainingTaskHasTaskTimeoutInAll(t *testing.T) {
+	t.Parallel()
+	var deadlines []time.Time
+	task := Task{Name: "retention", Drains: true, Run: func(ctx context.Context, _ time.Time) (int, error) {
+		deadline, _ := ctx.Deadline()
+		deadlines = append(deadlines, deadline)
+		if len(deadlines) == 3 {
+			return 0, nil
+		}
+		return 1, nil
+	}}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour) // TaskTimeout binds
+	defer cancel()
+	res := New(time.Now, slog.New(slog.NewTextHandler(io.Discard, nil)), task).RunOnce(ctx)
+	require.Empty(t, res.Errors)
+	require.Len(t, deadlines, 3)
+	for i, d := range deadlines[1:] {
+		require.True(t, d.Equal(deadlines[0]), "run %d ends %v after the first", i+2, d.Sub(deadlines[0]))
+	}
+}
