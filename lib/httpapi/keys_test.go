@@ -649,6 +649,37 @@ func TestCronSweepHeadDoesNotSweep(t *testing.T) {
 	require.Equal(t, int32(1), passes.Load(), "GET sweeps")
 }
 
+// A CRON_SECRET set with whitespace around it (a newline pasted with it)
+// is the secret without it: no Authorization header carries the
+// whitespace, and the route refused every sweep, Vercel's own included,
+// logging nothing (review). One of whitespace alone is not set: refused,
+// and logged as such.
+func TestCronSecretIsReadWithoutSurroundingWhitespace(t *testing.T) {
+	t.Parallel()
+	stub := func(env *apitest.Env) *atomic.Int32 {
+		var passes atomic.Int32
+		env.App.Server.Sweeper = sweep.New(time.Now, slog.New(slog.NewTextHandler(io.Discard, nil)),
+			sweep.Task{Name: "jobs.lapsed_leases", Run: func(context.Context, time.Time) (int, error) {
+				passes.Add(1)
+				return 0, nil
+			}})
+		return &passes
+	}
+	padded := apitest.Start(t, apitest.WithConfig(func(c *config.Config) { c.CronSecret = " padded-cron-secret\n" }))
+	passes := stub(padded)
+	padded.Must(http.StatusOK, "GET", "/api/cron/sweep", "padded-cron-secret", nil)
+	require.Equal(t, int32(1), passes.Load())
+	require.Equal(t, http.StatusUnauthorized, padded.Do("GET", "/api/cron/sweep", "padded-cron-secre", nil).Status)
+
+	var logs apitest.LockedBuffer
+	blank := apitest.Start(t, apitest.WithConfig(func(c *config.Config) { c.CronSecret = " \t " }),
+		apitest.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	passes = stub(blank)
+	require.Equal(t, http.StatusUnauthorized, blank.Do("GET", "/api/cron/sweep", "", nil).Status)
+	require.Zero(t, passes.Load())
+	require.Contains(t, logs.String(), "CRON_SECRET is not set")
+}
+
 // A pass that could not reach the database answers 503 beside its result,
 // so a scheduler or monitor reading only the status sees the outage (QA: it
 // answered 200 with every task failed).
