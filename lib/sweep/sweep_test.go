@@ -418,3 +418,20 @@ func TestADrainingTaskHasTaskTimeoutInAll(t *testing.T) {
 		require.True(t, d.Equal(deadlines[0]), "run %d ends %v after the first", i+2, d.Sub(deadlines[0]))
 	}
 }
+
+// A pass's ms is measured on the monotonic clock, not between two
+// readings of now: the database's clock (db.Clock), anchored again
+// mid-pass or behind a stepped wall clock, read a pass as negative.
+func TestAPassIsTimedOnTheMonotonicClock(t *testing.T) {
+	t.Parallel()
+	var readings atomic.Int32
+	stepped := func() time.Time { // an hour back after the first reading
+		if readings.Add(1) == 1 {
+			return time.Date(2026, 1, 1, 13, 0, 0, 0, time.UTC)
+		}
+		return time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	}
+	task := Task{Name: "t", Run: func(context.Context, time.Time) (int, error) { return 0, nil }}
+	res := New(stepped, slog.New(slog.NewTextHandler(io.Discard, nil)), task).RunOnce(context.Background())
+	require.GreaterOrEqual(t, res.Ms, int64(0))
+}
