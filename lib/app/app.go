@@ -83,7 +83,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*App, error) {
 	}
 	authSvc := auth.NewService(pool, cfg.KeyHashSecret, cfg.KeyCacheTTL, now)
 	sweeper := sweep.New(now, logger, sweep.Task{
-		Name: "rate_counters.prune", Drains: true, Batch: batchOf(rateCountersPerPass),
+		Name: "rate_counters.prune", Drains: true,
 		Run: func(ctx context.Context, now time.Time) (int, error) {
 			n, err := auth.PruneCounters(ctx, pool, now.Add(-2*time.Hour), rateCountersPerPass)
 			return int(n), err
@@ -103,7 +103,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*App, error) {
 		return 0, err
 	}})
 	answers := idempotency.New(pool, sealer, now)
-	sweeper.Add(sweep.Task{Name: "idempotency.expired", Drains: true, Batch: batchOf(idempotentAnswersPerPass), Run: func(ctx context.Context, now time.Time) (int, error) {
+	sweeper.Add(sweep.Task{Name: "idempotency.expired", Drains: true, Run: func(ctx context.Context, now time.Time) (int, error) {
 		return answers.Purge(ctx, now, idempotentAnswersPerPass)
 	}})
 	deps := httpapi.Deps{

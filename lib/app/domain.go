@@ -39,13 +39,6 @@ const (
 	rateCountersPerPass = 50_000
 )
 
-// batchOf is the Batch (sweep.Task.Batch) of a task that drains n rows a
-// run: a run that changed fewer has worked its backlog off, and the rows
-// falling due meanwhile wait for the next pass (idempotent answers, events
-// and held deliveries fall due one after another on a busy deployment,
-// and a task without one ran again and again to its 20 s: review).
-func batchOf(n int) func() int { return func() int { return n } }
-
 // secretShownBy names the resource whose secret an answer kept for an
 // Idempotency-Key shows: a key's create, a webhook's create or rotation.
 var secretShownBy = idempotency.SecretShownBy(auth.SecretKind, webhooks.SecretKind)
@@ -79,7 +72,7 @@ func wireDomain(deps *httpapi.Deps, sweeper *sweep.Sweeper) error {
 		// before they did (session 61, and rollbacks before this), and
 		// those one passed over while they were held. Before retention,
 		// which keeps an effect whose approval is pending.
-		sweep.Task{Name: "approvals.moot", Drains: true, Batch: batchOf(mootApprovalsPerPass),
+		sweep.Task{Name: "approvals.moot", Drains: true, Batch: func() int { return mootApprovalsPerPass },
 			Run: func(ctx context.Context, now time.Time) (int, error) {
 				return deps.Gate.SweepMootApprovals(ctx, now, mootApprovalsPerPass)
 			}},
@@ -118,7 +111,8 @@ func wireDomain(deps *httpapi.Deps, sweeper *sweep.Sweeper) error {
 		// subscriptions and keys whose secrets they show first, so that the
 		// tasks after it erase, in the same pass, those of deleted
 		// subscriptions and revoked keys.
-		sweep.Task{Name: "idempotency.link_secrets", Drains: true, Batch: batchOf(idempotentAnswersPerPass),
+		sweep.Task{Name: "idempotency.link_secrets", Drains: true,
+			Batch: func() int { return idempotentAnswersPerPass },
 			Run: func(ctx context.Context, _ time.Time) (int, error) {
 				return deps.Idempotency.LinkAnswers(ctx, idempotentAnswersPerPass, secretShownBy)
 			}},
@@ -137,10 +131,10 @@ func wireDomain(deps *httpapi.Deps, sweeper *sweep.Sweeper) error {
 		// (a statement timeout over a large held backlog) never stops
 		// the purge of everything else (review).
 		sweeper.Add(
-			sweep.Task{Name: "webhooks.expire_held", Drains: true, Batch: batchOf(retentionPerPass), Run: func(ctx context.Context, now time.Time) (int, error) {
+			sweep.Task{Name: "webhooks.expire_held", Drains: true, Run: func(ctx context.Context, now time.Time) (int, error) {
 				return deps.Webhooks.ExpireHeld(ctx, now.AddDate(0, 0, -days), retentionPerPass)
 			}},
-			sweep.Task{Name: "events.retention", Drains: true, Batch: batchOf(retentionPerPass), Run: func(ctx context.Context, now time.Time) (int, error) {
+			sweep.Task{Name: "events.retention", Drains: true, Run: func(ctx context.Context, now time.Time) (int, error) {
 				return deps.Webhooks.PurgeDelivered(ctx, now.AddDate(0, 0, -days), retentionPerPass)
 			}},
 		)

@@ -44,17 +44,16 @@ func (c *tickingClock) tick(on bool) {
 // rateCountersPerPass).
 const trickled = 500
 
-// A pass with a deadline (the cron route, the Lambda schedule) moves on
-// from a deletion that drains once one of its runs deleted less than a
-// batch: its backlog is worked off, and the rows falling due while it runs
-// wait for the next pass (review: idempotent answers expire a day after
-// their requests, events and held deliveries at their retention, one after
-// another on a busy deployment, so each further run found a few and the
-// task ran again and again to its 20 s every pass, the ended rate-limit
-// windows too at each window's turn, and on the cron route
-// idempotency.expired, third of the pass, took every later task's time but
-// their reserve). Here each task's rows fall due one a second, and each
-// run reads the clock a second on: the pass leaves most of them.
+// A pass with a deadline (the cron route, the Lambda schedule) runs a
+// deletion again while it deletes rows, but at the same now: the rows
+// falling due while it runs wait for the next pass (review: idempotent
+// answers expire a day after their requests, events and held deliveries
+// at their retention, one after another on a busy deployment, so each
+// further run, at a later now, found a few and the task ran again and
+// again to its 20 s every pass, and on the cron route idempotency.expired,
+// third of the pass, took every later task's time but their reserve).
+// Here each task's rows fall due one a second, and the clock reads a
+// second on at each reading: the pass leaves most of them.
 // Not parallel: a pass acts on every workspace of the package database;
 // the clock lives in 1937, before every other test's rows.
 func TestAPassLeavesRowsFallingDueMeanwhileToTheNext(t *testing.T) {

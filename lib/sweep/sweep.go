@@ -42,8 +42,8 @@ type Task struct {
 	Needs time.Duration
 	// Drains marks a task that works off a backlog a bounded batch at a
 	// time (retention). A pass with a deadline (the cron route, the Lambda
-	// schedule) runs it again while its last run changed rows and time is
-	// left, at most TaskTimeout in all (scale QA: one batch a pass, a pass
+	// schedule) runs it again, at the same now, while its last run changed
+	// rows and time is left, at most TaskTimeout in all (scale QA: one batch a pass, a pass
 	// a minute on cron, deleted at most about 1.4 M rows a day, so a
 	// busier workspace's backlog never drained). The local loop, a pass
 	// every few seconds, runs it once a pass.
@@ -104,12 +104,13 @@ const outageReminder = time.Minute
 // (QA: on the cron route, one locked table failed all 13 tasks).
 const taskReserve = 500 * time.Millisecond
 
-// run runs one task until end (its TaskTimeout's), leaving the tasks
-// after it their reserve of ctx's deadline (after: what they need in all),
-// and reports a failure; interrupted says it was the database's (an
+// run runs one task at now until end (its TaskTimeout's), leaving the
+// tasks after it their reserve of ctx's deadline (after: what they need in
+// all), and reports a failure; interrupted says it was the database's (an
 // outage's), not the task's own (review: a task out of its time, stuck on
 // a lock, kept an outage from ever being logged as ended).
-func (s *Sweeper) run(ctx context.Context, t Task, after time.Duration, end time.Time) (n int, interrupted bool, err error) {
+func (s *Sweeper) run(ctx context.Context, t Task, after time.Duration, end, now time.Time) (n int, interrupted bool,
+	err error) {
 	if deadline, ok := ctx.Deadline(); ok {
 		if mine := later(deadline.Add(-after), time.Now().Add(taskReserve)); mine.Before(end) {
 			end = mine
@@ -117,7 +118,7 @@ func (s *Sweeper) run(ctx context.Context, t Task, after time.Duration, end time
 	}
 	taskCtx, cancel := context.WithDeadline(ctx, end)
 	defer cancel()
-	n, err = t.Run(taskCtx, s.now())
+	n, err = t.Run(taskCtx, now)
 	switch {
 	case err != nil && errors.Is(ctx.Err(), context.Canceled):
 		// The pass was stopped (the local server shutting down, a cron
@@ -234,14 +235,19 @@ func (s *Sweeper) RunOnce(ctx context.Context) Result {
 // to run), within TaskTimeout in all: each run ends by then, not
 // TaskTimeout after its own start (review: a run stuck on a lock after
 // batches that took most of it held the task to nearly twice the bound).
-// It answers the rows changed in all and the last run's interruption or
-// error.
+// Its runs share one reading of now: what falls due while they run (an
+// answer a day old, an event at its retention: one after another on a busy
+// deployment) waits for the next pass, where a run at a later now found a
+// few more each time, and the task ran again and again to TaskTimeout
+// every pass, effect retention's scan of every workspace's types included,
+// holding back the tasks after it (review). It answers the rows changed in
+// all and the last run's interruption or error.
 func (s *Sweeper) runBatches(ctx context.Context, t Task, after time.Duration) (changed int, interrupted bool, err error) {
-	began := time.Now()
+	began, now := time.Now(), s.now()
 	for {
 		start := time.Now()
 		var n int
-		n, interrupted, err = s.run(ctx, t, after, began.Add(TaskTimeout))
+		n, interrupted, err = s.run(ctx, t, after, began.Add(TaskTimeout), now)
 		changed += n
 		took := time.Since(start)
 		deadline, ok := ctx.Deadline()
@@ -275,7 +281,7 @@ func (s *Sweeper) Loop(ctx context.Context, interval time.Duration) {
 		outage := false
 		for _, task := range s.tasks {
 			if !task.Detached {
-				_, interrupted, _ := s.run(ctx, task, 0, time.Now().Add(TaskTimeout)) // the loop has no deadline to share
+				_, interrupted, _ := s.run(ctx, task, 0, time.Now().Add(TaskTimeout), s.now()) // the loop has no deadline to share
 				outage = outage || interrupted
 			}
 		}
@@ -295,7 +301,7 @@ func (s *Sweeper) Loop(ctx context.Context, interval time.Duration) {
 			go func() {
 				defer wg.Done()
 				defer func() { <-slots[task.Name] }()
-				_, _, _ = s.run(ctx, task, 0, time.Now().Add(TaskTimeout)) // the loop has no deadline to share
+				_, _, _ = s.run(ctx, task, 0, time.Now().Add(TaskTimeout), s.now()) // the loop has no deadline to share
 			}()
 		}
 	}

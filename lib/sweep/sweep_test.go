@@ -435,3 +435,31 @@ func TestAPassIsTimedOnTheMonotonicClock(t *testing.T) {
 	res := New(stepped, slog.New(slog.NewTextHandler(io.Discard, nil)), task).RunOnce(context.Background())
 	require.GreaterOrEqual(t, res.Ms, int64(0))
 }
+
+// The runs of a task that Drains share one reading of now, so that what
+// falls due while they run waits for the next pass (review: each run read
+// the clock again, and a steady stream of rows reaching their retention
+// had each find a few, the task running to TaskTimeout every pass).
+func TestADrainingTasksRunsShareOneNow(t *testing.T) {
+	t.Parallel()
+	var readings atomic.Int64
+	ticking := func() time.Time { // a second on at each reading
+		return time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).Add(time.Duration(readings.Add(1)) * time.Second)
+	}
+	var nows []time.Time
+	left := 25
+	task := Task{Name: "retention", Drains: true, Run: func(_ context.Context, now time.Time) (int, error) {
+		nows = append(nows, now)
+		n := min(left, 10)
+		left -= n
+		return n, nil
+	}}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	res := New(ticking, slog.New(slog.NewTextHandler(io.Discard, nil)), task).RunOnce(ctx)
+	require.Equal(t, 25, res.Changed["retention"])
+	require.Len(t, nows, 4, "two full batches, the rest, then one that found nothing")
+	for _, now := range nows[1:] {
+		require.Equal(t, nows[0], now)
+	}
+}
