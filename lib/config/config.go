@@ -294,7 +294,8 @@ const minSharedSecret = 16
 // naming the setting and never its value: logged at start.
 func (c *Config) Warnings() []string {
 	var out []string
-	if c.CronSecret != "" && len(c.CronSecret) < minSharedSecret {
+	// The secret the cron route compares is the trimmed one (lib/httpapi).
+	if cron := strings.TrimSpace(c.CronSecret); cron != "" && len(cron) < minSharedSecret {
 		out = append(out, fmt.Sprintf("CRON_SECRET is shorter than %d characters: anyone who guesses it can run sweeper passes", minSharedSecret))
 	}
 	if c.SignupMode == "token" && len(c.SignupToken) < minSharedSecret {
