@@ -112,7 +112,7 @@ const taskReserve = 500 * time.Millisecond
 func (s *Sweeper) run(ctx context.Context, t Task, after time.Duration, end, now time.Time) (n int, interrupted bool,
 	err error) {
 	if deadline, ok := ctx.Deadline(); ok {
-		if mine := later(deadline.Add(-after), time.Now().Add(taskReserve)); mine.Before(end) {
+		if mine := laterOf(deadline.Add(-after), time.Now().Add(taskReserve)); mine.Before(end) {
 			end = mine
 		}
 	}
@@ -307,8 +307,8 @@ func (s *Sweeper) Loop(ctx context.Context, interval time.Duration) {
 	}
 }
 
-// later is the later of a and b.
-func later(a, b time.Time) time.Time {
+// laterOf is the later of a and b.
+func laterOf(a, b time.Time) time.Time {
 	if a.After(b) {
 		return a
 	}
