@@ -92,3 +92,10 @@ const (
 	SQLRetiredRuns = sqlRetiredRuns
 	SQLDeleteRuns  = sqlDeleteRuns
 )
+
+// SQLReplayTargets and SQLReplayOlderTargets are the replay preview's reads
+// of its targets, for a test of what they read.
+var (
+	SQLReplayTargets      = sqlReplayTargets
+	SQLReplayOlderTargets = sqlReplayOlderTargets
+)

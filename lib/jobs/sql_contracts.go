@@ -31,9 +31,18 @@ ORDER BY contract_version LIMIT $4::int`
 const sqlContractByVersion = `SELECT ` + contractColumns + ` FROM tool_contracts
 WHERE workspace_id = $1::text AND name = $2::text AND contract_version = $3::int`
 
+// replayTargetColumns are contractColumns without the output schema, which
+// the replay preview never reads (it checks the saved input against each
+// target's input schema): NULL in its place, so scanContract reads them.
+// Each output schema may be 256 KiB, and a preview reads up to 100 targets
+// and pages of older ones.
+const replayTargetColumns = `name, contract_version, handler_version, input_schema, NULL::jsonb AS output_schema,
+	timeout_ms, retry_preset, max_attempts, initial_delay_ms, multiplier, max_delay_ms, jitter_percent, status,
+	created_at`
+
 // sqlReplayTargets lists a tool's contracts, newest first, for the replay
 // preview.
-const sqlReplayTargets = `SELECT ` + contractColumns + ` FROM tool_contracts
+const sqlReplayTargets = `SELECT ` + replayTargetColumns + ` FROM tool_contracts
 WHERE workspace_id = $1::text AND name = $2::text
 ORDER BY contract_version DESC LIMIT $3::int`
 
@@ -42,7 +51,7 @@ ORDER BY contract_version DESC LIMIT $3::int`
 // is read only for a wholly FORBIDDEN handler version): the preview's eligibility reads on past its bounded list, so a
 // step whose only fitting upgrade is older than the listed page reads
 // eligible, as its replay onto that upgrade succeeds.
-const sqlReplayOlderTargets = `SELECT ` + contractColumns + ` FROM tool_contracts
+const sqlReplayOlderTargets = `SELECT ` + replayTargetColumns + ` FROM tool_contracts
 WHERE workspace_id = $1::text AND name = $2::text AND contract_version < $3::int
   AND status <> 'FORBIDDEN'
 ORDER BY contract_version DESC LIMIT $4::int`
