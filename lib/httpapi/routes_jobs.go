@@ -157,7 +157,9 @@ func (s *Server) jobsRoutes() []Route {
 			Method: "POST", Pattern: "/api/v1/jobs/report", Name: "jobs.report.batch", Tag: "workers", Scopes: work,
 			Summary: "Report up to 100 attempts in one request and one transaction, each fenced by its own lease " +
 				"token; results come back in request order, a refused report carrying its error code (forbidden " +
-				"for a tool the key may not work).",
+				"for a tool the key may not work). The successes' outputs are checked against their contracts " +
+				"from one budget, what one report's check may take: a batch it cannot cover is refused whole " +
+				"(400 invalid_request at reports, nothing recorded), to be sent again one report at a time.",
 			Request: jobs.BatchReportRequest{}, Response: jobs.BatchReportResponse{}, Status: 200,
 			Errors: []string{apierr.CodeInvalidRequest}, Settles: true, Handle: s.reportBatch,
 		},

@@ -2,12 +2,14 @@ package jobs_test
 
 import (
 	"encoding/json"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/jobs"
 )
 
@@ -41,5 +43,74 @@ func TestTheReplayPreviewDoesNotReadOutputSchemas(t *testing.T) {
 		}
 		n := len(read)
 		require.Equal(t, 2, n, name)
+	}
+}
+
+// costlyOutputs publishes a contract of send_email@1 whose outputSchema
+// counts 4 991 evaluations for each item of an array output (its anyOf's
+// first branch accepts every item, so the check itself is quick), and
+// answers the jobs claimed under it, and an output of n items.
+func costlyOutputs(t *testing.T, b *bundle, jobs_ int) ([]jobs.ClaimedJob, func(n int) json.RawMessage) {
+	t.Helper()
+	branches := []string{"{}"}
+	for i := 1; i < 4_990; i++ {
+		branches = append(branches, `{"type":"string","minLength":`+strconv.Itoa(i)+`}`)
+	}
+	_, err := b.svc.PublishContract(ctx, b.ws, "key_test", "send_email", jobs.PublishContractRequest{
+		HandlerVersion: "1", InputSchema: json.RawMessage(`{}`),
+		OutputSchema: json.RawMessage(`{"type":"array","items":{"anyOf":[` + strings.Join(branches, ",") + `]}}`)})
+	require.NoError(t, err)
+	runID := b.run(t)
+	for i := range jobs_ {
+		b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(strconv.Itoa(i))})
+	}
+	claimed := b.claim(t, b.register(t), jobs_)
+	require.Len(t, claimed, jobs_)
+	return claimed, func(n int) json.RawMessage {
+		return json.RawMessage("[" + strings.TrimSuffix(strings.Repeat("0,", n), ",") + "]")
+	}
+}
+
+// A batch's successes are checked against their contracts from one budget,
+// what one report's check may take, not one each: a batch of 100 could
+// otherwise check for 100 times as long, holding its jobs' locks (review:
+// half an hour). A batch the budget cannot cover is refused whole, nothing
+// recorded, and every worker SDK sends it again report by report, each
+// checked from the whole budget; a batch it covers is recorded as before.
+func TestABatchsOutputsAreCheckedFromOneBudget(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	claimed, output := costlyOutputs(t, b, 5)
+	// 160 items: about 800 000 evaluations, more than half the budget.
+	item := func(j jobs.ClaimedJob, status string, out json.RawMessage) jobs.BatchReportItem {
+		return jobs.BatchReportItem{JobID: j.JobID, LeaseToken: j.LeaseToken, Status: status, Output: out}
+	}
+	_, err := b.svc.ReportBatch(ctx, b.worker, jobs.BatchReportRequest{Reports: []jobs.BatchReportItem{
+		item(claimed[0], "SUCCEEDED", output(160)), item(claimed[1], "FAILED", nil),
+		item(claimed[2], "SUCCEEDED", output(160))}})
+	require.Equal(t, apierr.CodeInvalidRequest, code(t, err))
+	e, _ := apierr.As(err)
+	v := e.Detail["validation"].([]apierr.FieldError)
+	require.Equal(t, "reports", v[0].Field)
+	require.Contains(t, v[0].Message, "one by one")
+	for _, j := range claimed[:3] {
+		require.Equal(t, "RUNNING", b.step(t, j.StepID).Status, "nothing was recorded")
+	}
+
+	// Alone, each is checked and recorded.
+	for _, i := range []int{0, 2} {
+		res, err := b.svc.Report(ctx, b.worker, claimed[i].JobID, jobs.ReportRequest{LeaseToken: claimed[i].LeaseToken,
+			Status: "SUCCEEDED", Output: output(160)})
+		require.NoError(t, err)
+		require.Equal(t, "SUCCEEDED", res.Status)
+	}
+
+	// Two of 100 items (about 500 000 each) fit the budget together.
+	res, err := b.svc.ReportBatch(ctx, b.worker, jobs.BatchReportRequest{Reports: []jobs.BatchReportItem{
+		item(claimed[3], "SUCCEEDED", output(100)), item(claimed[4], "SUCCEEDED", output(100))}})
+	require.NoError(t, err)
+	for _, r := range res.Results {
+		require.Nil(t, r.Error)
+		require.Equal(t, "SUCCEEDED", r.Status)
 	}
 }

@@ -324,13 +324,23 @@ func (s *Service) checkContract(ctx context.Context, q db.Querier, workspaceID s
 // contract; it answers the warning recorded on the execution when the
 // output is refused, or "" when it is accepted.
 func outputRejection(outputSchema []byte, contractVersion int, output json.RawMessage) (string, error) {
+	rejection, _, err := outputRejectionWithin(outputSchema, contractVersion, output, MaxCheckEvaluations)
+	return rejection, err
+}
+
+// outputRejectionWithin is outputRejection held to budget evaluations
+// (validateDocWithin): it answers the evaluations it counted too, and
+// errOverBudget, having checked nothing, for an output whose check could
+// take more than a budget below MaxCheckEvaluations.
+func outputRejectionWithin(outputSchema []byte, contractVersion int, output json.RawMessage, budget int64) (
+	string, int64, error) {
 	doc := bytes.TrimSpace(output)
 	if len(doc) == 0 {
 		doc = []byte("null")
 	}
-	problems, err := validateDoc(outputSchema, doc, "output")
+	problems, n, err := validateDocWithin(outputSchema, doc, "output", budget)
 	if err != nil || problems == nil {
-		return "", err
+		return "", n, err
 	}
 	parts := make([]string, 0, len(problems))
 	for _, pr := range problems {
@@ -343,7 +353,7 @@ func outputRejection(outputSchema []byte, contractVersion int, output json.RawMe
 	head := fmt.Sprintf("Output rejected by contract %d's outputSchema (", contractVersion)
 	const tail = "); not retried."
 	listed := cutMessage(strings.Join(parts, "; "), maxErrorMessage-utf8.RuneCountInString(head)-len(tail))
-	return head + listed + tail, nil
+	return head + listed + tail, n, nil
 }
 
 // cutMessage is msg when it holds at most n characters, and otherwise its
@@ -362,17 +372,76 @@ func cutMessage(msg string, n int) string {
 	return msg
 }
 
-// checkOutput validates a SUCCEEDED report's output against the job's
-// contract (under the job's row lock) and answers the rejection, or "".
-func (s *Service) checkOutput(ctx context.Context, q db.Querier, workspaceID, name string, contractVersion int,
-	output json.RawMessage) (string, error) {
+// outputChecks are a report request's checks of its successes' outputs
+// against their jobs' contracts: one budget for them all, MaxCheckEvaluations
+// (the evaluations one report's check may take), not one each. A batch of
+// 100 successes held to a budget each could check for 100 times a report's
+// time, inside the transaction holding the batch's job locks (review: one
+// 160-byte output against a publishable outputSchema, an allOf of 1 500
+// $refs to one anyOf, took 16.5 s; a batch of 100 such, half an hour). A
+// batch whose outputs the budget cannot cover is refused whole, having
+// recorded nothing (errReportsTooCostly), rather than answered report by
+// report: every worker SDK, of every release, sends a batch refused so
+// again report by report (each then has the whole budget), while each
+// counts a report refused in its slot as the server's last word on it,
+// its outcome lost. The checks are made under the jobs' locks, where their
+// contracts are read: made before, they would cost every batch of
+// successes a round trip more. They are kept (done) across the
+// transaction's retries.
+type outputChecks struct {
+	left int64
+	done map[string]checkedOutput // by job id
+}
+
+// checkedOutput is one report's checked output: its rejection ("" when the
+// output is accepted) under the contract it was checked against.
+type checkedOutput struct {
+	contractVersion int32
+	rejection       string
+}
+
+func newOutputChecks() *outputChecks {
+	return &outputChecks{left: MaxCheckEvaluations, done: map[string]checkedOutput{}}
+}
+
+// errReportsTooCostly refuses a batch whose successes' outputs, together,
+// the budget cannot check (outputChecks).
+func errReportsTooCostly() error {
+	return apierr.InvalidField("reports", "hold successes whose outputs would together take more than %d "+
+		"subschema evaluations to check against their contracts' outputSchemas, what one report's check may "+
+		"take; nothing was recorded: send them in smaller batches, or one by one (POST /api/v1/jobs/{id}/report)",
+		MaxCheckEvaluations)
+}
+
+// check checks one output against contract contractVersion's schema from
+// what is left of the budget, and keeps its rejection for jobID. It
+// answers errOverBudget, having checked nothing, when what is left could
+// not cover the check (the first check has the whole budget: an output
+// whose check could take more is rejected, as a single report's is).
+func (c *outputChecks) check(jobID string, schema []byte, contractVersion int32, output json.RawMessage) (string, error) {
+	rejection, n, err := outputRejectionWithin(schema, int(contractVersion), output, max(c.left, 0))
+	if err != nil {
+		return "", err
+	}
+	c.left -= n
+	c.done[jobID] = checkedOutput{contractVersion: contractVersion, rejection: rejection}
+	return rejection, nil
+}
+
+// output answers the rejection of j's output (under j's lock), checked
+// from what is left of the budget: errOverBudget, having checked nothing,
+// when what is left cannot cover it (the request is then refused whole).
+func (c *outputChecks) output(ctx context.Context, q db.Querier, j *lockedJob, output json.RawMessage) (string, error) {
+	if d, ok := c.done[j.jobID]; ok && d.contractVersion == *j.contractVersion {
+		return d.rejection, nil
+	}
 	var schema []byte
-	err := q.QueryRow(ctx, sqlOutputSchema, workspaceID, name, contractVersion).Scan(&schema)
+	err := q.QueryRow(ctx, sqlOutputSchema, j.workspaceID, j.name, *j.contractVersion).Scan(&schema)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return "", nil
 	}
 	if err != nil {
 		return "", fmt.Errorf("output schema: %w", err)
 	}
-	return outputRejection(schema, contractVersion, output)
+	return c.check(j.jobID, schema, *j.contractVersion, output)
 }

@@ -88,11 +88,12 @@ type applyRow struct {
 }
 
 // reportMany applies validated reports (distinct job ids) inside tx and
-// answers each in its slot. A report refused for its own reason
+// answers each in its slot, their outputs checked from checks
+// (checkOutputs, made before tx). A report refused for its own reason
 // (lease_lost, invalid_state, not_found) does not affect the others; any
 // other error aborts the transaction. wake says which parked claims are
 // worth waking once tx commits (reportWakes).
-func (s *Service) reportMany(ctx context.Context, tx pgx.Tx, p *auth.Principal, items []reportItem) (
+func (s *Service) reportMany(ctx context.Context, tx pgx.Tx, p *auth.Principal, items []reportItem, checks *outputChecks) (
 	out []reportOutcome, wake reportWakes, err error) {
 	workspaceID := p.WorkspaceID
 	locked, err := s.lockForReport(ctx, tx, p, items)
@@ -118,7 +119,7 @@ func (s *Service) reportMany(ctx context.Context, tx pgx.Tx, p *auth.Principal, 
 			out[i].err = p.RequireTools([2]string{j.name, *j.version})
 			continue
 		}
-		res, row, err := s.decideReport(ctx, tx, j, it.req, now)
+		res, row, err := s.decideReport(ctx, tx, j, it.req, checks, now)
 		if err != nil {
 			if _, ok := apierr.As(err); !ok {
 				return nil, reportWakes{}, err
@@ -287,7 +288,8 @@ func (j *lockedJob) reportedAs() (string, bool) {
 
 // decideReport answers one report on its locked job: its result and the row
 // to record (nil when nothing is recorded), or its refusal.
-func (s *Service) decideReport(ctx context.Context, tx pgx.Tx, j *lockedJob, req ReportRequest, now time.Time) (ReportResult, *applyRow, error) {
+func (s *Service) decideReport(ctx context.Context, tx pgx.Tx, j *lockedJob, req ReportRequest, checks *outputChecks,
+	now time.Time) (ReportResult, *applyRow, error) {
 	if j.xAttempt == nil {
 		return ReportResult{}, nil, errLeaseLost()
 	}
@@ -381,7 +383,7 @@ func (s *Service) decideReport(ctx context.Context, tx pgx.Tx, j *lockedJob, req
 	// claimed since: a report with the current token is recorded (API.md §5).
 
 	if req.Status == StatusSucceeded && j.contractVersion != nil {
-		rejection, err := s.checkOutput(ctx, tx, j.workspaceID, j.name, int(*j.contractVersion), req.Output)
+		rejection, err := checks.output(ctx, tx, j, req.Output)
 		if err != nil {
 			return ReportResult{}, nil, err
 		}

@@ -643,8 +643,9 @@ func (s *Service) Report(ctx context.Context, p *auth.Principal, jobID string, r
 		out  reportOutcome
 		wake reportWakes
 	)
+	checks := newOutputChecks()
 	err := s.txRetrying(ctx, func(tx pgx.Tx) error {
-		res, w, err := s.reportMany(ctx, tx, p, []reportItem{{jobID: jobID, req: req}})
+		res, w, err := s.reportMany(ctx, tx, p, []reportItem{{jobID: jobID, req: req}}, checks)
 		if err != nil {
 			return err
 		}
@@ -717,7 +718,8 @@ const maxBatchReports = 100
 // reason (lease_lost, invalid_state, not_found, or invalid_request for its
 // own fields) is answered in its slot and does not affect the others; so is
 // one for a tool a restricted key may not work (forbidden). Only a batch
-// that is not one (no reports, more than 100) is refused whole.
+// that is not one (no reports, more than 100), or whose successes' outputs
+// one report's check budget cannot cover (outputChecks), is refused whole.
 func (s *Service) ReportBatch(ctx context.Context, p *auth.Principal, req BatchReportRequest) (BatchReportResponse, error) {
 	if len(req.Reports) == 0 || len(req.Reports) > maxBatchReports {
 		return BatchReportResponse{}, apierr.InvalidField("reports", "must hold 1-100 reports")
@@ -762,9 +764,10 @@ func (s *Service) ReportBatch(ctx context.Context, p *auth.Principal, req BatchR
 	if len(items) == 0 {
 		return out, nil
 	}
+	checks := newOutputChecks()
 	var wake reportWakes
 	err := s.txRetrying(ctx, func(tx pgx.Tx) error {
-		res, w, err := s.reportMany(ctx, tx, p, items)
+		res, w, err := s.reportMany(ctx, tx, p, items, checks)
 		if err != nil {
 			return err
 		}
@@ -782,6 +785,12 @@ func (s *Service) ReportBatch(ctx context.Context, p *auth.Principal, req BatchR
 		}
 		return nil
 	})
+	if errors.Is(err, errOverBudget) {
+		// The outputs checked before this one left too little to check it
+		// (outputChecks): the transaction, which recorded nothing, is
+		// rolled back, and the batch refused whole.
+		return BatchReportResponse{}, errReportsTooCostly()
+	}
 	if err == nil {
 		s.wakeAfterReport(p.WorkspaceID, wake)
 	}
