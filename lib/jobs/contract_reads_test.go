@@ -2,6 +2,7 @@ package jobs_test
 
 import (
 	"encoding/json"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -9,7 +10,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/getratchet/ratchet/lib/answer"
 	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/httpapi"
 	"github.com/getratchet/ratchet/lib/jobs"
 )
 
@@ -113,4 +116,49 @@ func TestABatchsOutputsAreCheckedFromOneBudget(t *testing.T) {
 		require.Nil(t, r.Error)
 		require.Equal(t, "SUCCEEDED", r.Status)
 	}
+}
+
+// A page of contracts reads those it can hold within its answer, and the
+// one after (which says a next page follows), not its whole limit (review:
+// up to 201 contracts of two 256 KiB schemas each were read for a page cut
+// at 4 MB). The page, cursor and all, is the one the whole limit makes.
+func TestAContractPageReadsWhatItsAnswerCanHold(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	schema := func(c byte) json.RawMessage {
+		return json.RawMessage(`{"description": "` + strings.Repeat(string(c), 50_000) + `"}`)
+	}
+	for i := range 12 {
+		_, err := b.svc.PublishContract(ctx, b.ws, "key_test", "send_email", jobs.PublishContractRequest{
+			HandlerVersion: "1", InputSchema: schema('a' + byte(i)), OutputSchema: schema('A' + byte(i))})
+		require.NoError(t, err)
+	}
+	cursor := func(c jobs.Contract) string { return strconv.Itoa(c.ContractVersion) }
+	all, err := b.svc.ListContracts(ctx, b.ws, "send_email", "", 201)
+	require.NoError(t, err)
+	require.Len(t, all, 12, "1.2 MB of schemas fit a whole answer")
+	for _, within := range []int{1, 100_000, 250_000, 350_000, 1_000_000} {
+		narrow := answer.Within(ctx, within)
+		read, err := b.svc.ListContracts(narrow, b.ws, "send_email", "", 201)
+		require.NoError(t, err)
+		want, err := httpapi.NewCamelPage(narrow, all, 200, cursor)
+		require.NoError(t, err)
+		got, err := httpapi.NewCamelPage(narrow, read, 200, cursor)
+		require.NoError(t, err)
+		require.True(t, reflect.DeepEqual(want, got), "within %d: the page is the same", within)
+		var page struct{ Data []json.RawMessage }
+		require.NoError(t, json.Unmarshal(mustJSON(t, want), &page))
+		// What the page keeps, the contract after (a next page follows),
+		// and at most one more, whose predecessors' schemas alone fit.
+		require.Less(t, len(page.Data), 12, "within %d: the page was cut", within)
+		require.LessOrEqual(t, len(read), max(2, len(page.Data)+2), "within %d: read %d for a page of %d",
+			within, len(read), len(page.Data))
+	}
+}
+
+func mustJSON(t *testing.T, v any) []byte {
+	t.Helper()
+	b, err := json.Marshal(v)
+	require.NoError(t, err)
+	return b
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/getratchet/ratchet/lib/answer"
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/jsonx"
@@ -220,7 +221,10 @@ func (s *Service) PublishContract(ctx context.Context, workspaceID, keyID, name 
 }
 
 // ListContracts pages through a tool's contracts by ascending
-// contractVersion; cursor is the last version of the previous page.
+// contractVersion; cursor is the last version of the previous page. It
+// reads only the contracts a page within the answer's budget (answer.Of)
+// can use (sqlListContracts): fewer than limit, when their schemas are
+// large.
 func (s *Service) ListContracts(ctx context.Context, workspaceID, name, cursor string, limit int) ([]Contract, error) {
 	if !ValidToolName(name) {
 		return nil, apierr.InvalidField("name", toolname.NameRule)
@@ -233,7 +237,7 @@ func (s *Service) ListContracts(ctx context.Context, workspaceID, name, cursor s
 		}
 		after = n
 	}
-	rows, err := s.pool.Query(ctx, sqlListContracts, workspaceID, name, after, limit)
+	rows, err := s.pool.Query(ctx, sqlListContracts, workspaceID, name, after, limit, answer.Of(ctx))
 	if err != nil {
 		return nil, fmt.Errorf("list contracts: %w", err)
 	}

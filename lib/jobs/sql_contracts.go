@@ -24,9 +24,28 @@ SELECT $1::text, $2::text, head.last_version, $3::text, $4::jsonb, $5::jsonb, $6
 FROM head
 RETURNING ` + contractColumns
 
-const sqlListContracts = `SELECT ` + contractColumns + ` FROM tool_contracts
-WHERE workspace_id = $1::text AND name = $2::text AND contract_version > $3::int
-ORDER BY contract_version LIMIT $4::int`
+// sqlListContracts reads a page of a tool's contracts ($4 of them at most)
+// that an answer of $5 bytes can hold: the page (httpapi.NewCamelPage)
+// keeps its first contract, then each whose JSON, added to the ones before
+// it, fits the answer, and needs the contract after the last it keeps, to
+// know a next page follows. So it reads the first two and each contract
+// whose predecessors' schemas fit $5 bytes, measured by a bound below
+// their JSON in the answer: their text without its spaces (jsonb's text
+// writes one after each ':' and ',', which the answer's compact JSON
+// drops; the ones in strings it keeps). A contract it leaves out follows
+// one that the page would not keep (review: up to 201 contracts, two
+// schemas of up to 256 KiB each, were read for a page of 4 MB).
+const sqlListContracts = `SELECT ` + contractColumns + ` FROM (
+    SELECT c.*, row_number() OVER w AS n,
+           sum(octet_length(replace(c.input_schema::text, ' ', '')) + octet_length(replace(c.output_schema::text, ' ', '')))
+               OVER (w ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before
+    FROM (SELECT * FROM tool_contracts
+          WHERE workspace_id = $1::text AND name = $2::text AND contract_version > $3::int
+          ORDER BY contract_version LIMIT $4::int) c
+    WINDOW w AS (ORDER BY c.contract_version)
+) c
+WHERE c.n <= 2 OR c.before <= $5::bigint
+ORDER BY contract_version`
 
 const sqlContractByVersion = `SELECT ` + contractColumns + ` FROM tool_contracts
 WHERE workspace_id = $1::text AND name = $2::text AND contract_version = $3::int`
