@@ -56,7 +56,8 @@ func (s *Server) contractsRoutes() []Route {
 				"ineligibleReason; the current handlerVersion (send it " +
 				"back as expectedHandlerVersion) and upgrades[]: every other contract of the tool with compatible " +
 				"(the saved input validates against its inputSchema; the input is never returned) and forbidden; the " +
-				"input is checked against all targets within one enqueue's budget, newest first, and a target it " +
+				"input is checked against all targets within one enqueue's budget (compiling each target's schema " +
+				"counted in it), newest first, and a target it " +
 				"does not reach reads compatible false with validation [{field: input}] saying it was not checked " +
 				"(a replay onto it checks it). " +
 				"inputUnreadable: true when this server cannot decrypt the saved input (its encryption key is not " +
