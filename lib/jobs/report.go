@@ -88,8 +88,8 @@ type applyRow struct {
 }
 
 // reportMany applies validated reports (distinct job ids) inside tx and
-// answers each in its slot, their outputs checked from checks
-// (checkOutputs, made before tx). A report refused for its own reason
+// answers each in its slot, its successes' outputs checked from checks'
+// one budget (outputChecks). A report refused for its own reason
 // (lease_lost, invalid_state, not_found) does not affect the others; any
 // other error aborts the transaction. wake says which parked claims are
 // worth waking once tx commits (reportWakes).
