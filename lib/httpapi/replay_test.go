@@ -222,6 +222,9 @@ func TestReplayUpgrade(t *testing.T) {
 	require.Equal(t, "2", ups[2]["handlerVersion"])
 	require.Equal(t, true, ups[3]["forbidden"])
 	require.Equal(t, false, ups[4]["compatible"])
+	for _, u := range ups {
+		require.Equal(t, true, u["checked"], "each is checked, so compatible says whether it fits")
+	}
 	require.Equal(t, "input.email", ups[4]["validation"].([]any)[0].(map[string]any)["field"])
 
 	up := func(extra map[string]any) map[string]any {
@@ -612,10 +615,12 @@ func TestAReplayPreviewChecksItsTargetsWithinOneBudget(t *testing.T) {
 	newest, fits := ups[0].(map[string]any), ups[1].(map[string]any)
 	require.EqualValues(t, 3, newest["contractVersion"])
 	require.Equal(t, false, newest["compatible"], "checked: it spent more than half the budget")
+	require.Equal(t, true, newest["checked"], "it does not fit")
 	require.Equal(t, "input", newest["validation"].([]any)[0].(map[string]any)["field"])
 	require.NotContains(t, newest["validation"].([]any)[0].(map[string]any)["message"], "not checked")
 	require.EqualValues(t, 2, fits["contractVersion"])
 	require.Equal(t, false, fits["compatible"], "not checked: the budget left could not cover it")
+	require.Equal(t, false, fits["checked"], "said without parsing a message")
 	require.Len(t, fits["validation"], 1)
 	notChecked := fits["validation"].([]any)[0].(map[string]any)
 	require.Equal(t, "input", notChecked["field"])

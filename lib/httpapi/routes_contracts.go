@@ -58,10 +58,11 @@ func (s *Server) contractsRoutes() []Route {
 				"(the saved input validates against its inputSchema; the input is never returned) and forbidden; the " +
 				"input is checked against all targets within one enqueue's budget (compiling each target's schema " +
 				"counted in it), newest first, and a target it " +
-				"does not reach reads compatible false with validation [{field: input}] saying it was not checked " +
-				"(a replay onto it checks it). " +
+				"does not reach reads checked false (and compatible false, with validation [{field: input}] saying " +
+				"it was not checked): eligible counts it as one that may fit, and a replay onto it checks it. " +
 				"inputUnreadable: true when this server cannot decrypt the saved input (its encryption key is not " +
-				"configured, or it is damaged): no upgrade then reads compatible, and a replay answers 500.",
+				"configured, or it is damaged): no upgrade then reads compatible (each reads checked false), and a " +
+				"replay answers 500.",
 			Response: jobs.ReplayPreview{}, Status: 200, Errors: []string{apierr.CodeNotFound}, Handle: s.previewReplay,
 		},
 		{

@@ -38,19 +38,20 @@ const maxReplayReason = 1000
 
 // ReplayUpgrade is one contract a replay may target. compatible says the
 // step's saved input validates against its inputSchema; validation says why
-// not (field paths and rules, never values).
+// not (field paths and rules, never values). checked says whether the
+// input was checked against it at all: not when the preview's budget
+// (fitBudget) ran out before it, nor when the input cannot be opened
+// (inputUnreadable). Its fit is then unknown: compatible reads false, and
+// a replay onto it checks it (clients could tell "does not fit" from "not
+// checked" only by the validation's message).
 type ReplayUpgrade struct {
 	ContractVersion int                 `json:"contractVersion"`
 	HandlerVersion  string              `json:"handlerVersion"`
 	Status          string              `json:"status"`
 	Compatible      bool                `json:"compatible"`
 	Forbidden       bool                `json:"forbidden"`
+	Checked         bool                `json:"checked" jsonschema:"true when the saved input was checked against this contract's inputSchema, so that compatible says whether it fits; false when it was not: the preview's check budget (one enqueue's, over all its targets, newest first) ran out before it (compatible false, validation one entry, field input, saying so), or the input cannot be decrypted (inputUnreadable). Its fit is then unknown, eligible counts it as one that may take the step, and a replay onto it (targetContractVersion) checks it, 409 invalid_state when it does not fit"`
 	Validation      []apierr.FieldError `json:"validation" openapi:"notNull"`
-
-	// unchecked: the preview's budget (fitBudget) ran out before the
-	// saved input was checked against this contract, so its fit is not
-	// known; compatible reads false and validation says so.
-	unchecked bool
 }
 
 // fitBudget is what one replay preview may spend checking the saved input
@@ -119,11 +120,11 @@ type ReplayPreview struct {
 	// InputUnreadable says the step's saved input is sealed with a key this
 	// instance lacks (RESULT_ENCRYPTION_KEY / RESULT_ENCRYPTION_KEYS), or
 	// is damaged, so no upgrade can be shown to fit: each reads compatible
-	// false with no validation, and a replay, onto one or of the same
+	// and checked false with no validation, and a replay, onto one or of the same
 	// version, answers 500 (seal QA: the preview itself answered 500,
 	// eligibility and all). eligible still says what the step's state and
 	// dependency allow: the key, once configured again, allows the rest.
-	InputUnreadable bool `json:"inputUnreadable" jsonschema:"true when the step's saved input cannot be decrypted by this server (sealed with an encryption key it is not configured with, or damaged): every upgrade then reads compatible false with an empty validation, as none can be checked, and a replay, of the same version or onto another contract, is refused with 500 and changes nothing until the key is configured again; false otherwise"`
+	InputUnreadable bool `json:"inputUnreadable" jsonschema:"true when the step's saved input cannot be decrypted by this server (sealed with an encryption key it is not configured with, or damaged): every upgrade then reads compatible false and checked false with an empty validation, as none can be checked, and a replay, of the same version or onto another contract, is refused with 500 and changes nothing until the key is configured again; false otherwise"`
 }
 
 // ReplayRequest is the body of POST /api/v1/steps/{id}/replay.
@@ -278,11 +279,11 @@ func (s *Service) PreviewReplay(ctx context.Context, workspaceID, stepID string)
 			case err != nil:
 				return ReplayPreview{}, err
 			case !checked:
-				u.unchecked, u.Validation = true, []apierr.FieldError{notChecked}
+				u.Validation = []apierr.FieldError{notChecked}
 			case problems != nil:
 				u.Validation = problems
 			}
-			u.Compatible = checked && len(problems) == 0
+			u.Checked, u.Compatible = checked, checked && len(problems) == 0
 		}
 		out.Upgrades = append(out.Upgrades, u)
 	}
@@ -292,7 +293,7 @@ func (s *Service) PreviewReplay(ctx context.Context, workspaceID, stepID string)
 		// within the budget) may take the step (once the key is
 		// configured again), as a same-version replay may (eligible says
 		// what the step's state allows).
-		return !u.Forbidden && (u.Compatible || out.InputUnreadable || u.unchecked)
+		return !u.Forbidden && (u.Compatible || !u.Checked)
 	}) {
 		runnable := false
 		if len(targets) == maxReplayTargets {

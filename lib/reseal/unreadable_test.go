@@ -265,7 +265,7 @@ func TestAnUnreadableInputStillPreviewsItsReplay(t *testing.T) {
 	require.Equal(t, true, p["inputUnreadable"])
 	require.Equal(t, true, p["eligible"])
 	require.Equal(t, []any{map[string]any{"contractVersion": float64(1), "handlerVersion": "2", "status": "ACTIVE",
-		"compatible": false, "forbidden": false, "validation": []any{}}}, p["upgrades"])
+		"compatible": false, "forbidden": false, "checked": false, "validation": []any{}}}, p["upgrades"])
 	require.Contains(t, logs.String(), "job_id="+jobID+" key_id="+goneKeyID())
 	requireUnreadableValue(t, env.Do("POST", "/api/v1/steps/"+stepID+"/replay", ws.Key, map[string]any{
 		"acknowledgeDuplicateRisk": true, "targetContractVersion": 1, "expectedHandlerVersion": "1",
@@ -279,6 +279,7 @@ func TestAnUnreadableInputStillPreviewsItsReplay(t *testing.T) {
 	p = instance(t, oldKey, key(3)).Must(http.StatusOK, "GET", "/api/v1/steps/"+stepID+"/replay", ws.Key, nil).JSON()
 	require.Equal(t, false, p["inputUnreadable"])
 	require.Equal(t, true, p["upgrades"].([]any)[0].(map[string]any)["compatible"])
+	require.Equal(t, true, p["upgrades"].([]any)[0].(map[string]any)["checked"])
 }
 
 // A create sent again under its Idempotency-Key, whose kept answer is

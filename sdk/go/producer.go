@@ -463,13 +463,17 @@ type ReplayPreview struct {
 
 // ReplayUpgrade is one contract a replay could move to. Compatible means the
 // saved input validates against its input schema; Validation says why it
-// does not (field paths and rules, never the input's values).
+// does not (field paths and rules, never the input's values). Checked is
+// false when the preview did not check the input against it (its check
+// budget ran out first, or InputUnreadable): Compatible is then false
+// though it may fit, and a Replay onto it checks it.
 type ReplayUpgrade struct {
 	ContractVersion int          `json:"contractVersion"` // pass as TargetContractVersion
 	HandlerVersion  string       `json:"handlerVersion"`  // the handler that would run
 	Status          string       `json:"status"`          // ContractActive or ContractForbidden
 	Compatible      bool         `json:"compatible"`      // saved input fits its schema
 	Forbidden       bool         `json:"forbidden"`       // status FORBIDDEN: not selectable
+	Checked         bool         `json:"checked"`         // false: fit unknown, checked at replay
 	Validation      []FieldError `json:"validation"`      // empty when Compatible
 }
 

@@ -1688,6 +1688,51 @@ test('a replay of a handler version whose every contract is FORBIDDEN offers onl
 	assert.deepEqual([s.durableJob.status, s.version], ['QUEUED', '2'], alerts(ui).join());
 });
 
+test('an upgrade the preview did not check is offered, said not checked, and checked by the replay', async () => {
+	// Console QA: an upgrade the preview's budget did not reach (checked:
+	// false, compatible: false, one validation entry saying so) read "does
+	// not fit: input: was not checked…" and could not be chosen; with every
+	// contract of the step's handler version FORBIDDEN the form then
+	// offered the same handler, which answers 409. The replay checks it.
+	const key = await signup();
+	const run = (await api('POST', '/runs', key, { name: 'images' })).body;
+	const step = (await api('POST', `/runs/${run.id}/steps`, key, { name: 'crop_image', version: '1', input: { url: 'https://x/y.png' } })).body;
+	assert.equal((await api('POST', `/steps/${step.stepId}/cancel`, key, {})).status, 200);
+	const publish = (handlerVersion, status, inputSchema) => api('POST', '/tools/crop_image/contracts', key, { handlerVersion, inputSchema, status });
+	assert.equal((await publish('1', 'FORBIDDEN', { type: 'object' })).status, 201);
+	assert.equal((await publish('2', 'ACTIVE', { type: 'object' })).status, 201);
+	assert.equal((await publish('3', 'ACTIVE', { type: 'object', required: ['size'] })).status, 201);
+	// The preview as it reads when its budget ran out after contract 3:
+	// contract 2, which fits, not checked.
+	const budgetSpent = async (url, res) => {
+		if (url !== `/api/v1/steps/${step.stepId}/replay`) return res;
+		const body = await res.json();
+		const [newest, older] = body.upgrades;
+		assert.deepEqual([newest.contractVersion, newest.checked, newest.compatible, older.contractVersion, older.checked], [3, true, false, 2, true]);
+		Object.assign(older, { compatible: false, checked: false, validation: [{ field: 'input', message: 'was not checked against this contract’s inputSchema' }] });
+		return new Response(JSON.stringify(body), { status: res.status, headers: res.headers });
+	};
+	const ui = await mount(key, '#/steps/' + step.stepId, budgetSpent);
+	const cells = ui.root.querySelectorAll('td[data-label="Saved input"]').map((c) => c.textContent);
+	assert.equal(cells.length, 3, ui.root.textContent);
+	assert.match(cells[0], /^does not fit: input\.size: /, 'checked: contract 3 does not fit');
+	assert.deepEqual(cells.slice(1), ['not checked (checked at replay)', 'forbidden']);
+	const f = formOf(button(ui.root, 'Replay'));
+	const target = field(f, 'target');
+	assert.deepEqual(
+		target.querySelectorAll('option').map((o) => [o.value, o.textContent]),
+		[['2', 'contract 2: handler 2 (not checked (checked at replay))']],
+		'the upgrade not checked; no same-handler replay',
+	);
+	assert.equal(target.value, '2', 'chosen from the start');
+	field(f, 'ack').checked = true;
+	field(f, 'ackVersion').checked = true;
+	await f.dispatch('submit');
+	await app.rendered();
+	const s = (await api('GET', `/steps/${step.stepId}`, key)).body;
+	assert.deepEqual([s.durableJob.status, s.version], ['QUEUED', '2'], alerts(ui).join());
+});
+
 test('the pages an operator watches refresh themselves in place, but not under an edit', async () => {
 	const key = await signup();
 	await api('PUT', '/policies/push.send', key, { mode: 'require_approval' });

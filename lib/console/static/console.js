@@ -2061,19 +2061,35 @@ async function replayForm(stepId) {
 	const replay = idempotent('console-replay');
 	if (!p.eligible) return h('p', null, `Not eligible for replay (job ${p.status})`, p.ineligibleReason ? `: ${p.ineligibleReason}` : '.');
 	const upgrades = p.upgrades || [];
-	// A contract the saved input validates against and that is not
-	// FORBIDDEN may be chosen; the others are listed with why not. A saved
-	// input the server cannot decrypt (inputUnreadable) fits none that can
-	// be told: said so, not "does not fit" with no reason.
-	const choosable = upgrades.filter((u) => u.compatible && !u.forbidden);
+	// A contract that is not FORBIDDEN may be chosen when the saved input
+	// validates against it, or when the preview's budget ran out before
+	// checking it (checked: false): the replay checks it, refusing it
+	// (409) if it does not fit (console QA: it read "does not fit: input:
+	// was not checked…" and could not be chosen, and a step whose handler
+	// version is wholly FORBIDDEN was offered the same handler, which
+	// answers 409). The others are listed with why not. A saved input the
+	// server cannot decrypt (inputUnreadable) fits none that can be told:
+	// said so, not "does not fit" with no reason.
+	const unchecked = (u) => u.checked === false && !p.inputUnreadable;
+	const choosable = upgrades.filter((u) => !u.forbidden && (u.compatible || unchecked(u)));
 	const unreadable = 'unknown: the saved input is sealed with an encryption key this server is not configured with';
+	const notChecked = 'not checked (checked at replay)';
 	const upgradeColumns = [
 		{ title: 'Contract', cell: (u) => u.contractVersion },
 		{ title: 'Handler', cell: (u) => u.handlerVersion },
 		{ title: 'Status', cell: (u) => u.status },
 		{
 			title: 'Saved input',
-			cell: (u) => (u.forbidden ? 'forbidden' : u.compatible ? 'fits' : p.inputUnreadable ? unreadable : ['does not fit: ', (u.validation || []).map((v) => `${v.field}: ${v.message}`).join('; ')]),
+			cell: (u) =>
+				u.forbidden
+					? 'forbidden'
+					: u.compatible
+						? 'fits'
+						: p.inputUnreadable
+							? unreadable
+							: unchecked(u)
+								? notChecked
+								: ['does not fit: ', (u.validation || []).map((v) => `${v.field}: ${v.message}`).join('; ')],
 		},
 	];
 	// The box acknowledging a change of handler is asked for only when
@@ -2087,7 +2103,12 @@ async function replayForm(stepId) {
 	const same = p.handlerVersionForbidden ? [] : [['', `the same handler (${p.handlerVersion})`]];
 	const upgradeOnly = p.handlerVersionForbidden && choosable.length > 0;
 	const target = choosable.length
-		? select('Run with', 'target', [...same, ...choosable.map((u) => [String(u.contractVersion), `contract ${u.contractVersion}: handler ${u.handlerVersion}`])], upgradeOnly ? String(choosable[0].contractVersion) : '')
+		? select(
+				'Run with',
+				'target',
+				[...same, ...choosable.map((u) => [String(u.contractVersion), `contract ${u.contractVersion}: handler ${u.handlerVersion}${u.compatible ? '' : ` (${notChecked})`}`])],
+				upgradeOnly ? String(choosable[0].contractVersion) : '',
+			)
 		: null;
 	if (upgradeOnly) {
 		shown(ackVersion, true);

@@ -571,12 +571,16 @@ class EnqueueResult(TypedDict):
 
 class ReplayUpgrade(TypedDict):
     """A contract version a replay could upgrade a step to, and whether its
-    input still validates against it."""
+    input still validates against it. ``checked`` is False when the preview
+    did not check the input against it (its check budget ran out first, or
+    ``inputUnreadable``): ``compatible`` is then False though it may fit,
+    and a replay onto it checks it."""
     contractVersion: int
     handlerVersion: str
     status: str
     forbidden: bool
     compatible: bool
+    checked: bool
     validation: List[ValidationProblem]
 
 

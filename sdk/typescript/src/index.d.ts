@@ -243,6 +243,8 @@ export interface ReplayUpgrade {
   /** The saved input fits its input schema. */
   compatible: boolean;
   forbidden: boolean;
+  /** False when the preview did not check the saved input against it (its check budget ran out first, or inputUnreadable): compatible is then false though it may fit, and a replay onto it checks it. */
+  checked: boolean;
   /** Why it does not fit: field paths and rules, never values. */
   validation: Array<{ field: string; message: string }>;
 }
