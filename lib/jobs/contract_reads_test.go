@@ -34,7 +34,8 @@ func TestTheReplayPreviewDoesNotReadOutputSchemas(t *testing.T) {
 		args []any
 	}{
 		"targets": {jobs.SQLReplayTargets, []any{b.ws, "send_email", 100}},
-		"older":   {jobs.SQLReplayOlderTargets, []any{b.ws, "send_email", 3, 100}},
+		"older": {jobs.SQLReplayOlderTargets, []any{b.ws, "send_email", 3, 100, jobs.MaxCheckEvaluations,
+			jobs.CompileBaseEvaluations, jobs.CompileBytesPerEvaluation}},
 	} {
 		rows, err := b.env.App.Pool.Query(ctx, q.sql, q.args...)
 		require.NoError(t, err, name)
@@ -161,4 +162,57 @@ func mustJSON(t *testing.T, v any) []byte {
 	b, err := json.Marshal(v)
 	require.NoError(t, err)
 	return b
+}
+
+// The preview's read of the contracts older than its list holds only the
+// input schemas its budget left may reach (each costs, compiled, at least
+// jobs.CompileBaseEvaluations and one more per
+// jobs.CompileBytesPerEvaluation bytes), and the first it cannot reach
+// without its schema, which says one more follows (review: a page of 100
+// schemas of up to 256 KiB each was read when the budget could reach
+// none).
+func TestTheReplayPreviewReadsTheOlderSchemasItsBudgetReaches(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	// Each costs at least 20 + 40 = 60 to compile.
+	schema := `{"description":"` + strings.Repeat("d", 40*jobs.CompileBytesPerEvaluation) + `"}`
+	for range 5 {
+		_, err := b.svc.PublishContract(ctx, b.ws, "key_test", "send_email", jobs.PublishContractRequest{
+			HandlerVersion: "2", InputSchema: json.RawMessage(schema)})
+		require.NoError(t, err)
+	}
+	read := func(budget int64) (schemas, without int) {
+		t.Helper()
+		rows, err := b.env.App.Pool.Query(ctx, jobs.SQLReplayOlderTargets, b.ws, "send_email", 6, 100, budget,
+			jobs.CompileBaseEvaluations, jobs.CompileBytesPerEvaluation)
+		require.NoError(t, err)
+		read, err := pgx.CollectRows(rows, pgx.RowToMap)
+		require.NoError(t, err)
+		for i, r := range read {
+			require.EqualValues(t, 5-i, r["contract_version"], "newest first")
+			if r["input_schema"] == nil {
+				without++
+			} else {
+				schemas++
+			}
+		}
+		return schemas, without
+	}
+	for _, c := range []struct {
+		budget           int64
+		schemas, without int
+	}{
+		{jobs.MaxCheckEvaluations, 5, 0},
+		{5*60 + 1, 5, 0},
+		{5 * 60, 4, 1},
+		{2*60 + 1, 2, 1},
+		{61, 1, 1},
+		{60, 0, 1},
+		{1, 0, 1},
+		{0, 0, 1},
+		{-1_000, 0, 1},
+	} {
+		schemas, without := read(c.budget)
+		require.Equal(t, []int{c.schemas, c.without}, []int{schemas, without}, "budget %d", c.budget)
+	}
 }

@@ -47,6 +47,10 @@ const SQLLockRetiredJobs = sqlLockRetiredJobs
 // has run. Set it before the service's first claim.
 func OnLook(s *Service, f func(workerID string)) { s.looked = f }
 
+// OnOlderTargets tells f of each page of older contracts a replay preview
+// reads past its list. Set it before the service's first preview.
+func OnOlderTargets(s *Service, f func([]Contract)) { s.onOlderTargets = f }
+
 // The bounds the worker protocol's handlers check, for the test that their
 // openapi tags restate them.
 const (
@@ -98,4 +102,11 @@ const (
 var (
 	SQLReplayTargets      = sqlReplayTargets
 	SQLReplayOlderTargets = sqlReplayOlderTargets
+)
+
+// CompileBaseEvaluations and CompileBytesPerEvaluation are what
+// SQLReplayOlderTargets counts a schema's compiling as ($6 and $7).
+const (
+	CompileBaseEvaluations    = compileBaseEvaluations
+	CompileBytesPerEvaluation = compileBytesPerEvaluation
 )

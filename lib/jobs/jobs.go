@@ -99,6 +99,10 @@ type Service struct {
 	// so that a test can wait for one: a look writes nothing a test could
 	// wait for (a claim marks its worker seen once a minute at most).
 	looked func(workerID string)
+	// onOlderTargets, when set, is told of each page of older contracts
+	// a replay preview reads (olderUpgradeRuns), for a test of what it
+	// reads.
+	onOlderTargets func([]Contract)
 	// logger says which jobs a claim passed over (claimOnce); never an
 	// input or a key.
 	logger *slog.Logger

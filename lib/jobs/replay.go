@@ -364,11 +364,19 @@ func fitAnswer(ctx context.Context, out *ReplayPreview) error {
 // below, not FORBIDDEN, accepts the saved input (any does when the input
 // cannot be opened: its fit is told once the key is configured again; and
 // any the budget does not reach may), as a replay onto it would; read page
-// by page, newest first, until one does.
+// by page, newest first, until one does. A page holds the schemas the
+// budget left may reach, and no more (sqlReplayOlderTargets): one it
+// cannot reach reads without its schema, and may take the step; when the
+// input cannot be opened, the first does, read without its schema.
 func (s *Service) olderUpgradeRuns(ctx context.Context, workspaceID string, j replayJob, input json.RawMessage,
 	unreadable bool, below int, budget *fitBudget) (bool, error) {
 	for {
-		rows, err := s.pool.Query(ctx, sqlReplayOlderTargets, workspaceID, j.name, below, maxReplayTargets)
+		left := budget.left
+		if unreadable {
+			left = 0
+		}
+		rows, err := s.pool.Query(ctx, sqlReplayOlderTargets, workspaceID, j.name, below, maxReplayTargets, left,
+			compileBaseEvaluations, compileBytesPerEvaluation)
 		if err != nil {
 			return false, fmt.Errorf("older replay targets: %w", err)
 		}
@@ -376,9 +384,12 @@ func (s *Service) olderUpgradeRuns(ctx context.Context, workspaceID string, j re
 		if err != nil {
 			return false, fmt.Errorf("older replay targets: %w", err)
 		}
+		if s.onOlderTargets != nil {
+			s.onOlderTargets(older)
+		}
 		for _, c := range older {
-			if unreadable {
-				return true, nil
+			if c.InputSchema == nil {
+				return true, nil // beyond the budget left: not checked
 			}
 			problems, checked, err := budget.fit(c.InputSchema, input)
 			if err != nil {

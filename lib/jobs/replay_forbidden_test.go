@@ -3,6 +3,7 @@ package jobs_test
 import (
 	"encoding/json"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -142,4 +143,70 @@ func exhaustedStep(t *testing.T) (*bundle, jobs.EnqueueResult, func(version, sta
 			HandlerVersion: version, InputSchema: json.RawMessage(schema), Status: &status})
 		require.NoError(t, err)
 	}
+}
+
+// A preview whose budget its list spent reads on past the list for one
+// contract only, without its schema: one the budget cannot reach may take
+// the step, so it reads eligible, and no schema is read that no check
+// would use (review: a page of 100 older input schemas, about 25 MB, was
+// read, and only the first looked at). So does a preview of an input it
+// cannot open, whose every upgrade may take the step.
+func TestAReplayPreviewWhoseBudgetIsSpentReadsNoOlderSchema(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	// Checking the input against the newest contract (25 branches for
+	// each of its items) could take more than the whole budget: it is not
+	// checked, and what is left of the budget reaches no other.
+	items := make([]string, jobs.MaxCheckEvaluations/26+1)
+	for i := range items {
+		items[i] = "0"
+	}
+	st := b.enqueue(t, b.run(t), jobs.EnqueueRequest{Input: json.RawMessage("[" + strings.Join(items, ",") + "]"),
+		MaxAttempts: ptr[int64](1)})
+	b.fail(t, b.claimOne(t, b.register(t)), &jobs.ReportError{Retryable: ptr(false)})
+	publish := func(version, status, schema string) {
+		t.Helper()
+		_, err := b.svc.PublishContract(ctx, b.ws, "key_test", "send_email", jobs.PublishContractRequest{
+			HandlerVersion: version, InputSchema: json.RawMessage(schema), Status: &status})
+		require.NoError(t, err)
+	}
+	publish("1", "FORBIDDEN", `{}`)
+	big := `{"type":"array","description":"` + strings.Repeat("d", 50_000) + `"}`
+	for range 3 {
+		publish("2", "ACTIVE", big) // older than the list; each would fit
+	}
+	for range jobs.MaxReplayTargets - 1 {
+		publish("3", "FORBIDDEN", `{}`)
+	}
+	branches := strings.TrimSuffix(strings.Repeat(`{"type":"string"},`, 24)+`{}`, ",")
+	publish("3", "FORBIDDEN", `{"type":"array","items":{"anyOf":[`+branches+`]}}`)
+
+	var pages [][]jobs.Contract
+	jobs.OnOlderTargets(b.svc, func(older []jobs.Contract) { pages = append(pages, older) })
+	p, err := b.svc.PreviewReplay(ctx, b.ws, st.StepID)
+	require.NoError(t, err)
+	require.True(t, p.HandlerVersionForbidden)
+	require.Len(t, p.Upgrades, jobs.MaxReplayTargets)
+	for _, u := range p.Upgrades {
+		require.True(t, u.Forbidden)
+		require.False(t, u.Checked, "contract %d: the budget reached none", u.ContractVersion)
+	}
+	require.True(t, p.Eligible, "an older contract not checked may take the step: %v", p.IneligibleReason)
+	require.Len(t, pages, 1, "one read past the list")
+	require.Equal(t, 1, len(pages[0]), "of one contract")
+	require.EqualValues(t, 4, pages[0][0].ContractVersion, "the newest older one")
+	require.Nil(t, pages[0][0].InputSchema, "without its schema")
+
+	// So with an input this instance cannot open (here damaged): any
+	// older contract may take the step, and none's schema is read.
+	_, err = b.env.App.Pool.Exec(ctx, `UPDATE jobs SET input_sealed = $2 WHERE id = $1`, st.JobID, []byte("damaged"))
+	require.NoError(t, err)
+	pages = nil
+	p, err = b.svc.PreviewReplay(ctx, b.ws, st.StepID)
+	require.NoError(t, err)
+	require.True(t, p.InputUnreadable)
+	require.True(t, p.Eligible, "%v", p.IneligibleReason)
+	require.Len(t, pages, 1)
+	require.Equal(t, 1, len(pages[0]))
+	require.Nil(t, pages[0][0].InputSchema)
 }

@@ -199,8 +199,17 @@ func possibleSubschemas(doc []byte, max int) int {
 // counted here as 20 and 12; its bytes are counted too, one evaluation for
 // 256 of them, for a schema that is mostly long strings.
 func compileEvaluations(schema []byte) int64 {
-	return 20 + 12*int64(possibleSubschemas(schema, MaxSchemaParts)) + int64(len(schema))/256
+	return compileBaseEvaluations + 12*int64(possibleSubschemas(schema, MaxSchemaParts)) +
+		int64(len(schema))/compileBytesPerEvaluation
 }
+
+// compileBaseEvaluations and compileBytesPerEvaluation are the parts of
+// compileEvaluations that sqlReplayOlderTargets counts, in the database,
+// to read only the schemas a replay preview's budget left may reach.
+const (
+	compileBaseEvaluations    = 20
+	compileBytesPerEvaluation = 256
+)
 
 // evaluationsPerValue bounds how many subschemas checking one value against
 // s may evaluate, stopping once it passes max: each subschema counts once

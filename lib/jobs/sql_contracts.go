@@ -69,11 +69,34 @@ ORDER BY contract_version DESC LIMIT $3::int`
 // oldest the preview listed) that are not FORBIDDEN (the step's own is: it
 // is read only for a wholly FORBIDDEN handler version): the preview's eligibility reads on past its bounded list, so a
 // step whose only fitting upgrade is older than the listed page reads
-// eligible, as its replay onto that upgrade succeeds.
-const sqlReplayOlderTargets = `SELECT ` + replayTargetColumns + ` FROM tool_contracts
-WHERE workspace_id = $1::text AND name = $2::text AND contract_version < $3::int
-  AND status <> 'FORBIDDEN'
-ORDER BY contract_version DESC LIMIT $4::int`
+// eligible, as its replay onto that upgrade succeeds. It reads at most $4
+// of them, and only the input schemas the preview's budget left ($5
+// evaluations, fitBudget) may reach: compiling each costs at least $6 and
+// one more for each $7 bytes of it (compileEvaluations), counted here by
+// its text without spaces (a bound below its bytes as read). A contract
+// whose predecessors' cost and its own reach $5 cannot be checked (fit
+// would answer it not checked, so it may take the step): it reads with a
+// NULL input schema, and none after it is read (review: a page of 100
+// schemas of up to 256 KiB each, about 25 MB, was read when the budget was
+// spent before the first). The first is read even so, without its schema
+// when the budget left cannot reach it: that it exists says the step may
+// take it. No more than $5 / $6 + 1 are looked at: each costs $6 at least.
+const sqlReplayOlderTargets = `SELECT name, contract_version, handler_version,
+	CASE WHEN c.before + c.cost < $5::bigint THEN c.input_schema END AS input_schema, NULL::jsonb AS output_schema,
+	timeout_ms, retry_preset, max_attempts, initial_delay_ms, multiplier, max_delay_ms, jitter_percent, status,
+	created_at
+FROM (
+    SELECT c.*, row_number() OVER w AS n,
+           coalesce(sum(c.cost) OVER (w ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before
+    FROM (SELECT t.*, $6::bigint + octet_length(replace(t.input_schema::text, ' ', '')) / $7::bigint AS cost
+          FROM tool_contracts t
+          WHERE t.workspace_id = $1::text AND t.name = $2::text AND t.contract_version < $3::int
+            AND t.status <> 'FORBIDDEN'
+          ORDER BY t.contract_version DESC LIMIT least($4::bigint, greatest($5::bigint, 0) / $6::bigint + 1)) c
+    WINDOW w AS (ORDER BY c.contract_version DESC)
+) c
+WHERE c.n = 1 OR c.before < $5::bigint
+ORDER BY contract_version DESC`
 
 // sqlOutputSchema is the output schema a SUCCEEDED report is checked
 // against (none for a job without a contract).
