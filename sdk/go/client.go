@@ -75,9 +75,34 @@ func (cfg Config) LogValue() slog.Value {
 var errKeyUnsendable = errors.New("ratchet: the API key holds a line break, a control character or a character " +
 	"beyond ASCII, which no key holds and no Authorization header can carry (read it without its line end)")
 
+// errHeaderUnsendable refuses an Idempotency-Key or a User-Agent no HTTP
+// header can carry, before anything is sent; it never holds the value.
+func errHeaderUnsendable(header string) error {
+	return fmt.Errorf("ratchet: the %s holds a line break, a control character or a character beyond ASCII, "+
+		"which no header can carry", header)
+}
+
+// errDotSegment refuses an id or a name of "." or "..": a URL resolves it as
+// a path step, so the call would reach another route (GET /runs/.. is GET
+// /api/v1), as the Python and TypeScript SDKs refuse it.
+var errDotSegment = errors.New(`ratchet: an id or a name of "." or ".." cannot be sent: ` +
+	"a URL reads it as a path step, calling another route")
+
+// dotSegment says whether path (its query aside) has a "." or ".." step.
+func dotSegment(path string) bool {
+	path, _, _ = strings.Cut(path, "?")
+	for _, seg := range strings.Split(path, "/") {
+		if seg == "." || seg == ".." {
+			return true
+		}
+	}
+	return false
+}
+
 // sendableKey says whether key is printable ASCII (spaces and tabs
 // allowed: the server trims them around it), the only characters a key
-// has, as the Python and TypeScript SDKs check it.
+// has, as the Python and TypeScript SDKs check it; an Idempotency-Key and
+// a User-Agent are held to the same.
 func sendableKey(key string) bool {
 	for i := 0; i < len(key); i++ {
 		if b := key[i]; b != '\t' && (b < 0x20 || b > 0x7e) {
@@ -156,6 +181,11 @@ func NewClient(cfg Config) (*Client, error) {
 		// Never sent: each call failed as a network error (net/http
 		// refuses the header), repeated, a worker's registration for ever.
 		return nil, errKeyUnsendable
+	}
+	if !sendableKey(cfg.UserAgent) {
+		// Refused as the key is: net/http refused the header at each
+		// call, a network error repeated.
+		return nil, errHeaderUnsendable("user agent")
 	}
 	hc := cfg.HTTPClient
 	if hc == nil {
@@ -297,6 +327,14 @@ const maxKeyedPolls = 40
 // Idempotency-Key, so that the server answers a repeat of a create that
 // acted with what it answered then instead of acting again.
 func (c *Client) doKeyed(ctx context.Context, method, path, key string, in, out any, safe idempotency) error {
+	// Refused before sending: net/http refused such a key at each attempt,
+	// a network error repeated, and a ".." id reached another route.
+	if !sendableKey(key) {
+		return errHeaderUnsendable(IdempotencyKeyHeader)
+	}
+	if dotSegment(path) {
+		return errDotSegment
+	}
 	var body []byte
 	if in != nil {
 		b, err := json.Marshal(in)

@@ -109,6 +109,53 @@ func TestNewClientValidates(t *testing.T) {
 	}
 }
 
+// An Idempotency-Key or a User-Agent no header can carry, and an id of "."
+// or "..", are refused before anything is sent, without the value in the
+// error, as the Python and TypeScript SDKs refuse them: net/http refused
+// such a header at each attempt, a network error repeated, and GetRun("..")
+// asked GET /api/v1 (a URL resolves a ".." step), another route.
+func TestUnsendableHeadersAndDotIdsAreRefusedUnsent(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int32
+	c, sleeps := testClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		writeJSON(w, 200, map[string]any{"id": "run_1"})
+	}))
+	ctx := context.Background()
+	for _, key := range []string{"k_SECRET\n", "k_SECRET\r\nX-Evil: 1", "k_S\x00ECRET", "k_SÉCRET"} {
+		err := c.Request(ctx, "POST", "/runs", map[string]any{"name": "n"}, nil, RequestOptions{Safe: true, IdempotencyKey: key})
+		if err == nil || strings.Contains(err.Error(), "SECRET") {
+			t.Errorf("Idempotency-Key %q: err = %v, want a refusal without the key", key, err)
+		}
+		if _, err := c.CancelStepWithKey(ctx, "stp_1", key); err == nil || strings.Contains(err.Error(), "SECRET") {
+			t.Errorf("CancelStepWithKey %q: err = %v, want a refusal without the key", key, err)
+		}
+	}
+	for _, id := range []string{".", ".."} {
+		if _, err := c.GetRun(ctx, id); err == nil {
+			t.Errorf("GetRun(%q) sent", id)
+		}
+		if _, err := c.CancelStep(ctx, id); err == nil {
+			t.Errorf("CancelStep(%q) sent", id)
+		}
+	}
+	if n := calls.Load(); n != 0 || len(sleeps.sleeps) != 0 {
+		t.Fatalf("%d requests sent, %d retry waits, want none", n, len(sleeps.sleeps))
+	}
+	// Ids holding dots are ids, sent escaped as ever.
+	if _, err := c.GetRun(ctx, "..run"); err != nil || calls.Load() != 1 {
+		t.Fatalf("GetRun(\"..run\"): err = %v, %d requests", err, calls.Load())
+	}
+	for _, ua := range []string{"app\n", "app\r\nX-Evil: 1", "app\x7f", "äpp"} {
+		if _, err := NewClient(Config{APIKey: "k", UserAgent: ua}); err == nil || strings.Contains(err.Error(), "app") {
+			t.Errorf("UserAgent %q: err = %v, want a refusal without it", ua, err)
+		}
+	}
+	if _, err := NewClient(Config{APIKey: "k", UserAgent: "my-app/1.0 (contact)"}); err != nil {
+		t.Errorf("a plain user agent refused: %v", err)
+	}
+}
+
 func TestRequestShape(t *testing.T) {
 	t.Parallel()
 	var got *http.Request

@@ -55,10 +55,29 @@ KEY_UNSENDABLE = ("ratchet: the API key holds a line break, a control character 
                   "which no key holds and no Authorization header can carry (read it without its line end)")
 
 
+def _header_unsendable(header: str) -> str:
+    """Why an Idempotency-Key or a User-Agent is refused that no header can
+    carry, before anything is sent; never the value itself."""
+    return (f"ratchet: the {header} holds a line break, a control character or a character beyond ASCII, "
+            "which no header can carry")
+
+
+# Why an id or a name of "." or ".." is refused: a URL resolves it as a path
+# step, so the call would reach another route (GET /runs/.. is GET /api/v1).
+DOT_SEGMENT = ('ratchet: an id or a name of "." or ".." cannot be sent: '
+               "a URL reads it as a path step, calling another route")
+
+
+def _dot_segment(path: str) -> bool:
+    """Whether path (its query aside) has a "." or ".." step."""
+    return any(seg in (".", "..") for seg in path.split("?", 1)[0].split("/"))
+
+
 def _sendable_key(key: str) -> bool:
     """Whether key is printable ASCII (spaces and tabs allowed: the server
     trims them around it), the only characters a key has, as the Go and
-    TypeScript SDKs check it."""
+    TypeScript SDKs check it; an Idempotency-Key and a User-Agent are held
+    to the same."""
     return all(c == "\t" or " " <= c <= "~" for c in key)
 
 
@@ -181,6 +200,10 @@ class Transport:
             # ValueError that printed the whole key (a secret file read with
             # its line end, open(path).read()).
             raise ValueError(KEY_UNSENDABLE)
+        if not _sendable_key(user_agent):
+            # Refused as the key is: http.client refused it at each call
+            # with a ValueError that printed it.
+            raise ValueError(_header_unsendable("user agent"))
         # A trailing /api/v1 is accepted, as the Go SDK accepts it (a base
         # URL copied from the API's own paths went to /api/v1/api/v1/...,
         # every call 404 not_found, where a Go client of the same setting
@@ -248,6 +271,13 @@ class Transport:
         ValueError makes the answer unreadable, a lost answer as one cut
         short (a batch report's results naming other jobs).
         """
+        # Refused before sending: http.client refused such a key at each
+        # attempt with a ValueError that printed it, and a ".." id reached
+        # another route.
+        if idempotency_key and not _sendable_key(idempotency_key):
+            raise ValueError(_header_unsendable("Idempotency-Key"))
+        if _dot_segment(path):
+            raise ValueError(DOT_SEGMENT)
         if call_timeout is None:
             return self._call(method, path, body, safe=safe, idempotency_key=idempotency_key, timeout=timeout,
                               max_retries=max_retries, with_date=with_date, abort=abort, retry_cutoff=retry_cutoff,

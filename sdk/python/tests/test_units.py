@@ -357,6 +357,40 @@ class TransportTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             Transport("ftp://x", "k")
 
+    def test_unsendable_headers_and_dot_ids_are_refused_unsent(self) -> None:
+        # An Idempotency-Key or a User-Agent no header can carry, and an id
+        # of "." or "..", are refused before anything is sent, without the
+        # value in the error, as the Go and TypeScript SDKs refuse them:
+        # http.client raised a ValueError printing the header at each call,
+        # and get_run("..") asked GET /api/v1 (a URL resolves a ".." step).
+        server = FakeServer(lambda m, p, b: (200, {"id": "run_1"}, {}))
+        self.addCleanup(server.close)
+        waits: List[float] = []
+        client = getratchet.Ratchet(server.url, "rk_test", timeout=5)
+        self.addCleanup(client.close)
+        client._transport.sleep = waits.append
+        for key in ("k_SECRET\n", "k_SECRET\r\nX-Evil: 1", "k_S\x00ECRET", "k_S\u00c9CRET"):
+            with self.assertRaises(ValueError) as refused:
+                client.request("POST", "/runs", {"name": "n"}, safe=True, idempotency_key=key)
+            self.assertNotIn("SECRET", str(refused.exception), repr(key))
+            with self.assertRaises(ValueError) as refused:
+                client.cancel_step("stp_1", idempotency_key=key)
+            self.assertNotIn("SECRET", str(refused.exception), repr(key))
+        for step_id in (".", ".."):
+            with self.assertRaises(ValueError, msg=step_id):
+                client.get_run(step_id)
+            with self.assertRaises(ValueError, msg=step_id):
+                client.cancel_step(step_id)
+        self.assertEqual((server.seen, waits), ([], []))
+        # Ids holding dots are ids, sent escaped as ever.
+        self.assertEqual(client.get_run("..run")["id"], "run_1")
+        self.assertEqual(server.seen[0][1], "/api/v1/runs/..run")
+        for agent in ("app\n", "app\r\nX-Evil: 1", "app\x7f", "\u00e4pp"):
+            with self.assertRaises(ValueError) as refused:
+                Transport("http://x", "k", user_agent=agent)
+            self.assertNotIn("pp", str(refused.exception), repr(agent))
+        Transport("http://x", "k", user_agent="my-app/1.0 (contact)").close()
+
 
 class KeepAliveTest(unittest.TestCase):
     def transport(self, script, **options) -> Tuple[Transport, FakeServer, List[float]]:

@@ -23,6 +23,25 @@ const MAX_KEY_HELD_WAITS = 40;
 const KEY_UNSENDABLE = 'ratchet: the API key holds a line break, a control character or a character beyond ASCII, '
   + 'which no key holds and no Authorization header can carry (read it without its line end)';
 
+// Printable ASCII (tabs allowed), what a header carries, as the Go and
+// Python SDKs check it: the key, an Idempotency-Key and a User-Agent.
+const SENDABLE = /^[\t\x20-\x7e]*$/;
+
+/** Why an Idempotency-Key or a User-Agent is refused that no header can
+ * carry, before anything is sent; never the value itself. */
+function headerUnsendable(header) {
+  return `ratchet: the ${header} holds a line break, a control character or a character beyond ASCII, which no header can carry`;
+}
+
+// Why an id or a name of "." or ".." is refused: a URL resolves it as a path
+// step, so the call would reach another route (GET /runs/.. is GET /api/v1).
+const DOT_SEGMENT = 'ratchet: an id or a name of "." or ".." cannot be sent: a URL reads it as a path step, calling another route';
+
+/** Whether path (its query aside) has a "." or ".." step. */
+function dotSegment(path) {
+  return String(path).split('?', 1)[0].split('/').some((seg) => seg === '.' || seg === '..');
+}
+
 /** A random id for an Idempotency-Key, a begin's request_id or a claimId. */
 export function newRequestId() {
   return randomBytes(16).toString('hex');
@@ -63,7 +82,10 @@ export class Transport {
     // Printable ASCII only (spaces and tabs allowed: the server trims them
     // around it), as the Go and Python SDKs check it: each call failed, as a
     // lost answer repeated (a worker's registration for ever), never sent.
-    if (!/^[\t\x20-\x7e]*$/.test(String(apiKey))) throw new TypeError(KEY_UNSENDABLE);
+    if (!SENDABLE.test(String(apiKey))) throw new TypeError(KEY_UNSENDABLE);
+    // Refused as the key is: fetch refused it at each call, a lost answer
+    // repeated, with a TypeError that printed it.
+    if (!SENDABLE.test(String(userAgent))) throw new TypeError(headerUnsendable('user agent'));
     // A trailing /api/v1 is accepted, as the Go SDK accepts it (a base URL
     // copied from the API's own paths went to /api/v1/api/v1/..., every
     // call 404 not_found, where a Go client of the same setting worked).
@@ -127,6 +149,10 @@ export class Transport {
    * results naming other jobs).
    */
   async call(method, path, body, { safe, idempotencyKey, timeoutMs, callTimeoutMs, maxRetries, signal, retryCutoff, withDate = false, read } = {}) {
+    // Refused before sending: fetch refused such a key at each attempt, a
+    // lost answer repeated, and a ".." id reached another route.
+    if (idempotencyKey && !SENDABLE.test(String(idempotencyKey))) throw new TypeError(headerUnsendable('Idempotency-Key'));
+    if (dotSegment(path)) throw new TypeError(DOT_SEGMENT);
     // NaN and the infinities are refused (a RangeError), not sent as null.
     const data = body === undefined ? undefined : stringifyFinite(body);
     const retries = maxRetries ?? this.maxRetries;

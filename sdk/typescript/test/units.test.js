@@ -214,6 +214,32 @@ test('bad configuration is refused', () => {
   }
 });
 
+test('an unsendable Idempotency-Key or User-Agent and a "." or ".." id are refused unsent', async (t) => {
+  // Refused before anything is sent, without the value in the error, as the
+  // Go and Python SDKs refuse them: fetch refused such a header at each
+  // attempt (a TypeError printing it), repeated as a lost answer, and
+  // getRun('..') asked GET /api/v1 (a URL resolves a ".." step).
+  const server = await fakeServer(t, () => [200, { id: 'run_1' }]);
+  const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test', maxRetries: 0 });
+  const refusal = (value) => (err) => err instanceof TypeError && !(err instanceof RatchetError) && !err.message.includes(value);
+  for (const key of ['k_SECRET\n', 'k_SECRET\r\nX-Evil: 1', 'k_S\x00ECRET', 'k_S\u00c9CRET']) {
+    await assert.rejects(client.request('POST', '/runs', { name: 'n' }, { safe: true, idempotencyKey: key }), refusal('SECRET'), JSON.stringify(key));
+    await assert.rejects(client.cancelStep('stp_1', { idempotencyKey: key }), refusal('SECRET'), JSON.stringify(key));
+  }
+  for (const id of ['.', '..']) {
+    await assert.rejects(client.getRun(id), TypeError, id);
+    await assert.rejects(client.cancelStep(id), TypeError, id);
+  }
+  assert.deepEqual(server.seen, []);
+  // Ids holding dots are ids, sent escaped as ever.
+  assert.equal((await client.getRun('..run')).id, 'run_1');
+  assert.equal(server.seen[0].path, '/api/v1/runs/..run');
+  for (const userAgent of ['app\n', 'app\r\nX-Evil: 1', 'app\x7f', '\u00e4pp']) {
+    assert.throws(() => new Ratchet({ baseUrl: 'http://x', apiKey: 'k', userAgent }), refusal('pp'), JSON.stringify(userAgent));
+  }
+  new Ratchet({ baseUrl: 'http://x', apiKey: 'k', userAgent: 'my-app/1.0 (contact)' });
+});
+
 test('a client timeoutMs past 2^31-1 ms is waited that long, not fired at once', async (t) => {
   // setTimeout fires at once past 2^31-1 ms: every call of a client made
   // with timeoutMs 3e9 timed out before its answer. What each attempt's
