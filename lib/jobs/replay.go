@@ -99,7 +99,7 @@ type ReplayPreview struct {
 	StepID   string `json:"stepId"`
 	JobID    string `json:"jobId"`
 	Name     string `json:"name"`
-	Status   string `json:"status"`
+	Status   string `json:"status" openapi:"enum=WAITING|QUEUED|RUNNING|RETRY_SCHEDULED|SUCCEEDED|EXHAUSTED|CANCELLED|SKIPPED"`
 	Eligible bool   `json:"eligible"`
 	// IneligibleReason says why a replay would be refused now (the step's
 	// status, or its dependency: agent QA, a CANCELLED step read
@@ -147,7 +147,7 @@ type ReplayRequest struct {
 type ReplayResult struct {
 	StepID         string `json:"stepId"`
 	JobID          string `json:"jobId"`
-	Status         string `json:"status"`
+	Status         string `json:"status" openapi:"enum=QUEUED"`
 	Attempt        int    `json:"attempt"`
 	MaxAttempts    int    `json:"maxAttempts"`
 	HandlerVersion string `json:"handlerVersion"`

@@ -44,7 +44,7 @@ func noSuchDependency() *apierr.Error {
 type RunSummary struct {
 	ID                  string     `json:"id"`
 	Name                string     `json:"name"`
-	Status              string     `json:"status"`
+	Status              string     `json:"status" openapi:"enum=RUNNING|SUCCEEDED|FAILED"`
 	CompletionRequested bool       `json:"completionRequested"`
 	CreatedAt           time.Time  `json:"createdAt"`
 	FinishedAt          *time.Time `json:"finishedAt"`
@@ -80,7 +80,7 @@ type Step struct {
 	Name            string     `json:"name"`
 	Version         string     `json:"version"`
 	Endpoint        string     `json:"endpoint"`
-	Status          string     `json:"status"`
+	Status          string     `json:"status" openapi:"enum=WAITING|QUEUED|RUNNING|RETRY_SCHEDULED|SUCCEEDED|EXHAUSTED|CANCELLED|SKIPPED"`
 	IdempotencyKey  string     `json:"idempotencyKey"`
 	AfterStepID     *string    `json:"afterStepId"`
 	AfterStatus     *string    `json:"afterStatus"`
@@ -95,7 +95,7 @@ type Step struct {
 // DurableJob is a step's job: its status, attempts and policy snapshot.
 type DurableJob struct {
 	ID              string         `json:"id"`
-	Status          string         `json:"status"`
+	Status          string         `json:"status" openapi:"enum=WAITING|QUEUED|RUNNING|RETRY_SCHEDULED|SUCCEEDED|EXHAUSTED|CANCELLED|SKIPPED"`
 	Attempt         int            `json:"attempt"`
 	MaxAttempts     int            `json:"maxAttempts"`
 	DueAt           *time.Time     `json:"dueAt" jsonschema:"when a QUEUED or RETRY_SCHEDULED job is due: no claim takes it before. A step replayed while its cancelled attempt may still run is due at that attempt's lease expiry (leaseExpiresAt), or at its report if that comes first"`
@@ -139,7 +139,7 @@ type Replay struct {
 	ID                 string    `json:"id"`
 	KeyID              string    `json:"keyId"`
 	Reason             *string   `json:"reason"`
-	PriorStatus        string    `json:"priorStatus"`
+	PriorStatus        string    `json:"priorStatus" openapi:"enum=EXHAUSTED|CANCELLED"` // only those are replayed
 	PriorAttempt       int       `json:"priorAttempt"`
 	AdditionalAttempts int       `json:"additionalAttempts"`
 	MaxAttempts        int       `json:"maxAttempts"`
@@ -215,7 +215,7 @@ type EnqueueResult struct {
 	StepID         string     `json:"stepId"`
 	JobID          string     `json:"jobId"`
 	IdempotencyKey string     `json:"idempotencyKey"`
-	Status         string     `json:"status"`
+	Status         string     `json:"status" openapi:"enum=WAITING|QUEUED|RUNNING|RETRY_SCHEDULED|SUCCEEDED|EXHAUSTED|CANCELLED|SKIPPED"`
 	DueAt          *time.Time `json:"dueAt"`
 	Deduplicated   bool       `json:"deduplicated"`
 

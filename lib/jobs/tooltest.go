@@ -29,7 +29,7 @@ type ToolTestResult struct {
 	Name            string     `json:"name"`
 	Version         string     `json:"version"`
 	ContractVersion *int64     `json:"contractVersion"`
-	Status          string     `json:"status"`
+	Status          string     `json:"status" openapi:"enum=WAITING|QUEUED|RUNNING|RETRY_SCHEDULED|SUCCEEDED|EXHAUSTED|CANCELLED|SKIPPED"`
 	MaxAttempts     int        `json:"maxAttempts"`
 	DueAt           *time.Time `json:"dueAt"`
 }

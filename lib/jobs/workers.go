@@ -587,7 +587,7 @@ type ReportError struct {
 // ReportResult answers a report.
 type ReportResult struct {
 	JobID     string     `json:"jobId"`
-	Status    string     `json:"status"`
+	Status    string     `json:"status" openapi:"enum=WAITING|QUEUED|RUNNING|RETRY_SCHEDULED|SUCCEEDED|EXHAUSTED|CANCELLED|SKIPPED"`
 	Attempt   int        `json:"attempt"`
 	NextDueAt *time.Time `json:"nextDueAt"`
 }
@@ -700,7 +700,7 @@ type BatchReportError struct {
 // its error.
 type BatchReportResult struct {
 	JobID     string            `json:"jobId"`
-	Status    string            `json:"status,omitempty"`
+	Status    string            `json:"status,omitempty" openapi:"enum=WAITING|QUEUED|RUNNING|RETRY_SCHEDULED|SUCCEEDED|EXHAUSTED|CANCELLED|SKIPPED"`
 	Attempt   int               `json:"attempt,omitempty"`
 	NextDueAt *time.Time        `json:"nextDueAt"` // null unless a retry is scheduled, as the single report answers
 	Error     *BatchReportError `json:"error,omitempty"`

@@ -24,11 +24,13 @@ from .types import (ApiKey, ApiKeyPage, Approval, ApprovalPage, ApprovalReason, 
                     EffectPolicyPage, EffectState, EmergencyStop, Endpoint, EndpointAttempt, EndpointAttemptPage,
                     EndpointCircuit, EndpointPage, EnqueueResult, ErrorBody, Group, GroupCommit, GroupState, GroupStep,
                     GroupStepPage, JobAttempt, JobAttemptPage, JobHeartbeat, JobReplay, JobReplayPage, JobReportResult,
+                    JobStatus,
                     NewApiKey, NewWebhook, OnIndeterminate, PlanItem, PolicyMode, PriorAttempt, QueueHealth,
                     QueueHealthPage, ReconcileCounts, ReconcileItem, Reconciliation, ReplayPreview, ReplayResult,
                     ReplayUpgrade, ReportOutcome, RetriedDeliveries, RevokedApiKey,
                     RetryPolicySnapshot, RetrySchedule, Run, RunPage,
-                    RunSummary, Scope, Step, StepPage, Structuring, StructuringWindow, ThresholdFrom, ToolTest, Unwind,
+                    RunStatus, RunSummary, Scope, Step, StepPage, Structuring, StructuringWindow, ThresholdFrom,
+                    ToolTest, Unwind,
                     ValidationProblem, VendorStatus, Webhook, WebhookDelivery, WebhookDeliveryPage, WebhookEvent,
                     WebhookEventType, WebhookPage)
 from .webhooks import verify_webhook
@@ -48,8 +50,8 @@ __all__ = [
 # failed.
 __all__ += [
     "ApprovalReason", "ApprovalState", "AttemptOutcome", "BreakerAction", "CircuitOpenedBy", "CircuitState",
-    "Decision", "DeliveryState", "DenialCode", "EffectState", "GroupState", "OnIndeterminate", "PolicyMode",
-    "ReportOutcome", "Scope", "ThresholdFrom", "VendorStatus", "WebhookEventType",
+    "Decision", "DeliveryState", "DenialCode", "EffectState", "GroupState", "JobStatus", "OnIndeterminate",
+    "PolicyMode", "ReportOutcome", "RunStatus", "Scope", "ThresholdFrom", "VendorStatus", "WebhookEventType",
     "ApiKey", "ApiKeyPage", "Approval", "ApprovalPage", "BatchJobResult", "BeginResponse", "Circuit",
     "CircuitPage", "ClaimedJob", "Compensation", "Contract", "ContractPage", "DimensionLimit", "DurableJob",
     "Effect", "EffectAttempt", "EffectHeartbeat", "EffectPage", "EffectPolicy", "EffectPolicyPage",

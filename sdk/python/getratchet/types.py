@@ -64,6 +64,11 @@ Scope = Literal["effects:begin", "effects:report", "effects:read", "effects:reso
 """A scope an API key holds."""
 VendorStatus = Literal["succeeded", "refunded", "failed", "pending"]
 """A vendor record's status, as reconcile was given it."""
+JobStatus = Literal["WAITING", "QUEUED", "RUNNING", "RETRY_SCHEDULED", "SUCCEEDED", "EXHAUSTED", "CANCELLED",
+                   "SKIPPED"]
+"""A job's status, and its step's (API.md §3)."""
+RunStatus = Literal["RUNNING", "SUCCEEDED", "FAILED"]
+"""A run's status."""
 
 # -- shared --------------------------------------------------------------
 
@@ -471,7 +476,7 @@ class JobReplay(TypedDict):
     id: str
     keyId: str
     reason: Optional[str]
-    priorStatus: str
+    priorStatus: Literal["EXHAUSTED", "CANCELLED"]
     priorAttempt: int
     additionalAttempts: int
     maxAttempts: int
@@ -491,7 +496,7 @@ class DurableJob(TypedDict):
     """A step's job: its status, lease, policy, last 50 executions and last
     50 replays (``attemptsTruncated``, ``replaysTruncated``)."""
     id: str
-    status: str
+    status: JobStatus
     attempt: int
     maxAttempts: int
     dueAt: Optional[str]
@@ -512,7 +517,7 @@ class Step(TypedDict):
     name: str
     version: str
     endpoint: str
-    status: str
+    status: JobStatus
     idempotencyKey: str
     contractVersion: Optional[int]
     afterStepId: Optional[str]
@@ -533,7 +538,7 @@ class RunSummary(TypedDict):
     """A run without its steps (list_runs' items)."""
     id: str
     name: str
-    status: str
+    status: RunStatus
     idempotencyKey: Optional[str]
     budgetMicros: Optional[int]
     spentMicros: Optional[int]
@@ -563,7 +568,7 @@ class EnqueueResult(TypedDict):
     """enqueue's answer (``deduplicated``: an identical enqueue's step)."""
     stepId: str
     jobId: str
-    status: str
+    status: JobStatus
     idempotencyKey: str
     dueAt: Optional[str]
     deduplicated: bool
@@ -589,7 +594,7 @@ class ReplayPreview(TypedDict):
     stepId: str
     jobId: str
     name: str
-    status: str
+    status: JobStatus
     attempt: int
     maxAttempts: int
     handlerVersion: str
@@ -606,7 +611,7 @@ class ReplayResult(TypedDict):
     """replay's answer: the job queued again."""
     stepId: str
     jobId: str
-    status: str
+    status: Literal["QUEUED"]
     attempt: int
     maxAttempts: int
     handlerVersion: str
@@ -705,7 +710,7 @@ class ToolTest(TypedDict):
     name: str
     version: str
     contractVersion: Optional[int]
-    status: str
+    status: JobStatus
     maxAttempts: int
     dueAt: Optional[str]
 
@@ -782,7 +787,7 @@ class JobHeartbeat(TypedDict):
 class JobReportResult(TypedDict):
     """report_job's answer."""
     jobId: str
-    status: str
+    status: JobStatus
     attempt: int
     nextDueAt: Optional[str]
 
@@ -797,14 +802,14 @@ class BatchJobResult(_BatchJobResultFields, total=False):
     """One report's result in report_jobs' answer: ``error`` is None, or the
     RatchetError the single report would have raised (the SDK's, in place
     of the server's envelope), and then status and attempt are absent."""
-    status: str
+    status: JobStatus
     attempt: int
 
 
 __all__ = [
     "ApprovalReason", "ApprovalState", "AttemptOutcome", "BreakerAction", "CircuitOpenedBy", "CircuitState",
-    "Decision", "DeliveryState", "DenialCode", "EffectState", "GroupState", "OnIndeterminate", "PolicyMode",
-    "ReportOutcome", "Scope", "ThresholdFrom", "VendorStatus", "WebhookEventType",
+    "Decision", "DeliveryState", "DenialCode", "EffectState", "GroupState", "JobStatus", "OnIndeterminate",
+    "PolicyMode", "ReportOutcome", "RunStatus", "Scope", "ThresholdFrom", "VendorStatus", "WebhookEventType",
     "ApiKey", "ApiKeyPage", "Approval", "ApprovalPage", "BatchJobResult", "BeginResponse", "Circuit",
     "CircuitPage", "ClaimedJob", "Compensation", "Contract", "ContractPage", "DimensionLimit", "DurableJob",
     "Effect", "EffectAttempt", "EffectHeartbeat", "EffectPage", "EffectPolicy", "EffectPolicyPage",

@@ -101,7 +101,7 @@ export interface EnqueueResult {
   stepId: string;
   jobId: string;
   idempotencyKey: string;
-  status: string;
+  status: JobStatus;
   dueAt: string | null;
   deduplicated: boolean;
 }
@@ -154,7 +154,7 @@ export interface JobReplay {
   id: string;
   keyId: string;
   reason: string | null;
-  priorStatus: string;
+  priorStatus: 'EXHAUSTED' | 'CANCELLED';
   priorAttempt: number;
   additionalAttempts: number;
   maxAttempts: number;
