@@ -75,7 +75,7 @@ type Contract struct {
 	TimeoutMs       int64           `json:"timeoutMs"`
 	RetryPreset     string          `json:"retryPreset"`
 	RetryPolicy     *RetryPolicy    `json:"retryPolicy"` // the complete CUSTOM object, null for built-ins
-	Status          string          `json:"status"`
+	Status          string          `json:"status" openapi:"enum=ACTIVE|FORBIDDEN"`
 	CreatedAt       time.Time       `json:"createdAt"`
 
 	policy RetryPolicy // the expanded schedule, built-ins included

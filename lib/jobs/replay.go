@@ -47,7 +47,7 @@ const maxReplayReason = 1000
 type ReplayUpgrade struct {
 	ContractVersion int                 `json:"contractVersion"`
 	HandlerVersion  string              `json:"handlerVersion"`
-	Status          string              `json:"status"`
+	Status          string              `json:"status" openapi:"enum=ACTIVE|FORBIDDEN"`
 	Compatible      bool                `json:"compatible"`
 	Forbidden       bool                `json:"forbidden"`
 	Checked         bool                `json:"checked" jsonschema:"true when the saved input was checked against this contract's inputSchema, so that compatible says whether it fits; false when it was not: the preview's check budget (one enqueue's, over all its targets, newest first) ran out before it (compatible false, validation one entry, field input, saying so), or the input cannot be decrypted (inputUnreadable). Its fit is then unknown, eligible counts it as one that may take the step, and a replay onto it (targetContractVersion) checks it, 409 invalid_state when it does not fit"`

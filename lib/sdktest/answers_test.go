@@ -214,6 +214,8 @@ var goEnums = map[string]goEnum{
 	"JobReportResult.status":      {prefix: "Job"},
 	"BatchJobResult.status":       {prefix: "Job"},
 	"JobReplay.priorStatus":       {prefix: "Job", superset: true},
+	"Contract.status":             {prefix: "Contract"},
+	"ReplayUpgrade.status":        {prefix: "Contract"},
 	"Approval.answers[]":          {prefix: "ApprovalReason"},
 	"Webhook.events[]":            {prefix: "Event"},
 	"APIKey.scopes[]":             {prefix: "Scope"},

@@ -19,7 +19,8 @@ from .errors import (ApprovalRequired, ConnectionLost, EffectBlocked, EffectDeni
 from .redact import redact_message
 from .types import (ApiKey, ApiKeyPage, Approval, ApprovalPage, ApprovalReason, ApprovalState, AttemptOutcome,
                     BatchJobResult, BeginResponse, BreakerAction, Circuit, CircuitOpenedBy, CircuitPage, CircuitState,
-                    ClaimedJob, Compensation, Contract, ContractPage, Decision, DeliveryState, DenialCode,
+                    ClaimedJob, Compensation, Contract, ContractPage, ContractStatus, Decision, DeliveryState,
+                    DenialCode,
                     DimensionLimit, DurableJob, Effect, EffectAttempt, EffectHeartbeat, EffectPage, EffectPolicy,
                     EffectPolicyPage, EffectState, EmergencyStop, Endpoint, EndpointAttempt, EndpointAttemptPage,
                     EndpointCircuit, EndpointPage, EnqueueResult, ErrorBody, Group, GroupCommit, GroupState, GroupStep,
@@ -50,8 +51,9 @@ __all__ = [
 # failed.
 __all__ += [
     "ApprovalReason", "ApprovalState", "AttemptOutcome", "BreakerAction", "CircuitOpenedBy", "CircuitState",
-    "Decision", "DeliveryState", "DenialCode", "EffectState", "GroupState", "JobStatus", "OnIndeterminate",
-    "PolicyMode", "ReportOutcome", "RunStatus", "Scope", "ThresholdFrom", "VendorStatus", "WebhookEventType",
+    "ContractStatus", "Decision", "DeliveryState", "DenialCode", "EffectState", "GroupState", "JobStatus",
+    "OnIndeterminate", "PolicyMode", "ReportOutcome", "RunStatus", "Scope", "ThresholdFrom", "VendorStatus",
+    "WebhookEventType",
     "ApiKey", "ApiKeyPage", "Approval", "ApprovalPage", "BatchJobResult", "BeginResponse", "Circuit",
     "CircuitPage", "ClaimedJob", "Compensation", "Contract", "ContractPage", "DimensionLimit", "DurableJob",
     "Effect", "EffectAttempt", "EffectHeartbeat", "EffectPage", "EffectPolicy", "EffectPolicyPage",

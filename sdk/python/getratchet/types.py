@@ -69,6 +69,8 @@ JobStatus = Literal["WAITING", "QUEUED", "RUNNING", "RETRY_SCHEDULED", "SUCCEEDE
 """A job's status, and its step's (API.md §3)."""
 RunStatus = Literal["RUNNING", "SUCCEEDED", "FAILED"]
 """A run's status."""
+ContractStatus = Literal["ACTIVE", "FORBIDDEN"]
+"""A contract's status: FORBIDDEN refuses new steps and replays onto it."""
 
 # -- shared --------------------------------------------------------------
 
@@ -582,7 +584,7 @@ class ReplayUpgrade(TypedDict):
     and a replay onto it checks it."""
     contractVersion: int
     handlerVersion: str
-    status: str
+    status: ContractStatus
     forbidden: bool
     compatible: bool
     checked: bool
@@ -693,7 +695,7 @@ class Contract(TypedDict):
     timeoutMs: int
     retryPreset: str
     retryPolicy: Optional[RetrySchedule]
-    status: str
+    status: ContractStatus
     createdAt: str
 
 
@@ -808,8 +810,9 @@ class BatchJobResult(_BatchJobResultFields, total=False):
 
 __all__ = [
     "ApprovalReason", "ApprovalState", "AttemptOutcome", "BreakerAction", "CircuitOpenedBy", "CircuitState",
-    "Decision", "DeliveryState", "DenialCode", "EffectState", "GroupState", "JobStatus", "OnIndeterminate",
-    "PolicyMode", "ReportOutcome", "RunStatus", "Scope", "ThresholdFrom", "VendorStatus", "WebhookEventType",
+    "ContractStatus", "Decision", "DeliveryState", "DenialCode", "EffectState", "GroupState", "JobStatus",
+    "OnIndeterminate", "PolicyMode", "ReportOutcome", "RunStatus", "Scope", "ThresholdFrom", "VendorStatus",
+    "WebhookEventType",
     "ApiKey", "ApiKeyPage", "Approval", "ApprovalPage", "BatchJobResult", "BeginResponse", "Circuit",
     "CircuitPage", "ClaimedJob", "Compensation", "Contract", "ContractPage", "DimensionLimit", "DurableJob",
     "Effect", "EffectAttempt", "EffectHeartbeat", "EffectPage", "EffectPolicy", "EffectPolicyPage",
