@@ -294,8 +294,7 @@ const minSharedSecret = 16
 // naming the setting and never its value: logged at start.
 func (c *Config) Warnings() []string {
 	var out []string
-	// The secret the cron route compares is the trimmed one (lib/httpapi).
-	if cron := strings.TrimSpace(c.CronSecret); cron != "" && len(cron) < minSharedSecret {
+	if cron := c.CronBearer(); cron != "" && len(cron) < minSharedSecret {
 		out = append(out, fmt.Sprintf("CRON_SECRET is shorter than %d characters: anyone who guesses it can run sweeper passes", minSharedSecret))
 	}
 	if c.SignupMode == "token" && len(c.SignupToken) < minSharedSecret {
@@ -311,3 +310,10 @@ func (c *Config) MigrationURL() string {
 	}
 	return c.DatabaseURL
 }
+
+// CronBearer is the credential the cron route takes: CRON_SECRET without
+// the whitespace around it, as no Authorization header carries it (a
+// newline pasted with the secret refused every sweep, its own schedule's
+// included, logging nothing: review). Empty, the secret is unset, whitespace
+// alone included, and the route refuses every caller.
+func (c *Config) CronBearer() string { return strings.TrimSpace(c.CronSecret) }

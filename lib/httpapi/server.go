@@ -551,12 +551,7 @@ func (s *Server) authorize(ctx context.Context, c *Call, count bool) error {
 		c.Principal = p
 	case AuthCron:
 		secret, ok := bearer(c.R)
-		// Trimmed, as the credential is: no header carries a secret's
-		// surrounding whitespace (a newline pasted with it, say), and a
-		// secret that kept it refused every sweep, its own schedule's
-		// included, logging nothing (review). One of whitespace alone is
-		// not set.
-		want := strings.TrimSpace(s.Config.CronSecret)
+		want := s.Config.CronBearer() // trimmed, as the credential is
 		if want == "" && s.cronUnsetLogged.CompareAndSwap(false, true) {
 			// Refused, and said where an operator looks: on Vercel the
 			// schedule is the only sweeper, and nothing else tells that it

@@ -43,10 +43,10 @@ type Task struct {
 	// Drains marks a task that works off a backlog a bounded batch at a
 	// time (retention). A pass with a deadline (the cron route, the Lambda
 	// schedule) runs it again, at the same now, while its last run changed
-	// rows and time is left, at most TaskTimeout in all (scale QA: one batch a pass, a pass
-	// a minute on cron, deleted at most about 1.4 M rows a day, so a
-	// busier workspace's backlog never drained). The local loop, a pass
-	// every few seconds, runs it once a pass.
+	// rows and time is left, at most TaskTimeout in all (scale QA: one
+	// batch a pass, a pass a minute on cron, deleted at most about 1.4 M
+	// rows a day, so a busier workspace's backlog never drained). The local
+	// loop, a pass every few seconds, runs it once a pass.
 	Drains bool
 	// Batch is the most rows one run of a task that Drains changes, when a
 	// run that changed fewer has worked its backlog off: the pass then
