@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -19,6 +20,7 @@ import (
 	"github.com/getratchet/ratchet/lib/events"
 	"github.com/getratchet/ratchet/lib/sweep"
 	"github.com/getratchet/ratchet/lib/webhooks"
+	ratchet "github.com/getratchet/ratchet/sdk/go"
 )
 
 // Hammers of the sweeper's delivery invariants: several instances of the
@@ -30,13 +32,16 @@ import (
 
 // tally is a receiver that counts the sends it is given by webhook (the
 // path the webhook was subscribed with) and event id, answering each with
-// status(the request, event id, sends of it so far, this one included).
-// It also counts the sends of one delivery (a webhook's of an event) in
-// flight at once, and the sends that arrived once late() is true.
+// status(the request, event id, sends of it so far, this one included):
+// hangUp closes the connection without an answer, and a 3xx redirects to
+// redirect when it is set. It also counts the sends of one delivery (a
+// webhook's of an event) in flight at once, and the sends that arrived
+// once late() is true.
 type tally struct {
 	*httptest.Server
-	status func(req *http.Request, event string, n int) int
-	late   func() bool
+	status   func(req *http.Request, event string, n int) int
+	late     func() bool
+	redirect string
 
 	mu          sync.Mutex
 	hits        map[string]map[string]int // path → event id → sends
@@ -89,7 +94,17 @@ func newTally(t *testing.T, status func(req *http.Request, event string, n int) 
 		}
 		r.mu.Unlock()
 		r.arrived.Add(1)
-		w.WriteHeader(r.status(req, ev.ID, n))
+		switch code := r.status(req, ev.ID, n); {
+		case code == hangUp:
+			if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+				conn.Close()
+			}
+		default:
+			if code/100 == 3 && r.redirect != "" {
+				w.Header().Set("Location", r.redirect)
+			}
+			w.WriteHeader(code)
+		}
 		r.mu.Lock()
 		r.inFlight[delivery]--
 		r.mu.Unlock()
@@ -97,6 +112,10 @@ func newTally(t *testing.T, status func(req *http.Request, event string, n int) 
 	t.Cleanup(r.Close)
 	return r
 }
+
+// hangUp is a tally's status for a send it closes the connection on,
+// answering nothing.
+const hangUp = -1
 
 // count adds a send to m and answers the sends of path's event so far.
 func (r *tally) count(m map[string]map[string]int, path, event string) int {
@@ -698,5 +717,76 @@ func TestRotationsAndURLChangesRacingPassesSignAsAnswered(t *testing.T) {
 func deliverAt(t *testing.T, env *apitest.Env, now time.Time) {
 	if _, err := env.App.Server.Webhooks.Deliver(context.Background(), now); err != nil {
 		t.Errorf("delivery pass: %v", err)
+	}
+}
+
+// A flaky receiver, hammered by three sweepers whose passes are released
+// together each time its retries fall due: each event's first sends fail
+// (0 to 3 of them, by event), in turn a 500, a hang-up without an answer
+// and a redirect to a path of its own, which is never followed; the next is
+// answered 204. Each event is sent exactly as often as that takes (no
+// attempt sent twice, or twice at once, none lost, whatever the failures
+// recorded together), its delivery ends delivered with as many attempts,
+// and every send, whichever sweeper made it, verifies with the Go SDK
+// (VerifyWebhookAt) over the bytes received: the server's signature and
+// the SDK's check agree on every live body, not just the shared vectors.
+func TestSweepersAgainstAFlakyReceiverSendEachAttemptOnce(t *testing.T) {
+	env, clk := start(t, true)
+	envs := instances(t, env, clk, 3)
+	ws := hammered(t, env)
+	ctx := context.Background()
+	failures := func(ev string) int {
+		h := fnv.New32a()
+		h.Write([]byte(ev))
+		return int(h.Sum32() % 4)
+	}
+	rcv := newTally(t, func(_ *http.Request, ev string, n int) int {
+		if n > failures(ev) {
+			return http.StatusNoContent
+		}
+		return []int{http.StatusInternalServerError, hangUp, http.StatusFound}[(n-1)%3]
+	})
+	rcv.redirect = rcv.URL + "/followed"
+	created := env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
+		map[string]any{"url": rcv.URL + "/flaky", "events": []string{events.RunFinished}}).JSON()
+	id, secret := created["id"].(string), created["secret"].(string)
+	evs := recordMany(t, env, clk, ws.ID, events.RunFinished, 60)
+	_, err := env.App.Server.Webhooks.Dispatch(ctx, clk.Now())
+	require.NoError(t, err)
+	want, most := map[string]int{}, 0
+	for _, ev := range evs {
+		want[ev] = failures(ev) + 1
+		most = max(most, want[ev])
+	}
+	require.Equal(t, 4, most, "some event fails each way")
+
+	for range most + 1 {
+		errs := make([]error, len(envs))
+		apitest.StartTogether(len(envs), func(i int) { _, errs[i] = envs[i].App.Server.Webhooks.Deliver(ctx, clk.Now()) })
+		for _, err := range errs {
+			require.NoError(t, err)
+		}
+		// The retries made due by moving their time, not the clock, so
+		// that other tests' deliveries left in the outbox do not fall due.
+		_, err := env.App.Pool.Exec(ctx, `UPDATE webhook_deliveries SET next_attempt_at = $2
+			WHERE webhook_id = $1 AND state = 'pending'`, id, clk.Now())
+		require.NoError(t, err)
+	}
+	require.Empty(t, miscounted(want, rcv.sends("/flaky", false)))
+	require.Empty(t, rcv.sends("/followed", false), "a redirect followed")
+	require.Empty(t, rcv.overlapping)
+	got := deliveriesOf(t, env, id)
+	require.Len(t, got, len(evs))
+	for ev, d := range got {
+		require.Equal(t, deliveryRow{State: "delivered", Attempts: want[ev]}, d, ev)
+	}
+	sends := rcv.take()
+	require.NotEmpty(t, sends)
+	for _, s := range sends {
+		if s.path != "/flaky" {
+			continue
+		}
+		_, err := ratchet.VerifyWebhookAt(secret, s.signature, s.body, 0, clk.Now())
+		require.NoError(t, err, "%s: %s", s.signature, s.body)
 	}
 }
