@@ -790,3 +790,91 @@ func TestSweepersAgainstAFlakyReceiverSendEachAttemptOnce(t *testing.T) {
 		require.NoError(t, err, "%s: %s", s.signature, s.body)
 	}
 }
+
+// Rotations of one subscription under way together, as clients retrying
+// under keys of their own may send them: without replace_previous one
+// rotates and every other is refused (409 invalid_state, naming until when
+// the winner's previous secret signs), so no secret an answer showed is
+// lost; the next delivery is signed with the winner's secret, then the
+// first. With replace_previous each rotates in turn: the delivery is
+// signed with two of the secrets they answered (the last to commit, then
+// the one before it), never with the first, which the second replaced.
+func TestRotationsRacingEachOtherLoseNoAnsweredSecret(t *testing.T) {
+	env, clk := start(t, true)
+	ctx := context.Background()
+	ws := env.Signup()
+	rcv := newReceiver(t)
+	id, first := subscribe(t, env, ws.Key, rcv.URL)
+	send := func() (string, []byte) {
+		t.Helper()
+		n := rcv.count()
+		record(t, env, ws.ID, events.RunFinished, clk.Now())
+		env.App.Sweeper.RunOnce(ctx)
+		require.Equal(t, n+1, rcv.count())
+		rcv.mu.Lock()
+		defer rcv.mu.Unlock()
+		return rcv.sigs[n], rcv.bodies[n]
+	}
+	// Each rotation is sent while a transaction holds the subscription's
+	// row, and waits for it, so that all of them are under way together
+	// (as of one snapshot) when it ends.
+	const racers = 6
+	race := func(body any) []*apitest.Response {
+		tx, err := env.App.Pool.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(ctx) }()
+		_, err = tx.Exec(ctx, `SELECT 1 FROM webhooks WHERE id = $1 FOR UPDATE`, id)
+		require.NoError(t, err)
+		waits := apitest.NewLockWaits(t, env.App.Pool, apitest.BackendPID(t, tx))
+		out := make([]*apitest.Response, racers)
+		dones := make([]chan struct{}, racers)
+		for i := range racers {
+			dones[i] = make(chan struct{})
+			go func() {
+				defer close(dones[i])
+				out[i] = env.Do("POST", "/api/v1/webhooks/"+id+"/rotate-secret", ws.Key, body)
+			}()
+			waits.Waiting(dones[i], "a rotation waits for the row")
+		}
+		require.NoError(t, tx.Rollback(ctx))
+		for _, done := range dones {
+			<-done
+		}
+		return out
+	}
+
+	var winner, until string
+	var refused []*apitest.Response
+	for _, r := range race(nil) {
+		switch r.Status {
+		case http.StatusOK:
+			require.Empty(t, winner, "a second rotation answered: %s", r.Body)
+			winner, until = r.JSON()["secret"].(string), r.JSON()["previous_secret_expires_at"].(string)
+		case http.StatusConflict:
+			require.Equal(t, "invalid_state", r.ErrorCode(), "%s", r.Body)
+			refused = append(refused, r)
+		default:
+			t.Fatalf("rotation: %d %s", r.Status, r.Body)
+		}
+	}
+	require.NotEmpty(t, winner, "one rotation answered")
+	require.Len(t, refused, racers-1)
+	for _, r := range refused {
+		require.Equal(t, until, r.JSON()["error"].(map[string]any)["detail"].(map[string]any)["previous_secret_expires_at"])
+	}
+	sig, body := send()
+	require.Equal(t, []string{winner, first}, signedWith(t, sig, body, winner, first))
+
+	var answered []string
+	for _, r := range race(map[string]any{"replace_previous": true}) {
+		require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+		answered = append(answered, r.JSON()["secret"].(string))
+	}
+	sig, body = send()
+	signers := signedWith(t, sig, body, append([]string{first, winner}, answered...)...)
+	require.Len(t, signers, 2, sig)
+	for _, s := range signers {
+		require.Contains(t, answered, s, "signed by a secret this race answered")
+	}
+	require.NotEqual(t, signers[0], signers[1])
+}
