@@ -801,30 +801,22 @@ func TestSweepersAgainstAFlakyReceiverSendEachAttemptOnce(t *testing.T) {
 // the one before it), never with the first, which the second replaced.
 func TestRotationsRacingEachOtherLoseNoAnsweredSecret(t *testing.T) {
 	env, clk := start(t, true)
-	ctx := context.Background()
 	ws := env.Signup()
 	rcv := newReceiver(t)
 	id, first := subscribe(t, env, ws.Key, rcv.URL)
-	send := func() (string, []byte) {
-		t.Helper()
-		n := rcv.count()
-		record(t, env, ws.ID, events.RunFinished, clk.Now())
-		env.App.Sweeper.RunOnce(ctx)
-		require.Equal(t, n+1, rcv.count())
-		rcv.mu.Lock()
-		defer rcv.mu.Unlock()
-		return rcv.sigs[n], rcv.bodies[n]
-	}
 	// Each rotation is sent while a transaction holds the subscription's
 	// row, and waits for it, so that all of them are under way together
 	// (as of one snapshot) when it ends.
 	const racers = 6
 	race := func(body any) []*apitest.Response {
+		ctx := context.Background()
 		tx, err := env.App.Pool.Begin(ctx)
 		require.NoError(t, err)
 		defer func() { _ = tx.Rollback(ctx) }()
-		_, err = tx.Exec(ctx, `SELECT 1 FROM webhooks WHERE id = $1 FOR UPDATE`, id)
-		require.NoError(t, err)
+		var held int
+		require.NoError(t, tx.QueryRow(ctx, `SELECT count(*) FROM (SELECT FROM webhooks WHERE id = $1 FOR UPDATE) x`,
+			id).Scan(&held))
+		require.Equal(t, 1, held, "the subscription's row held")
 		waits := apitest.NewLockWaits(t, env.App.Pool, apitest.BackendPID(t, tx))
 		out := make([]*apitest.Response, racers)
 		dones := make([]chan struct{}, racers)
@@ -862,7 +854,7 @@ func TestRotationsRacingEachOtherLoseNoAnsweredSecret(t *testing.T) {
 	for _, r := range refused {
 		require.Equal(t, until, r.JSON()["error"].(map[string]any)["detail"].(map[string]any)["previous_secret_expires_at"])
 	}
-	sig, body := send()
+	sig, body := sendOne(t, env, clk, ws.ID, rcv)
 	require.Equal(t, []string{winner, first}, signedWith(t, sig, body, winner, first))
 
 	var answered []string
@@ -870,7 +862,7 @@ func TestRotationsRacingEachOtherLoseNoAnsweredSecret(t *testing.T) {
 		require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
 		answered = append(answered, r.JSON()["secret"].(string))
 	}
-	sig, body = send()
+	sig, body = sendOne(t, env, clk, ws.ID, rcv)
 	signers := signedWith(t, sig, body, append([]string{first, winner}, answered...)...)
 	require.Len(t, signers, 2, sig)
 	for _, s := range signers {

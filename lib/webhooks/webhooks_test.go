@@ -1614,6 +1614,20 @@ func TestARetryDuringTheLastAttemptKeepsTheDeliveryGoing(t *testing.T) {
 	require.Equal(t, "delivered", deliveries(t, env, ws.Key, id)[0]["state"])
 }
 
+// sendOne records a run.finished in workspace ws, runs a sweep and answers
+// the one delivery rcv is sent of it: its Ratchet-Signature and its body.
+func sendOne(t *testing.T, env *apitest.Env, clk *apitest.Clock, ws string, rcv *receiver) (string, []byte) {
+	t.Helper()
+	n := rcv.count()
+	record(t, env, ws, events.RunFinished, clk.Now())
+	env.App.Sweeper.RunOnce(context.Background())
+	require.Equal(t, n+1, rcv.count())
+	rcv.mu.Lock()
+	defer rcv.mu.Unlock()
+	apitest.CheckDelivery(t, rcv.headers[n], rcv.bodies[n]) // one v1 or two
+	return rcv.sigs[n], rcv.bodies[n]
+}
+
 // signedWith answers, for each v1 of a Ratchet-Signature header over body,
 // which of secrets made it ("" for none), as a receiver checks them.
 func signedWith(t *testing.T, header string, body []byte, secrets ...string) []string {
@@ -1662,17 +1676,7 @@ func TestARotatedSecretSignsBesideTheNewOneUntilItExpires(t *testing.T) {
 	rotate := func(body any) *apitest.Response {
 		return env.Do("POST", "/api/v1/webhooks/"+id+"/rotate-secret", ws.Key, body)
 	}
-	send := func() (string, []byte) {
-		t.Helper()
-		n := rcv.count()
-		record(t, env, ws.ID, events.RunFinished, clk.Now())
-		env.App.Sweeper.RunOnce(ctx)
-		require.Equal(t, n+1, rcv.count())
-		rcv.mu.Lock()
-		defer rcv.mu.Unlock()
-		apitest.CheckDelivery(t, rcv.headers[n], rcv.bodies[n]) // one v1 or two
-		return rcv.sigs[n], rcv.bodies[n]
-	}
+	send := func() (string, []byte) { return sendOne(t, env, clk, ws.ID, rcv) }
 
 	// Refused, nothing rotated: out of bounds, unknown fields, another
 	// workspace's webhook.
