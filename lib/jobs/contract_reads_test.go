@@ -33,7 +33,8 @@ func TestTheReplayPreviewDoesNotReadOutputSchemas(t *testing.T) {
 		sql  string
 		args []any
 	}{
-		"targets": {jobs.SQLReplayTargets, []any{b.ws, "send_email", 100}},
+		"targets": {jobs.SQLReplayTargets, []any{b.ws, "send_email", 100, nil, jobs.MaxCheckEvaluations,
+			jobs.CompileBaseEvaluations, jobs.CompileBytesPerEvaluation, jobs.ReplaySchemaBatchBytes}},
 		"older": {jobs.SQLReplayOlderTargets, []any{b.ws, "send_email", 3, 100, jobs.MaxCheckEvaluations,
 			jobs.CompileBaseEvaluations, jobs.CompileBytesPerEvaluation}},
 	} {

@@ -51,6 +51,15 @@ func OnLook(s *Service, f func(workerID string)) { s.looked = f }
 // reads past its list. Set it before the service's first preview.
 func OnOlderTargets(s *Service, f func([]Contract)) { s.onOlderTargets = f }
 
+// OnSchemasRead tells f of the contracts each read of a replay preview's
+// listed targets carried the input schemas of. Set it before the
+// service's first preview.
+func OnSchemasRead(s *Service, f func(versions []int)) { s.onSchemasRead = f }
+
+// ReplaySchemaBatchBytes bounds the schemas one read of a preview's
+// listed targets carries past its first.
+const ReplaySchemaBatchBytes = replaySchemaBatchBytes
+
 // The bounds the worker protocol's handlers check, for the test that their
 // openapi tags restate them.
 const (

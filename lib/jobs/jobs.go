@@ -103,6 +103,10 @@ type Service struct {
 	// a replay preview reads (olderUpgradeRuns), for a test of what it
 	// reads.
 	onOlderTargets func([]Contract)
+	// onSchemasRead, when set, is told of the contracts each read of a
+	// replay preview's listed targets carried the input schemas of
+	// (sqlReplayTargets, sqlReplaySchemas), for a test of what it reads.
+	onSchemasRead func(versions []int)
 	// logger says which jobs a claim passed over (claimOnce); never an
 	// input or a key.
 	logger *slog.Logger

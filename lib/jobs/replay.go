@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -50,13 +51,14 @@ type ReplayUpgrade struct {
 	Status          string              `json:"status" openapi:"enum=ACTIVE|FORBIDDEN"`
 	Compatible      bool                `json:"compatible"`
 	Forbidden       bool                `json:"forbidden"`
-	Checked         bool                `json:"checked" jsonschema:"true when the saved input was checked against this contract's inputSchema, so that compatible says whether it fits; false when it was not: the preview's check budget (one enqueue's, over all its targets, newest first) ran out before it (compatible false, validation one entry, field input, saying so), or the input cannot be decrypted (inputUnreadable). Its fit is then unknown, eligible counts it as one that may take the step, and a replay onto it (targetContractVersion) checks it, 409 invalid_state when it does not fit"`
+	Checked         bool                `json:"checked" jsonschema:"true when the saved input was checked against this contract's inputSchema, so that compatible says whether it fits; false when it was not: the preview's check budget (one enqueue's, over all its targets: those not FORBIDDEN first, newest first, then the FORBIDDEN ones with what is left) ran out before it (compatible false, validation one entry, field input, saying so), or the input cannot be decrypted (inputUnreadable). Its fit is then unknown, eligible counts it as one that may take the step, and a replay onto it (targetContractVersion) checks it, 409 invalid_state when it does not fit"`
 	Validation      []apierr.FieldError `json:"validation" openapi:"notNull"`
 }
 
 // fitBudget is what one replay preview may spend checking the saved input
 // against its targets' input schemas: the evaluations one enqueue's check
-// may take (MaxCheckEvaluations), over them all. Each target was held to it
+// may take (MaxCheckEvaluations), over them all, those a replay may choose
+// first (PreviewReplay). Each target was held to it
 // alone, so a preview spent it up to once per target, 100 listed and any
 // number older (QA: a 450 kB input checked against 3 contracts answered the
 // preview after 27 s, 12 s past its deadline; 100 such contracts would hold
@@ -70,7 +72,8 @@ func newFitBudget() *fitBudget { return &fitBudget{left: MaxCheckEvaluations} }
 // notChecked is the validation of a target the preview's budget did not
 // reach.
 var notChecked = apierr.FieldError{Field: "input", Message: fmt.Sprintf("was not checked against this contract's "+
-	"inputSchema: checking it, after the newer contracts, could evaluate more than the %d subschemas a "+
+	"inputSchema: checking it, after the contracts checked before it (those not FORBIDDEN first, newest first), "+
+	"could evaluate more than the %d subschemas a "+
 	"preview checks in all; a replay onto it (targetContractVersion) checks it", MaxCheckEvaluations)}
 
 // fit checks the saved input against schema from what is left of the
@@ -81,6 +84,12 @@ var notChecked = apierr.FieldError{Field: "input", Message: fmt.Sprintf("was not
 // compiled every target it listed and every older one it read on, each up
 // to about 0.15 s (review).
 func (b *fitBudget) fit(schema, input json.RawMessage) (problems []apierr.FieldError, checked bool, err error) {
+	if schema == nil {
+		// Not read: the budget left cannot reach it (sqlReplayTargets,
+		// sqlReplayOlderTargets), nor anything after it.
+		b.left = min(b.left, 0)
+		return nil, false, nil
+	}
 	if b.left -= compileEvaluations(schema); b.left <= 0 {
 		return nil, false, nil
 	}
@@ -90,6 +99,64 @@ func (b *fitBudget) fit(schema, input json.RawMessage) (problems []apierr.FieldE
 		return nil, false, nil
 	}
 	return problems, true, err
+}
+
+// replayTarget is a contract the preview lists (sqlReplayTargets): schema
+// is its input schema, nil until read; cost bounds from below what
+// compiling it spends of the budget, and bytes is its size as read.
+type replayTarget struct {
+	version                int
+	handlerVersion, status string
+	schema                 json.RawMessage
+	cost, bytes            int64
+}
+
+// replaySchemaBatchBytes bounds the input schemas one read of the preview
+// carries, past its first: about four of the largest a contract may have.
+const replaySchemaBatchBytes = 1 << 20
+
+// readReplaySchemas reads the schemas of the targets order lists (indexes
+// into targets, in the order the budget is spent) that left may reach,
+// from the first on, in one statement of at most replaySchemaBatchBytes
+// of them (the first whatever its size).
+func (s *Service) readReplaySchemas(ctx context.Context, workspaceID, name string, targets []replayTarget,
+	order []int, left int64) error {
+	var versions []int32
+	var cost, size int64
+	for _, i := range order {
+		t := targets[i]
+		if t.schema != nil {
+			continue
+		}
+		cost += t.cost
+		size += t.bytes
+		if cost >= left || len(versions) > 0 && size > replaySchemaBatchBytes {
+			break
+		}
+		versions = append(versions, int32(t.version))
+	}
+	rows, err := s.pool.Query(ctx, sqlReplaySchemas, workspaceID, name, versions)
+	if err != nil {
+		return fmt.Errorf("replay target schemas: %w", err)
+	}
+	read := map[int]json.RawMessage{}
+	var version int
+	var schema []byte
+	if _, err := pgx.ForEachRow(rows, []any{&version, &schema}, func() error {
+		read[version] = slices.Clone(schema)
+		return nil
+	}); err != nil {
+		return fmt.Errorf("replay target schemas: %w", err)
+	}
+	for i := range targets {
+		if sch, ok := read[targets[i].version]; ok {
+			targets[i].schema = sch
+		}
+	}
+	if s.onSchemasRead != nil {
+		s.onSchemasRead(slices.Sorted(maps.Keys(read)))
+	}
+	return nil
 }
 
 // ReplayPreview answers GET /api/v1/steps/{id}/replay. handlerVersion is the
@@ -254,30 +321,68 @@ func (s *Service) PreviewReplay(ctx context.Context, workspaceID, stepID string)
 		s.logger.Warn("a replay preview reads the step's input this instance cannot open as inputUnreadable",
 			"job_id", j.id, "key_id", seal.KeyIDOf(j.inputSealed), "err", openErr)
 	}
-	rows, err := s.pool.Query(ctx, sqlReplayTargets, workspaceID, j.name, maxReplayTargets)
+	budget := newFitBudget()
+	if openErr != nil {
+		budget.left = 0 // nothing is checked, so no schema is read
+	}
+	rows, err := s.pool.Query(ctx, sqlReplayTargets, workspaceID, j.name, maxReplayTargets, j.contractVersion,
+		budget.left, compileBaseEvaluations, compileBytesPerEvaluation, replaySchemaBatchBytes)
 	if err != nil {
 		return ReplayPreview{}, fmt.Errorf("replay targets: %w", err)
 	}
-	targets, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Contract, error) { return scanContract(r) })
+	targets, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (replayTarget, error) {
+		var t replayTarget
+		var schema []byte
+		err := r.Scan(&t.version, &t.handlerVersion, &t.status, &schema, &t.cost, &t.bytes)
+		t.schema = schema
+		return t, err
+	})
 	if err != nil {
 		return ReplayPreview{}, fmt.Errorf("replay targets: %w", err)
+	}
+	if s.onSchemasRead != nil {
+		var read []int
+		for _, t := range targets {
+			if t.schema != nil {
+				read = append(read, t.version)
+			}
+		}
+		s.onSchemasRead(read)
 	}
 	out := ReplayPreview{StepID: stepID, JobID: j.id, Name: j.name, Status: j.status,
 		HandlerVersion: j.version, ContractVersion: intPtr(j.contractVersion), Attempt: j.attempt,
-		MaxAttempts: j.maxAttempts, EndpointPaused: j.paused, Upgrades: []ReplayUpgrade{},
+		MaxAttempts: j.maxAttempts, EndpointPaused: j.paused, Upgrades: make([]ReplayUpgrade, len(targets)),
 		InputUnreadable: openErr != nil, HandlerVersionForbidden: j.versionForbidden}
-	budget := newFitBudget()
-	for _, c := range targets {
-		if j.contractVersion != nil && int(*j.contractVersion) == c.ContractVersion {
-			continue // the current contract is a same-version replay, not a target
+	var choosable, forbidden []int // indexes of targets, newest first
+	for i, t := range targets {
+		out.Upgrades[i] = ReplayUpgrade{ContractVersion: t.version, HandlerVersion: t.handlerVersion,
+			Status: t.status, Forbidden: t.status == ContractForbidden, Validation: []apierr.FieldError{}}
+		if out.Upgrades[i].Forbidden {
+			forbidden = append(forbidden, i)
+		} else {
+			choosable = append(choosable, i)
 		}
-		u := ReplayUpgrade{ContractVersion: c.ContractVersion, HandlerVersion: c.HandlerVersion, Status: c.Status,
-			Forbidden: c.Status == ContractForbidden, Validation: []apierr.FieldError{}}
-		if !out.InputUnreadable {
-			problems, checked, err := budget.fit(c.InputSchema, input)
+	}
+	// The budget goes to the targets a replay may choose first (review: the
+	// FORBIDDEN ones, never choosable, spent it in list order and could
+	// leave every ACTIVE one below them not checked), then, when
+	// eligibility needs them, to the older ones past the list, and what is
+	// left to the FORBIDDEN ones, whose fit is only shown.
+	check := func(order []int) error {
+		for k, i := range order {
+			if out.InputUnreadable {
+				return nil
+			}
+			t, u := &targets[i], &out.Upgrades[i]
+			if t.schema == nil && t.cost < budget.left {
+				if err := s.readReplaySchemas(ctx, workspaceID, j.name, targets, order[k:], budget.left); err != nil {
+					return err
+				}
+			}
+			problems, checked, err := budget.fit(t.schema, input)
 			switch {
 			case err != nil:
-				return ReplayPreview{}, err
+				return err
 			case !checked:
 				u.Validation = []apierr.FieldError{notChecked}
 			case problems != nil:
@@ -285,7 +390,10 @@ func (s *Service) PreviewReplay(ctx context.Context, workspaceID, stepID string)
 			}
 			u.Checked, u.Compatible = checked, checked && len(problems) == 0
 		}
-		out.Upgrades = append(out.Upgrades, u)
+		return nil
+	}
+	if err := check(choosable); err != nil {
+		return ReplayPreview{}, err
 	}
 	why := j.ineligible()
 	if why == "" && j.versionForbidden && !slices.ContainsFunc(out.Upgrades, func(u ReplayUpgrade) bool {
@@ -301,13 +409,16 @@ func (s *Service) PreviewReplay(ctx context.Context, workspaceID, stepID string)
 			// (jobs QA: a step whose only fitting upgrade was older than
 			// the newest 100 read eligible: false).
 			if runnable, err = s.olderUpgradeRuns(ctx, workspaceID, j, input, out.InputUnreadable,
-				targets[len(targets)-1].ContractVersion, budget); err != nil {
+				targets[len(targets)-1].version, budget); err != nil {
 				return ReplayPreview{}, err
 			}
 		}
 		if !runnable {
 			why = ineligibleForbidden(j)
 		}
+	}
+	if err := check(forbidden); err != nil {
+		return ReplayPreview{}, err
 	}
 	out.Eligible = why == ""
 	if why != "" {

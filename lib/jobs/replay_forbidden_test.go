@@ -145,18 +145,22 @@ func exhaustedStep(t *testing.T) (*bundle, jobs.EnqueueResult, func(version, sta
 	}
 }
 
-// A preview whose budget its list spent reads on past the list for one
-// contract only, without its schema: one the budget cannot reach may take
-// the step, so it reads eligible, and no schema is read that no check
-// would use (review: a page of 100 older input schemas, about 25 MB, was
-// read, and only the first looked at). So does a preview of an input it
-// cannot open, whose every upgrade may take the step.
+// A preview checks the contracts a replay may choose before the FORBIDDEN
+// ones, the older ones past its list included (review: the FORBIDDEN
+// ones, listed first, spent the budget, and each ACTIVE one read "not
+// checked"): here the newest FORBIDDEN contract's check alone could take
+// more than the whole budget, yet the older ACTIVE ones are read with
+// their schemas and checked, and only then is that one told not checked.
+// A preview of an input it cannot open reads on past its list for one
+// contract only, without its schema: any may take the step, so it reads
+// eligible, and no schema is read that no check would use (review: a page
+// of 100 older input schemas, about 25 MB, was read, and only the first
+// looked at).
 func TestAReplayPreviewWhoseBudgetIsSpentReadsNoOlderSchema(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	// Checking the input against the newest contract (25 branches for
-	// each of its items) could take more than the whole budget: it is not
-	// checked, and what is left of the budget reaches no other.
+	// each of its items) could take more than the whole budget.
 	items := make([]string, jobs.MaxCheckEvaluations/26+1)
 	for i := range items {
 		items[i] = "0"
@@ -187,15 +191,14 @@ func TestAReplayPreviewWhoseBudgetIsSpentReadsNoOlderSchema(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, p.HandlerVersionForbidden)
 	require.Len(t, p.Upgrades, jobs.MaxReplayTargets)
-	for _, u := range p.Upgrades {
-		require.True(t, u.Forbidden)
-		require.False(t, u.Checked, "contract %d: the budget reached none", u.ContractVersion)
-	}
-	require.True(t, p.Eligible, "an older contract not checked may take the step: %v", p.IneligibleReason)
+	require.True(t, p.Eligible, "an older contract fits: %v", p.IneligibleReason)
 	require.Len(t, pages, 1, "one read past the list")
-	require.Equal(t, 1, len(pages[0]), "of one contract")
+	require.Len(t, pages[0], 3, "of the older contracts not FORBIDDEN")
 	require.EqualValues(t, 4, pages[0][0].ContractVersion, "the newest older one")
-	require.Nil(t, pages[0][0].InputSchema, "without its schema")
+	require.NotNil(t, pages[0][0].InputSchema, "with its schema: the FORBIDDEN ones spent nothing before it")
+	newest := p.Upgrades[0]
+	require.EqualValues(t, 104, newest.ContractVersion)
+	require.False(t, newest.Checked, "checked with what was left, which could not cover it")
 
 	// So with an input this instance cannot open (here damaged): any
 	// older contract may take the step, and none's schema is read.

@@ -50,20 +50,44 @@ ORDER BY contract_version`
 const sqlContractByVersion = `SELECT ` + contractColumns + ` FROM tool_contracts
 WHERE workspace_id = $1::text AND name = $2::text AND contract_version = $3::int`
 
-// replayTargetColumns are contractColumns without the output schema, which
-// the replay preview never reads (it checks the saved input against each
-// target's input schema): NULL in its place, so scanContract reads them.
-// Each output schema may be 256 KiB, and a preview reads up to 100 targets
-// and pages of older ones.
-const replayTargetColumns = `name, contract_version, handler_version, input_schema, NULL::jsonb AS output_schema,
-	timeout_ms, retry_preset, max_attempts, initial_delay_ms, multiplier, max_delay_ms, jitter_percent, status,
-	created_at`
+// sqlReplayTargets lists a tool's contracts but the step's own ($4, NULL
+// for a step without one), newest first, $3 at most, for the replay
+// preview: each with what compiling its input schema costs at least
+// (compileEvaluations: $6, and one more for each $7 bytes of its text
+// without spaces, as sqlReplayOlderTargets counts it) and its size as
+// read, and the schema itself only for a first batch: the preview checks
+// the contracts not FORBIDDEN first, newest first, then the FORBIDDEN
+// ones (fitBudget), and the batch is the first in that order, and each
+// after it whose predecessors' sizes and its own stay within $8 bytes,
+// while their costs stay below the budget ($5 evaluations). The preview
+// reads the rest in batches as its budget reaches them
+// (sqlReplaySchemas): what a check evaluates is told only by checking, and
+// a first check may spend the whole budget (review: the page read its 100
+// schemas, up to 256 KiB each, when the budget reached the first alone).
+// An input that cannot be opened passes 0 and reads none. No output schema
+// is read: the preview checks inputs only.
+const sqlReplayTargets = `SELECT c.contract_version, c.handler_version, c.status,
+       CASE WHEN c.before_cost + c.cost < $5::bigint AND (c.n = 1 OR c.before_bytes + c.bytes <= $8::bigint)
+            THEN c.input_schema END AS input_schema,
+       c.cost, c.bytes
+FROM (
+    SELECT c.*, row_number() OVER w AS n,
+           coalesce(sum(c.cost) OVER (w ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before_cost,
+           coalesce(sum(c.bytes) OVER (w ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before_bytes
+    FROM (SELECT t.contract_version, t.handler_version, t.status, t.input_schema,
+                 $6::bigint + octet_length(replace(t.input_schema::text, ' ', '')) / $7::bigint AS cost,
+                 octet_length(t.input_schema::text)::bigint AS bytes
+          FROM tool_contracts t
+          WHERE t.workspace_id = $1::text AND t.name = $2::text AND t.contract_version IS DISTINCT FROM $4::int
+          ORDER BY t.contract_version DESC LIMIT $3::int) c
+    WINDOW w AS (ORDER BY c.status = 'FORBIDDEN', c.contract_version DESC)
+) c
+ORDER BY c.contract_version DESC`
 
-// sqlReplayTargets lists a tool's contracts, newest first, for the replay
-// preview.
-const sqlReplayTargets = `SELECT ` + replayTargetColumns + ` FROM tool_contracts
-WHERE workspace_id = $1::text AND name = $2::text
-ORDER BY contract_version DESC LIMIT $3::int`
+// sqlReplaySchemas reads the input schemas of the tool's contracts $3, a
+// batch the replay preview's budget left may reach (sqlReplayTargets).
+const sqlReplaySchemas = `SELECT contract_version, input_schema FROM tool_contracts
+WHERE workspace_id = $1::text AND name = $2::text AND contract_version = ANY($3::int[])`
 
 // sqlReplayOlderTargets lists, newest first, the contracts below $3 (the
 // oldest the preview listed) that are not FORBIDDEN (the step's own is: it
