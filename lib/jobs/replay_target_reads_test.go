@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/jobs"
 )
 
@@ -124,4 +125,18 @@ func TestTheReplayPreviewChecksChoosableTargetsFirst(t *testing.T) {
 	require.True(t, forbidden.Forbidden)
 	require.False(t, forbidden.Checked, "what was left could not cover it")
 	require.Contains(t, forbidden.Validation[0].Message, "was not checked")
+}
+
+// The preview tells a target's problems as an enqueue does: an input that
+// fails every alternative of an anyOf is one problem (QA: one for each).
+func TestTheReplayPreviewTellsAFailedAnyOfOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	st := failedStep(t, b, `{"a":"x"}`)
+	publishAs(t, b, "2", "ACTIVE", `{"properties":{"a":{"anyOf":[{"type":"integer"},{"type":"boolean"}]}}}`)
+	p, err := b.svc.PreviewReplay(ctx, b.ws, st.StepID)
+	require.NoError(t, err)
+	require.Len(t, p.Upgrades, 1)
+	require.Equal(t, []apierr.FieldError{{Field: "input.a", Message: "must be of type integer or boolean (got string)"}},
+		p.Upgrades[0].Validation)
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math/big"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -520,16 +521,17 @@ func validateDocWithin(schema, doc []byte, root string, budget int64) ([]apierr.
 	if !errors.As(err, &ve) {
 		return nil, n, fmt.Errorf("validate: %w", err)
 	}
-	return leafProblems(ve, root, "does not match the schema"), n, nil
+	return leafProblems(ve, root, "does not match the schema", false), n, nil
 }
 
 // leafProblems flattens a validation error tree into its leaves' problems,
 // fields rooted at root, sorted, without repeats and at most
 // maxValidationProblems; fallback is the root's message when no leaf
-// names one.
-func leafProblems(ve *jsonschema.ValidationError, root, fallback string) []apierr.FieldError {
+// names one. meta says the tree is a schema's check against its
+// meta-schema, whose enums (its keywords' values) may be quoted.
+func leafProblems(ve *jsonschema.ValidationError, root, fallback string, meta bool) []apierr.FieldError {
 	var out []apierr.FieldError
-	collectProblems(ve, root, &out)
+	collectProblems(ve, root, meta, &out)
 	if len(out) == 0 {
 		out = append(out, apierr.FieldError{Field: root, Message: fallback})
 	}
@@ -592,7 +594,7 @@ func metaSchemaProblems(field string, err error) []apierr.FieldError {
 	if !errors.As(sve.Err, &ve) {
 		return nil
 	}
-	out := leafProblems(ve, field, "does not match the JSON Schema meta-schema")
+	out := leafProblems(ve, field, "does not match the JSON Schema meta-schema", true)
 	for i := range out {
 		out[i].Message = "is not valid JSON Schema (2020-12, or the draft its $schema names): " + out[i].Message
 	}
@@ -623,11 +625,20 @@ func validateSafely(s *jsonschema.Schema, v any) (err error) {
 	return s.Validate(v)
 }
 
-// collectProblems flattens the leaves of a validation error tree.
-func collectProblems(ve *jsonschema.ValidationError, root string, out *[]apierr.FieldError) {
+// collectProblems flattens the leaves of a validation error tree, a value
+// that fails every alternative of an anyOf or oneOf told once
+// (alternativesProblem).
+func collectProblems(ve *jsonschema.ValidationError, root string, meta bool, out *[]apierr.FieldError) {
+	told := len(*out)
+	if p, ok := alternativesProblem(ve, root, meta, out); ok {
+		*out = append(*out, p)
+		return
+	} else if len(*out) > told {
+		return // told as the alternatives for its kind of value say
+	}
 	if len(ve.Causes) > 0 {
 		for _, c := range ve.Causes {
-			collectProblems(c, root, out)
+			collectProblems(c, root, meta, out)
 		}
 		return
 	}
@@ -644,7 +655,7 @@ func collectProblems(ve *jsonschema.ValidationError, root string, out *[]apierr.
 		}
 	case *kind.Type:
 		*out = append(*out, apierr.FieldError{Field: field,
-			Message: fmt.Sprintf("must be of type %s (got %s)", strings.Join(k.Want, " or "), k.Got)})
+			Message: fmt.Sprintf(typeRulePrefix+"%s (got %s)", strings.Join(k.Want, " or "), k.Got)})
 	case *kind.MinLength:
 		*out = append(*out, apierr.FieldError{Field: field, Message: fmt.Sprintf("must be at least %d characters", k.Want)})
 	case *kind.MaxLength:
@@ -661,7 +672,9 @@ func collectProblems(ve *jsonschema.ValidationError, root string, out *[]apierr.
 			msg += " (RE2 syntax, as Go's regexp reads it: no lookaround or backreferences)"
 		}
 		*out = append(*out, apierr.FieldError{Field: field, Message: msg})
-	case *kind.Enum, *kind.Const:
+	case *kind.Enum:
+		*out = append(*out, apierr.FieldError{Field: field, Message: enumMessage(k, meta)})
+	case *kind.Const:
 		*out = append(*out, apierr.FieldError{Field: field, Message: "must be one of the values the schema allows"})
 	case *kind.FalseSchema:
 		*out = append(*out, apierr.FieldError{Field: field, Message: "is not allowed by the schema"})
@@ -676,6 +689,158 @@ func collectProblems(ve *jsonschema.ValidationError, root string, out *[]apierr.
 		*out = append(*out, apierr.FieldError{Field: field, Message: msg})
 	}
 }
+
+// enumMessage says what an enum allows: for a meta-schema's (the values
+// of a keyword such as "type"), its values; for a contract's, not them (a
+// message names the rule, never what the schema or document holds).
+func enumMessage(k *kind.Enum, meta bool) string {
+	const plain = "must be one of the values the schema allows"
+	if !meta {
+		return plain
+	}
+	want := make([]string, 0, len(k.Want))
+	for _, v := range k.Want {
+		switch v.(type) {
+		case []any, map[string]any:
+			return plain
+		}
+		b, err := jsonx.Marshal(v)
+		if err != nil {
+			return plain
+		}
+		want = append(want, string(b))
+	}
+	return "must be one of " + strings.Join(want, ", ")
+}
+
+// alternativesProblem tells a value that fails every alternative of an
+// anyOf, or of a oneOf that none matches, as one problem when each
+// alternative's problems are the value's own (none deeper in it): the
+// alternatives' rules joined by "or", the types they want as one (QA: a
+// schema's {"type":"nope"} was told two problems for one field, one for
+// each alternative of the meta-schema's "type", and an input of the wrong
+// type for an anyOf of two types one for each). Alternatives for another
+// kind of value than the value's are left out when some are for its kind
+// (wrongKind): when those name problems deeper in the value, they are
+// appended to out as they are. ok is false but then, and when the
+// alternatives' problems are to be told as they are.
+func alternativesProblem(ve *jsonschema.ValidationError, root string, meta bool, out *[]apierr.FieldError) (p apierr.FieldError, ok bool) {
+	switch k := ve.ErrorKind.(type) {
+	case *kind.AnyOf:
+	case *kind.OneOf:
+		if len(k.Subschemas) > 0 {
+			return p, false // more than one matched
+		}
+	default:
+		return p, false
+	}
+	if len(ve.Causes) == 0 {
+		return p, false
+	}
+	field := dotted(root, ve.InstanceLocation)
+	// An alternative for another kind of value is not what the value
+	// missed when another is for its kind ({"type":["nope"]}: not the
+	// type name, but an array of them, whose item is wrong).
+	causes := slices.DeleteFunc(slices.Clone(ve.Causes), wrongKind)
+	if len(causes) == 0 {
+		causes = ve.Causes
+	}
+	var each []apierr.FieldError
+	for _, c := range causes {
+		collectProblems(c, root, meta, &each)
+	}
+	if len(causes) < len(ve.Causes) && slices.ContainsFunc(each, func(e apierr.FieldError) bool {
+		return e.Field != field
+	}) {
+		*out = append(*out, each...)
+		return p, false
+	}
+	var types []string
+	got := ""
+	var rules []string
+	for _, e := range each {
+		if e.Field != field {
+			return p, false
+		}
+		if want, g, isType := typeRule(e.Message); isType && (got == "" || g == got) {
+			got = g
+			types = append(types, want)
+			continue
+		}
+		rules = append(rules, e.Message)
+	}
+	if len(types) > 0 {
+		types = slices.Compact(types)
+		rules = append([]string{fmt.Sprintf(typeRulePrefix+"%s (got %s)", strings.Join(types, " or "), got)},
+			rules...)
+	}
+	seen := map[string]bool{}
+	rules = slices.DeleteFunc(rules, func(r string) bool { told := seen[r]; seen[r] = true; return told })
+	if len(rules) == 0 {
+		return p, false
+	}
+	msg := rules[0]
+	if len(rules) > 1 && slices.ContainsFunc(rules, func(r string) bool { return !strings.HasPrefix(r, "must ") }) {
+		// A rule said as a failure ("fails the schema's ... rule") is no
+		// requirement to offer as an alternative.
+		msg = fmt.Sprintf("matches none of the alternatives of the schema's %q rule: it %s",
+			ve.ErrorKind.KeywordPath()[0], strings.Join(rules, "; it "))
+	} else {
+		for _, r := range rules[1:] {
+			msg += ", or " + strings.TrimPrefix(r, "must ")
+		}
+	}
+	return apierr.FieldError{Field: field, Message: msg}, true
+}
+
+// wrongKind says an alternative fails only for the value's kind: its type,
+// or an enum of no value of its kind (through a $ref, allOf or the like
+// of one cause).
+func wrongKind(ve *jsonschema.ValidationError) bool {
+	for len(ve.Causes) == 1 {
+		ve = ve.Causes[0]
+	}
+	switch k := ve.ErrorKind.(type) {
+	case *kind.Type:
+		return len(ve.Causes) == 0
+	case *kind.Enum:
+		return len(ve.Causes) == 0 && !slices.ContainsFunc(k.Want, func(w any) bool { return kindOf(w) == kindOf(k.Got) })
+	}
+	return false
+}
+
+// kindOf names the JSON kind of a decoded value.
+func kindOf(v any) string {
+	switch v.(type) {
+	case map[string]any:
+		return "object"
+	case []any:
+		return "array"
+	case string:
+		return "string"
+	case bool:
+		return "boolean"
+	case nil:
+		return "null"
+	}
+	return "number"
+}
+
+// typeRule reads a type problem's message back: the types it wants and
+// the one it got.
+func typeRule(msg string) (want, got string, ok bool) {
+	rest, ok := strings.CutPrefix(msg, typeRulePrefix)
+	if !ok {
+		return "", "", false
+	}
+	i := strings.LastIndex(rest, " (got ")
+	if i < 0 || !strings.HasSuffix(rest, ")") {
+		return "", "", false
+	}
+	return rest[:i], rest[i+len(" (got ") : len(rest)-1], true
+}
+
+const typeRulePrefix = "must be of type "
 
 // ratString writes a schema bound as a plain number.
 func ratString(r *big.Rat) string {
@@ -693,24 +858,52 @@ func dotted(root string, loc []string) string {
 }
 
 // schemaCompileProblem describes why a schema does not compile without
-// quoting it.
+// quoting it, nor the URL it is compiled under (schemaURL, an
+// implementation detail: QA, {"$ref":"#/nonexist"} was told
+// `json-pointer in "schema#/nonexist" not found`).
 func schemaCompileProblem(err error) string {
-	if errors.Is(err, errUnsupportedDialect) {
+	const prefix = "must be a valid JSON Schema (2020-12, or the draft its $schema names): "
+	var (
+		load      *jsonschema.LoadURLError
+		pointer   *jsonschema.JSONPointerNotFoundError
+		badPtr    *jsonschema.InvalidJsonPointerError
+		anchor    *jsonschema.AnchorNotFoundError
+		dupID     *jsonschema.DuplicateIDError
+		dupAnchor *jsonschema.DuplicateAnchorError
+		parseID   *jsonschema.ParseIDError
+		parseAnc  *jsonschema.ParseAnchorError
+	)
+	switch {
+	case errors.Is(err, errUnsupportedDialect):
 		return "must be a valid JSON Schema: " + errUnsupportedDialect.Error()
-	}
-	if load := (*jsonschema.LoadURLError)(nil); errors.As(err, &load) {
+	case errors.As(err, &load):
 		// The library's message quotes the URL it could not load.
-		return "must be a valid JSON Schema (2020-12, or the draft its $schema names): it has a $ref to another document; " +
-			errExternalReference.Error()
+		return prefix + "it has a $ref to another document; " + errExternalReference.Error()
+	case errors.As(err, &pointer), errors.As(err, &badPtr), errors.As(err, &anchor):
+		return prefix + "a $ref names a part of the schema that it does not hold: name one by its JSON " +
+			`pointer from the schema's root ("#/$defs/name") or by an $anchor it declares ("#name")`
+	case errors.As(err, &dupID):
+		return prefix + "two of its subschemas declare the same $id"
+	case errors.As(err, &dupAnchor):
+		return prefix + "two of its subschemas declare the same $anchor"
+	case errors.As(err, &parseID):
+		return prefix + "an $id of it is not a valid URI reference"
+	case errors.As(err, &parseAnc):
+		return prefix + "an $anchor of it is not a valid anchor name"
 	}
 	msg := err.Error()
 	if i := strings.Index(msg, "\n"); i > 0 {
 		msg = msg[:i]
 	}
-	msg = strings.ReplaceAll(msg, schemaURL, "schema")
-	msg = strings.ReplaceAll(msg, schemaURL[:strings.LastIndexByte(schemaURL, '/')+1], "")
+	msg = compiledURLs.ReplaceAllString(msg, "the schema")
 	if len(msg) > 300 {
 		msg = msg[:300]
 	}
-	return "must be a valid JSON Schema (2020-12, or the draft its $schema names): " + msg
+	return prefix + msg
 }
+
+// compiledURLs matches, quoted, a URL under the one a schema is compiled
+// under (schemaURL's directory, legacySchemaURL), with anything after it
+// (a fragment, a relative reference resolved against it).
+var compiledURLs = regexp.MustCompile(`"(` + regexp.QuoteMeta(schemaURL[:strings.LastIndexByte(schemaURL, '/')+1]) +
+	`|` + regexp.QuoteMeta(legacySchemaURL) + `)[^"]*"`)

@@ -314,6 +314,7 @@ func TestValidateDocCountsTheWorkOfCostlyKeywords(t *testing.T) {
 func TestPublicationSaysWhereASchemaBreaksItsDialect(t *testing.T) {
 	t.Parallel()
 	const prefix = "is not valid JSON Schema (2020-12, or the draft its $schema names): "
+	const typeNames = `must be one of "array", "boolean", "integer", "null", "number", "object", "string"`
 	cases := []struct {
 		doc  string
 		want []apierr.FieldError
@@ -322,8 +323,13 @@ func TestPublicationSaysWhereASchemaBreaksItsDialect(t *testing.T) {
 			{Field: "inputSchema.required", Message: prefix + "must be of type array (got string)"}}},
 		{`{"properties":{"a":{"minLength":-1},"b":{"type":"strin"}}}`, []apierr.FieldError{
 			{Field: "inputSchema.properties.a.minLength", Message: prefix + "must be at least 0"},
-			{Field: "inputSchema.properties.b.type", Message: prefix + "must be one of the values the schema allows"},
-			{Field: "inputSchema.properties.b.type", Message: prefix + "must be of type array (got string)"}}},
+			{Field: "inputSchema.properties.b.type", Message: prefix + typeNames}}},
+		// One problem each (QA: each was told once per alternative of the
+		// meta-schema's "type", a name or an array of names).
+		{`{"type":"nope"}`, []apierr.FieldError{{Field: "inputSchema.type", Message: prefix + typeNames}}},
+		{`{"type":["string","nope"]}`, []apierr.FieldError{{Field: "inputSchema.type.1", Message: prefix + typeNames}}},
+		{`{"type":1}`, []apierr.FieldError{{Field: "inputSchema.type", Message: prefix +
+			"must be of type array (got number), or be one of " + strings.TrimPrefix(typeNames, "must be one of ")}}},
 		{`{"properties":{"password":{"type":"string","pattern":"^(?=.*[A-Z]).{8,}$"}}}`, []apierr.FieldError{
 			{Field: "inputSchema.properties.password.pattern", Message: prefix +
 				"must be a valid regex (RE2 syntax, as Go's regexp reads it: no lookaround or backreferences)"}}},
@@ -343,6 +349,61 @@ func TestPublicationSaysWhereASchemaBreaksItsDialect(t *testing.T) {
 	require.Nil(t, checkSchema("outputSchema", []byte(`{"$ref":"#/$defs/missing"}`), &p))
 	require.Len(t, p, 1)
 	require.Equal(t, "outputSchema", p[0].Field)
+}
+
+// A reference the schema does not hold is told so, without the URL the
+// schema is compiled under (QA: {"$ref":"#/nonexist"} was told
+// `json-pointer in "schema#/nonexist" not found`, what remained of
+// schemaURL), nor the reference.
+func TestAReferenceToAMissingPartIsToldPlainly(t *testing.T) {
+	t.Parallel()
+	for _, doc := range []string{`{"$ref":"#/nonexist"}`, `{"$ref":"#/$defs/a/b"}`, `{"$ref":"#nowhere"}`,
+		`{"$defs":{"a":{"$id":"x"},"b":{"$id":"x"}}}`} {
+		var p apierr.Problems
+		require.Nil(t, checkSchema("inputSchema", []byte(doc), &p), doc)
+		require.Len(t, p, 1, doc)
+		require.Equal(t, "inputSchema", p[0].Field)
+		for _, leak := range []string{"schema#", "contract-schema", "ratchet.invalid", "json-pointer", "nonexist",
+			"nowhere", "urn:"} {
+			require.NotContains(t, p[0].Message, leak, doc)
+		}
+		require.True(t, strings.HasPrefix(p[0].Message, "must be a valid JSON Schema"), p[0].Message)
+	}
+}
+
+// A value that fails every alternative of an anyOf (or a oneOf none
+// matches) is told one problem when the alternatives are all about the
+// value itself, the types they want as one; alternatives for another kind
+// of value than it are left out when some are for its kind. The enqueue,
+// the report and the replay preview all tell it so (validateDoc).
+func TestAValueFailingEveryAlternativeIsToldOnce(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		schema, doc string
+		want        []apierr.FieldError
+	}{
+		{`{"anyOf":[{"type":"integer"},{"type":"boolean"}]}`, `"secret"`,
+			[]apierr.FieldError{{Field: "input", Message: "must be of type integer or boolean (got string)"}}},
+		{`{"properties":{"a":{"oneOf":[{"type":"integer"},{"type":"null"}]}}}`, `{"a":"secret"}`,
+			[]apierr.FieldError{{Field: "input.a", Message: "must be of type integer or null (got string)"}}},
+		{`{"anyOf":[{"type":"integer"},{"type":"string","minLength":10}]}`, `"secret"`,
+			[]apierr.FieldError{{Field: "input", Message: "must be at least 10 characters"}}},
+		{`{"anyOf":[{"type":"integer","minimum":5},{"type":"string","maxLength":1}]}`, `2`,
+			[]apierr.FieldError{{Field: "input", Message: "must be at least 5"}}},
+		{`{"anyOf":[{"minimum":5},{"multipleOf":7}]}`, `2`, []apierr.FieldError{{Field: "input",
+			Message: `matches none of the alternatives of the schema's "anyOf" rule: it must be at least 5; ` +
+				`it fails the schema's "multipleOf" rule`}}},
+		{`{"anyOf":[{"type":"string"},{"type":"array","items":{"type":"string"}}]}`, `[1,"a",2]`,
+			[]apierr.FieldError{{Field: "input.0", Message: "must be of type string (got number)"},
+				{Field: "input.2", Message: "must be of type string (got number)"}}},
+		// Alternatives about the value's members stay as they were.
+		{`{"anyOf":[{"required":["a"]},{"required":["b"]}]}`, `{}`,
+			[]apierr.FieldError{{Field: "input.a", Message: "is required"}, {Field: "input.b", Message: "is required"}}},
+	} {
+		problems, err := validateDoc([]byte(c.schema), []byte(c.doc), "input")
+		require.NoError(t, err, c.schema)
+		require.Equal(t, c.want, problems, c.schema)
+	}
 }
 
 // Under draft-07 and earlier, formats are assertions: a refusal names the
