@@ -70,7 +70,8 @@ func (s *Server) contractsRoutes() []Route {
 			Idempotent: true,
 			Summary: "Replay an EXHAUSTED or CANCELLED step's job (the same job) with maxAttempts (1-10, default 1) " +
 				"additional executions; acknowledgeDuplicateRisk: true is required. targetContractVersion upgrades " +
-				"it (expectedHandlerVersion and acknowledgeVersionChange: true required; a FORBIDDEN or incompatible " +
+				"it (expectedHandlerVersion and acknowledgeVersionChange: true required, but for the step's own " +
+				"contractVersion, a same-version replay that needs neither; a FORBIDDEN or incompatible " +
 				"target is 409 invalid_state; so is a same-version replay of a handler version whose every contract " +
 				"is FORBIDDEN, as its enqueue is, and a replay of a synthetic tool test's step, which has exactly " +
 				"one attempt). A replay, of the same version or onto a target, when this server " +

@@ -551,8 +551,9 @@ func (s *Service) readReplayJob(ctx context.Context, workspaceID, stepID string)
 	}
 }
 
-func (req ReplayRequest) validate() (additional int, err error) {
-	var p apierr.Problems
+// validate checks the request on its own; whether it must acknowledge a
+// version change depends on the step (versionChange).
+func (req ReplayRequest) validate() (additional int, p apierr.Problems) {
 	if req.AcknowledgeDuplicateRisk == nil || !*req.AcknowledgeDuplicateRisk {
 		p.Add("acknowledgeDuplicateRisk", "must be true: the previous worker may have completed an external "+
 			"side effect even though its result was not recorded")
@@ -579,20 +580,34 @@ func (req ReplayRequest) validate() (additional int, err error) {
 		if *t < 1 {
 			p.Add("targetContractVersion", "%s", apierr.IntegerRule(1, typeMax))
 		}
-		if req.ExpectedHandlerVersion == nil {
-			p.Add("expectedHandlerVersion", "is required with targetContractVersion (the preview's handlerVersion)")
-		}
-		if req.AcknowledgeVersionChange == nil || !*req.AcknowledgeVersionChange {
-			p.Add("acknowledgeVersionChange", "must be true to replay under another contract: review its schema "+
-				"and side-effect changes first")
-		}
 	} else if req.AcknowledgeVersionChange != nil && *req.AcknowledgeVersionChange {
 		// An acknowledged upgrade without its target would replay the old
 		// version: the one the caller has just said it means to leave.
 		p.Add("targetContractVersion", "is required with acknowledgeVersionChange (an upgrade's target, "+
 			"from the preview's upgrades)")
 	}
-	return additional, p.Err()
+	return additional, p
+}
+
+// changesContract says the replay moves the step to another contract: a
+// targetContractVersion other than the step's own. One equal to it is a
+// same-version replay, which changes nothing to acknowledge.
+func (req ReplayRequest) changesContract(j replayJob) bool {
+	return req.TargetContractVersion != nil &&
+		(j.contractVersion == nil || int64(*j.contractVersion) != *req.TargetContractVersion)
+}
+
+// versionChange adds what a replay onto another contract lacks: the
+// step's handler version as the preview showed it, and the acknowledgement.
+func (req ReplayRequest) versionChange(p *apierr.Problems) {
+	if req.ExpectedHandlerVersion == nil {
+		p.Add("expectedHandlerVersion", "is required with targetContractVersion (the preview's handlerVersion) "+
+			"when it is another contract than the step's")
+	}
+	if req.AcknowledgeVersionChange == nil || !*req.AcknowledgeVersionChange {
+		p.Add("acknowledgeVersionChange", "must be true to replay under another contract: review its schema "+
+			"and side-effect changes first")
+	}
 }
 
 // Replay re-queues the step's EXHAUSTED or CANCELLED job under its row lock.
@@ -610,8 +625,23 @@ func (req ReplayRequest) validate() (additional int, err error) {
 // first (replayDue). A saved input this instance cannot open refuses the
 // replay, of the same version as onto a target, changing nothing.
 func (s *Service) Replay(ctx context.Context, p *auth.Principal, stepID string, req ReplayRequest) (ReplayResult, error) {
-	additional, err := req.validate()
-	if err != nil {
+	additional, problems := req.validate()
+	if req.TargetContractVersion != nil {
+		// A target that is the step's own contract changes nothing to
+		// acknowledge (rechecked under the lock). Read without ending a
+		// lapsed attempt: a refused request changes nothing. A step not
+		// found is taken as on another contract, so that a request
+		// refused for itself is refused whatever the step.
+		j, err := scanReplayJob(db.Conn(db.OutsideRequest(ctx), s.pool).QueryRow(ctx, sqlReplayPreview, stepID,
+			p.WorkspaceID))
+		switch {
+		case errors.Is(err, pgx.ErrNoRows) || err == nil && req.changesContract(j):
+			req.versionChange(&problems)
+		case err != nil:
+			return ReplayResult{}, fmt.Errorf("replay read: %w", err)
+		}
+	}
+	if err := problems.Err(); err != nil {
 		return ReplayResult{}, err
 	}
 	// Ending a lapsed last attempt commits on its own, as a read of the
@@ -626,7 +656,7 @@ func (s *Service) Replay(ctx context.Context, p *auth.Principal, stepID string, 
 		out  ReplayResult
 		tool string // the name@version the job is queued for (toolKey)
 	)
-	err = s.txRetrying(ctx, func(tx pgx.Tx) error {
+	err := s.txRetrying(ctx, func(tx pgx.Tx) error {
 		// A replay queues the job to run again: not for a key revoked on
 		// another instance whose cache still holds it.
 		if err := auth.RequireLive(ctx, tx, p.KeyID); err != nil {
@@ -659,9 +689,12 @@ func (s *Service) Replay(ctx context.Context, p *auth.Principal, stepID string, 
 		now := s.now()
 		ceiling := j.attempt + additional
 		newVersion, newContract := j.version, intPtr(j.contractVersion)
-		upgrade := req.TargetContractVersion != nil &&
-			(j.contractVersion == nil || int64(*j.contractVersion) != *req.TargetContractVersion)
-		if upgrade {
+		if upgrade := req.changesContract(j); upgrade {
+			// The step's contract may have moved since the read above.
+			var problems apierr.Problems
+			if req.versionChange(&problems); problems != nil {
+				return problems.Err()
+			}
 			c, err := s.replayTarget(ctx, tx, p.WorkspaceID, j, *req.TargetContractVersion)
 			if err != nil {
 				return err
