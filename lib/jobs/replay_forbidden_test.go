@@ -202,8 +202,7 @@ func TestAReplayPreviewWhoseBudgetIsSpentReadsNoOlderSchema(t *testing.T) {
 
 	// So with an input this instance cannot open (here damaged): any
 	// older contract may take the step, and none's schema is read.
-	_, err = b.env.App.Pool.Exec(ctx, `UPDATE jobs SET input_sealed = $2 WHERE id = $1`, st.JobID, []byte("damaged"))
-	require.NoError(t, err)
+	damageInput(t, b, st.JobID)
 	pages = nil
 	p, err = b.svc.PreviewReplay(ctx, b.ws, st.StepID)
 	require.NoError(t, err)

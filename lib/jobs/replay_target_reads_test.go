@@ -26,6 +26,13 @@ func publishAs(t *testing.T, b *bundle, version, status, schema string) {
 	require.NoError(t, err)
 }
 
+// damageInput makes the job's saved input one no instance can open.
+func damageInput(t *testing.T, b *bundle, jobID string) {
+	t.Helper()
+	_, err := b.env.App.Pool.Exec(ctx, `UPDATE jobs SET input_sealed = $2 WHERE id = $1`, jobID, []byte("damaged"))
+	require.NoError(t, err)
+}
+
 // zeros is an array input of n zeros.
 func zeros(n int64) string {
 	items := make([]string, n)
@@ -93,8 +100,7 @@ func TestTheReplayPreviewReadsListedSchemasAsItsBudgetReachesThem(t *testing.T) 
 	}
 
 	// An input the instance cannot open reads no schema.
-	_, err = b.env.App.Pool.Exec(ctx, `UPDATE jobs SET input_sealed = $2 WHERE id = $1`, st.JobID, []byte("damaged"))
-	require.NoError(t, err)
+	damageInput(t, b, st.JobID)
 	reads = nil
 	p, err = b.svc.PreviewReplay(ctx, b.ws, st.StepID)
 	require.NoError(t, err)
