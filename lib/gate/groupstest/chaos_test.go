@@ -120,10 +120,27 @@ func (c *chaos) unwind(rng *rand.Rand) {
 		b := c.f.do("POST", "/api/v1/effects/begin", map[string]any{"effect_type": comp["effect_type"],
 			"payload": comp["payload"], "cost_micros": 0, "idempotency_key": item["suggested_idempotency_key"],
 			"compensates_effect_id": item["compensates_effect_id"]})
-		c.note("compensate", b, "invalid_state", "max_attempts_exceeded", "idempotency_key_reuse")
+		c.note("compensate", b, "invalid_state", "max_attempts_exceeded", "idempotency_key_reuse",
+			"circuit_open", "approval_rejected")
 		if b.Status == http.StatusOK {
 			c.reportMaybe(rng, b.JSON(), "report compensation")
 		}
+	}
+}
+
+// refunds changes what the compensations' type allows: its attempts, an
+// approval, a breaker that denies.
+func (c *chaos) refunds(rng *rand.Rand) {
+	switch rng.Intn(4) {
+	case 0:
+		c.note("policy", c.f.do("PUT", "/api/v1/policies/payment.refund", map[string]any{"lease_seconds": 5,
+			"on_indeterminate": "retry", "max_attempts": 1 + rng.Intn(3),
+			"mode": []string{"allow", "require_approval"}[rng.Intn(2)]}))
+	case 1:
+		c.note("open", c.f.do("POST", "/api/v1/circuits/payment.refund/open",
+			map[string]any{"action": []string{"deny", "require_approval"}[rng.Intn(2)], "reason": "chaos"}))
+	default:
+		c.note("close", c.f.do("POST", "/api/v1/circuits/payment.refund/close", nil))
 	}
 }
 
@@ -219,6 +236,8 @@ func TestGroupChaos(t *testing.T) {
 					c.resolve(rng)
 				case op < 16:
 					c.reconcile(rng)
+				case op < 17 && rng.Intn(2) == 0:
+					c.refunds(rng)
 				case op < 17:
 					c.note("commit", f.do("POST", "/api/v1/groups/"+c.group+"/commit", nil), "invalid_state")
 				case op < 18:
@@ -239,6 +258,9 @@ func TestGroupChaos(t *testing.T) {
 // unknown and rejects what waits, until the group ends.
 func (c *chaos) drain(t *testing.T) {
 	f := c.f
+	c.note("drain close", f.do("POST", "/api/v1/circuits/payment.refund/close", nil))
+	c.note("drain policy", f.do("PUT", "/api/v1/policies/payment.refund", map[string]any{"lease_seconds": 5,
+		"on_indeterminate": "retry", "max_attempts": 2}))
 	rng := rand.New(rand.NewSource(1))
 	for i := 0; ; i++ {
 		require.Less(t, i, 40, "the rollback never ended")
@@ -252,7 +274,7 @@ func (c *chaos) drain(t *testing.T) {
 			r := f.do("POST", "/api/v1/effects/begin", map[string]any{"effect_type": comp["effect_type"],
 				"payload": comp["payload"], "cost_micros": 0, "idempotency_key": item["suggested_idempotency_key"],
 				"compensates_effect_id": item["compensates_effect_id"]})
-			c.note("drain compensate", r, "invalid_state", "max_attempts_exceeded")
+			c.note("drain compensate", r, "invalid_state", "max_attempts_exceeded", "approval_rejected")
 			if r.Status == http.StatusOK && r.JSON()["decision"] == "execute" {
 				c.note("drain report", f.do("POST", "/api/v1/effects/"+r.JSON()["effect_id"].(string)+"/report",
 					map[string]any{"lease_token": r.JSON()["lease_token"], "outcome": "succeeded"}))
@@ -325,16 +347,19 @@ func (c *chaos) check(t *testing.T) {
 	require.NoError(t, rows.Err())
 	require.Positive(t, steps)
 
-	var pending, unannounced, twice int
+	var pending, unannounced, twice, asked int
 	require.NoError(t, f.env.App.Pool.QueryRow(ctx, `SELECT
 		count(*) FILTER (WHERE ap.state = 'pending'),
 		count(*) FILTER (WHERE ap.state <> 'pending' AND n.c = 0),
-		count(*) FILTER (WHERE n.c > 1)
+		count(*) FILTER (WHERE n.c > 1),
+		count(*) FILTER (WHERE n.r <> 1)
 		FROM approvals ap JOIN effects e ON e.id = ap.effect_id
-		CROSS JOIN LATERAL (SELECT count(*) AS c FROM events v WHERE v.workspace_id = ap.workspace_id
-		  AND v.type = 'approval.decided' AND v.subject_id = ap.id) n
-		WHERE e.group_id = $1`, c.group).Scan(&pending, &unannounced, &twice))
+		CROSS JOIN LATERAL (SELECT count(*) FILTER (WHERE v.type = 'approval.decided') AS c,
+		  count(*) FILTER (WHERE v.type = 'approval.requested') AS r
+		  FROM events v WHERE v.workspace_id = ap.workspace_id AND v.subject_id = ap.id) n
+		WHERE e.group_id = $1`, c.group).Scan(&pending, &unannounced, &twice, &asked))
 	require.Zero(t, pending, "an ended rollback left an approval pending")
-	require.Zero(t, unannounced)
-	require.Zero(t, twice)
+	require.Zero(t, unannounced, "an approval decided unannounced")
+	require.Zero(t, twice, "an approval announced decided twice")
+	require.Zero(t, asked, "an approval not announced requested once")
 }
