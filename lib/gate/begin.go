@@ -1114,7 +1114,7 @@ func (s *Service) transition(ctx context.Context, tx pgx.Tx, in *beginInput, ev 
 		// A compensation of an ended rollback takes no attempt: asked, the
 		// approval could never be given, and the effect would leave the
 		// state the rollback's final record holds (groups QA).
-		if err := admitCompensationGrant(ctx, tx, row); err != nil {
+		if err := admitCompensationGrant(ctx, tx, row, in.now); err != nil {
 			return Decision{}, err
 		}
 		if err := tx.QueryRow(ctx, sqlRequestApproval, row.ID, in.now, in.approvalID, ev.approvalReason,
@@ -1129,7 +1129,7 @@ func (s *Service) transition(ctx context.Context, tx pgx.Tx, in *beginInput, ev 
 		// ceiling's does: it charged the probe (sqlGrant).
 		code = in.risk.refused.Code
 	default:
-		if err := admitCompensationGrant(ctx, tx, row); err != nil {
+		if err := admitCompensationGrant(ctx, tx, row, in.now); err != nil {
 			return Decision{}, err
 		}
 		if in.requestID != "" {

@@ -1310,8 +1310,12 @@ func awaitsApproval(ctx context.Context, q db.Querier, row *effectRow) error {
 // the grant (a final refusal answers first): once its group's rollback
 // ended (unwound, unwind_failed) the record is final, and a compensation it
 // counted irreversible must not run after all (QA: raising the type's
-// max_attempts let it). The group is held shared until the grant commits.
-func admitCompensationGrant(ctx context.Context, tx pgx.Tx, row *effectRow) error {
+// max_attempts let it). Nor may it run while the rollback has not reached
+// its step (reachedByRollback), as its first attempt could not (admit):
+// a retry after a failed attempt, with a later step's compensation lapsed
+// unreported meanwhile, rolled back past that maybe (groups QA). The group
+// is held shared until the grant commits.
+func admitCompensationGrant(ctx context.Context, tx pgx.Tx, row *effectRow, now time.Time) error {
 	if row.GroupID == nil || row.CompensatesEffectID == nil {
 		return nil
 	}
@@ -1323,7 +1327,7 @@ func admitCompensationGrant(ctx context.Context, tx pgx.Tx, row *effectRow) erro
 		return apierr.InvalidState("The group's rollback ended (%s); its compensations take no new attempt.", state).
 			WithDetail("state", state)
 	}
-	return nil
+	return reachedByRollback(ctx, tx, *row.GroupID, state, *row.CompensatesEffectID, now)
 }
 
 // groupEnded says whether a group's rollback ended.

@@ -362,6 +362,51 @@ func TestUnwindStopsAtUnknownOutcome(t *testing.T) {
 	refuseUndoing(a)
 }
 
+// A new attempt at a compensation is held back as its first one was: a
+// step's compensation that failed is not retried while the compensation
+// of a step that succeeded after it lapsed unreported (groups QA: the
+// retry, a begin of the key that named the compensation already, skipped
+// the check and undid the step past that maybe, though unwind no longer
+// offered it). Once the maybe is verified the retry runs, and the rollback
+// ends.
+func TestARetriedCompensationWaitsForALaterMaybe(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	f.must(http.StatusOK, "PUT", "/api/v1/policies/payment.refund", map[string]any{"lease_seconds": 5,
+		"max_attempts": 3, "on_indeterminate": "retry"})
+	g := f.group()
+	a := f.done(g, true)
+	b := f.done(g, true)
+	u := f.unwind(g)
+	require.Equal(t, []string{b, a}, planIDs(u))
+	itemB, itemA := u["plan"].([]any)[0].(map[string]any), u["plan"].([]any)[1].(map[string]any)
+	cb := f.compensate(itemB, "") // in flight: a is offered with it
+	ca := f.compensate(itemA, "failed")
+	f.clock.Add(10 * time.Second) // cb lapses unreported: a maybe
+	u = f.unwind(g)
+	require.Equal(t, []string{b}, planIDs(u))
+	require.Equal(t, []string{cb}, strs(u["unresolved"]))
+
+	retryA := map[string]any{"effect_type": "payment.refund", "payload": map[string]any{"refund_of": "charge"},
+		"cost_micros": 0, "idempotency_key": itemA["suggested_idempotency_key"], "compensates_effect_id": a}
+	r := f.do("POST", "/api/v1/effects/begin", retryA)
+	errCode(t, r, http.StatusConflict, "invalid_state")
+	require.Equal(t, []any{cb}, r.JSON()["error"].(map[string]any)["detail"].(map[string]any)["unresolved"])
+	e := f.must(http.StatusOK, "GET", "/api/v1/effects/"+ca, nil)
+	require.Equal(t, "failed", e["state"])
+	require.EqualValues(t, 1, e["attempt"], "the refused retry took no attempt")
+
+	// Verified: cb happened. The retry of a's compensation runs now.
+	f.must(http.StatusOK, "POST", "/api/v1/effects/"+cb+"/resolve", map[string]any{"outcome": "succeeded"})
+	d := f.must(http.StatusOK, "POST", "/api/v1/effects/begin", retryA)
+	require.Equal(t, "execute", d["decision"])
+	require.EqualValues(t, 2, d["attempt"])
+	f.report(ca, d["lease_token"].(string), "succeeded")
+	u = f.unwind(g)
+	require.Equal(t, "unwound", u["state"])
+	require.ElementsMatch(t, []string{a, b}, strs(u["reversed"]))
+}
+
 func TestUnwindWithLiveLease(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
