@@ -2,9 +2,9 @@ package groupstest
 
 import (
 	"context"
-	"fmt"
-	"math/rand"
+	"math/rand/v2"
 	"net/http"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -31,7 +31,7 @@ type chaos struct {
 func (c *chaos) note(op string, r *apitest.Response, ok ...string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	k := fmt.Sprintf("%s %d %s", op, r.Status, r.ErrorCode())
+	k := op + " " + strconv.Itoa(r.Status) + " " + r.ErrorCode()
 	c.codes[k]++
 	if r.Status >= 500 {
 		c.bad = append(c.bad, k+" "+string(r.Body))
@@ -50,8 +50,8 @@ func (c *chaos) note(op string, r *apitest.Response, ok ...string) {
 
 func (c *chaos) forward(rng *rand.Rand) {
 	f := c.f
-	body := stepBody(c.group, rng.Intn(5) > 0)
-	if rng.Intn(4) == 0 {
+	body := stepBody(c.group, rng.IntN(5) > 0)
+	if rng.IntN(4) == 0 {
 		body["effect_type"] = "vendor.order" // require_approval
 	}
 	late := c.unwound.Load()
@@ -81,7 +81,7 @@ func (c *chaos) reportMaybe(rng *rand.Rand, d map[string]any, op string) {
 	if d["decision"] != "execute" {
 		return
 	}
-	outcome := []string{"succeeded", "succeeded", "succeeded", "failed", ""}[rng.Intn(5)]
+	outcome := []string{"succeeded", "succeeded", "succeeded", "failed", ""}[rng.IntN(5)]
 	if outcome == "" {
 		return
 	}
@@ -96,7 +96,7 @@ func (c *chaos) again(rng *rand.Rand) {
 		c.mu.Unlock()
 		return
 	}
-	body := c.keys[rng.Intn(len(c.keys))]
+	body := c.keys[rng.IntN(len(c.keys))]
 	c.mu.Unlock()
 	late := c.unwound.Load()
 	r := c.f.do("POST", "/api/v1/effects/begin", body)
@@ -131,14 +131,14 @@ func (c *chaos) unwind(rng *rand.Rand) {
 // refunds changes what the compensations' type allows: its attempts, an
 // approval, a breaker that denies.
 func (c *chaos) refunds(rng *rand.Rand) {
-	switch rng.Intn(4) {
+	switch rng.IntN(4) {
 	case 0:
 		c.note("policy", c.f.do("PUT", "/api/v1/policies/payment.refund", map[string]any{"lease_seconds": 5,
-			"on_indeterminate": "retry", "max_attempts": 1 + rng.Intn(3),
-			"mode": []string{"allow", "require_approval"}[rng.Intn(2)]}))
+			"on_indeterminate": "retry", "max_attempts": 1 + rng.IntN(3),
+			"mode": []string{"allow", "require_approval"}[rng.IntN(2)]}))
 	case 1:
 		c.note("open", c.f.do("POST", "/api/v1/circuits/payment.refund/open",
-			map[string]any{"action": []string{"deny", "require_approval"}[rng.Intn(2)], "reason": "chaos"}))
+			map[string]any{"action": []string{"deny", "require_approval"}[rng.IntN(2)], "reason": "chaos"}))
 	default:
 		c.note("close", c.f.do("POST", "/api/v1/circuits/payment.refund/close", nil))
 	}
@@ -151,7 +151,7 @@ func (c *chaos) decide(rng *rand.Rand) {
 		return
 	}
 	for _, a := range r.JSON()["data"].([]any) {
-		verb := []string{"approve", "reject"}[rng.Intn(2)]
+		verb := []string{"approve", "reject"}[rng.IntN(2)]
 		d := c.f.do("POST", "/api/v1/approvals/"+a.(map[string]any)["id"].(string)+"/"+verb, map[string]any{})
 		c.note(verb, d, "invalid_state", "group_unwinding")
 	}
@@ -165,10 +165,10 @@ func (c *chaos) resolve(rng *rand.Rand) {
 	}
 	for _, s := range r.JSON()["steps"].([]any) {
 		st := s.(map[string]any)
-		if st["state"] != "indeterminate" || rng.Intn(2) == 0 {
+		if st["state"] != "indeterminate" || rng.IntN(2) == 0 {
 			continue
 		}
-		outcome := []string{"succeeded", "failed"}[rng.Intn(2)]
+		outcome := []string{"succeeded", "failed"}[rng.IntN(2)]
 		d := c.f.do("POST", "/api/v1/effects/"+st["effect_id"].(string)+"/resolve",
 			map[string]any{"outcome": outcome, "note": "chaos"})
 		c.note("resolve", d, "invalid_state")
@@ -179,9 +179,9 @@ func (c *chaos) reconcile(rng *rand.Rand) {
 	c.mu.Lock()
 	var records []map[string]any
 	for _, b := range c.keys {
-		if b["effect_type"] == "payment.charge" && rng.Intn(2) == 0 {
+		if b["effect_type"] == "payment.charge" && rng.IntN(2) == 0 {
 			records = append(records, map[string]any{"idempotency_key": b["idempotency_key"],
-				"status": []string{"succeeded", "failed", "pending"}[rng.Intn(3)], "amount_micros": 1000})
+				"status": []string{"succeeded", "failed", "pending"}[rng.IntN(3)], "amount_micros": 1000})
 		}
 	}
 	c.mu.Unlock()
@@ -219,9 +219,9 @@ func TestGroupChaos(t *testing.T) {
 			f.done(c.group, i > 0)
 		}
 		hammer(50, func(i int) *apitest.Response {
-			rng := rand.New(rand.NewSource(int64(round*1000 + i)))
+			rng := rand.New(rand.NewPCG(uint64(round*1000+i), 0))
 			for n := 0; n < 6; n++ {
-				switch op := rng.Intn(20); {
+				switch op := rng.IntN(20); {
 				case op < 6 || n == 0 && i < 25:
 					c.forward(rng)
 				case op < 9:
@@ -236,7 +236,7 @@ func TestGroupChaos(t *testing.T) {
 					c.resolve(rng)
 				case op < 16:
 					c.reconcile(rng)
-				case op < 17 && rng.Intn(2) == 0:
+				case op < 17 && rng.IntN(2) == 0:
 					c.refunds(rng)
 				case op < 17:
 					c.note("commit", f.do("POST", "/api/v1/groups/"+c.group+"/commit", nil), "invalid_state")
@@ -261,7 +261,7 @@ func (c *chaos) drain(t *testing.T) {
 	c.note("drain close", f.do("POST", "/api/v1/circuits/payment.refund/close", nil))
 	c.note("drain policy", f.do("PUT", "/api/v1/policies/payment.refund", map[string]any{"lease_seconds": 5,
 		"on_indeterminate": "retry", "max_attempts": 2}))
-	rng := rand.New(rand.NewSource(1))
+	rng := rand.New(rand.NewPCG(1, 0))
 	for i := 0; ; i++ {
 		require.Less(t, i, 40, "the rollback never ended")
 		u := f.must(http.StatusOK, "POST", "/api/v1/groups/"+c.group+"/unwind", nil)
@@ -283,7 +283,7 @@ func (c *chaos) drain(t *testing.T) {
 		f.clock.Add(10 * time.Second) // lapse live leases
 		for _, id := range strs(u["unresolved"]) {
 			r := f.do("POST", "/api/v1/effects/"+id+"/resolve",
-				map[string]any{"outcome": []string{"succeeded", "failed"}[rng.Intn(2)]})
+				map[string]any{"outcome": []string{"succeeded", "failed"}[rng.IntN(2)]})
 			c.note("drain resolve", r, "invalid_state")
 		}
 		c.decide(rng)
