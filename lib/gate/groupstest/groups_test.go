@@ -392,6 +392,10 @@ func TestARetriedCompensationWaitsForALaterMaybe(t *testing.T) {
 	r := f.do("POST", "/api/v1/effects/begin", retryA)
 	errCode(t, r, http.StatusConflict, "invalid_state")
 	require.Equal(t, []any{cb}, r.JSON()["error"].(map[string]any)["detail"].(map[string]any)["unresolved"])
+	// Nor by its key alone (a begin naming no step, which the operator's key may send).
+	bare := map[string]any{"effect_type": retryA["effect_type"], "payload": retryA["payload"], "cost_micros": 0,
+		"idempotency_key": retryA["idempotency_key"]}
+	errCode(t, f.do("POST", "/api/v1/effects/begin", bare), http.StatusConflict, "invalid_state")
 	e := f.must(http.StatusOK, "GET", "/api/v1/effects/"+ca, nil)
 	require.Equal(t, "failed", e["state"])
 	require.EqualValues(t, 1, e["attempt"], "the refused retry took no attempt")
