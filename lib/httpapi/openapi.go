@@ -174,7 +174,9 @@ func errorDetailSchema() map[string]any {
 				"takes at most limits.group_steps_max).", "items": map[string]any{"type": "object",
 				"properties": map[string]any{"effect_id": map[string]any{"type": "string"}, "state": map[string]any{"type": "string"}}}},
 			"unresolved": map[string]any{"type": "array", "maxItems": gate.MaxGroupSteps, "items": map[string]any{"type": "string"},
-				"description": "invalid_state (an unwind): the effects with unknown outcomes the rollback waits for."},
+				"description": "invalid_state (a compensating begin, or a new attempt at a compensation, while the " +
+					"rollback has not reached its step): the effects with unknown outcomes the rollback waits for; " +
+					"verify them (resolve), then unwind again."},
 			"group_steps_max": integer("invalid_state (a begin of a new forward step in a full group): the most " +
 				"forward steps a group takes (limits.group_steps_max); nothing was kept: start a new group."),
 			"compensating_effect_id": str("invalid_state (a compensation begun again): the step's compensating effect."),

@@ -411,6 +411,38 @@ func TestARetriedCompensationWaitsForALaterMaybe(t *testing.T) {
 	require.ElementsMatch(t, []string{a, b}, strs(u["reversed"]))
 }
 
+// A compensation asked an approval before a later step's compensation
+// lapsed unreported, then approved, takes its attempt only once the
+// rollback reaches its step, as a compensation begun then would (groups
+// QA: the approval's grant skipped the check).
+func TestAnApprovedCompensationWaitsForALaterMaybe(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	refund := map[string]any{"lease_seconds": 5, "max_attempts": 3, "on_indeterminate": "retry"}
+	f.must(http.StatusOK, "PUT", "/api/v1/policies/payment.refund", refund)
+	g := f.group()
+	a := f.done(g, true)
+	f.done(g, true)
+	u := f.unwind(g)
+	itemB := u["plan"].([]any)[0].(map[string]any)
+	cb := f.compensate(itemB, "") // in flight: a is offered with it
+	refund["mode"] = "require_approval"
+	f.must(http.StatusOK, "PUT", "/api/v1/policies/payment.refund", refund)
+	body := map[string]any{"effect_type": "payment.refund", "payload": map[string]any{"refund_of": "charge"},
+		"cost_micros": 0, "idempotency_key": "compensate:" + a, "compensates_effect_id": a}
+	d := f.must(http.StatusOK, "POST", "/api/v1/effects/begin", body)
+	require.Equal(t, "approval_required", d["decision"])
+	f.clock.Add(10 * time.Second) // cb lapses unreported: a maybe
+	f.must(http.StatusOK, "POST", "/api/v1/approvals/"+d["approval_id"].(string)+"/approve", map[string]any{})
+	errCode(t, f.do("POST", "/api/v1/effects/begin", body), http.StatusConflict, "invalid_state")
+
+	f.must(http.StatusOK, "POST", "/api/v1/effects/"+cb+"/resolve", map[string]any{"outcome": "succeeded"})
+	d = f.must(http.StatusOK, "POST", "/api/v1/effects/begin", body)
+	require.Equal(t, "execute", d["decision"])
+	f.report(d["effect_id"].(string), d["lease_token"].(string), "succeeded")
+	require.Equal(t, "unwound", f.unwind(g)["state"])
+}
+
 func TestUnwindWithLiveLease(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
