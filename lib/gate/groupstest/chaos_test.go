@@ -213,7 +213,7 @@ func TestGroupChaos(t *testing.T) {
 		"on_indeterminate": "retry", "max_attempts": 2})
 	f.must(http.StatusOK, "PUT", "/api/v1/policies/vendor.order", map[string]any{"mode": "require_approval",
 		"lease_seconds": 5})
-	for round := 0; round < 4; round++ {
+	for round := 0; round < 3; round++ {
 		c := &chaos{f: f, group: f.group(), codes: map[string]int{}}
 		for i := 0; i < 3; i++ {
 			f.done(c.group, i > 0)
