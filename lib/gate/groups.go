@@ -384,6 +384,7 @@ func (s *Service) CommitGroup(ctx context.Context, p *auth.Principal, id string)
 		if err != nil {
 			return err
 		}
+		now = s.heldAt(now)
 		switch g.State {
 		case GroupCommitted:
 			out, err = s.withSteps(ctx, tx, g)
@@ -439,6 +440,7 @@ func (s *Service) UnwindGroup(ctx context.Context, p *auth.Principal, id string)
 		if err != nil {
 			return err
 		}
+		now = s.heldAt(now)
 		if g.State == GroupOpen || g.State == GroupCommitted {
 			if g, err = scanGroup(tx.QueryRow(ctx, sqlSetGroupState, id, GroupUnwinding, now)); err != nil {
 				return fmt.Errorf("unwind group: %w", err)
@@ -452,6 +454,19 @@ func (s *Service) UnwindGroup(ctx context.Context, p *auth.Principal, id string)
 		return err
 	})
 	return out, err
+}
+
+// heldAt is the time of a transition of a group once it is held: the
+// clock read again after the wait for its row (as a begin's, lockedAt), so
+// an unwind that waited behind a step's begin is not dated before the
+// step's attempt, nor judges the steps' leases at a clock from before it
+// (gate QA: unwind_started_at read earlier than the attempt of a step the
+// group took before the unwind).
+func (s *Service) heldAt(before time.Time) time.Time {
+	if now := s.clock(); now.After(before) {
+		return now
+	}
+	return before
 }
 
 // settleGroup ends an unwinding group's rollback when nothing is left to do.
@@ -472,7 +487,7 @@ func (s *Service) settleGroup(ctx context.Context, workspaceID, id string, skip 
 		if err != nil {
 			return fmt.Errorf("settle group: %w", err)
 		}
-		u, err := s.settleLocked(ctx, tx, g, now, false, nil)
+		u, err := s.settleLocked(ctx, tx, g, s.heldAt(now), false, nil)
 		ended = u.State != GroupUnwinding
 		return err
 	})

@@ -1320,3 +1320,38 @@ func TestACompensationThatWaitedForItsGroupPastALapseIsRefused(t *testing.T) {
 	errCode(t, r, http.StatusConflict, "invalid_state")
 	require.Contains(t, string(r.Body), mc, "the lapsed compensation is named unresolved")
 }
+
+// An unwind that waited for its group's row behind a step's begin (which
+// holds it shared) is dated by the clock once it holds the row, not by the
+// one read before the wait: its unwind_started_at is never before the
+// attempt of a step the group took ahead of it (gate QA).
+func TestAnUnwindThatWaitedForItsGroupIsDatedWhenItHoldsIt(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	g := f.group()
+	f.done(g, true)
+	pool := f.env.App.Pool
+	holder, err := pool.Begin(context.Background())
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(context.Background()) }()
+	_, err = holder.Exec(context.Background(), `SELECT 1 FROM effect_groups WHERE id = $1 FOR SHARE`, g)
+	require.NoError(t, err)
+	waits := apitest.NewLockWaits(t, pool, apitest.BackendPID(t, holder))
+
+	done := make(chan struct{})
+	var r *apitest.Response
+	go func() {
+		defer close(done)
+		r = f.do("POST", "/api/v1/groups/"+g+"/unwind", nil)
+	}()
+	waits.Waiting(done, "the unwind waits for its group's row")
+	f.clock.Add(10 * time.Second)
+	held := f.clock.Now()
+	require.NoError(t, holder.Rollback(context.Background()))
+	<-done
+	require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+	var started time.Time
+	require.NoError(t, pool.QueryRow(context.Background(),
+		`SELECT unwind_started_at FROM effect_groups WHERE id = $1`, g).Scan(&started))
+	require.True(t, held.Equal(started), "unwind_started_at %s, held at %s", started, held)
+}
