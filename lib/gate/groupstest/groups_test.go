@@ -1297,26 +1297,9 @@ func TestACompensationThatWaitedForItsGroupPastALapseIsRefused(t *testing.T) {
 	require.Len(t, planIDs(u), 2)
 	mc := f.compensate(u["plan"].([]any)[0].(map[string]any), "") // in flight: holds nothing back
 
-	pool := f.env.App.Pool
-	holder, err := pool.Begin(context.Background())
-	require.NoError(t, err)
-	defer func() { _ = holder.Rollback(context.Background()) }()
-	_, err = holder.Exec(context.Background(), `SELECT 1 FROM effect_groups WHERE id = $1 FOR UPDATE`, g)
-	require.NoError(t, err)
-	waits := apitest.NewLockWaits(t, pool, apitest.BackendPID(t, holder))
-
-	done := make(chan struct{})
-	var r *apitest.Response
-	go func() {
-		defer close(done)
-		r = f.do("POST", "/api/v1/effects/begin", map[string]any{"effect_type": "payment.refund",
-			"payload": map[string]any{"refund_of": "charge"}, "cost_micros": 0,
-			"idempotency_key": "compensate:" + a, "compensates_effect_id": a})
-	}()
-	waits.Waiting(done, "the compensating begin waits for its group's row")
-	f.clock.Add(70 * time.Second) // mc's lease lapses unreported while it waits
-	require.NoError(t, holder.Rollback(context.Background()))
-	<-done
+	r := f.behindGroup(g, "UPDATE", 70*time.Second, "POST", "/api/v1/effects/begin", map[string]any{ // mc lapses
+		"effect_type": "payment.refund", "payload": map[string]any{"refund_of": "charge"}, "cost_micros": 0,
+		"idempotency_key": "compensate:" + a, "compensates_effect_id": a})
 	errCode(t, r, http.StatusConflict, "invalid_state")
 	require.Contains(t, string(r.Body), mc, "the lapsed compensation is named unresolved")
 }
@@ -1330,28 +1313,37 @@ func TestAnUnwindThatWaitedForItsGroupIsDatedWhenItHoldsIt(t *testing.T) {
 	f := setup(t)
 	g := f.group()
 	f.done(g, true)
-	pool := f.env.App.Pool
-	holder, err := pool.Begin(context.Background())
-	require.NoError(t, err)
-	defer func() { _ = holder.Rollback(context.Background()) }()
-	_, err = holder.Exec(context.Background(), `SELECT 1 FROM effect_groups WHERE id = $1 FOR SHARE`, g)
-	require.NoError(t, err)
-	waits := apitest.NewLockWaits(t, pool, apitest.BackendPID(t, holder))
+	before := f.clock.Now()
+	r := f.behindGroup(g, "SHARE", 10*time.Second, "POST", "/api/v1/groups/"+g+"/unwind", nil)
+	held := before.Add(10 * time.Second)
+	require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+	var started time.Time
+	require.NoError(t, f.env.App.Pool.QueryRow(context.Background(),
+		`SELECT unwind_started_at FROM effect_groups WHERE id = $1`, g).Scan(&started))
+	require.True(t, held.Equal(started), "unwind_started_at %s, held at %s", started, held)
+}
 
+// behindGroup sends a request while a transaction holds group g's row FOR
+// mode (UPDATE, SHARE), moves the clock on by wait once the request waits
+// for the row, then lets it go, and answers the request's answer.
+func (f *fx) behindGroup(g, mode string, wait time.Duration, method, path string, body any) *apitest.Response {
+	f.t.Helper()
+	ctx, pool := context.Background(), f.env.App.Pool
+	holder, err := pool.Begin(ctx)
+	require.NoError(f.t, err)
+	defer func() { _ = holder.Rollback(ctx) }()
+	_, err = holder.Exec(ctx, `SELECT 1 FROM effect_groups WHERE id = $1 FOR `+mode, g)
+	require.NoError(f.t, err)
+	waits := apitest.NewLockWaits(f.t, pool, apitest.BackendPID(f.t, holder))
 	done := make(chan struct{})
 	var r *apitest.Response
 	go func() {
 		defer close(done)
-		r = f.do("POST", "/api/v1/groups/"+g+"/unwind", nil)
+		r = f.do(method, path, body)
 	}()
-	waits.Waiting(done, "the unwind waits for its group's row")
-	f.clock.Add(10 * time.Second)
-	held := f.clock.Now()
-	require.NoError(t, holder.Rollback(context.Background()))
+	waits.Waiting(done, "the request waits for its group's row")
+	f.clock.Add(wait)
+	require.NoError(f.t, holder.Rollback(ctx))
 	<-done
-	require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
-	var started time.Time
-	require.NoError(t, pool.QueryRow(context.Background(),
-		`SELECT unwind_started_at FROM effect_groups WHERE id = $1`, g).Scan(&started))
-	require.True(t, held.Equal(started), "unwind_started_at %s, held at %s", started, held)
+	return r
 }
