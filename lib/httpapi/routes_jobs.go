@@ -146,7 +146,8 @@ func (s *Server) jobsRoutes() []Route {
 			Summary: "Report an attempt: SUCCEEDED with output, or FAILED with error {message, retryable, " +
 				"retryAfterMs: a floor under the policy's backoff (the retry waits the longer of the two), not the " +
 				"delay itself}. A superseded lease token is 409 lease_lost, a repeat of its report included; until " +
-				"then a repeat answers the same object. A key " +
+				"then a repeat of the same outcome (its status and, for FAILED, its retryable and retryAfterMs) " +
+				"answers the same object, and one that differs is 409 invalid_state. A key " +
 				"restricted to tools may report only their jobs (403).",
 			Request: jobs.ReportRequest{}, Response: jobs.ReportResult{}, Status: 200,
 			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeNotFound, apierr.CodeLeaseLost,

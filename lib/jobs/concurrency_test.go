@@ -648,8 +648,8 @@ func TestReplayAndAnEnqueueAfterASkippedStepDoNotDeadlock(t *testing.T) {
 	enq, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = enq.Rollback(ctx) }()
-	// jobs_enqueue with afterStepId s: its dependency's row first.
-	_, err = enq.Exec(ctx, `UPDATE jobs d SET has_dependents = true WHERE d.step_id = $1`, s.StepID)
+	// jobs_enqueue with afterStepId s: its dependency's row first (0081).
+	_, err = enq.Exec(ctx, `SELECT 1 FROM jobs d WHERE d.step_id = $1 FOR NO KEY UPDATE OF d`, s.StepID)
 	require.NoError(t, err)
 	replayed := make(chan error, 1)
 	go func() {

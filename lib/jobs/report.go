@@ -338,16 +338,8 @@ func (s *Service) decideReport(ctx context.Context, tx pgx.Tx, j *lockedJob, req
 			return ReportResult{}, nil, apierr.InvalidState("This attempt was already reported as %s.", sent)
 		}
 		if sent == OutcomeFailed && !j.xRejected {
-			// Whether a failure may be retried is part of its outcome: a
-			// repeat that says otherwise is not the same report (QA: it
-			// answered 200 and the attempt kept the first word).
-			var was bool
-			if err := tx.QueryRow(ctx, sqlExecutionRetryable, j.jobID, xa).Scan(&was); err != nil {
-				return ReportResult{}, nil, fmt.Errorf("report: read retryable: %w", err)
-			}
-			if now := req.Error == nil || req.Error.Retryable == nil || *req.Error.Retryable; now != was {
-				return ReportResult{}, nil, apierr.InvalidState(
-					"This attempt was already reported as FAILED with retryable %t.", was)
+			if err := s.sameFailure(ctx, tx, j.jobID, xa, req.Error); err != nil {
+				return ReportResult{}, nil, err
 			}
 		}
 		return ReportResult{JobID: j.jobID, Status: *j.xResult, Attempt: xa, NextDueAt: utc(j.xNext)}, nil, nil
@@ -412,6 +404,38 @@ func (s *Service) decideReport(ctx context.Context, tx pgx.Tx, j *lockedJob, req
 		row.reheld, row.warning = true, &lateReportWarning
 	}
 	return ReportResult{JobID: j.jobID, Status: next, Attempt: j.attempt, NextDueAt: due}, &row, nil
+}
+
+// sameFailure refuses a repeated FAILED report of attempt xa of job jobID
+// whose decision differs from the recorded one's: whether it may be
+// retried and its retryAfterMs, which decided the retry's dueAt, are part
+// of its outcome, so a repeat that says otherwise is not the same report
+// (QA: it answered 200 and the attempt kept the first word; a repeat with
+// another retryAfterMs answered the first's nextDueAt, as if applied), as
+// an idempotency key reused with other parameters is refused. Its message
+// is not compared: the first stands.
+func (s *Service) sameFailure(ctx context.Context, tx pgx.Tx, jobID string, xa int, e *ReportError) error {
+	var (
+		was      bool
+		wasAfter *int64
+	)
+	if err := tx.QueryRow(ctx, sqlReportedFailure, jobID, xa).Scan(&was, &wasAfter); err != nil {
+		return fmt.Errorf("report: read failure: %w", err)
+	}
+	if now := e == nil || e.Retryable == nil || *e.Retryable; now != was {
+		return apierr.InvalidState("This attempt was already reported as FAILED with retryable %t.", was)
+	}
+	var after *int64
+	if e != nil {
+		after = e.RetryAfterMs
+	}
+	switch {
+	case after == nil && wasAfter == nil, after != nil && wasAfter != nil && *after == *wasAfter:
+		return nil
+	case wasAfter == nil:
+		return apierr.InvalidState("This attempt was already reported as FAILED without retryAfterMs.")
+	}
+	return apierr.InvalidState("This attempt was already reported as FAILED with retryAfterMs %d.", *wasAfter)
 }
 
 // lateReportWarning marks an attempt reported after the sweeper had queued

@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/jobs"
 )
 
@@ -102,4 +103,53 @@ func TestARetryHintNeverBypassesAnOpenCircuit(t *testing.T) {
 	b.clock.Add(time.Millisecond)
 	j := b.claimOne(t, w)
 	require.Equal(t, 2, j.Attempt, "the probe, at the breaker's time")
+}
+
+// A repeated FAILED report is the same report only with the same
+// retryAfterMs, which decided its retry's dueAt: a repeat with another
+// hint, or without the first's, or with one the first did not send, is
+// 409 invalid_state naming the first's (QA: it answered 200 with the
+// first's nextDueAt, as if its own hint had been applied). The same hint
+// answers the same object, in a batch too.
+func TestARepeatedFailureWithAnotherRetryHintIsRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	enq := b.enqueue(t, b.run(t), jobs.EnqueueRequest{})
+	j := b.claimOne(t, b.register(t))
+	first := b.fail(t, j, hinted)
+	require.Equal(t, first, b.fail(t, j, &jobs.ReportError{Message: "another message", RetryAfterMs: ptr[int64](60_000)}),
+		"the same hint: the same report, the first message standing")
+	report := func(e *jobs.ReportError) error {
+		_, err := b.svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken, Status: "FAILED",
+			Error: e})
+		return err
+	}
+	for _, e := range []*jobs.ReportError{
+		{Message: "x", RetryAfterMs: ptr[int64](120_000)},
+		{Message: "x"},
+		nil,
+	} {
+		err := report(e)
+		require.Equal(t, apierr.CodeInvalidState, code(t, err))
+		require.Equal(t, "This attempt was already reported as FAILED with retryAfterMs 60000.", err.(*apierr.Error).Message)
+	}
+	res, err := b.svc.ReportBatch(ctx, b.worker, jobs.BatchReportRequest{Reports: []jobs.BatchReportItem{{
+		JobID: j.JobID, LeaseToken: j.LeaseToken, Status: "FAILED", Error: &jobs.ReportError{Message: "x",
+			RetryAfterMs: ptr[int64](1_000)}}}})
+	require.NoError(t, err)
+	require.NotNil(t, res.Results[0].Error)
+	require.Equal(t, apierr.CodeInvalidState, res.Results[0].Error.Code)
+	st := b.step(t, enq.StepID)
+	requireTime(t, *first.NextDueAt, *st.DurableJob.DueAt, "the first report's schedule stands")
+
+	// A first report without a hint: a repeat with one is refused too.
+	b.clock.Add(time.Minute)
+	j2 := b.claimOne(t, b.register(t))
+	require.Equal(t, 2, j2.Attempt)
+	second := b.fail(t, j2, &jobs.ReportError{Message: "y"})
+	_, err = b.svc.Report(ctx, b.worker, j2.JobID, jobs.ReportRequest{LeaseToken: j2.LeaseToken, Status: "FAILED",
+		Error: &jobs.ReportError{Message: "y", RetryAfterMs: ptr[int64](5_000)}})
+	require.Equal(t, apierr.CodeInvalidState, code(t, err))
+	require.Equal(t, "This attempt was already reported as FAILED without retryAfterMs.", err.(*apierr.Error).Message)
+	require.Equal(t, second, b.fail(t, j2, nil), "no error object: no hint, retryable, the same report")
 }

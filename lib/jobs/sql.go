@@ -802,9 +802,10 @@ SELECT j.status, coalesce(jobs_lease_token_matches(j.lease_token, $3::text), fal
        ` + cancelledRequeuedFor("$3::text") + `
 FROM jobs j WHERE j.id = $1::text AND j.workspace_id = $2::text`
 
-// sqlExecutionRetryable reads whether a reported failure was retryable (a
-// failure without an error object is). $1 job, $2 attempt.
-const sqlExecutionRetryable = `SELECT coalesce(x.retryable, true) FROM job_executions x
+// sqlReportedFailure reads what a reported failure decided: whether it was
+// retryable (a failure without an error object is) and its retryAfterMs
+// (NULL when it sent none). $1 job, $2 attempt.
+const sqlReportedFailure = `SELECT coalesce(x.retryable, true), x.retry_after_ms FROM job_executions x
 WHERE x.job_id = $1::text AND x.attempt = $2::int`
 
 // sqlRequeuedFor says whether a job a report locked ($1) was requeued under
