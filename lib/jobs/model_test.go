@@ -910,9 +910,11 @@ func (m *jobsModel) report(s *jmStep) {
 		status, code, detail = http.StatusConflict, "lease_lost", leaseLost(s, i)
 	case a.reported:
 		// The same outcome again answers the same object; another is
-		// invalid_state (API.md §5; README: a failure's retryable is part
-		// of its outcome).
-		if a.sent != sent || sent == jobs.OutcomeFailed && *a.retryable != *rec {
+		// invalid_state (API.md §5; README: a failure's retryable and
+		// retryAfterMs are part of its outcome).
+		sameAfter := (a.retryAfter == nil) == (retryAfter == nil) &&
+			(retryAfter == nil || *a.retryAfter == *retryAfter)
+		if a.sent != sent || sent == jobs.OutcomeFailed && (*a.retryable != *rec || !sameAfter) {
 			status, code = http.StatusConflict, "invalid_state"
 		} else {
 			want = a.answer
