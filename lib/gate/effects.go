@@ -190,14 +190,21 @@ func storedStates(state string) []string {
 	return []string{state}
 }
 
+// ListStateRule and ListEffectTypeRule are what an effect list's ?state=
+// and ?effect_type= must be.
+var (
+	ListStateRule      = "must be one of " + strings.Join(States, ", ")
+	ListEffectTypeRule = "must be an effect type"
+)
+
 // ListEffects pages newest first; results appear only as redacted previews.
 func (s *Service) ListEffects(ctx context.Context, workspaceID string, f ListFilter) ([]Effect, error) {
 	var pr apierr.Problems
 	if f.State != "" && !slices.Contains(States, f.State) {
-		pr.Add("state", "must be one of %s", strings.Join(States, ", "))
+		pr.Add("state", "%s", ListStateRule)
 	}
 	if f.EffectType != "" && !ValidEffectType(f.EffectType) {
-		pr.Add("effect_type", "must be an effect type")
+		pr.Add("effect_type", "%s", ListEffectTypeRule)
 	}
 	if err := pr.Err(); err != nil {
 		return nil, err

@@ -116,12 +116,12 @@ func (c *Call) BoolParam(name string) (bool, error) {
 }
 
 // ListParams parses ?limit= (1-200, default 50) and ?cursor=. A cursor is
-// what the list's own nextCursor held: valid says whether it can be one
-// (an id of the listed kind, an effect type), so a mistyped cursor is 400
-// rather than a silently different page; nil where the list's service
-// parses its cursor itself.
-func (c *Call) ListParams(valid func(string) bool) (limit int, cursor string, err error) {
-	q := c.R.URL.Query()
+// what the list's own nextCursor held: the route's Cursor says whether it
+// can be one, so a mistyped cursor is 400 rather than a silently different
+// page. knownQuery has checked both, with the query's other parameters
+// (one answer names them all); these checks only stand behind it.
+func (c *Call) ListParams() (limit int, cursor string, err error) {
+	q, valid := c.R.URL.Query(), c.Route.Cursor
 	limit = 50
 	if s := q.Get("limit"); s != "" || q.Has("limit") {
 		n, perr := strconv.Atoi(s)

@@ -15,8 +15,10 @@ import (
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/events"
+	"github.com/getratchet/ratchet/lib/gate"
 	"github.com/getratchet/ratchet/lib/httpapi"
 	"github.com/getratchet/ratchet/lib/ids"
+	"github.com/getratchet/ratchet/lib/jobs"
 )
 
 // listCursorMember is API.md §0 for every list route: its next cursor is
@@ -166,6 +168,11 @@ func TestConformanceEveryListRouteFollowsTheListConventions(t *testing.T) {
 			require.Equal(t, []string{"limit"}, validationFields(t, r), "%s limit=%q", pattern, bad)
 		}
 
+		// One answer names every parameter at fault, the cursor checked
+		// with the rest (QA: each list named them one at a time).
+		r := e.Must(http.StatusBadRequest, "GET", path+"?limit=0&cursor="+url.QueryEscape("not a cursor!"), op, nil)
+		require.Equal(t, []string{"cursor", "limit"}, validationFields(t, r), pattern)
+
 		all := e.Must(http.StatusOK, "GET", path+"?limit=200", op, nil).JSON()
 		require.ElementsMatch(t, []string{"data", member}, keysOf(all), "%s: %v", pattern, keysOf(all))
 		require.NotContains(t, all, otherMember, pattern)
@@ -269,4 +276,38 @@ func TestConformanceListsStateAndKeepTheirOrder(t *testing.T) {
 	require.Equal(t, []string{"b", "a", "c"}, names("/api/v1/endpoints", "name"), "oldest first")
 	require.Equal(t, []string{"b", "a", "c"}, names("/api/v1/webhooks", "url"), "oldest first")
 	require.Equal(t, []string{"a", "b", "c"}, names("/api/v1/policies", "effect_type"), "by effect type")
+}
+
+// A list's filters are checked with its limit and cursor, in one place for
+// every route (knownQuery): one answer names each one at fault, in the
+// words the list's own check uses (QA: ?outcome=RUNNING&cursor=bad named
+// outcome only, and the cursor was refused once outcome was fixed).
+func TestAListNamesEveryQueryParameterAtFault(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t, "send_email@1")
+	op := e.ws.Key
+	endpoint := e.Must(http.StatusCreated, "POST", "/api/v1/endpoints", op, map[string]any{"name": "ep"}).JSON()["id"].(string)
+	run := e.run()
+	for query, want := range map[string]map[string]string{
+		"/api/v1/endpoints/" + endpoint + "/attempts?outcome=RUNNING&cursor=bad": {
+			"outcome": "must be SUCCEEDED or FAILED", "cursor": "is not a cursor from this API"},
+		"/api/v1/runs?status=DONE&cursor=stp_x&limit=x": {"status": "must be RUNNING, SUCCEEDED or FAILED",
+			"cursor": "is not a cursor from this API", "limit": apierr.LimitRule},
+		"/api/v1/runs/" + run + "/steps?status=DONE&limit=201": {"status": jobs.StatusRule, "limit": apierr.LimitRule},
+		"/api/v1/effects?state=done&effect_type=%21&cursor=x&limit=0": {"state": gate.ListStateRule,
+			"effect_type": gate.ListEffectTypeRule, "cursor": "is not a cursor from this API", "limit": apierr.LimitRule},
+		"/api/v1/approvals?state=done&cursor=x": {"state": "must be pending, approved or rejected",
+			"cursor": "is not a cursor from this API"},
+		"/api/v1/keys?created_by=nope&cursor=x": {"created_by": "must be a key id (key_ and 26 characters)",
+			"cursor": "is not a cursor from this API"},
+	} {
+		r := e.Must(http.StatusBadRequest, "GET", query, op, nil)
+		require.Equal(t, apierr.CodeInvalidRequest, r.ErrorCode(), query)
+		got := map[string]string{}
+		for _, v := range r.JSON()["error"].(map[string]any)["detail"].(map[string]any)["validation"].([]any) {
+			v := v.(map[string]any)
+			got[v["field"].(string)] = v["message"].(string)
+		}
+		require.Equal(t, want, got, query)
+	}
 }

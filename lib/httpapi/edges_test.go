@@ -40,9 +40,10 @@ func TestAQueryBeyondWhatGoReadsIsRefused(t *testing.T) {
 	r := env.DoWith("POST", "/api/v1/mcp?x=1"+junk, ws.Key, http.Header{"Accept": {"application/json"}},
 		`{"jsonrpc":"2.0","id":1,"method":"tools/list"}`)
 	require.Equal(t, []string{"query"}, validationFields(t, r))
-	// Up to the limit, each parameter is read (and these are unknown).
+	// Up to the limit, each parameter is read (these are unknown, and the
+	// state is named with them).
 	fields := validationFields(t, env.Do("GET", "/api/v1/effects?state=bogus"+strings.Repeat("&x=1", 9999), ws.Key, nil))
-	require.Equal(t, []string{"x"}, fields)
+	require.Equal(t, []string{"state", "x"}, fields)
 }
 
 // A refusal lists at most apierr.MaxProblems problems, the first found,

@@ -36,6 +36,12 @@ type Param struct {
 	Enum        []string // a string's values, when it takes only those
 	Pattern     string   // a string's pattern, when it has one
 	MaxLength   int      // a string's longest length, when it has one
+	// Valid, when set, says whether a string is a value the parameter
+	// takes (its Enum is checked without it, an integer's Min and Max
+	// too), and Rule what it must be, the refusal's words, when the
+	// generated ones ("must be A, B or C") are not meant (knownQuery).
+	Valid func(string) bool
+	Rule  string
 }
 
 // Route is one method on one path.
@@ -47,6 +53,11 @@ type Route struct {
 	Tag     string
 	Auth    AuthMode
 	Scopes  []string // every one is required
+	// Cursor says what a list's ?cursor= may hold: what its nextCursor
+	// held (an id of the listed kind, an effect type, ...). knownQuery
+	// refuses another, with the query's other problems, so a mistyped
+	// cursor is 400 rather than a silently different page.
+	Cursor func(string) bool
 	// AnyScopes, when set, are alternatives: one of them is required too
 	// (a read open to a key that may read and to one that may write).
 	AnyScopes []string

@@ -27,6 +27,7 @@ func (s *Server) circuitRoutes() []Route {
 				"the volume of new keys in the trailing hour, the 7-day median hourly baseline and the threshold.",
 			Query: listParams, Response: Page[gate.Circuit]{}, Status: 200,
 			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeForbidden},
+			Cursor: gate.ValidEffectType,
 			Handle: s.listCircuits,
 		},
 		{
@@ -77,7 +78,7 @@ func (s *Server) circuitRoutes() []Route {
 }
 
 func (s *Server) listCircuits(ctx context.Context, c *Call) (any, error) {
-	limit, cursor, err := c.ListParams(gate.ValidEffectType)
+	limit, cursor, err := c.ListParams()
 	if err != nil {
 		return nil, err
 	}

@@ -35,6 +35,7 @@ func (s *Server) contractsRoutes() []Route {
 			Scopes: read, Query: camelListParams,
 			Summary:  "List the tool's contracts by ascending contractVersion (cursor: the last contractVersion).",
 			Response: CamelPage[jobs.Contract]{}, Status: 200, Errors: []string{apierr.CodeInvalidRequest},
+			Cursor: jobs.ValidContractsCursor,
 			Handle: s.listContracts,
 		},
 		{
@@ -98,7 +99,7 @@ func (s *Server) publishContract(ctx context.Context, c *Call) (any, error) {
 }
 
 func (s *Server) listContracts(ctx context.Context, c *Call) (any, error) {
-	limit, cursor, err := c.ListParams(nil) // the service parses it
+	limit, cursor, err := c.ListParams()
 	if err != nil {
 		return nil, err
 	}

@@ -63,8 +63,10 @@ func (s *Server) coreRoutes() []Route {
 				"keys that key minted (revoking a key leaves them live, unless revoked with ?include_minted=true).",
 			Query: append([]Param{{Name: "created_by", Type: "string", Description: "only the keys this key " +
 				"minted (their created_by_key_id); another workspace's key, or none, lists nothing",
-				Pattern: ids.Pattern(ids.Key), MaxLength: ids.Len(ids.Key)}}, listParams...),
+				Pattern: ids.Pattern(ids.Key), MaxLength: ids.Len(ids.Key), Valid: idCursor(ids.Key),
+				Rule: createdByRule}}, listParams...),
 			Response: Page[auth.Key]{}, Status: 200, Errors: []string{apierr.CodeInvalidRequest},
+			Cursor: idCursor(ids.Key),
 			Handle: s.listKeys,
 		},
 		{
@@ -224,8 +226,11 @@ func (s *Server) createKey(ctx context.Context, c *Call) (any, error) {
 	return s.Auth.CreateKey(ctx, c.Principal, req)
 }
 
+// createdByRule is what the key list's ?created_by= must be.
+const createdByRule = "must be a key id (key_ and 26 characters)"
+
 func (s *Server) listKeys(ctx context.Context, c *Call) (any, error) {
-	limit, cursor, err := c.ListParams(idCursor(ids.Key))
+	limit, cursor, err := c.ListParams()
 	if err != nil {
 		return nil, err
 	}
@@ -234,7 +239,7 @@ func (s *Server) listKeys(ctx context.Context, c *Call) (any, error) {
 	if q.Has("created_by") && !ids.Valid(ids.Key, createdBy) {
 		// Given empty too: read as no filter, it would list every key
 		// as the ones a compromised key minted, to be revoked.
-		return nil, apierr.InvalidField("created_by", "must be a key id (key_ and 26 characters)")
+		return nil, apierr.InvalidField("created_by", "%s", createdByRule)
 	}
 	keys, err := s.Auth.ListKeys(ctx, c.Principal.WorkspaceID, createdBy, cursor, limit+1)
 	if err != nil {

@@ -53,11 +53,13 @@ func (s *Server) gateRoutes() []Route {
 			Query: append([]Param{
 				{Name: "state", Type: "string", Description: "leased, succeeded, failed, indeterminate, awaiting_approval or denied",
 					Enum: []string{gate.StateLeased, gate.StateSucceeded, gate.StateFailed, gate.StateIndeterminate,
-						gate.StateAwaitingApproval, gate.StateDenied}},
+						gate.StateAwaitingApproval, gate.StateDenied}, Rule: gate.ListStateRule},
 				{Name: "effect_type", Type: "string", Description: "only this effect type",
-					Pattern: gate.EffectTypePattern, MaxLength: gate.EffectTypeMaxLength},
+					Pattern: gate.EffectTypePattern, MaxLength: gate.EffectTypeMaxLength, Valid: gate.ValidEffectType,
+					Rule: gate.ListEffectTypeRule},
 			}, listParams...),
 			Response: Page[gate.Effect]{}, Status: 200, Errors: []string{apierr.CodeInvalidRequest},
+			Cursor: idCursor(ids.Effect),
 			Handle: s.listEffects,
 		},
 		{
@@ -100,6 +102,7 @@ func (s *Server) gateRoutes() []Route {
 			Method: "GET", Pattern: "/api/v1/policies", Name: "policies.list", Tag: "policies",
 			Scopes: []string{auth.ScopePoliciesRead}, Summary: "List the configured effect-type policies in effect type order.",
 			Query: listParams, Response: Page[gate.Policy]{}, Status: 200, Errors: []string{apierr.CodeInvalidRequest},
+			Cursor: gate.ValidEffectType,
 			Handle: s.listPolicies,
 		},
 		{
@@ -139,6 +142,7 @@ func (s *Server) gateRoutes() []Route {
 				Enum: []string{gate.ApprovalPending, gate.ApprovalApproved, gate.ApprovalRejected}}},
 				listParams...),
 			Response: Page[gate.Approval]{}, Status: 200, Errors: []string{apierr.CodeInvalidRequest},
+			Cursor: idCursor(ids.Approval),
 			Handle: s.listApprovals,
 		},
 		{
@@ -183,7 +187,7 @@ func (s *Server) beginEffect(ctx context.Context, c *Call) (any, error) {
 }
 
 func (s *Server) listEffects(ctx context.Context, c *Call) (any, error) {
-	limit, cursor, err := c.ListParams(idCursor(ids.Effect))
+	limit, cursor, err := c.ListParams()
 	if err != nil {
 		return nil, err
 	}
@@ -241,7 +245,7 @@ func (s *Server) resolveEffect(ctx context.Context, c *Call) (any, error) {
 }
 
 func (s *Server) listPolicies(ctx context.Context, c *Call) (any, error) {
-	limit, cursor, err := c.ListParams(gate.ValidEffectType)
+	limit, cursor, err := c.ListParams()
 	if err != nil {
 		return nil, err
 	}
@@ -269,7 +273,7 @@ func (s *Server) putPolicy(ctx context.Context, c *Call) (any, error) {
 }
 
 func (s *Server) listApprovals(ctx context.Context, c *Call) (any, error) {
-	limit, cursor, err := c.ListParams(idCursor(ids.Approval))
+	limit, cursor, err := c.ListParams()
 	if err != nil {
 		return nil, err
 	}

@@ -90,12 +90,13 @@ func (s *Server) groupRoutes() []Route {
 			AnyScopes: []string{auth.ScopeEffectsRead, auth.ScopeEffectsBegin},
 			Query:     listParams, Response: Page[gate.GroupStep]{}, Status: 200,
 			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeNotFound, apierr.CodeForbidden},
+			Cursor: idCursor(ids.Effect),
 			Handle: func(ctx context.Context, c *Call) (any, error) {
 				id, err := c.PathID("id", ids.Group)
 				if err != nil {
 					return nil, err
 				}
-				limit, cursor, err := c.ListParams(idCursor(ids.Effect))
+				limit, cursor, err := c.ListParams()
 				if err != nil {
 					return nil, err
 				}

@@ -37,6 +37,7 @@ func (s *Server) jobsRoutes() []Route {
 				Enum: []string{jobs.RunRunning, jobs.RunSucceeded, jobs.RunFailed}}},
 				camelListParams...),
 			Response: CamelPage[jobs.RunSummary]{}, Status: 200, Errors: []string{apierr.CodeInvalidRequest},
+			Cursor: idCursor(ids.Run),
 			Handle: s.listRuns,
 		},
 		{
@@ -44,8 +45,10 @@ func (s *Server) jobsRoutes() []Route {
 			Summary: "Page a run's steps in id order, each as GET /api/v1/steps/{id} reads it; ?status= one job " +
 				"status. For runs too large to read whole with GET /api/v1/runs/{id}.",
 			Query: append([]Param{{Name: "status", Type: "string", Description: "WAITING, QUEUED, RUNNING, " +
-				"RETRY_SCHEDULED, SUCCEEDED, EXHAUSTED, CANCELLED or SKIPPED", Enum: jobs.Statuses}}, camelListParams...),
+				"RETRY_SCHEDULED, SUCCEEDED, EXHAUSTED, CANCELLED or SKIPPED", Enum: jobs.Statuses,
+				Rule: jobs.StatusRule}}, camelListParams...),
 			Response: CamelPage[jobs.Step]{}, Status: 200,
+			Cursor: idCursor(ids.Step),
 			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeNotFound}, Handle: s.listSteps,
 		},
 		{
@@ -84,6 +87,7 @@ func (s *Server) jobsRoutes() []Route {
 			Summary: "Page every attempt of a step's durable job in attempt order (cursor: the last attempt's " +
 				"number), where a step's reads answer its last 50 (attemptsTruncated).",
 			Query: camelListParams, Response: CamelPage[jobs.Attempt]{}, Status: 200,
+			Cursor: func(s string) bool { _, ok := jobs.ParseAttemptCursor(s); return ok },
 			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeNotFound}, Handle: s.listStepAttempts,
 		},
 		{
@@ -92,6 +96,7 @@ func (s *Server) jobsRoutes() []Route {
 			Summary: "Page every replay of a step's durable job oldest first (the replay audit), where a step's " +
 				"reads answer its last 50 (replaysTruncated).",
 			Query: camelListParams, Response: CamelPage[jobs.Replay]{}, Status: 200,
+			Cursor: jobs.ValidReplayCursor,
 			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeNotFound}, Handle: s.listStepReplays,
 		},
 		{
@@ -168,6 +173,7 @@ func (s *Server) jobsRoutes() []Route {
 			Method: "GET", Pattern: "/api/v1/endpoints", Name: "endpoints.list", Tag: "endpoints", Scopes: runsRead,
 			Summary: "List endpoints (services) with their policies, oldest first.", Query: camelListParams,
 			Response: CamelPage[jobs.Endpoint]{}, Status: 200, Errors: []string{apierr.CodeInvalidRequest},
+			Cursor: idCursor(ids.Endpoint),
 			Handle: s.listEndpoints,
 		},
 		{
@@ -192,6 +198,7 @@ func (s *Server) jobsRoutes() []Route {
 				Enum: []string{jobs.StatusSucceeded, jobs.OutcomeFailed}}},
 				camelListParams...),
 			Response: CamelPage[jobs.EndpointAttempt]{}, Status: 200,
+			Cursor: jobs.ValidEndpointAttemptsCursor,
 			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeNotFound}, Handle: s.listEndpointAttempts,
 		},
 		{
@@ -230,6 +237,7 @@ func (s *Server) jobsRoutes() []Route {
 				"message when no worker serves a queued version; paged in name@version order.",
 			Query:    camelListParams,
 			Response: CamelPage[jobs.QueueHealth]{}, Status: 200, Errors: []string{apierr.CodeInvalidRequest},
+			Cursor: jobs.ValidHealthCursor,
 			Handle: s.queueHealth,
 		},
 	}
@@ -255,7 +263,7 @@ func (s *Server) createRun(ctx context.Context, c *Call) (any, error) {
 }
 
 func (s *Server) listRuns(ctx context.Context, c *Call) (any, error) {
-	limit, cursor, err := c.ListParams(idCursor(ids.Run))
+	limit, cursor, err := c.ListParams()
 	if err != nil {
 		return nil, err
 	}
@@ -271,7 +279,7 @@ func (s *Server) listSteps(ctx context.Context, c *Call) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	limit, cursor, err := c.ListParams(idCursor(ids.Step))
+	limit, cursor, err := c.ListParams()
 	if err != nil {
 		return nil, err
 	}
@@ -384,7 +392,7 @@ func (s *Server) listStepAttempts(ctx context.Context, c *Call) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	limit, cursor, err := c.ListParams(func(s string) bool { _, ok := jobs.ParseAttemptCursor(s); return ok })
+	limit, cursor, err := c.ListParams()
 	if err != nil {
 		return nil, err
 	}
@@ -401,7 +409,7 @@ func (s *Server) listStepReplays(ctx context.Context, c *Call) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	limit, cursor, err := c.ListParams(jobs.ValidReplayCursor)
+	limit, cursor, err := c.ListParams()
 	if err != nil {
 		return nil, err
 	}
@@ -490,7 +498,7 @@ func (s *Server) reportBatch(ctx context.Context, c *Call) (any, error) {
 }
 
 func (s *Server) listEndpoints(ctx context.Context, c *Call) (any, error) {
-	limit, cursor, err := c.ListParams(idCursor(ids.Endpoint))
+	limit, cursor, err := c.ListParams()
 	if err != nil {
 		return nil, err
 	}
@@ -529,7 +537,7 @@ func (s *Server) listEndpointAttempts(ctx context.Context, c *Call) (any, error)
 	if err != nil {
 		return nil, err
 	}
-	limit, cursor, err := c.ListParams(nil) // the service parses it
+	limit, cursor, err := c.ListParams()
 	if err != nil {
 		return nil, err
 	}
@@ -578,7 +586,7 @@ func (s *Server) closeEndpointCircuit(ctx context.Context, c *Call) (any, error)
 }
 
 func (s *Server) queueHealth(ctx context.Context, c *Call) (any, error) {
-	limit, cursor, err := c.ListParams(nil) // the service parses it
+	limit, cursor, err := c.ListParams()
 	if err != nil {
 		return nil, err
 	}

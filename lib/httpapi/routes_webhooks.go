@@ -36,8 +36,9 @@ func (s *Server) webhookRoutes() []Route {
 				"signing secret this server cannot decrypt, whose deliveries are not sent meanwhile).",
 			Query:    listParams,
 			Response: Page[webhooks.Webhook]{}, Status: 200, Errors: []string{apierr.CodeInvalidRequest},
+			Cursor: idCursor(ids.Webhook),
 			Handle: func(ctx context.Context, c *Call) (any, error) {
-				limit, cursor, err := c.ListParams(idCursor(ids.Webhook))
+				limit, cursor, err := c.ListParams()
 				if err != nil {
 					return nil, err
 				}
@@ -108,12 +109,13 @@ func (s *Server) webhookRoutes() []Route {
 			Scopes: scopes, Summary: "A subscription's deliveries, newest first: state, attempts, last status code.",
 			Query: listParams, Response: Page[webhooks.Delivery]{}, Status: 200,
 			Errors: []string{apierr.CodeNotFound, apierr.CodeInvalidRequest},
+			Cursor: webhooks.ValidDeliveriesCursor,
 			Handle: func(ctx context.Context, c *Call) (any, error) {
 				id, err := c.PathID("id", ids.Webhook)
 				if err != nil {
 					return nil, err
 				}
-				limit, cursor, err := c.ListParams(nil) // the service parses it
+				limit, cursor, err := c.ListParams()
 				if err != nil {
 					return nil, err
 				}

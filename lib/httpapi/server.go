@@ -12,6 +12,7 @@ import (
 	"runtime/debug"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -508,10 +509,60 @@ func knownQuery(r *http.Request, route *Route) error {
 			// themselves). Its values (Enum) and form (Pattern) hold no
 			// empty one, as the OpenAPI document says.
 			p.Add(name, "must not be empty: leave it out to list every row")
+		case i >= 0:
+			if rule, bad := refusedValue(route, route.Query[i], values[0]); bad {
+				p.Add(name, "%s", rule)
+			}
 		}
 	}
 	slices.SortFunc(p, func(a, b apierr.FieldError) int { return strings.Compare(a.Field, b.Field) })
 	return p.Err()
+}
+
+// refusedValue says whether v is not a value of the route's query
+// parameter q, and what it must be. Every declared parameter is checked
+// here, in one place for every route, so that one answer names each
+// parameter at fault (QA: ?outcome=RUNNING&cursor=bad named outcome only,
+// each list refusing its filters, limit and cursor one at a time), as a
+// body's validation names each field.
+func refusedValue(route *Route, q Param, v string) (string, bool) {
+	rule := func(generated string) (string, bool) {
+		if q.Rule != "" {
+			return q.Rule, true
+		}
+		return generated, true
+	}
+	switch {
+	case q.Name == "cursor":
+		if v != "" && (len(v) > maxCursorBytes || (route.Cursor != nil && !route.Cursor(v))) {
+			return "is not a cursor from this API", true
+		}
+	case q.Type == "integer":
+		n, err := strconv.Atoi(v)
+		if err != nil || (q.Min != nil && n < *q.Min) || (q.Max != nil && n > *q.Max) {
+			if q.Min != nil && q.Max != nil {
+				return rule(fmt.Sprintf("must be an integer from %d to %d", *q.Min, *q.Max))
+			}
+			return rule("must be an integer")
+		}
+	case q.Type == "boolean":
+		if v != "true" && v != "false" {
+			return rule("must be true or false")
+		}
+	case q.Enum != nil && !slices.Contains(q.Enum, v):
+		return rule("must be " + orList(q.Enum))
+	case q.Valid != nil && !q.Valid(v):
+		return rule("is not valid")
+	}
+	return "", false
+}
+
+// orList joins values as "A, B or C".
+func orList(values []string) string {
+	if len(values) < 2 {
+		return strings.Join(values, "")
+	}
+	return strings.Join(values[:len(values)-1], ", ") + " or " + values[len(values)-1]
 }
 
 // authorize checks the route's credentials and sets c.Principal for a key,

@@ -220,6 +220,20 @@ func (s *Service) PublishContract(ctx context.Context, workspaceID, keyID, name 
 	return c, nil
 }
 
+// ValidContractsCursor says whether cursor can be a contracts page's
+// nextCursor (a contract version; "" for the first page).
+func ValidContractsCursor(cursor string) bool { _, ok := contractsCursor(cursor); return ok }
+
+// contractsCursor is the contract version a contracts page's cursor
+// follows (0 for the first page), and whether it can be one.
+func contractsCursor(cursor string) (int, bool) {
+	if cursor == "" {
+		return 0, true
+	}
+	n, err := strconv.Atoi(cursor)
+	return n, err == nil && n >= 0 && n <= math.MaxInt32
+}
+
 // ListContracts pages through a tool's contracts by ascending
 // contractVersion; cursor is the last version of the previous page. It
 // reads only the contracts a page within the answer's budget (answer.Of)
@@ -229,13 +243,9 @@ func (s *Service) ListContracts(ctx context.Context, workspaceID, name, cursor s
 	if !ValidToolName(name) {
 		return nil, apierr.InvalidField("name", toolname.NameRule)
 	}
-	after := 0
-	if cursor != "" {
-		n, err := strconv.Atoi(cursor)
-		if err != nil || n < 0 || n > math.MaxInt32 {
-			return nil, apierr.InvalidField("cursor", "is not a cursor from this API")
-		}
-		after = n
+	after, ok := contractsCursor(cursor)
+	if !ok {
+		return nil, apierr.InvalidField("cursor", "is not a cursor from this API")
 	}
 	rows, err := s.pool.Query(ctx, sqlListContracts, workspaceID, name, after, limit, answer.Of(ctx))
 	if err != nil {

@@ -47,6 +47,13 @@ type attemptsAfter struct {
 	attempt int
 }
 
+// ValidEndpointAttemptsCursor says whether cursor can be an endpoint
+// attempts page's nextCursor (AttemptsCursor; "" for the first page).
+func ValidEndpointAttemptsCursor(cursor string) bool {
+	_, err := parseAttemptsCursor(cursor)
+	return err == nil
+}
+
 func parseAttemptsCursor(cursor string) (attemptsAfter, error) {
 	if cursor == "" {
 		return attemptsAfter{}, nil

@@ -51,16 +51,23 @@ type QueueHealth struct {
 // HealthCursor is the cursor of the page that follows h.
 func (h QueueHealth) HealthCursor() string { return h.Name + "@" + h.Version }
 
+// ValidHealthCursor says whether cursor can be a queue health page's
+// nextCursor (a row's HealthCursor).
+func ValidHealthCursor(cursor string) bool {
+	name, version, ok := strings.Cut(cursor, "@")
+	return ok && toolname.Stored(name) && toolname.Stored(version)
+}
+
 // QueueHealth reports queued work per exact name@version and whether any
 // worker serves it: limit rows in name, version order after cursor (a
 // row's HealthCursor; "" for the first page).
 func (s *Service) QueueHealth(ctx context.Context, workspaceID, cursor string, limit int) ([]QueueHealth, error) {
 	after := []any{nil, nil}
 	if cursor != "" {
-		name, version, ok := strings.Cut(cursor, "@")
-		if !ok || !toolname.Stored(name) || !toolname.Stored(version) {
+		if !ValidHealthCursor(cursor) {
 			return nil, apierr.InvalidField("cursor", "is not a cursor from this API")
 		}
+		name, version, _ := strings.Cut(cursor, "@")
 		after = []any{name, version}
 	}
 	now := s.now()

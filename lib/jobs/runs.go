@@ -484,14 +484,17 @@ func (s *Service) ListRuns(ctx context.Context, workspaceID, status, cursor stri
 	return out, nil
 }
 
+// StatusRule is what a step list's ?status= must be.
+const StatusRule = "must be a job status (WAITING, QUEUED, RUNNING, RETRY_SCHEDULED, SUCCEEDED, EXHAUSTED, " +
+	"CANCELLED or SKIPPED)"
+
 // ListSteps pages a run's steps in id order, each with its durable job and
 // attempts, optionally only those in one status. cursor is the previous
 // page's last step id. A run with many steps is read a page at a time here;
 // GET /api/v1/runs/{id} returns the first runStepsMax.
 func (s *Service) ListSteps(ctx context.Context, workspaceID, runID, status, cursor string, limit int) ([]Step, error) {
 	if status != "" && !validStatus(status) {
-		return nil, apierr.InvalidField("status", "must be a job status (WAITING, QUEUED, RUNNING, "+
-			"RETRY_SCHEDULED, SUCCEEDED, EXHAUSTED, CANCELLED or SKIPPED)")
+		return nil, apierr.InvalidField("status", "%s", StatusRule)
 	}
 	r, err := s.readRun(ctx, s.pool, workspaceID, runID) // the workspace's run, or 404
 	if err != nil {

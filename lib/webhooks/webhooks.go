@@ -883,6 +883,21 @@ LEFT JOIN LATERAL (
 WHERE w.id = $1::text AND w.workspace_id = $2::text AND w.deleted_at IS NULL
 ORDER BY d.created_at DESC, d.id DESC`
 
+// ValidDeliveriesCursor says whether cursor can be a deliveries page's
+// next_cursor ("" for the first page).
+func ValidDeliveriesCursor(cursor string) bool {
+	_, _, ok := deliveriesCursor(cursor)
+	return cursor == "" || ok
+}
+
+// deliveriesCursor is the delivery a deliveries page's cursor follows, and
+// whether it can be one.
+func deliveriesCursor(cursor string) (time.Time, string, bool) {
+	ts, id, ok := strings.Cut(cursor, "|")
+	t, err := time.Parse(time.RFC3339Nano, ts)
+	return t, id, ok && err == nil && id != "" // QA: "…|" read as no cursor
+}
+
 // Deliveries pages through one subscription's deliveries, newest first.
 func (s *Service) Deliveries(ctx context.Context, workspaceID, webhookID, cursor string, limit int) ([]Delivery, error) {
 	var (
@@ -890,9 +905,8 @@ func (s *Service) Deliveries(ctx context.Context, workspaceID, webhookID, cursor
 		afterID string
 	)
 	if cursor != "" {
-		ts, id, ok := strings.Cut(cursor, "|")
-		t, err := time.Parse(time.RFC3339Nano, ts)
-		if !ok || err != nil || id == "" { // QA: "…|" read as no cursor
+		t, id, ok := deliveriesCursor(cursor)
+		if !ok {
 			return nil, apierr.InvalidField("cursor", "is not a cursor from this API")
 		}
 		after, afterID = &t, id
