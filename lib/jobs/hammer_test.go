@@ -327,6 +327,44 @@ func TestTwoReportsOfOneTokenWithOtherOutcomesRecordOne(t *testing.T) {
 	require.Equal(t, bystanders, b.runningCount(t, "send_email"), "every slot freed once")
 }
 
+// Two FAILED reports with one lease token and different retryAfterMs, at
+// the same moment: one is recorded, and the other is 409 invalid_state (a
+// repeat that disagrees), whichever commits first; the attempt keeps the
+// winner's hint, and the retry is due by it.
+func TestTwoFailuresOfOneTokenWithOtherRetryHintsRecordOne(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	claimed := b.claimBesideBystanders(t, 40)
+	failing := func(ms int64) func(int, jobs.ClaimedJob) error {
+		return func(_ int, j jobs.ClaimedJob) error {
+			_, err := b.svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken,
+				Status: "FAILED", Error: &jobs.ReportError{Message: "later", RetryAfterMs: &ms}})
+			return err
+		}
+	}
+	minute, hour := racePairs(claimed, failing(60_000), failing(3_600_000))
+	now := b.clock.Now()
+	for i, j := range claimed {
+		var hint int64
+		var due time.Time
+		require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT x.retry_after_ms, j.due_at FROM jobs j
+			JOIN job_executions x ON x.job_id = j.id AND x.attempt = j.attempt WHERE j.id = $1`, j.JobID).Scan(&hint, &due))
+		switch {
+		case minute[i] == nil && hour[i] != nil:
+			require.Equal(t, apierr.CodeInvalidState, code(t, hour[i]))
+			require.EqualValues(t, 60_000, hint)
+			require.True(t, due.Before(now.Add(time.Hour)), "due by the minute's hint")
+		case hour[i] == nil && minute[i] != nil:
+			require.Equal(t, apierr.CodeInvalidState, code(t, minute[i]))
+			require.EqualValues(t, 3_600_000, hint)
+			require.False(t, due.Before(now.Add(time.Hour)), "due by the hour's hint")
+		default:
+			t.Fatalf("job %s: a minute answered %v, an hour %v: want exactly one recorded", j.JobID, minute[i], hour[i])
+		}
+	}
+	require.Equal(t, bystanders, b.runningCount(t, "send_email"), "every slot freed once")
+}
+
 // A report and a heartbeat with one token, at the same moment: the report
 // is always recorded; the heartbeat extends the lease (it came first) or
 // is 409 invalid_state (the attempt ended), and never takes the job back.
