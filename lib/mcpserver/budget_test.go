@@ -16,6 +16,7 @@ import (
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/ids"
+	"github.com/getratchet/ratchet/lib/mcpserver"
 )
 
 // rpcAnswers decodes a batch's answers by id.
@@ -221,4 +222,89 @@ func refusedAlone(t *testing.T, env *apitest.Env, key, name, args string) {
 	require.NotEmpty(t, fields, name)
 	require.Contains(t, fields[0].Field, "kkk…kkk", "%s: the key's start and end", name)
 	require.LessOrEqual(t, len(fields[0].Field), apierr.MaxFieldBytes, name)
+}
+
+// A write of a real batch over HTTP whose result would take the batch's
+// answer past answer.Budget ran, and is answered the short result saying
+// so, never the error that says to send it again (the unit test,
+// TestAWriteThatRanPastItsBatchsRoomSaysItRan, calls it without a batch).
+// Three reports whose results are 256 KiB of quotes (each answered about
+// three times that: the REST answer as text, escaped again, and as
+// structured content) share one batch with tools/list calls, each of which
+// has its answer set aside: whichever report finishes first fits, the
+// others do not, so at least one is answered applied, in its text and its
+// structured content, and every report stood, as ratchet_get_effect reads.
+func TestAWriteOfABatchPastItsAnswerSaysItWasApplied(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	// 2 bytes a quote in the body: 130 000 of them within MaxResultBytes.
+	result := map[string]any{"body": strings.Repeat(`"`, 130_000)}
+	resultJSON, err := json.Marshal(result)
+	require.NoError(t, err)
+	const reports, lists = 3, mcpserver.MaxBatch - 3
+	var calls []string
+	effectIDs := map[string]string{}
+	for i := range reports {
+		d := env.Must(http.StatusOK, "POST", "/api/v1/effects/begin", ws.Key, map[string]any{
+			"effect_type": "qa.mcp.applied", "idempotency_key": fmt.Sprintf("applied-%d", i)}).JSON()
+		effectIDs[fmt.Sprint(i)] = d["effect_id"].(string)
+		calls = append(calls, fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":`+
+			`"ratchet_report","arguments":{"effect_id":"%s","lease_token":"%s","outcome":"succeeded","result":%s}}}`,
+			i, d["effect_id"], d["lease_token"], resultJSON))
+	}
+	for i := range lists {
+		calls = append(calls, fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/list"}`, 100+i))
+	}
+	status, out := postMCP(t, env, ws.Key, "["+strings.Join(calls, ",")+"]")
+	require.Equal(t, http.StatusOK, status, "%.300s", out)
+	require.LessOrEqual(t, len(bytes.TrimSpace(out)), answer.Budget, "the batch's answer")
+	byID := rpcAnswers(t, out)
+	require.Len(t, byID, reports+lists)
+	for i := range lists {
+		a := byID[fmt.Sprint(100+i)]
+		require.Nil(t, a["error"], "tools/list has its answer set aside")
+		require.Len(t, a["result"].(map[string]any)["tools"], 9)
+	}
+	applied := 0
+	for id, effectID := range effectIDs {
+		a := byID[id]
+		require.Nil(t, a["error"], "a report that ran is never answered the error that says to send it again")
+		res := a["result"].(map[string]any)
+		require.NotEqual(t, true, res["isError"], id)
+		structured := res["structuredContent"].(map[string]any)
+		text := res["content"].([]any)[0].(map[string]any)["text"].(string)
+		if structured["applied"] == nil {
+			require.Equal(t, effectID, structured["id"], "answered in full")
+			require.Equal(t, "succeeded", structured["state"])
+			continue
+		}
+		applied++
+		require.Equal(t, true, structured["applied"], id)
+		require.Len(t, structured, 2, "applied and answer_omitted only: %v", structured)
+		require.Contains(t, structured["answer_omitted"], "do not send it again: read the outcome with ratchet_get_effect")
+		require.NotContains(t, structured["answer_omitted"], effectID, "it names no value of the call")
+		var fromText map[string]any
+		require.NoError(t, json.Unmarshal([]byte(text), &fromText))
+		require.Equal(t, structured, fromText, "its text says the same")
+	}
+	require.Positive(t, applied, "a report past the batch's answer: %d of %d", applied, reports)
+	require.Less(t, applied, reports, "the first to finish fits")
+	for _, effectID := range effectIDs {
+		// Read as the answer says: every report stood, its result whole.
+		status, out := postMCP(t, env, ws.Key, `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":`+
+			`{"name":"ratchet_get_effect","arguments":{"effect_id":"`+effectID+`"}}}`)
+		require.Equal(t, http.StatusOK, status)
+		var msg struct {
+			Result struct {
+				Structured struct {
+					State  string          `json:"state"`
+					Result json.RawMessage `json:"result"`
+				} `json:"structuredContent"`
+			} `json:"result"`
+		}
+		require.NoError(t, json.Unmarshal(out, &msg), "%.300s", out)
+		require.Equal(t, "succeeded", msg.Result.Structured.State, effectID)
+		require.JSONEq(t, string(resultJSON), string(msg.Result.Structured.Result), effectID)
+	}
 }
