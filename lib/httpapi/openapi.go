@@ -453,13 +453,14 @@ func requestSchemaOf(v any) any {
 		return b.schema(requestSchemaOf)
 	}
 	s := schemaFor(reflect.TypeOf(v), relaxRequired)
-	if a, ok := v.(interface{ AnyOfRequired() []string }); ok {
-		// A body that must send one of some fields, each alone optional.
+	if a, ok := v.(interface{ OneOfRequired() []string }); ok {
+		// A body that must send exactly one of some fields, each alone
+		// optional.
 		var one []any
-		for _, name := range a.AnyOfRequired() {
+		for _, name := range a.OneOfRequired() {
 			one = append(one, map[string]any{"required": []any{name}})
 		}
-		s.(map[string]any)["anyOf"] = one
+		s.(map[string]any)["oneOf"] = one
 	}
 	return s
 }

@@ -1154,7 +1154,7 @@ func (w *refusalWorld) mcpProtocolCases(t *testing.T, base refusal, call string,
 	rpc("a boolean id", `{"jsonrpc":"2.0","id":true,`+begin+`}`, http.StatusBadRequest, -32600, nil)
 	rpc("a null id", `{"jsonrpc":"2.0","id":null,`+begin+`}`, http.StatusBadRequest, -32600, nil)
 	rpc("a tool call without an id", `{"jsonrpc":"2.0",`+begin+`}`, http.StatusBadRequest, -32600, nil)
-	rpc("a tool call without params", `{"jsonrpc":"2.0","id":1,"method":"tools/call"}`, http.StatusBadRequest, -32600, 1.0)
+	rpc("a tool call without params", `{"jsonrpc":"2.0","id":1,"method":"tools/call"}`, http.StatusOK, -32602, 1.0)
 	rpc("params that are not an object", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":"x"}`,
 		http.StatusOK, -32602, 1.0)
 	rpc("an unknown method", `{"jsonrpc":"2.0","id":1,"method":"effects/begin","params":{}}`, http.StatusOK, -32601, 1.0)

@@ -268,9 +268,10 @@ type mcpMessage struct {
 	Error  *mcpAnswerError `json:"error,omitempty"`
 }
 
-// AnyOfRequired says what mcpserver.CheckEnvelope asks of a message: a
-// method, a result or an error.
-func (mcpMessage) AnyOfRequired() []string { return []string{"method", "result", "error"} }
+// OneOfRequired says what mcpserver.CheckEnvelope asks of a message: a
+// method, a result or an error, only one of them (MCP QA: a request holding
+// a result ran as the request, and the document took it).
+func (mcpMessage) OneOfRequired() []string { return []string{"method", "result", "error"} }
 
 // mcpAnswer is a JSON-RPC 2.0 response: its result, or its error (also the
 // body of a 400 for a message the transport cannot take).

@@ -38,8 +38,9 @@ const MaxBatch = 100
 // an array of them; no member of a message or of its params is named twice
 // (parsers disagree on which one counts: a gateway reading the first name
 // saw ratchet_get_policy where the last, ratchet_begin, ran); each message is
-// a request, a notification or a response (one with an id and nothing else
-// was taken for a notification, 202); a batch names each request's id once
+// a request, a notification or a response, and only one of them (one with an
+// id and nothing else was taken for a notification, 202; one with a method
+// and a result ran as the request); a batch names each request's id once
 // (the SDK answered one of two and dropped the other, unanswered) and holds
 // no initialize, which MCP keeps out of batches; and an initialize names its
 // protocolVersion, which MCP requires. The tool arguments are the tool
@@ -122,6 +123,12 @@ func checkMessage(m []byte, inBatch bool) *EnvelopeError {
 	if !hasMethod && !hasResult && !hasError {
 		return invalid("a message is a request, a notification (method) or a response (result or error)")
 	}
+	// One of them only: a message that is a request and a response at once
+	// ran as the request, where a gateway reading it as the response passed
+	// it as one (MCP QA), and a response holds its result or its error.
+	if (hasMethod && (hasResult || hasError)) || (hasResult && hasError) {
+		return invalid("a message is a request or notification (method), or a response (result or error), never two of them")
+	}
 	params, hasParams := members["params"]
 	if hasParams && len(params) > 0 && params[0] == '{' {
 		if _, err := objectMembers(params); err != nil {
@@ -129,7 +136,20 @@ func checkMessage(m []byte, inBatch bool) *EnvelopeError {
 		}
 	}
 	var method string
-	if json.Unmarshal(members["method"], &method) != nil || method != "initialize" {
+	_ = json.Unmarshal(members["method"], &method)
+	id, isRequest := requestID(members["id"])
+	if method == "tools/call" && isRequest && (!hasParams || string(params) == "null") {
+		// Invalid params, as tools/call's params of another type are
+		// (MCP QA: without them the transport refused it -32600, HTTP 400,
+		// and with null answered -32600 naming its handler). A batch is
+		// refused whole, as for any message it cannot take.
+		if inBatch {
+			return invalid("a tools/call of the batch has no params (an object naming the tool)")
+		}
+		return &EnvelopeError{Code: jsonrpc.CodeInvalidParams, ID: id,
+			Message: "Invalid params: tools/call needs params, an object naming the tool"}
+	}
+	if method != "initialize" {
 		return nil
 	}
 	if inBatch {
@@ -139,13 +159,20 @@ func checkMessage(m []byte, inBatch bool) *EnvelopeError {
 		ProtocolVersion *string `json:"protocolVersion"`
 	}
 	if !hasParams || json.Unmarshal(params, &init) != nil || init.ProtocolVersion == nil {
-		e := &EnvelopeError{Code: jsonrpc.CodeInvalidParams, Message: "Invalid params: initialize needs protocolVersion, a string"}
-		if id := members["id"]; len(id) > 0 && (id[0] == '"' || id[0] == '-' || (id[0] >= '0' && id[0] <= '9')) {
-			e.ID = id // answerableID let it through: answered as sent
-		}
-		return e
+		return &EnvelopeError{Code: jsonrpc.CodeInvalidParams, Message: "Invalid params: initialize needs protocolVersion, a string",
+			ID: id}
 	}
 	return nil
+}
+
+// requestID is a request's id (answerableID let it through: answered as
+// sent) and true, or nil and false for a message without one (none, or
+// null).
+func requestID(id json.RawMessage) (json.RawMessage, bool) {
+	if len(id) > 0 && (id[0] == '"' || id[0] == '-' || (id[0] >= '0' && id[0] <= '9')) {
+		return id, true
+	}
+	return nil, false
 }
 
 // objectMembers reads the members of the JSON object obj, refusing a name

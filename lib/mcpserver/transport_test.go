@@ -109,10 +109,26 @@ func TestTransportRefusalsAreJSON(t *testing.T) {
 		{`{"jsonrpc":"2.0","id":7,"method":"ping"} junk`, -32700, nil},
 		{`{"jsonrpc":"2.0","id":7,"method":"ping"}{"jsonrpc":"2.0","id":8,"method":"ping"}`, -32700, nil},
 		{`{"jsonrpc":"2.0","id":1}`, -32600, nil},
+		// A message that is a request and a response at once (a gateway
+		// reading it as the response it also is passes it as such, while
+		// the server ran it), or a response with a result and an error
+		// (MCP QA: the first ran as a ping, or a tool call, the second was
+		// taken, 202).
+		{`{"jsonrpc":"2.0","id":1,"method":"ping","result":{}}`, -32600, nil},
+		{`{"jsonrpc":"2.0","id":1,"method":"tools/list","error":{"code":1,"message":"m"}}`, -32600, nil},
+		{`{"jsonrpc":"2.0","method":"notifications/initialized","result":{}}`, -32600, nil},
+		{`{"jsonrpc":"2.0","id":1,"result":{},"error":{"code":1,"message":"m"}}`, -32600, nil},
+		{`[{"jsonrpc":"2.0","id":1,"method":"ping"},{"jsonrpc":"2.0","id":2,"method":"ping","result":{}}]`, -32600, nil},
 		{`"hello"`, -32600, nil},
 		{`[{"jsonrpc":"2.0","id":1,"method":"ping"},{"jsonrpc":"2.0","id":1,"method":"tools/list"}]`, -32600, nil},
 		{`[{"jsonrpc":"2.0","id":1,"method":"ping"},{"jsonrpc":"2.0","id":1.0,"method":"tools/list"}]`, -32600, nil},
 		{`{"jsonrpc":"2.0","id":"i1","method":"initialize","params":{"capabilities":{}}}`, -32602, "i1"},
+		// A tools/call without its params is Invalid params under its id,
+		// as one with params of another type is (MCP QA: -32600 with HTTP
+		// 400, or, given null, -32600 naming the SDK's handler).
+		{`{"jsonrpc":"2.0","id":"c1","method":"tools/call"}`, -32602, "c1"},
+		{`{"jsonrpc":"2.0","id":4,"method":"tools/call","params":null}`, -32602, 4.0},
+		{`[{"jsonrpc":"2.0","id":1,"method":"ping"},{"jsonrpc":"2.0","id":2,"method":"tools/call"}]`, -32600, nil},
 		{`[{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-03-26","capabilities":{}}}]`, -32600, nil},
 		// An empty batch is an Invalid Request (JSON-RPC 2.0, section 6),
 		// not a batch of notifications (QA: answered 202, nothing).
@@ -623,14 +639,16 @@ func TestTheOpenAPIDocumentTakesAClientsResponse(t *testing.T) {
 		require.Equal(t, http.StatusOK, res.Status, "%s", res.Body)
 		require.Len(t, rpcAnswers(t, res.Body), 1)
 	}
-	// A message of none of them is refused (-32600), and the document
-	// says so too.
-	bare := `{"jsonrpc":"2.0","id":1}`
-	refused := &failures{TB: t}
-	apitest.CheckRequestBody(refused, "POST", "/api/v1/mcp", []byte(bare))
-	require.True(t, refused.failed, "the document takes a message with no method, result or error")
-	res := env.DoWith("POST", "/api/v1/mcp", key, accept, bare)
-	require.Equal(t, http.StatusBadRequest, res.Status, "%s", res.Body)
+	// A message of none of them, or of two, is refused (-32600), and the
+	// document says so too.
+	for _, refusedBody := range []string{`{"jsonrpc":"2.0","id":1}`, `{"jsonrpc":"2.0","id":1,"method":"ping","result":{}}`,
+		`{"jsonrpc":"2.0","id":1,"result":{},"error":{"code":1,"message":"m"}}`} {
+		refused := &failures{TB: t}
+		apitest.CheckRequestBody(refused, "POST", "/api/v1/mcp", []byte(refusedBody))
+		require.True(t, refused.failed, "the document takes %s", refusedBody)
+		res := env.DoWith("POST", "/api/v1/mcp", key, accept, refusedBody)
+		require.Equal(t, http.StatusBadRequest, res.Status, "%s", res.Body)
+	}
 }
 
 // failures records a check's failure instead of failing the test.
