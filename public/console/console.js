@@ -524,8 +524,15 @@ function query(params) {
 	return q.length ? '?' + q.map(([k, v]) => `${encodeURIComponent(k)}=${encodeURIComponent(v)}`).join('&') : '';
 }
 
+// seg is one segment of an API path. "." and ".." are never sent: a URL
+// parser reads them, and their %2E spellings, as steps along the path, so
+// a link to #/effects/.. (or a tool name an earlier release took) asked
+// GET /api/v1/ instead, and #/tools/../… another route than the page's
+// (console review). They name no record.
 function seg(s) {
-	return encodeURIComponent(s);
+	const v = String(s);
+	if (v === '.' || v === '..') throw new ConsoleError('not_found', 'No such record: "." and ".." name none (a URL path reads them as steps along it).');
+	return encodeURIComponent(v);
 }
 
 // ---- pages ----------------------------------------------------------------

@@ -2274,6 +2274,18 @@ test('routes: pages by fragment, unknown ones answered plainly', async () => {
 	assert.match(alerts(ui).join(), /No such page/);
 	await go(ui, '#/effects/eff_00000000000000000000000000');
 	assert.match(alerts(ui).join(), /not_found/);
+	// "." and ".." (or %2E) in a link are no id: a URL parser reads them as
+	// steps along the path, so none is sent (console review: #/effects/..
+	// asked GET /api/v1/, and #/tools/.. another route).
+	for (const section of ['effects', 'approvals', 'policies', 'runs', 'steps', 'endpoints', 'webhooks', 'groups', 'tools']) {
+		for (const dots of ['..', '.', '%2E%2E', '%2e']) {
+			ui.requests.length = 0;
+			await go(ui, `#/${section}/${dots}`);
+			assert.match(alerts(ui).join(), /not_found/, `#/${section}/${dots}`);
+			const stepped = ui.requests.filter((r) => /\/\.{1,2}(\/|\?|$)/.test(r.split(' ')[1]));
+			assert.deepEqual(stepped, [], `#/${section}/${dots}`);
+		}
+	}
 });
 
 // The console never parses markup: agents write effect types, keys,
