@@ -115,6 +115,12 @@ func TestLinesAreAdmittedOrRefused(t *testing.T) {
 			`{"error":{"code":-32600,"message":"Invalid Request: params: \"name\" is named twice"},"id":null,"jsonrpc":"2.0"}`},
 		{`{"jsonrpc":"2.0","id":4,"method":"initialize","params":{}}`, nil,
 			`{"error":{"code":-32602,"message":"Invalid params: initialize needs protocolVersion, a string"},"id":4,"jsonrpc":"2.0"}`},
+		// A request that is a response too ran as the request (MCP QA); a
+		// tools/call without params is Invalid params under its id.
+		{`{"jsonrpc":"2.0","id":5,"method":"ping","result":{}}`, nil,
+			`{"error":{"code":-32600,"message":"Invalid Request: a message is a request or notification (method), or a response (result or error), never two of them"},"id":null,"jsonrpc":"2.0"}`},
+		{`{"jsonrpc":"2.0","id":5,"method":"tools/call"}`, nil,
+			`{"error":{"code":-32602,"message":"Invalid params: tools/call needs params, an object naming the tool"},"id":5,"jsonrpc":"2.0"}`},
 		{`{"jsonrpc":"1.0","id":6,"method":"ping"}`, nil,
 			`{"error":{"code":-32600,"message":"Invalid Request: not a JSON-RPC 2.0 message"},"id":6,"jsonrpc":"2.0"}`},
 		// An id of another type says what an id may be, as over HTTP.
