@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
+	"mime"
 	"net/http"
 	"strconv"
 	"strings"
@@ -72,6 +73,14 @@ func (s *Server) mcpRoutes() []Route {
 		}
 		if e := mcpserver.CheckEnvelope(body); e != nil {
 			writeEnvelopeError(w, e)
+			return
+		}
+		if !jsonContent(r.Header.Get("Content-Type")) {
+			// As the transport refuses it (finish rewrites its 415), and
+			// before a body of notifications no one serves is answered 202
+			// without reaching the transport (MCP QA: such a body was
+			// taken under any Content-Type, another refused).
+			writeError(w, contentTypeRefused())
 			return
 		}
 		body, anyLeft := mcpserver.AnswerUnknown(body)
@@ -232,6 +241,18 @@ func refusedByQ(params string) bool {
 	return false
 }
 
+// jsonContent reports whether a Content-Type is application/json (any
+// parameters, any case), as the transport reads it.
+func jsonContent(value string) bool {
+	mediaType, _, err := mime.ParseMediaType(value)
+	return err == nil && mediaType == "application/json"
+}
+
+// contentTypeRefused answers a message sent as another type than JSON.
+func contentTypeRefused() *apierr.Error {
+	return apierr.InvalidField("Content-Type", "must be application/json")
+}
+
 // crossOrigin refuses a browser's request sent from a page of another
 // origin: MCP's streamable HTTP transport must validate Origin (MCP QA: any
 // Origin was served). It reads Sec-Fetch-Site, which every current browser
@@ -383,7 +404,7 @@ func (j *jsonRPCErrors) finish() {
 	}
 	j.Header().Del("Content-Length")
 	if j.status == http.StatusUnsupportedMediaType {
-		writeError(j.ResponseWriter, apierr.InvalidField("Content-Type", "must be application/json"))
+		writeError(j.ResponseWriter, contentTypeRefused())
 		return
 	}
 	code := int64(jsonrpc.CodeInvalidRequest)

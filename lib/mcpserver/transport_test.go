@@ -150,9 +150,22 @@ func TestTransportRefusalsAreJSON(t *testing.T) {
 	status, out := post("application/json", big)
 	require.Equal(t, http.StatusRequestEntityTooLarge, status)
 	require.Equal(t, "payload_too_large", out["error"].(map[string]any)["code"])
-	status, out = post("text/plain", []byte(`{"jsonrpc":"2.0","id":1,"method":"ping"}`))
-	require.Equal(t, http.StatusBadRequest, status)
-	require.Equal(t, "invalid_request", out["error"].(map[string]any)["code"])
+	// Refused whatever the body holds: notifications no one serves, alone
+	// or in a batch, were answered 202 under any Content-Type (MCP QA).
+	for _, body := range []string{`{"jsonrpc":"2.0","id":1,"method":"ping"}`, `{"jsonrpc":"2.0","method":"x/unknown"}`,
+		`[{"jsonrpc":"2.0","method":"x/unknown"},{"jsonrpc":"2.0","method":"y/unknown"}]`} {
+		for _, contentType := range []string{"text/plain", "", "application/json-seq", "application/jsonx"} {
+			status, out = post(contentType, []byte(body))
+			require.Equal(t, http.StatusBadRequest, status, "%q %s", contentType, body)
+			require.Equal(t, "invalid_request", out["error"].(map[string]any)["code"], "%q %s", contentType, body)
+		}
+	}
+	req := mcpRequest(t, env, key, `{"jsonrpc":"2.0","method":"x/unknown"}`)
+	req.Header.Set("Content-Type", "Application/JSON; charset=utf-8")
+	res, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	require.NoError(t, res.Body.Close())
+	require.Equal(t, http.StatusAccepted, res.StatusCode, "JSON in any spelling")
 	// A well-formed message is answered as before.
 	status, out = post("application/json", []byte(`{"jsonrpc":"2.0","id":2,"method":"ping"}`))
 	require.Equal(t, http.StatusOK, status, "%v", out)
