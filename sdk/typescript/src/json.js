@@ -31,7 +31,8 @@ export function stringify(value, replacer) {
 
 /**
  * stringify(value), refusing what JSON has no number for and JSON.stringify
- * writes as null: NaN and the infinities (a RangeError), as Go's
+ * writes as null: NaN and the infinities (a RangeError), and a Map or a Set
+ * it writes as {} (a TypeError), as Go's
  * encoding/json and Python's allow_nan=False refuse them. What the SDK
  * sends is written by it: an input, a payload or a result holding NaN went
  * out as null, a value the caller never gave (and a gate result recorded
@@ -43,6 +44,12 @@ export function stringifyFinite(value) {
 
 function finiteOnly(key, value) {
   if (typeof value === 'number' && !Number.isFinite(value)) throw new RangeError(`ratchet: ${value} is not a JSON number`);
+  // A Map or a Set has no enumerable own properties: JSON.stringify writes
+  // it as {}, its entries dropped unseen (one with a toJSON is written by
+  // it, as it answers before this replacer is called).
+  if (types.isMap(value) || types.isSet(value)) {
+    throw new TypeError(`ratchet: a ${types.isMap(value) ? 'Map' : 'Set'} is not JSON (JSON.stringify writes it as {}); send an object or an array`);
+  }
   return value;
 }
 

@@ -97,6 +97,13 @@ export class Transport {
       throw new TypeError('ratchet: baseUrl must be an http(s) URL');
     }
     if (parsed.protocol !== 'http:' && parsed.protocol !== 'https:') throw new TypeError('ratchet: baseUrl must be an http(s) URL');
+    // fetch refuses a URL holding credentials (https://user:pass@host) at
+    // each call, a TypeError read as a lost answer and retried (a worker's
+    // registration for ever); the API key is the credential. The message
+    // never holds them.
+    if (parsed.username !== '' || parsed.password !== '') {
+      throw new TypeError('ratchet: baseUrl must not hold credentials (user:password@); the API key is the credential');
+    }
     this.base = base;
     this.#host = parsed.host;
     this.#prefix = parsed.pathname.replace(/\/+$/, '') + '/api/v1';

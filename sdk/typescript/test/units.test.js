@@ -261,6 +261,16 @@ test('a client timeoutMs past 2^31-1 ms is waited that long, not fired at once',
   assert.throws(() => new Transport({ baseUrl: 'ftp://x', apiKey: 'k' }), TypeError);
 });
 
+test('a baseUrl holding credentials is refused at construction, in a message without them', () => {
+  // fetch refuses such a URL at each call: every call failed as a lost
+  // answer and was retried (a worker's registration for ever).
+  for (const baseUrl of ['https://user:s3cret@x.example', 'https://user@x.example', 'http://:s3cret@x.example/api/v1']) {
+    assert.throws(() => new Ratchet({ baseUrl, apiKey: 'k' }),
+      (err) => err instanceof TypeError && /credentials/.test(err.message) && !/s3cret|user@/.test(err.message));
+  }
+  new Ratchet({ baseUrl: 'https://x.example/base', apiKey: 'k' });
+});
+
 test('classifier decisions', () => {
   assert.deepEqual(readDecision({ retryable: true }), { retryable: true, hint: undefined });
   assert.deepEqual(readDecision({ retryable: false }), { retryable: false, hint: undefined });
@@ -2064,6 +2074,27 @@ test('NaN and the infinities are refused before they are sent, and a result hold
   const [gate, results] = await refusingResults(t, [500, error('internal_error')]);
   await assert.rejects(gate.doEffect({ effectType: 'email.send', idempotencyKey: 'k', payload: {} }, () => ({ amount: NaN })),
     (err) => err instanceof ResultNotStoredError && err.reason === 'result_not_json' && Number.isNaN(err.result.amount));
+  assert.deepEqual(results, [{ ratchet: 'result_not_recorded', reason: 'result_not_json' }]);
+});
+
+test('a Map or a Set is refused before it is sent, not written as {}', async (t) => {
+  // JSON.stringify writes a Map or a Set as {}: its entries were dropped
+  // unseen, an input the caller never gave.
+  const server = await fakeServer(t, () => [201, { stepId: 's', jobId: 'j' }]);
+  const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
+  for (const input of [new Map([['a', 1]]), { items: new Set([1]) }, [{ deep: new Map() }]]) {
+    await assert.rejects(client.enqueue(input, { name: 't', version: '1', runId: 'run_1' }),
+      (err) => err instanceof TypeError && /(Map|Set) is not JSON/.test(err.message));
+  }
+  assert.equal(server.seen.length, 0);
+  // One with a toJSON is written by it.
+  const withToJSON = new Map([['a', 1]]);
+  withToJSON.toJSON = function () { return Object.fromEntries(this); };
+  await client.enqueue({ m: withToJSON }, { name: 't', version: '1', runId: 'run_1' });
+  assert.deepEqual(server.seen.at(-1).body.input, { m: { a: 1 } });
+  const [gate, results] = await refusingResults(t, [500, error('internal_error')]);
+  await assert.rejects(gate.doEffect({ effectType: 'email.send', idempotencyKey: 'k', payload: {} }, () => ({ seen: new Set(['x']) })),
+    (err) => err instanceof ResultNotStoredError && err.reason === 'result_not_json');
   assert.deepEqual(results, [{ ratchet: 'result_not_recorded', reason: 'result_not_json' }]);
 });
 
