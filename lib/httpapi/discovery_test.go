@@ -731,6 +731,13 @@ func TestOpenAPIAnswersStateTheirValues(t *testing.T) {
 
 	require.Equal(t, scopes, field(answer("/api/v1/keys/current", "get", "200"), "scopes"))
 	require.Equal(t, scopes, field(answer("/api/v1/workspaces", "post", "201"), "key", "scopes"))
+
+	// A contract's retry preset, as its request's is (SDK QA: the answer's
+	// was any string, where the SDKs type it).
+	presets := list("STANDARD", "AGGRESSIVE", "RELAXED", "CUSTOM")
+	require.Equal(t, presets, field(answer("/api/v1/tools/{name}/contracts", "post", "201"), "retryPreset"))
+	require.Equal(t, presets, field(answer("/api/v1/tools/{name}/contracts", "get", "200"), "data", "[]", "retryPreset"))
+	require.Equal(t, list("ACTIVE", "FORBIDDEN"), field(answer("/api/v1/tools/{name}/contracts", "post", "201"), "status"))
 }
 
 // Every field an error's detail may carry is documented in the Error

@@ -73,7 +73,7 @@ type Contract struct {
 	InputSchema     json.RawMessage `json:"inputSchema"`
 	OutputSchema    json.RawMessage `json:"outputSchema"`
 	TimeoutMs       int64           `json:"timeoutMs"`
-	RetryPreset     string          `json:"retryPreset"`
+	RetryPreset     string          `json:"retryPreset" openapi:"enum=STANDARD|AGGRESSIVE|RELAXED|CUSTOM"`
 	RetryPolicy     *RetryPolicy    `json:"retryPolicy"` // the complete CUSTOM object, null for built-ins
 	Status          string          `json:"status" openapi:"enum=ACTIVE|FORBIDDEN"`
 	CreatedAt       time.Time       `json:"createdAt"`

@@ -34,7 +34,7 @@ func ExampleVerifyWebhook() {
 			w.WriteHeader(http.StatusBadRequest)
 			return
 		}
-		ev, err := ratchet.VerifyWebhook(secret, r.Header.Get(ratchet.WebhookSignatureHeader), body)
+		ev, err := ratchet.VerifyWebhook(secret, strings.Join(r.Header.Values(ratchet.WebhookSignatureHeader), ","), body)
 		if err != nil { // ErrWebhookSignature: not Ratchet's, or replayed; ErrNoWebhookSecret: no secret set
 			w.WriteHeader(http.StatusUnauthorized)
 			return

@@ -309,10 +309,12 @@ const (
 // and TypeScript SDKs read it, strictly (decodeWebhookEvent): anything but
 // one plain JSON object with the event's fields typed as they are is an
 // error that does not match ErrWebhookSignature. Errors match
-// ErrWebhookSignature for a delivery that is not Ratchet's:
+// ErrWebhookSignature for a delivery that is not Ratchet's. A header sent
+// as several lines is read joined by commas, as WebhookHandler and the
+// Python and TypeScript SDKs read it (two signatures are two t, refused):
 //
 //	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 1<<20))
-//	ev, err := ratchet.VerifyWebhook(secret, r.Header.Get(ratchet.WebhookSignatureHeader), body)
+//	ev, err := ratchet.VerifyWebhook(secret, strings.Join(r.Header.Values(ratchet.WebhookSignatureHeader), ","), body)
 //	if errors.Is(err, ratchet.ErrWebhookSignature) { w.WriteHeader(http.StatusUnauthorized); return }
 func VerifyWebhook(secret, signature string, body []byte) (*WebhookEvent, error) {
 	return VerifyWebhookAt(secret, signature, body, DefaultWebhookTolerance, time.Now())
@@ -408,7 +410,11 @@ func WebhookHandler(secret string, handle func(ctx context.Context, ev *WebhookE
 			w.WriteHeader(http.StatusBadRequest)
 			return
 		}
-		ev, err := VerifyWebhook(secret, r.Header.Get(WebhookSignatureHeader), body)
+		// Every line of the header, joined as Node joins a repeated header
+		// (the TypeScript SDK reads it so, and the Python SDK a list of
+		// lines): two signatures sent as two lines are two t, refused as
+		// ambiguous, where reading the first line only verified it.
+		ev, err := VerifyWebhook(secret, strings.Join(r.Header.Values(WebhookSignatureHeader), ","), body)
 		switch {
 		case errors.Is(err, ErrWebhookSignature), errors.Is(err, ErrNoWebhookSecret):
 			w.WriteHeader(http.StatusUnauthorized)

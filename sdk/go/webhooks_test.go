@@ -1,14 +1,21 @@
 package ratchet
 
 import (
+	"bytes"
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"math"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -122,5 +129,47 @@ func TestUpdateWebhookSendsWhatItSets(t *testing.T) {
 	}
 	if !slices.Equal(got, want) {
 		t.Fatalf("sent\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// WebhookHandler reads every line of a repeated Ratchet-Signature header,
+// joined as the TypeScript SDK (Node) and the Python SDK (a list of lines)
+// join them: two signatures as two lines are two t, refused as ambiguous
+// (it read the first line only and verified it), and a t and a v1 on lines
+// of their own verify.
+func TestWebhookHandlerReadsEveryLineOfTheSignature(t *testing.T) {
+	t.Parallel()
+	const secret = "whsec_lines"
+	body := []byte(`{"id":"evt_1","type":"run.finished","created_at":"2030-01-01T00:00:00Z","workspace_id":"ws_1","subject_id":"run_1","data":{}}`)
+	sign := func(ts int64) (string, string) {
+		m := hmac.New(sha256.New, []byte(secret))
+		fmt.Fprintf(m, "%d.%s", ts, body)
+		return "t=" + strconv.FormatInt(ts, 10), "v1=" + hex.EncodeToString(m.Sum(nil))
+	}
+	now := time.Now().Unix()
+	t1, v1 := sign(now)
+	t2, v2 := sign(now - 1)
+	handled := 0
+	h := WebhookHandler(secret, func(context.Context, *WebhookEvent) error { handled++; return nil })
+	for _, c := range []struct {
+		lines []string
+		want  int
+	}{
+		{[]string{t1 + "," + v1}, http.StatusNoContent},
+		{[]string{t1 + "," + v1, t2 + "," + v2}, http.StatusUnauthorized},
+		{[]string{t1, v1}, http.StatusNoContent},
+	} {
+		r := httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(body))
+		for _, line := range c.lines {
+			r.Header.Add(WebhookSignatureHeader, line)
+		}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		if w.Code != c.want {
+			t.Errorf("lines %q: %d, want %d", c.lines, w.Code, c.want)
+		}
+	}
+	if handled != 2 {
+		t.Fatalf("handled %d deliveries, want 2", handled)
 	}
 }

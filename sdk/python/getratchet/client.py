@@ -22,12 +22,13 @@ from ._time import aware, lease_seconds as _lease_seconds
 from .errors import (INVALID_REQUEST, LEASE_LOST, PAYLOAD_TOO_LARGE, ApprovalRequired, ConnectionLost, EffectBlocked,
                      EffectDenied, EffectInFlight, NotPerformed, OutcomeNotReported, RatchetError, ResultNotStored)
 from .types import (ApiKey, ApiKeyPage, Approval, ApprovalPage, BatchJobResult, BeginResponse, Circuit, CircuitPage,
-                    ClaimedJob, Contract, ContractPage, Effect, EffectHeartbeat, EffectPage, EffectPolicy,
+                    ClaimedJob, Contract, ContractPage, ContractStatus, Effect, EffectHeartbeat, EffectPage, EffectPolicy,
                     EffectPolicyPage, EmergencyStop, Endpoint, EndpointAttemptPage, EndpointPage, EnqueueResult, Group,
-                    GroupCommit, GroupStepPage, JobAttemptPage, JobHeartbeat, JobReplayPage, JobReportResult, NewApiKey,
+                    GroupCommit, GroupStepPage, JobAttemptPage, JobHeartbeat, JobReplayPage, JobReportResult, JobStatus,
+                    NewApiKey,
                     NewWebhook, PriorAttempt, QueueHealthPage, Reconciliation, ReplayPreview, ReplayResult,
-                    RetriedDeliveries, RevokedApiKey,
-                    Run, RunPage, Step, StepPage, Structuring, ToolTest, Unwind, Webhook,
+                    RetriedDeliveries, RetryPreset, RevokedApiKey,
+                    Run, RunPage, RunStatus, Step, StepPage, Structuring, ToolTest, Unwind, Webhook,
                     WebhookDeliveryPage, WebhookPage)
 from .worker import JobContext, Worker, batch_results
 
@@ -249,7 +250,7 @@ class Ratchet:
                                       + _query(limit=limit, cursor=cursor), safe=True, call_timeout=timeout)
         return cast(JobReplayPage, answer)
 
-    def list_runs(self, *, status: Optional[str] = None, limit: Optional[int] = None,
+    def list_runs(self, *, status: Optional[RunStatus] = None, limit: Optional[int] = None,
                   cursor: Optional[str] = None, timeout: Optional[float] = None) -> RunPage:
         """Pages the workspace's runs newest first, without their steps
         (scope runs:read): {"data": [...], "nextCursor"}; status RUNNING,
@@ -258,7 +259,7 @@ class Ratchet:
                                       call_timeout=timeout)
         return cast(RunPage, answer)
 
-    def list_run_steps(self, run_id: Optional[str] = None, *, status: Optional[str] = None,
+    def list_run_steps(self, run_id: Optional[str] = None, *, status: Optional[JobStatus] = None,
                        limit: Optional[int] = None, cursor: Optional[str] = None,
                        timeout: Optional[float] = None) -> StepPage:
         """Pages a run's steps in id order, each as get_step reads it, for
@@ -1304,8 +1305,8 @@ class Ratchet:
 
     def publish_contract(self, name: str, *, handler_version: str, input_schema: Any,
                          output_schema: Any = None, timeout_ms: Optional[int] = None,
-                         retry_preset: Optional[str] = None, retry_policy: Optional[Dict[str, Any]] = None,
-                         status: Optional[str] = None, idempotency_key: Optional[str] = None,
+                         retry_preset: Optional[RetryPreset] = None, retry_policy: Optional[Dict[str, Any]] = None,
+                         status: Optional[ContractStatus] = None, idempotency_key: Optional[str] = None,
                          timeout: Optional[float] = None) -> Contract:
         """Publishes a new contract version of tool name: the handler
         version it binds, its input and output JSON Schemas (2020-12; no

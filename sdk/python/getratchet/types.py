@@ -71,6 +71,8 @@ RunStatus = Literal["RUNNING", "SUCCEEDED", "FAILED"]
 """A run's status."""
 ContractStatus = Literal["ACTIVE", "FORBIDDEN"]
 """A contract's status: FORBIDDEN refuses new steps and replays onto it."""
+RetryPreset = Literal["STANDARD", "AGGRESSIVE", "RELAXED", "CUSTOM"]
+"""A contract's retry preset: a built-in schedule, or CUSTOM (its retryPolicy)."""
 
 # -- shared --------------------------------------------------------------
 
@@ -693,7 +695,7 @@ class Contract(TypedDict):
     inputSchema: Any
     outputSchema: Any
     timeoutMs: int
-    retryPreset: str
+    retryPreset: RetryPreset
     retryPolicy: Optional[RetrySchedule]
     status: ContractStatus
     createdAt: str
@@ -811,7 +813,7 @@ class BatchJobResult(_BatchJobResultFields, total=False):
 __all__ = [
     "ApprovalReason", "ApprovalState", "AttemptOutcome", "BreakerAction", "CircuitOpenedBy", "CircuitState",
     "ContractStatus", "Decision", "DeliveryState", "DenialCode", "EffectState", "GroupState", "JobStatus",
-    "OnIndeterminate", "PolicyMode", "ReportOutcome", "RunStatus", "Scope", "ThresholdFrom", "VendorStatus",
+    "OnIndeterminate", "PolicyMode", "ReportOutcome", "RetryPreset", "RunStatus", "Scope", "ThresholdFrom", "VendorStatus",
     "WebhookEventType",
     "ApiKey", "ApiKeyPage", "Approval", "ApprovalPage", "BatchJobResult", "BeginResponse", "Circuit",
     "CircuitPage", "ClaimedJob", "Compensation", "Contract", "ContractPage", "DimensionLimit", "DurableJob",

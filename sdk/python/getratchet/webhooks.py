@@ -10,7 +10,7 @@ import math
 import re
 import time
 from datetime import datetime
-from typing import Any, Dict, List, Optional, Tuple, Union, cast
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union, cast
 
 from ._time import aware
 from .errors import NoWebhookSecretError, WebhookSignatureError
@@ -40,7 +40,7 @@ _HEX = re.compile(r"(?:[0-9a-fA-F]{2})*")
 _MALFORMED = "malformed Ratchet-Signature"
 
 
-def verify_webhook(secret: Optional[str], signature: Optional[str], body: Union[bytes, bytearray, memoryview],
+def verify_webhook(secret: Optional[str], signature: Union[None, str, Sequence[str]], body: Union[bytes, bytearray, memoryview],
                    tolerance: float = DEFAULT_WEBHOOK_TOLERANCE,
                    now: Union[None, float, datetime] = None) -> WebhookEvent:
     """Checks a delivery's ``Ratchet-Signature`` header (``signature``) over
@@ -54,7 +54,9 @@ def verify_webhook(secret: Optional[str], signature: Optional[str], body: Union[
     ``body`` must be the bytes received, unmodified: a ``str`` is refused
     (TypeError), as decoding and encoding it again may change the bytes
     signed. A header with several ``v1`` (a rotation's) verifies when any
-    of them does.
+    of them does. A header sent as several lines may be given as a list of
+    them: it is read joined by commas, as the Go and TypeScript SDKs read
+    it (two signatures are two ``t``, refused).
 
     Raises WebhookSignatureError for a delivery whose signature is missing,
     malformed, wrong or outside the tolerance (answer it 401), and
@@ -72,8 +74,15 @@ def verify_webhook(secret: Optional[str], signature: Optional[str], body: Union[
         raise TypeError(f"ratchet: verify_webhook takes the body as bytes, not {type(body).__name__}")
     if secret is not None and not isinstance(secret, str):
         raise TypeError(f"ratchet: verify_webhook takes the secret as str, not {type(secret).__name__}")
+    # A header given as its lines (a framework's repeated header:
+    # request.headers.getlist, aiohttp's getall) is read joined, as Node
+    # joins a repeated header and the Go and TypeScript SDKs read it: two
+    # signatures are two t, refused as ambiguous.
+    if isinstance(signature, (list, tuple)) and all(isinstance(line, str) for line in signature):
+        signature = ",".join(signature)
     if signature is not None and not isinstance(signature, str):
-        raise TypeError(f"ratchet: verify_webhook takes the signature header as str, not {type(signature).__name__}")
+        raise TypeError(f"ratchet: verify_webhook takes the signature header as str (or a list of its lines), "
+                        f"not {type(signature).__name__}")
     if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or math.isnan(tolerance):
         raise TypeError("ratchet: verify_webhook's tolerance is a number of seconds")
     if now is None:

@@ -52,6 +52,8 @@ _IMPLICIT_STOP_TIMEOUT = 30.0
 # worker's loop (threading's waits end by TIMEOUT_MAX), the running job
 # left unreported.
 _MAX_STOP_WAIT = 365 * 24 * 3600.0
+# The longest poll_interval start() takes, in seconds: a year.
+_MAX_POLL_INTERVAL = 365 * 24 * 3600.0
 # How much longer than the give-up time stop() waits for the deliveries it
 # cut to end and on_error to be told.
 _ABORT_SLACK = 2.0
@@ -529,7 +531,7 @@ class Worker:
 
         concurrency bounds the handlers running at once (a handler that
         ignores its cancellation keeps its slot until it returns).
-        poll_interval (seconds, > 0) is the idle wait between claims (30 s
+        poll_interval (seconds, > 0, at most a year) is the idle wait between claims (30 s
         by default: every claim is a database query and, on Vercel, a
         function invocation); with wait_seconds (0-20) each claim long-polls
         on the server, and the idle wait is what is left of the interval.
@@ -597,8 +599,12 @@ class Worker:
             raise ValueError("ratchet: concurrency must be a positive integer")
         if isinstance(wait_seconds, bool) or not isinstance(wait_seconds, int) or not 0 <= wait_seconds <= 20:
             raise ValueError("ratchet: wait_seconds must be an integer from 0 to 20")
-        if not isinstance(poll_interval, (int, float)) or not math.isfinite(poll_interval) or poll_interval <= 0:
-            raise ValueError("ratchet: poll_interval must be a positive number of seconds")
+        # At most a year: a longer one (past threading.TIMEOUT_MAX, about 292
+        # years, once jittered) raised OverflowError out of the worker's loop
+        # at its first idle wait, after it had registered.
+        if (not isinstance(poll_interval, (int, float)) or not math.isfinite(poll_interval) or poll_interval <= 0
+                or poll_interval > _MAX_POLL_INTERVAL):
+            raise ValueError("ratchet: poll_interval must be a positive number of seconds, at most a year")
         if (isinstance(stop_grace, bool) or not isinstance(stop_grace, (int, float)) or not math.isfinite(stop_grace)
                 or stop_grace < 0):
             raise ValueError("ratchet: stop_grace must be a number of seconds, 0 or more")

@@ -667,6 +667,22 @@ class TypingTest(unittest.TestCase):
                 listed |= {item.value for item in node.value.elts if isinstance(item, ast.Constant)}
         self.assertEqual(sorted(set(types.__all__) - listed), [])
 
+    def test_enumerated_arguments_are_typed_with_their_literals(self) -> None:
+        # list_run_steps' status filter was a str, where the TypeScript
+        # SDK's is a JobStatus: a misspelled filter (status="EXHAUSTD")
+        # type-checked and was refused 400 at run time. The contract's
+        # retry preset, an answer's field too, is enumerated by the OpenAPI
+        # document (tests/test_types.py holds the answer to it).
+        hints = typing.get_type_hints(getratchet.Ratchet.list_run_steps)
+        self.assertEqual(hints["status"], typing.Optional[getratchet.JobStatus])
+        self.assertEqual(typing.get_type_hints(getratchet.Ratchet.list_runs)["status"],
+                         typing.Optional[getratchet.RunStatus])
+        publish = typing.get_type_hints(getratchet.Ratchet.publish_contract)
+        self.assertEqual(publish["retry_preset"], typing.Optional[getratchet.RetryPreset])
+        self.assertEqual(publish["status"], typing.Optional[getratchet.ContractStatus])
+        self.assertEqual(typing.get_type_hints(getratchet.Contract)["retryPreset"], getratchet.RetryPreset)
+        self.assertEqual(typing.get_args(getratchet.RetryPreset), ("STANDARD", "AGGRESSIVE", "RELAXED", "CUSTOM"))
+
     def test_effect_blocked_types_its_prior_attempt(self) -> None:
         # It was Optional[dict]: a type checker knew none of its fields.
         # PriorAttempt is declared in getratchet.errors, so its hint
@@ -727,6 +743,17 @@ class IdleWorkerTest(unittest.TestCase):
         self.assertEqual(claims[0][3]["limit"], 4)
         self.assertEqual(len({c[3]["claimId"] for c in claims}), len(claims))
         self.assertEqual(server.seen[0][3], {"tools": [{"name": "t", "version": "1"}]})
+
+    def test_a_poll_interval_past_a_year_is_refused_before_anything_is_sent(self) -> None:
+        # One past threading.TIMEOUT_MAX raised OverflowError out of the
+        # worker's loop at its first idle wait, after it had registered.
+        client, server = self.idle()
+        self.addCleanup(lambda: client.worker.stop(5))
+        for bad in (threading.TIMEOUT_MAX * 2, 366 * 24 * 3600.0):
+            with self.subTest(bad), self.assertRaises(ValueError) as refused:
+                client.worker.start(1, poll_interval=bad, block=False)
+            self.assertIn("poll_interval", str(refused.exception))
+        self.assertEqual(server.seen, [])
 
     def test_a_stop_event_ends_a_blocking_start(self) -> None:
         client, _ = self.idle()

@@ -207,6 +207,19 @@ class VerifyWebhookTest(unittest.TestCase):
         self.assertEqual(verify_webhook(SECRET, edge, BODY, now=AT)["id"], "evt_1")
         self.assertEqual(len(malformed["over 4096 characters"]), 4097)
 
+    def test_a_header_given_as_its_lines_is_read_joined(self) -> None:
+        # A framework's repeated header (request.headers.getlist, aiohttp's
+        # getall) read as the Go WebhookHandler and the TypeScript SDK (Node)
+        # read it: joined by commas, so two signatures are two t, refused as
+        # ambiguous, and a t and a v1 on lines of their own verify. A list
+        # was refused with TypeError.
+        sig, older = sign(AT, BODY, SECRET), sign(AT - 1, BODY, SECRET)
+        self.assertEqual(verify_webhook(SECRET, [sig], BODY, now=AT)["id"], "evt_1")
+        self.assertEqual(verify_webhook(SECRET, tuple(sig.split(",")), BODY, now=AT)["id"], "evt_1")
+        self.assertEqual(self.refused(SECRET, [sig, older]).reason, "malformed Ratchet-Signature")
+        with self.assertRaises(TypeError):
+            verify_webhook(SECRET, [sig, 1], BODY, now=AT)  # type: ignore[list-item]
+
     def test_no_secret_verifies_nothing(self) -> None:
         for secret in ("", None):
             with self.assertRaises(NoWebhookSecretError) as missing:
