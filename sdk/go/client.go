@@ -57,7 +57,7 @@ type Config struct {
 // (%#v) and LogValue (log/slog, JSON handlers too) do the same.
 func (cfg Config) String() string {
 	return fmt.Sprintf("ratchet.Config{BaseURL: %q, APIKey: %s, HTTPClient: %s, MaxRetries: %d, UserAgent: %q}",
-		cfg.BaseURL, maskedKey(cfg.APIKey), customOrDefault(cfg.HTTPClient != nil), cfg.MaxRetries, cfg.UserAgent)
+		withoutUserinfo(cfg.BaseURL), maskedKey(cfg.APIKey), customOrDefault(cfg.HTTPClient != nil), cfg.MaxRetries, cfg.UserAgent)
 }
 
 // GoString is String, for %#v.
@@ -65,9 +65,28 @@ func (cfg Config) GoString() string { return cfg.String() }
 
 // LogValue is cfg for log/slog, its APIKey masked.
 func (cfg Config) LogValue() slog.Value {
-	return slog.GroupValue(slog.String("base_url", cfg.BaseURL), slog.String("api_key", maskedKey(cfg.APIKey)),
+	return slog.GroupValue(slog.String("base_url", withoutUserinfo(cfg.BaseURL)), slog.String("api_key", maskedKey(cfg.APIKey)),
 		slog.Bool("custom_http_client", cfg.HTTPClient != nil), slog.Int("max_retries", cfg.MaxRetries),
 		slog.String("user_agent", cfg.UserAgent))
+}
+
+// withoutUserinfo is a base URL as printed: without the user and password
+// of one that holds them (https://user:pass@host, which the client ignores:
+// the API key is the credential), so that printing a Config or a Client, or
+// NewClient's refusal, never writes them.
+func withoutUserinfo(base string) string {
+	u, err := url.Parse(base)
+	if err != nil {
+		if strings.Contains(base, "@") {
+			return "(a URL that does not parse)"
+		}
+		return base
+	}
+	if u.User == nil {
+		return base
+	}
+	u.User = nil
+	return u.String()
 }
 
 // errKeyUnsendable refuses a key no HTTP header can carry; it never holds
@@ -156,7 +175,7 @@ type Client struct {
 // String describes c by its API origin, never its key: %v or %+v of a
 // *Client printed every field, the bearer secret included. GoString is the
 // same, for %#v.
-func (c *Client) String() string { return "ratchet.Client{" + c.base + "}" }
+func (c *Client) String() string { return "ratchet.Client{" + withoutUserinfo(c.base) + "}" }
 
 // GoString is String, for %#v.
 func (c *Client) GoString() string { return c.String() }
@@ -172,7 +191,7 @@ func NewClient(cfg Config) (*Client, error) {
 	base = strings.TrimSuffix(base, "/api/v1")
 	u, err := url.Parse(base)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("ratchet: base URL %q is not an http(s) origin", cfg.BaseURL)
+		return nil, fmt.Errorf("ratchet: base URL %q is not an http(s) origin", withoutUserinfo(cfg.BaseURL))
 	}
 	if strings.TrimSpace(cfg.APIKey) == "" {
 		return nil, errors.New("ratchet: an API key is required (read it from the environment)")

@@ -1315,6 +1315,31 @@ func TestPrintedConfigAndClientHideTheKey(t *testing.T) {
 	}
 }
 
+// A base URL holding a user and password (which the client ignores: the
+// API key is the credential) is printed without them, by a Config, a
+// Client and NewClient's refusal alike (they were printed whole).
+func TestPrintedConfigAndClientHideTheBaseURLsUserinfo(t *testing.T) {
+	cfg := Config{BaseURL: "https://deploy:s3cret@ratchet.example/base", APIKey: "rk_test"}
+	c, err := NewClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logged bytes.Buffer
+	slog.New(slog.NewJSONHandler(&logged, nil)).Info("starting", "config", cfg, "client", c)
+	_, refused := NewClient(Config{BaseURL: "ftp://deploy:s3cret@ratchet.example", APIKey: "rk_test"})
+	_, unparsed := NewClient(Config{BaseURL: "https://deploy:s3cret@ratchet.example:port", APIKey: "rk_test"})
+	if refused == nil || unparsed == nil {
+		t.Fatalf("refused %v, %v", refused, unparsed)
+	}
+	printed := fmt.Sprintf("%v %+v %#v %v %#v", cfg, cfg, c, c, &cfg) + logged.String() + refused.Error() + unparsed.Error()
+	if strings.Contains(printed, "s3cret") || strings.Contains(printed, "deploy") {
+		t.Fatalf("the base URL's user or password was printed: %s", printed)
+	}
+	if !strings.Contains(printed, "https://ratchet.example/base") {
+		t.Fatalf("printed without the origin: %s", printed)
+	}
+}
+
 // ListKeysMintedBy sends the key id as created_by beside the page, and an
 // empty one too (the server refuses it) rather than leaving it out, which
 // would list every key as the ones a compromised key minted; the answer's
