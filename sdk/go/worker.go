@@ -58,8 +58,9 @@ type StartOptions struct {
 	// for as many jobs as there are free slots, at most 100.
 	Concurrency int
 	// PollInterval is the wait between claims while the queue is empty
-	// (default DefaultPollInterval, with ±10% jitter). After a full batch
-	// the worker claims again at once.
+	// (default DefaultPollInterval, with ±10% jitter; a longer one than a
+	// year is waited as a year). After a full batch the worker claims again
+	// at once.
 	PollInterval time.Duration
 	// WaitSeconds (0–20, default 0) makes each claim long-poll: the server
 	// holds an empty claim up to this long and answers as soon as a job is
@@ -1185,10 +1186,17 @@ func (w *Worker) free() int {
 	return w.opts.Concurrency - w.active
 }
 
+// maxPollInterval is the longest idle wait: a year.
+const maxPollInterval = 365 * 24 * time.Hour
+
 // idle waits one jittered poll interval, less what the claim already
 // waited; false means stop.
 func (w *Worker) idle(ctx context.Context, waited time.Duration) bool {
-	d := w.opts.PollInterval
+	// At most maxPollInterval: one near time.Duration's limit (292 years),
+	// jittered up, overflowed to a negative wait, and the worker claimed
+	// again at once, for ever (a busy loop of claims); the Python SDK
+	// refuses a poll_interval past a year for the same reason.
+	d := min(w.opts.PollInterval, maxPollInterval)
 	d = time.Duration(float64(d)*(0.9+0.2*w.jitter())) - waited
 	if d <= 0 {
 		return !w.stopped(ctx)

@@ -3583,3 +3583,20 @@ func TestWorkerJudgesAResultByWhyItWasCancelledAsItReturned(t *testing.T) {
 		t.Fatalf("Stop: %v", err) // no handler was cut off
 	}
 }
+
+// A PollInterval near time.Duration's limit is waited as a year: jittered
+// up, it overflowed to a negative wait, and the worker claimed again at
+// once, for ever.
+func TestAHugePollIntervalIsWaitedNotOverflowed(t *testing.T) {
+	t.Parallel()
+	var waits []time.Duration
+	clk := &fakeClock{now: time.Now(), end: time.Now().Add(time.Hour), done: make(chan struct{}),
+		fires: func(d time.Duration) bool { waits = append(waits, d); return false }}
+	w := &Worker{clock: clk, jitter: func() float64 { return 1 }, opts: StartOptions{PollInterval: time.Duration(1<<63 - 1)}}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // the wait begins, and ends at once
+	w.idle(ctx, 0)
+	if len(waits) != 1 || waits[0] < maxPollInterval {
+		t.Fatalf("waits %v, want one of at least a year", waits)
+	}
+}
