@@ -215,6 +215,7 @@ var goEnums = map[string]goEnum{
 	"BatchJobResult.status":       {prefix: "Job"},
 	"JobReplay.priorStatus":       {prefix: "Job", superset: true},
 	"Contract.status":             {prefix: "Contract"},
+	"Contract.retryPreset":        {prefix: "RetryPreset"},
 	"ReplayUpgrade.status":        {prefix: "Contract"},
 	"Approval.answers[]":          {prefix: "ApprovalReason"},
 	"Webhook.events[]":            {prefix: "Event"},

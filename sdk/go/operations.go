@@ -373,6 +373,15 @@ const (
 	ContractForbidden = "FORBIDDEN"
 )
 
+// A contract's retry presets: a built-in schedule, or CUSTOM (its
+// RetryPolicy).
+const (
+	RetryPresetStandard   = "STANDARD"
+	RetryPresetAggressive = "AGGRESSIVE"
+	RetryPresetRelaxed    = "RELAXED"
+	RetryPresetCustom     = "CUSTOM"
+)
+
 // Contract is a published version of a tool's contract (POST
 // /api/v1/tools/{name}/contracts): the handler version it binds, its input
 // and output JSON Schemas (2020-12), its timeout and retry policy.
@@ -383,7 +392,7 @@ type Contract struct {
 	InputSchema     json.RawMessage `json:"inputSchema"`
 	OutputSchema    json.RawMessage `json:"outputSchema"`
 	TimeoutMs       int64           `json:"timeoutMs"`
-	RetryPreset     string          `json:"retryPreset"`
+	RetryPreset     string          `json:"retryPreset"` // a RetryPreset* constant
 	// RetryPolicy is the complete CUSTOM schedule, nil for a built-in preset.
 	RetryPolicy *RetrySchedule `json:"retryPolicy"`
 	Status      string         `json:"status"` // ContractActive or ContractForbidden
@@ -400,7 +409,7 @@ type ContractSpec struct {
 	InputSchema    json.RawMessage
 	OutputSchema   json.RawMessage
 	Timeout        time.Duration
-	RetryPreset    string // STANDARD, AGGRESSIVE, RELAXED or CUSTOM
+	RetryPreset    string // a RetryPreset* constant: STANDARD, AGGRESSIVE, RELAXED or CUSTOM
 	RetryPolicy    *RetrySchedule
 	Status         string // ContractActive or ContractForbidden
 	// IdempotencyKey is the Idempotency-Key the publish is sent under (at
