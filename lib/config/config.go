@@ -73,7 +73,8 @@ type Config struct {
 	DBStatementTimeout time.Duration `envconfig:"DB_STATEMENT_TIMEOUT" default:"0s"`
 
 	// KeyCacheTTL bounds how long a revoked key may still be accepted by an
-	// instance that had it cached. Zero disables the cache.
+	// instance that had it cached. Zero disables the cache; at most
+	// MaxKeyCacheTTL.
 	KeyCacheTTL time.Duration `envconfig:"KEY_CACHE_TTL" default:"5s"`
 
 	SweepInterval   time.Duration `envconfig:"SWEEP_INTERVAL" default:"5s"`
@@ -161,6 +162,13 @@ func asParseError(err error, target **envconfig.ParseError) bool {
 // years; 0 keeps records for ever).
 const maxRetentionDays = 3650
 
+// MaxKeyCacheTTL bounds KEY_CACHE_TTL: a revoked (a leaked) key is still
+// accepted by another instance for up to that long, for reads, reports and
+// heartbeats, so a longer one would leave a revocation unfelt for minutes
+// (wire QA: KEY_CACHE_TTL=24h was taken). Five minutes is far past what
+// caching saves: one key lookup per key and instance every few seconds.
+const MaxKeyCacheTTL = 5 * time.Minute
+
 // maxJobLeaseGraceMs bounds JOB_LEASE_GRACE_MS: an hour.
 const maxJobLeaseGraceMs = 3_600_000
 
@@ -234,6 +242,10 @@ func (c *Config) Validate() error {
 		case d.v < 0:
 			return fmt.Errorf("config: %s is malformed (0 or a positive duration)", d.name)
 		}
+	}
+	if c.KeyCacheTTL > MaxKeyCacheTTL {
+		return fmt.Errorf("config: KEY_CACHE_TTL is malformed (0 to %s: a revoked key is still accepted by other "+
+			"instances for up to this long)", MaxKeyCacheTTL)
 	}
 	// Bounded above too: a dead worker's job waits its timeout plus the
 	// grace before another claim takes it, and a huge one would overflow

@@ -123,6 +123,7 @@ func TestLoadNamesTheBadSetting(t *testing.T) {
 		"no sweep":        {"SWEEP_INTERVAL", "0s", "SWEEP_INTERVAL is malformed"},
 		"negative sweep":  {"SWEEP_INTERVAL", "-5s", "SWEEP_INTERVAL is malformed"},
 		"negative ttl":    {"KEY_CACHE_TTL", "-1s", "KEY_CACHE_TTL is malformed"},
+		"endless ttl":     {"KEY_CACHE_TTL", "5m1s", "KEY_CACHE_TTL is malformed (0 to 5m0s: a revoked key"},
 		"negative grace":  {"JOB_LEASE_GRACE_MS", "-1", "JOB_LEASE_GRACE_MS is malformed"},
 		"endless grace":   {"JOB_LEASE_GRACE_MS", "3600001", "JOB_LEASE_GRACE_MS is malformed (0 to 3600000, an hour)"},
 		"negative signup": {"SIGNUP_RATE_PER_HOUR", "-3", "SIGNUP_RATE_PER_HOUR is malformed"},
