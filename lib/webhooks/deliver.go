@@ -35,16 +35,15 @@ const (
 	// add up to about 14.5 hours.
 	MaxAttempts = 12
 	// dispatchBatch bounds one sweeper pass, deliverBatch one round of
-	// deliveries (Deliver); perWebhook bounds one webhook's share of a
-	// round, so that a receiver with a backlog (slow, or down and retried)
+	// deliveries (Deliver); perWebhook bounds one webhook's sends in
+	// flight, every pass's and instance's (sqlClaim), so that a receiver with a backlog (slow, or down and retried)
 	// cannot hold other webhooks' deliveries, another workspace's included,
 	// behind it.
 	dispatchBatch = 500
 	deliverBatch  = 100
 	perWebhook    = 20
-	// perWorkspace bounds one workspace's sends in flight in a pass (its
-	// share of a round included) the same way, whatever its number of
-	// webhooks, so that other workspaces' events are sent in the same round
+	// perWorkspace bounds one workspace's sends in flight (its share of a
+	// round included) the same way, whatever its number of webhooks, so that other workspaces' events are sent in the same round
 	// (security review: 300 webhooks of one workspace delayed another's by
 	// minutes). A round takes turns among the workspaces (claim).
 	perWorkspace = 40
@@ -57,7 +56,8 @@ const (
 	maxInFlight = deliverBatch // as many as one round ever sent at once: each ends with a record
 	roundWait   = time.Second
 	// claimHold keeps a claimed delivery invisible to other sweepers while it
-	// is being sent; longer than sendTimeout.
+	// is being sent, and counted in flight (held_until, sqlClaim); longer
+	// than sendTimeout.
 	claimHold   = 60 * time.Second
 	sendTimeout = 10 * time.Second
 	// connectTimeout bounds opening the connection, within sendTimeout.
@@ -376,12 +376,12 @@ func (s *Service) Deliver(ctx context.Context, now time.Time) (int, error) {
 			now = s.now()
 		}
 		p.drainEnded() // a send that ends from here on leaves a token for awaitOne
-		hooks, workspaces := p.busy()
+		hooks := p.busy()
 		room := maxInFlight - p.inFlight()
 		var batch []claimed
 		if room > 0 {
 			var err error
-			if batch, err = s.claim(ctx, now, min(deliverBatch, room), hooks, workspaces); err != nil {
+			if batch, err = s.claim(ctx, now, min(deliverBatch, room), hooks); err != nil {
 				p.fail(err)
 				break
 			}
@@ -418,9 +418,10 @@ func timeForARound(ctx context.Context, send time.Duration) bool {
 	return !ok || time.Until(deadline) > send+recordTimeout
 }
 
-// pass tracks the sends one Deliver has in flight: by webhook and by
-// workspace, which the next round's claim leaves out while they hold their
-// share, and the first error of any; and the outcomes of those that ended,
+// pass tracks the sends one Deliver has in flight: by webhook, which the
+// next round's claim leaves out while they are in flight (the workspaces'
+// shares, and the webhooks', are counted across passes by the claim), and
+// the first error of any; and the outcomes of those that ended,
 // until they are recorded (record).
 type pass struct {
 	s        *Service
@@ -428,7 +429,6 @@ type pass struct {
 	ended    chan struct{} // one token per send that ended
 	mu       sync.Mutex
 	hooks    map[string]int
-	spaces   map[string]int
 	n        int
 	firstErr error
 	// sending counts the sends started whose outcome is not queued yet;
@@ -447,7 +447,7 @@ type queued struct {
 }
 
 func (s *Service) newPass() *pass {
-	return &pass{s: s, ended: make(chan struct{}, maxInFlight), hooks: map[string]int{}, spaces: map[string]int{}}
+	return &pass{s: s, ended: make(chan struct{}, maxInFlight), hooks: map[string]int{}}
 }
 
 func (p *pass) inFlight() int {
@@ -456,19 +456,15 @@ func (p *pass) inFlight() int {
 	return p.n
 }
 
-// busy lists the webhooks with a send in flight and counts each
-// workspace's sends in flight.
-func (p *pass) busy() (hooks []string, workspaces map[string]int) {
+// busy lists the webhooks with a send of the pass in flight.
+func (p *pass) busy() (hooks []string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	hooks, workspaces = []string{}, make(map[string]int, len(p.spaces))
+	hooks = []string{}
 	for id := range p.hooks {
 		hooks = append(hooks, id)
 	}
-	for id, n := range p.spaces {
-		workspaces[id] = n
-	}
-	return hooks, workspaces
+	return hooks
 }
 
 func (p *pass) fail(err error) {
@@ -495,7 +491,6 @@ func (p *pass) send(ctx context.Context, batch []claimed) <-chan struct{} {
 	p.mu.Lock()
 	for _, c := range batch {
 		p.hooks[c.webhookID]++
-		p.spaces[c.workspaceID]++
 		p.n++
 		p.sending++
 	}
@@ -519,9 +514,6 @@ func (p *pass) send(ctx context.Context, batch []claimed) <-chan struct{} {
 			p.mu.Lock()
 			if p.hooks[c.webhookID]--; p.hooks[c.webhookID] == 0 {
 				delete(p.hooks, c.webhookID)
-			}
-			if p.spaces[c.workspaceID]--; p.spaces[c.workspaceID] == 0 {
-				delete(p.spaces, c.workspaceID)
 			}
 			p.n--
 			p.mu.Unlock()
@@ -641,10 +633,14 @@ func (p *pass) awaitOne(ctx context.Context) bool {
 
 // claim claims up to limit due deliveries, none of the webhooks named
 // (their sends of this pass are still in flight), taking turns among the
-// workspaces: each workspace's sends in flight (workspaces) count as its
-// first turns, so one with perWorkspace in flight gets none, and one with
-// fewer gets its next ones only after every workspace with fewer still in
-// flight got its turn. In the order deliveries fell due alone (how the
+// workspaces: each workspace's sends in flight, every pass's and
+// instance's (their holds, sqlClaim), count as its first turns, so one
+// with perWorkspace in flight gets none, and one with fewer gets its next
+// ones only after every workspace with fewer still in flight got its turn;
+// a webhook with perWebhook in flight gets none either. Counted by each
+// pass alone, the bounds held per pass: a slow receiver with a backlog had
+// up to 8 × 20 sends in flight from the local server's passes, more with
+// several instances (review). In the order deliveries fell due alone (how the
 // claim took them before), three workspaces whose receivers hung (timed
 // out after 10 s) filled the pass's room for sends, their backlog older
 // than any other's, and took it again each time their sends ended: every
@@ -657,19 +653,14 @@ func (p *pass) awaitOne(ctx context.Context) bool {
 // (sqlHeld), and the disabled ones (Update), reading each webhook as it is
 // when the statement starts: a claim that starts after an update committed
 // sends to its url.
-func (s *Service) claim(ctx context.Context, now time.Time, limit int, hooks []string,
-	workspaces map[string]int) ([]claimed, error) {
-	spaces, inFlight := make([]string, 0, len(workspaces)), make([]int32, 0, len(workspaces))
-	for id, n := range workspaces {
-		spaces, inFlight = append(spaces, id), append(inFlight, int32(n))
-	}
+func (s *Service) claim(ctx context.Context, now time.Time, limit int, hooks []string) ([]claimed, error) {
 	var batch []claimed
 	err := s.conns.Hold(ctx, func() error {
 		// Every parameter is cast: with DB_QUERY_EXEC_MODE=simple_protocol
 		// they arrive as untyped literals, and "$1 + interval" read $1 as an
 		// interval.
 		rows, err := s.pool.Query(ctx, sqlClaim,
-			now, limit, claimHold.Seconds(), perWebhook, perWorkspace, hooks, spaces, s.sealer.Headers(), inFlight)
+			now, limit, claimHold.Seconds(), perWebhook, perWorkspace, hooks, s.sealer.Headers())
 		if err != nil {
 			return err
 		}
@@ -694,31 +685,44 @@ func (s *Service) claim(ctx context.Context, now time.Time, limit int, hooks []s
 
 // sqlClaim is claim's statement. Each claim counts an attempt and a claim
 // (claims, migration 0073): attempts goes back to 0 on a retry, claims only
-// grows, and fences the failure's record (sqlRecord).
+// grows, and fences the failure's record (sqlRecord). Each claimed delivery is
+// held (held_until, migration 0082) until its record, and the claim counts
+// every pass's and instance's live holds against perWebhook and
+// perWorkspace. Two claims at once each count only the holds committed
+// before them, but take their shares from the same oldest-first turns, so
+// the rows one locked the other skips (SKIP LOCKED) or finds no longer due:
+// together they claim no more than one would have.
 const sqlClaim = `
-		WITH busy AS (
-		    SELECT * FROM unnest($7::text[], $9::int[]) AS b(workspace_id, n)
+		WITH held AS (
+		    -- The sends in flight of every pass and instance: each webhook's
+		    -- live holds (held_until, migration 0082; one past its time is a
+		    -- stopped sweeper's, and counts as none), through
+		    -- webhook_deliveries_held_idx.
+		    SELECT workspace_id, webhook_id, count(*)::int AS n FROM webhook_deliveries
+		    WHERE state = 'pending' AND held_until > $1::timestamptz
+		    GROUP BY workspace_id, webhook_id
 		), cand AS (
-		    -- The pass's share of each live webhook's due deliveries, oldest
-		    -- first (perWebhook), and of each workspace's (perWorkspace, its
-		    -- sends in flight counted first), in turns: every workspace's
-		    -- next delivery, then every one's next. Chosen without locks:
-		    -- locking inside the lateral would hold perWebhook rows of every
-		    -- webhook to keep deliverBatch.
+		    -- Each live webhook's due deliveries, oldest first, up to its
+		    -- share left (perWebhook less its sends in flight), and each
+		    -- workspace's (perWorkspace, its sends in flight counted first),
+		    -- in turns: every workspace's next delivery, then every one's
+		    -- next. Chosen without locks: locking inside the lateral would
+		    -- hold perWebhook rows of every webhook to keep deliverBatch.
 		    SELECT id, next_attempt_at, turn FROM (
 		        SELECT d.id, d.next_attempt_at,
-		               coalesce((SELECT b.n FROM busy b WHERE b.workspace_id = hook.workspace_id), 0)
+		               coalesce((SELECT sum(h.n)::int FROM held h WHERE h.workspace_id = hook.workspace_id), 0)
 		               + row_number() OVER (PARTITION BY hook.workspace_id ORDER BY d.next_attempt_at, d.id) AS turn
 		        FROM webhooks hook
 		        CROSS JOIN LATERAL (
 		            SELECT id, next_attempt_at FROM webhook_deliveries
 		            WHERE webhook_id = hook.id AND state = 'pending' AND next_attempt_at <= $1::timestamptz
-		            ORDER BY next_attempt_at LIMIT $4::int
+		            ORDER BY next_attempt_at
+		            LIMIT greatest($4::int - coalesce((SELECT h.n FROM held h WHERE h.webhook_id = hook.id), 0), 0)
 		        ) d
 		        -- A disabled webhook's deliveries are held (Update).
 		        WHERE hook.deleted_at IS NULL AND hook.disabled_at IS NULL AND NOT hook.id = ANY ($6::text[])
 		          -- A secret this instance cannot open: held (sqlHeld).
-		          AND substring(hook.secret FROM 1 FOR 5) = ANY ($8::bytea[])
+		          AND substring(hook.secret FROM 1 FOR 5) = ANY ($7::bytea[])
 		    ) x
 		    WHERE turn <= $5::int
 		    ORDER BY turn, next_attempt_at, id LIMIT $2::int * 3
@@ -732,7 +736,7 @@ const sqlClaim = `
 		)
 		UPDATE webhook_deliveries d
 		SET next_attempt_at = $1::timestamptz + make_interval(secs => $3::float8), attempts = d.attempts + 1,
-		    claims = d.claims + 1
+		    claims = d.claims + 1, held_until = $1::timestamptz + make_interval(secs => $3::float8)
 		FROM due, webhooks w, events e
 		WHERE d.id = due.id AND w.id = d.webhook_id AND e.id = d.event_id
 		RETURNING d.id, w.url, w.secret, CASE WHEN w.previous_secret_expires_at > $1::timestamptz THEN w.previous_secret END,
@@ -899,6 +903,10 @@ func (s *Service) recordOutcomes(ctx context.Context, outs []outcome) error {
 //     that claim short (webhooks QA). The attempts fence stays for a claim
 //     by an instance of the release before 0073, which counts no claim: at
 //     worst it is fenced as it was then.
+//   - The claim's hold (held_until, migration 0082) ends with its record:
+//     its send is no longer in flight. Only a superseded send's 2xx records
+//     over another claim's, and it ends the delivery, whose holds no claim
+//     counts once it is no longer pending.
 //
 // The rows are locked in id order first, as a retry, a delete and
 // retention lock them (one order: no deadlock), and each is then updated
@@ -917,7 +925,7 @@ UPDATE webhook_deliveries d
 SET state = CASE WHEN o.failure IS NULL THEN 'delivered' WHEN d.attempts >= $8::int THEN 'failed' ELSE 'pending' END,
     delivered_at = CASE WHEN o.failure IS NULL THEN o.at ELSE d.delivered_at END,
     next_attempt_at = CASE WHEN o.failure IS NOT NULL AND d.attempts < $8::int THEN o.due ELSE d.next_attempt_at END,
-    last_status_code = o.code, last_error = o.failure
+    last_status_code = o.code, last_error = o.failure, held_until = NULL
 FROM o, locked
 WHERE d.id = o.id AND locked.id = o.id AND CASE WHEN o.failure IS NULL
     THEN d.state = 'pending' OR (d.state = 'failed' AND (d.last_error IN ('` + abandoned + `', '` + unsubscribed + `')

@@ -15,7 +15,7 @@ func SetDispatchBatch(s *Service, n int) { s.dispatchBatch = n }
 // DeliverRound is one round of Deliver, for tests of a round's shares: it
 // claims and sends a batch and waits for every send of it.
 func (s *Service) DeliverRound(ctx context.Context, now time.Time) (int, error) {
-	batch, err := s.claim(ctx, now, deliverBatch, []string{}, map[string]int{})
+	batch, err := s.claim(ctx, now, deliverBatch, []string{})
 	if err != nil {
 		return 0, err
 	}
