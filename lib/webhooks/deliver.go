@@ -683,6 +683,20 @@ func (s *Service) claim(ctx context.Context, now time.Time, limit int, hooks []s
 	return batch, nil
 }
 
+// sqlHeldSends counts the sends in flight of every pass and instance
+// ($1 the claim's time): each webhook's live holds (held_until, migration
+// 0082; one past its time is a stopped sweeper's, and counts as none).
+// Every held row is read, through webhook_deliveries_held_idx (its
+// predicate: a handful of rows), and the live ones counted: with
+// "held_until > $1" as the condition, a generic plan estimated a third of
+// the pending rows and read them all through webhook_deliveries_due_idx.
+const sqlHeldSends = `
+		    SELECT workspace_id, webhook_id, count(*) FILTER (WHERE held_until > $1::timestamptz)::int AS n
+		    FROM webhook_deliveries
+		    WHERE state = 'pending' AND held_until IS NOT NULL
+		    GROUP BY workspace_id, webhook_id
+		`
+
 // sqlClaim is claim's statement. Each claim counts an attempt and a claim
 // (claims, migration 0073): attempts goes back to 0 on a retry, claims only
 // grows, and fences the failure's record (sqlRecord). Each claimed delivery is
@@ -693,15 +707,7 @@ func (s *Service) claim(ctx context.Context, now time.Time, limit int, hooks []s
 // the rows one locked the other skips (SKIP LOCKED) or finds no longer due:
 // together they claim no more than one would have.
 const sqlClaim = `
-		WITH held AS (
-		    -- The sends in flight of every pass and instance: each webhook's
-		    -- live holds (held_until, migration 0082; one past its time is a
-		    -- stopped sweeper's, and counts as none), through
-		    -- webhook_deliveries_held_idx.
-		    SELECT workspace_id, webhook_id, count(*)::int AS n FROM webhook_deliveries
-		    WHERE state = 'pending' AND held_until > $1::timestamptz
-		    GROUP BY workspace_id, webhook_id
-		), cand AS (
+		WITH held AS (` + sqlHeldSends + `), cand AS (
 		    -- Each live webhook's due deliveries, oldest first, up to its
 		    -- share left (perWebhook less its sends in flight), and each
 		    -- workspace's (perWorkspace, its sends in flight counted first),

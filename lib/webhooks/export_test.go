@@ -34,6 +34,10 @@ const SQLPurgeDelivered = sqlPurgeDelivered
 // SQLExpireHeld is ExpireHeld's statement, for a test of its plan.
 var SQLExpireHeld = sqlExpireHeld
 
+// SQLHeldSends is the claim's count of the sends in flight, for a test of
+// its plan.
+const SQLHeldSends = sqlHeldSends
+
 // SQLDeliveriesPage is Deliveries' statement, for a test of its plan.
 const SQLDeliveriesPage = sqlDeliveriesPage
 

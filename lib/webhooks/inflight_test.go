@@ -13,6 +13,7 @@ import (
 
 	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/events"
+	"github.com/getratchet/ratchet/lib/testpg"
 	"github.com/getratchet/ratchet/lib/webhooks"
 )
 
@@ -219,4 +220,34 @@ func TestAHoldPastItsTimeIsClaimableAgain(t *testing.T) {
 		FROM webhook_deliveries WHERE workspace_id = $1 AND state = 'delivered' AND held_until IS NULL`, ws.ID).Scan(&again, &once))
 	require.Equal(t, []int{20, 5}, []int{again, once},
 		"each recorded, its hold ended; the stopped sweeper's claims counted an attempt each")
+}
+
+// The claim's count of the sends in flight reads the held deliveries
+// alone, whichever way it is planned: among about 66,000 pending ones not
+// held (retries scheduled) and 133,000 delivered, 30 held of which 20
+// live. With "held_until > $1" as its condition, a generic plan read
+// every pending delivery (webhook_deliveries_due_idx), at every claim.
+func TestCountingSendsInFlightReadsTheHeldDeliveries(t *testing.T) {
+	env, _ := start(t, true)
+	ctx := context.Background()
+	tx := testpg.Scratch(ctx, t, env.App.Pool, "webhook_deliveries")
+	now := time.Now()
+	_, err := tx.Exec(ctx, `INSERT INTO webhook_deliveries (id, webhook_id, workspace_id, event_id, event_type, state,
+		attempts, next_attempt_at, created_at, held_until)
+	SELECT 'dlv_' || g, 'whk_' || g % 50, 'ws_' || g % 10, 'evt_' || g, 'run.finished',
+		CASE WHEN g % 3 = 0 OR g <= 30 THEN 'pending' ELSE 'delivered' END, 1,
+		$1::timestamptz + interval '1 hour', $1::timestamptz,
+		CASE WHEN g <= 20 THEN $1::timestamptz + interval '1 minute' WHEN g <= 30 THEN $1::timestamptz - interval '1 hour' END
+	FROM generate_series(1, 200000) g`, now)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `ANALYZE webhook_deliveries`)
+	require.NoError(t, err)
+	for _, mode := range testpg.PlanCacheModes {
+		read, nodes, err := testpg.RowsRead(ctx, tx, mode, webhooks.SQLHeldSends, now)
+		require.NoError(t, err)
+		require.LessOrEqual(t, read["webhook_deliveries"], 30, "%s: %v", mode, nodes)
+	}
+	var live int
+	require.NoError(t, tx.QueryRow(ctx, `SELECT sum(n) FROM (`+webhooks.SQLHeldSends+`) h`, now).Scan(&live))
+	require.Equal(t, 20, live, "the live holds counted, not those past their time")
 }
