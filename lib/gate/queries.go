@@ -1067,18 +1067,22 @@ FOR UPDATE OF ap SKIP LOCKED`
 // passed over, or that was left pending before they closed them), with
 // note $5, decided by no key (the key that unwound is not recorded).
 // Each workspace takes its turn: one approval of each workspace with any,
-// then a second of each, up to $2 (one probe of approvals_list_idx per
-// workspace), read through the primary key as = ANY(ARRAY(…))
-// (db.RoundRobin: as IN (…), the planner hashed them and read every
-// approval, scale QA). It locks the approvals and their effects, passing
-// over any another transaction holds (a decide, a resolve, a begin), so it
-// waits for no lock: the next pass takes them.
+// then a second of each, up to $2, read through the primary key as
+// = ANY(ARRAY(…)) (db.RoundRobin: as IN (…), the planner hashed them and
+// read every approval, scale QA). The workspaces are those with a pending
+// approval, found through approvals_pending_idx (migration 0083,
+// db.WorkspacesWith), one descent each: it read every workspace, and
+// probed approvals_list_idx for each, on every pass (sweeper scalability
+// QA: 10,000 buffers a pass for 5,000 workspaces with none pending). It
+// locks the approvals and their effects, passing over any another
+// transaction holds (a decide, a resolve, a begin), so it waits for no
+// lock: the next pass takes them.
 var sqlSweepMootApprovals = `
 WITH turns AS (
     SELECT c.id, row_number() OVER (PARTITION BY c.workspace_id ORDER BY c.id) AS turn, c.workspace_id
-    FROM workspaces w CROSS JOIN LATERAL (
+    FROM ` + db.WorkspacesWith("approvals", "state = 'pending'") + ` w CROSS JOIN LATERAL (
         SELECT ap.id, ap.workspace_id FROM approvals ap JOIN effects e ON e.id = ap.effect_id
-        WHERE ap.workspace_id = w.id AND ap.state = 'pending' AND e.approval_id = ap.id
+        WHERE ap.workspace_id = w.workspace_id AND ap.state = 'pending' AND e.approval_id = ap.id
           AND (e.state = 'succeeded' OR ` + rolledBackSQL("e") + `)
         ORDER BY ap.id
         LIMIT $2::int) c
