@@ -466,7 +466,7 @@ func (s *Service) ListRuns(ctx context.Context, workspaceID, status, cursor stri
 	// Settle the workspace's leases that lapsed on a last attempt first, as
 	// a run's read does: the list must not show RUNNING a run the read
 	// answers FAILED.
-	if _, err := s.exhaustLapsedIn(ctx, nil, &workspaceID, 1000); err != nil {
+	if _, err := s.exhaustLapsedIn(ctx, nil, &workspaceID, 1000, s.now); err != nil {
 		return nil, err
 	}
 	sql, args := db.NewestFirst(sqlListRuns, "workspace_id", []any{workspaceID}, cursor, "status", status, limit)

@@ -32,10 +32,14 @@ func (s *Service) SweepTasks() []sweep.Task {
 		// left from being requeued, nor cancelled attempts' slots from
 		// being freed (sweeper review: the first error returned at once,
 		// and the other two never ran).
-		{Name: "jobs.lapsed_leases", Drains: true, Batch: s.batch, Run: func(ctx context.Context, _ time.Time) (int, error) {
-			ended, errEnd := s.exhaustLapsed(ctx, nil, s.sweepBatch)
-			requeued, errRequeue := s.requeueLapsed(ctx, s.sweepBatch)
-			freed, errFree := s.releaseHeldSlots(ctx, s.sweepBatch)
+		// They read the pass's clock (now), not their own, as the other
+		// tasks do: what lapses while a pass drains waits for the next
+		// one (README, "The sweeper across workspaces").
+		{Name: "jobs.lapsed_leases", Drains: true, Batch: s.batch, Run: func(ctx context.Context, now time.Time) (int, error) {
+			at := func() time.Time { return now }
+			ended, errEnd := s.exhaustLapsedIn(ctx, nil, nil, s.sweepBatch, at)
+			requeued, errRequeue := s.requeueLapsed(ctx, now, s.sweepBatch)
+			freed, errFree := s.releaseHeldSlots(ctx, now, s.sweepBatch)
 			return ended + requeued + freed, errors.Join(errEnd, errRequeue, errFree)
 		}},
 		{Name: "jobs.dependencies", Drains: true, Batch: s.batch, Run: func(ctx context.Context, _ time.Time) (int, error) {
@@ -168,20 +172,22 @@ func (s *Service) purgeRuns(ctx context.Context, pick string, cutoff time.Time, 
 // lease with attempts left stays claimable: the next claim takes it at once)
 // and makes the transitions that follows from it. runID limits it to one run.
 func (s *Service) exhaustLapsed(ctx context.Context, runID *string, limit int) (int, error) {
-	return s.exhaustLapsedIn(ctx, runID, nil, limit)
+	return s.exhaustLapsedIn(ctx, runID, nil, limit, s.now)
 }
 
 // exhaustLapsedIn is exhaustLapsed limited to a run, a workspace, or (both
-// nil) neither. Once committed, the parked claims of each workspace whose
+// nil) neither, at the time now answers (read once per transaction
+// attempt: the service's clock, or the sweeper pass's). Once committed, the parked claims of each workspace whose
 // jobs it ended are woken, as a report ending a job wakes them: an ending
 // frees its endpoint's slot and may release dependents (the sweeper runs
 // in the server's process, so its claims slept to their next poll).
-func (s *Service) exhaustLapsedIn(ctx context.Context, runID, workspaceID *string, limit int) (int, error) {
+func (s *Service) exhaustLapsedIn(ctx context.Context, runID, workspaceID *string, limit int,
+	now func() time.Time) (int, error) {
 	n := 0
 	var ended []endedStep
 	err := s.txRetrying(ctx, func(tx pgx.Tx) error {
 		ended = nil // a retried transaction starts over
-		now := s.now()
+		now := now()
 		gates, args := sqlLapsedGates, []any{now, limit, runID, workspaceID}
 		if runID == nil && workspaceID == nil {
 			gates, args = sqlLapsedGatesFair, args[:2]
@@ -232,15 +238,15 @@ func (s *Service) exhaustLapsedIn(ctx context.Context, runID, workspaceID *strin
 const RequeueLapsedAfter = 5 * time.Minute
 
 // requeueLapsed puts back in the queue jobs whose lease lapsed more than
-// RequeueLapsedAfter ago on an attempt that was not their last.
+// RequeueLapsedAfter before now on an attempt that was not their last.
 // Once committed, each requeued job wakes a parked claim of its exact
 // version, the one that can take it; failing one, a job that freed a slot
 // wakes a claim as a report freeing it does (wakeForSlot): with the job
 // back in the queue, the slot may go to another job on its endpoint (the
 // sweeper runs in the server's process, so its claims wait for its wake;
 // wake QA: they waited for their next poll).
-func (s *Service) requeueLapsed(ctx context.Context, limit int) (int, error) {
-	n, err := s.freeSlots(ctx, sqlRequeueGates, sqlRequeueLapsed, limit, func(j sweptJob) {
+func (s *Service) requeueLapsed(ctx context.Context, now time.Time, limit int) (int, error) {
+	n, err := s.freeSlots(ctx, now, sqlRequeueGates, sqlRequeueLapsed, limit, func(j sweptJob) {
 		if !s.wake.wakeOne(j.workspaceID, toolKey(j.name, j.version)) && j.gated {
 			s.wakeForSlot(j.workspaceID, j.name)
 		}
@@ -252,11 +258,11 @@ func (s *Service) requeueLapsed(ctx context.Context, limit int) (int, error) {
 }
 
 // releaseHeldSlots frees the concurrency slots of up to limit cancelled
-// attempts whose lease expired without a report (their worker stopped or
+// attempts whose lease expired before now without a report (their worker stopped or
 // died), failing their executions with LapseWarning. Once committed, each
 // freed slot wakes a claim as a report freeing it does (wakeForSlot).
-func (s *Service) releaseHeldSlots(ctx context.Context, limit int) (int, error) {
-	n, err := s.freeSlots(ctx, sqlHeldSlotGates, sqlReleaseHeldSlots, limit, func(j sweptJob) {
+func (s *Service) releaseHeldSlots(ctx context.Context, now time.Time, limit int) (int, error) {
+	n, err := s.freeSlots(ctx, now, sqlHeldSlotGates, sqlReleaseHeldSlots, limit, func(j sweptJob) {
 		if j.gated {
 			s.wakeForSlot(j.workspaceID, j.name)
 		}
@@ -269,14 +275,15 @@ func (s *Service) releaseHeldSlots(ctx context.Context, limit int) (int, error) 
 
 // freeSlots is one sweep that frees concurrency slots, in a transaction, by
 // the gate protocol (sql.go): gates picks up to limit candidates ($1 now,
-// $2 limit, then extra), takes the shared gate locks on their endpoints,
+// the sweeper pass's clock, $2 limit, then extra), takes the shared gate
+// locks on their endpoints,
 // and the rows of those with a limit, and answers those endpoints and the
 // candidates (lapseGates); when there are any, free, a later statement so
 // that it reads after the locks, frees those candidates still due (the same
 // parameters, then LapseWarning for the executions it fails, then the
 // endpoints and the candidates) and answers how many (sweptJobs). Once that
 // committed, wake is called for each job it changed.
-func (s *Service) freeSlots(ctx context.Context, gates, free string, limit int, wake func(sweptJob),
+func (s *Service) freeSlots(ctx context.Context, now time.Time, gates, free string, limit int, wake func(sweptJob),
 	extra ...any) (int, error) {
 	var (
 		n                   int
@@ -285,7 +292,7 @@ func (s *Service) freeSlots(ctx context.Context, gates, free string, limit int, 
 	)
 	err := s.txRetrying(ctx, func(tx pgx.Tx) error {
 		n, ws = 0, nil // a retried transaction starts over
-		args := append([]any{s.now(), limit}, extra...)
+		args := append([]any{now, limit}, extra...)
 		var endpoints, jobs []string
 		if err := tx.QueryRow(ctx, gates, args...).Scan(&endpoints, &jobs); err != nil {
 			return err

@@ -189,3 +189,40 @@ func TestRetentionPurgesIdleWorkersWhenRunsFail(t *testing.T) {
 	require.Zero(t, b.count(t, `SELECT count(*) FROM job_workers WHERE id = $1`, w), "the idle worker deleted")
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM job_runs WHERE id = $1`, runID))
 }
+
+// The lapsed-lease backstop reads the pass's clock, not its own, as the
+// other tasks do: a lease that lapses after the pass's reading, while it
+// runs, is the next pass's (sweeper scalability QA: it read the service's
+// clock on every batch, so a draining pass chased leases lapsing under
+// it). Not parallel: the backstop sweeps every workspace.
+func TestLapsedBackstopReadsThePassClock(t *testing.T) {
+	b := setup(t)
+	run := b.run(t)
+	last := b.enqueue(t, run, jobs.EnqueueRequest{Input: json.RawMessage(`"last"`), MaxAttempts: ptr[int64](1),
+		TimeoutMs: ptr[int64](1_000)})
+	again := b.enqueue(t, run, jobs.EnqueueRequest{Input: json.RawMessage(`"again"`), MaxAttempts: ptr[int64](3),
+		TimeoutMs: ptr[int64](1_000)})
+	w := b.register(t)
+	require.Len(t, b.claim(t, w, 2), 2)
+	pass := b.clock.Now() // the pass read its clock before the leases lapsed
+	b.clock.Add(11*time.Second + jobs.RequeueLapsedAfter + time.Second)
+
+	var task sweep.Task
+	for _, tk := range b.svc.SweepTasks() {
+		if tk.Name == "jobs.lapsed_leases" {
+			task = tk
+		}
+	}
+	status := func(stepID string) (s string) {
+		require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT status FROM jobs WHERE step_id = $1`, stepID).Scan(&s))
+		return s
+	}
+	_, err := task.Run(ctx, pass)
+	require.NoError(t, err)
+	require.Equal(t, "RUNNING", status(last.StepID), "not lapsed at the pass's reading")
+	require.Equal(t, "RUNNING", status(again.StepID), "not lapsed at the pass's reading")
+	_, err = task.Run(ctx, b.clock.Now())
+	require.NoError(t, err)
+	require.Equal(t, "EXHAUSTED", status(last.StepID))
+	require.Equal(t, "QUEUED", status(again.StepID))
+}
