@@ -110,22 +110,9 @@ func concurrentPasses(t *testing.T, pool *pgxpool.Pool, changed string, hold fun
 // and the trigger is on the package database's jobs.
 func TestLapsedBackstopRequeuesWhenEndingALastAttemptFails(t *testing.T) {
 	b := setup(t)
-	run := b.run(t)
-	last := b.enqueue(t, run, jobs.EnqueueRequest{Input: json.RawMessage(`"last"`), MaxAttempts: ptr[int64](1),
-		TimeoutMs: ptr[int64](1_000)})
-	again := b.enqueue(t, run, jobs.EnqueueRequest{Input: json.RawMessage(`"again"`), MaxAttempts: ptr[int64](3),
-		TimeoutMs: ptr[int64](1_000)})
-	w := b.register(t)
-	require.Len(t, b.claim(t, w, 2), 2)
-	b.clock.Add(11*time.Second + jobs.RequeueLapsedAfter + time.Second)
+	last, again, _, task := lapsedLastAndAgain(t, b)
 	apitest.Refuse(t, "BEFORE UPDATE ON jobs", "OLD.step_id = '"+last.StepID+"' AND NEW.status = 'EXHAUSTED'")
 
-	var task sweep.Task
-	for _, tk := range b.svc.SweepTasks() {
-		if tk.Name == "jobs.lapsed_leases" {
-			task = tk
-		}
-	}
 	n, err := task.Run(ctx, b.clock.Now())
 	require.ErrorContains(t, err, "exhaust lapsed", "the failed ending is answered")
 	require.GreaterOrEqual(t, n, 1)
@@ -197,22 +184,7 @@ func TestRetentionPurgesIdleWorkersWhenRunsFail(t *testing.T) {
 // it). Not parallel: the backstop sweeps every workspace.
 func TestLapsedBackstopReadsThePassClock(t *testing.T) {
 	b := setup(t)
-	run := b.run(t)
-	last := b.enqueue(t, run, jobs.EnqueueRequest{Input: json.RawMessage(`"last"`), MaxAttempts: ptr[int64](1),
-		TimeoutMs: ptr[int64](1_000)})
-	again := b.enqueue(t, run, jobs.EnqueueRequest{Input: json.RawMessage(`"again"`), MaxAttempts: ptr[int64](3),
-		TimeoutMs: ptr[int64](1_000)})
-	w := b.register(t)
-	require.Len(t, b.claim(t, w, 2), 2)
-	pass := b.clock.Now() // the pass read its clock before the leases lapsed
-	b.clock.Add(11*time.Second + jobs.RequeueLapsedAfter + time.Second)
-
-	var task sweep.Task
-	for _, tk := range b.svc.SweepTasks() {
-		if tk.Name == "jobs.lapsed_leases" {
-			task = tk
-		}
-	}
+	last, again, pass, task := lapsedLastAndAgain(t, b) // the pass read its clock before the leases lapsed
 	status := func(stepID string) (s string) {
 		require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT status FROM jobs WHERE step_id = $1`, stepID).Scan(&s))
 		return s
@@ -225,4 +197,27 @@ func TestLapsedBackstopReadsThePassClock(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "EXHAUSTED", status(last.StepID))
 	require.Equal(t, "QUEUED", status(again.StepID))
+}
+
+// lapsedLastAndAgain claims two jobs of a new run of b's and lets their
+// leases lapse, RequeueLapsedAfter ago and more: last on its last attempt,
+// again with attempts left. It answers them, the time they were claimed
+// at, and the lapsed-lease backstop.
+func lapsedLastAndAgain(t *testing.T, b *bundle) (last, again jobs.EnqueueResult, claimed time.Time, task sweep.Task) {
+	t.Helper()
+	run := b.run(t)
+	last = b.enqueue(t, run, jobs.EnqueueRequest{Input: json.RawMessage(`"last"`), MaxAttempts: ptr[int64](1),
+		TimeoutMs: ptr[int64](1_000)})
+	again = b.enqueue(t, run, jobs.EnqueueRequest{Input: json.RawMessage(`"again"`), MaxAttempts: ptr[int64](3),
+		TimeoutMs: ptr[int64](1_000)})
+	w := b.register(t)
+	require.Len(t, b.claim(t, w, 2), 2)
+	claimed = b.clock.Now()
+	b.clock.Add(11*time.Second + jobs.RequeueLapsedAfter + time.Second)
+	for _, tk := range b.svc.SweepTasks() {
+		if tk.Name == "jobs.lapsed_leases" {
+			task = tk
+		}
+	}
+	return last, again, claimed, task
 }
