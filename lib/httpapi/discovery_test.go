@@ -738,6 +738,25 @@ func TestOpenAPIAnswersStateTheirValues(t *testing.T) {
 	require.Equal(t, presets, field(answer("/api/v1/tools/{name}/contracts", "post", "201"), "retryPreset"))
 	require.Equal(t, presets, field(answer("/api/v1/tools/{name}/contracts", "get", "200"), "data", "[]", "retryPreset"))
 	require.Equal(t, list("ACTIVE", "FORBIDDEN"), field(answer("/api/v1/tools/{name}/contracts", "post", "201"), "status"))
+	// An endpoint's preset, a schedule's (a CUSTOM one's, or a job's
+	// snapshot of a built-in's), an endpoint's circuit, a step's
+	// dependency and an attempt's outcome (SDK QA: any string, where the
+	// request's, the database's and the SDKs' are these).
+	require.Equal(t, presets, field(answer("/api/v1/tools/{name}/contracts", "post", "201"), "retryPolicy", "preset"))
+	for _, endpoint := range []any{answer("/api/v1/endpoints/{id}/policy", "get", "200"),
+		answer("/api/v1/endpoints/{id}/policy", "put", "200"), answer("/api/v1/endpoints", "post", "201"),
+		at(answer("/api/v1/endpoints", "get", "200"), "properties", "data", "items")} {
+		require.Equal(t, presets, field(endpoint, "policyPreset"))
+		require.Equal(t, presets, field(endpoint, "retryPolicy", "preset"))
+		require.Equal(t, list("closed", "open"), field(endpoint, "circuit", "state"))
+	}
+	step := answer("/api/v1/steps/{id}", "get", "200")
+	require.Equal(t, presets, field(step, "durableJob", "policy", "preset"))
+	require.Equal(t, list("SUCCEEDED", "FAILED", nil), field(step, "afterStatus"))
+	require.Equal(t, list("SUCCEEDED", "FAILED", nil), field(step, "durableJob", "attempts", "[]", "outcome"))
+	require.Equal(t, list("SUCCEEDED", "FAILED", nil), field(answer("/api/v1/runs/{id}/steps", "get", "200"), "data", "[]", "afterStatus"))
+	require.Equal(t, list("SUCCEEDED", "FAILED", nil), field(answer("/api/v1/steps/{id}/attempts", "get", "200"), "data", "[]", "outcome"))
+	require.Equal(t, list("SUCCEEDED", "FAILED", nil), field(answer("/api/v1/endpoints/{id}/attempts", "get", "200"), "data", "[]", "outcome"))
 }
 
 // Every field an error's detail may carry is documented in the Error

@@ -24,7 +24,7 @@ type Endpoint struct {
 	ID                 string       `json:"id"`
 	Name               string       `json:"name"`
 	Version            int64        `json:"version"`
-	PolicyPreset       string       `json:"policyPreset"`
+	PolicyPreset       string       `json:"policyPreset" openapi:"enum=STANDARD|AGGRESSIVE|RELAXED|CUSTOM"`
 	RetryPolicy        *RetryPolicy `json:"retryPolicy"` // the complete CUSTOM object, null for built-ins
 	MaxAttempts        int          `json:"maxAttempts"`
 	DefaultTimeoutMs   int64        `json:"defaultTimeoutMs"`
@@ -48,7 +48,7 @@ type Endpoint struct {
 // lease at ProbeAt. ConsecutiveFailures counts retryable failures since the
 // endpoint's last success.
 type Circuit struct {
-	State               string     `json:"state"`
+	State               string     `json:"state" openapi:"enum=closed|open"`
 	OpenedAt            *time.Time `json:"openedAt"`
 	ProbeAt             *time.Time `json:"probeAt"`
 	ConsecutiveFailures int        `json:"consecutiveFailures"`

@@ -48,7 +48,7 @@ const (
 // RetryPolicy is a complete retry schedule. For built-in presets it is the
 // preset's expansion; CUSTOM carries the caller's values.
 type RetryPolicy struct {
-	Preset         string  `json:"preset"`
+	Preset         string  `json:"preset" openapi:"enum=STANDARD|AGGRESSIVE|RELAXED|CUSTOM"`
 	MaxAttempts    int     `json:"maxAttempts"`
 	InitialDelayMs int64   `json:"initialDelayMs"`
 	Multiplier     float64 `json:"multiplier"`

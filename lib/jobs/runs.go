@@ -83,7 +83,7 @@ type Step struct {
 	Status          string     `json:"status" openapi:"enum=WAITING|QUEUED|RUNNING|RETRY_SCHEDULED|SUCCEEDED|EXHAUSTED|CANCELLED|SKIPPED"`
 	IdempotencyKey  string     `json:"idempotencyKey"`
 	AfterStepID     *string    `json:"afterStepId"`
-	AfterStatus     *string    `json:"afterStatus"`
+	AfterStatus     *string    `json:"afterStatus" openapi:"enum=SUCCEEDED|FAILED"`
 	ContractVersion *int       `json:"contractVersion"`
 	InputPreview    any        `json:"inputPreview"`
 	OutputPreview   any        `json:"outputPreview"`
@@ -155,7 +155,7 @@ type Replay struct {
 type Attempt struct {
 	Attempt      int     `json:"attempt"`
 	WorkerID     string  `json:"workerId"`
-	Outcome      *string `json:"outcome"`
+	Outcome      *string `json:"outcome" openapi:"enum=SUCCEEDED|FAILED"`
 	Warning      *string `json:"warning"`
 	Retryable    *bool   `json:"retryable" jsonschema:"a failure's retry decision: true when its worker reported none (it is then retried), false for a non-retryable failure or a rejected output; null for a success or an attempt that was not reported"`
 	RetryAfterMs *int64  `json:"retryAfterMs"`

@@ -51,7 +51,7 @@ type Endpoint struct {
 	Name string `json:"name"`
 	// Version is the policy's version, the expectedVersion of an update.
 	Version      int64  `json:"version"`
-	PolicyPreset string `json:"policyPreset"` // STANDARD, AGGRESSIVE, RELAXED or CUSTOM
+	PolicyPreset string `json:"policyPreset"` // a RetryPreset* constant
 	// RetryPolicy is the complete CUSTOM schedule, nil for a built-in
 	// preset.
 	RetryPolicy        *RetrySchedule `json:"retryPolicy"`
@@ -74,7 +74,7 @@ type Endpoint struct {
 // is min(MaxDelayMs, InitialDelayMs × Multiplier^(n-1)) ± JitterPercent.
 // A job snapshots it with its timeout (RetryPolicy).
 type RetrySchedule struct {
-	Preset         string  `json:"preset"`
+	Preset         string  `json:"preset"` // a RetryPreset* constant (CUSTOM for an endpoint's or a contract's)
 	MaxAttempts    int     `json:"maxAttempts"`
 	InitialDelayMs int64   `json:"initialDelayMs"`
 	Multiplier     float64 `json:"multiplier"`
@@ -82,8 +82,8 @@ type RetrySchedule struct {
 	JitterPercent  float64 `json:"jitterPercent"`
 }
 
-// EndpointCircuit is an endpoint's breaker: "closed", or "open" since
-// OpenedAt, when claims skip its jobs but for one probe from ProbeAt.
+// EndpointCircuit is an endpoint's breaker: CircuitClosed, or CircuitOpen
+// since OpenedAt, when claims skip its jobs but for one probe from ProbeAt.
 type EndpointCircuit struct {
 	State               string     `json:"state"`
 	OpenedAt            *time.Time `json:"openedAt"`

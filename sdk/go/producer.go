@@ -67,7 +67,8 @@ type Step struct {
 	Endpoint       string `json:"endpoint"`
 	Status         string `json:"status"`
 	IdempotencyKey string `json:"idempotencyKey"`
-	// AfterStepID and AfterStatus are the step's dependency, if any.
+	// AfterStepID and AfterStatus (AfterSucceeded or AfterFailed) are the
+	// step's dependency, if any.
 	AfterStepID     *string `json:"afterStepId"`
 	AfterStatus     *string `json:"afterStatus"`
 	ContractVersion *int    `json:"contractVersion"`
@@ -134,7 +135,8 @@ type JobReplay struct {
 type JobAttempt struct {
 	Attempt  int    `json:"attempt"`
 	WorkerID string `json:"workerId"`
-	// Outcome is SUCCEEDED or FAILED once known; nil while it runs.
+	// Outcome is ReportSucceeded or ReportFailed once known; nil while it
+	// runs.
 	Outcome      *string `json:"outcome"`
 	Retryable    *bool   `json:"retryable"`
 	RetryAfterMs *int64  `json:"retryAfterMs"`
@@ -155,7 +157,7 @@ type JobAttempt struct {
 // RetryPolicy is a job's snapshot of its retry schedule: after failure n the
 // wait is min(MaxDelayMs, InitialDelayMs × Multiplier^(n-1)) ± JitterPercent.
 type RetryPolicy struct {
-	Preset         string  `json:"preset"` // STANDARD, AGGRESSIVE, RELAXED or CUSTOM
+	Preset         string  `json:"preset"` // a RetryPreset* constant
 	MaxAttempts    int     `json:"maxAttempts"`
 	InitialDelayMs int64   `json:"initialDelayMs"`
 	Multiplier     float64 `json:"multiplier"`

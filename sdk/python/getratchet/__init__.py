@@ -17,7 +17,8 @@ from .errors import (ApprovalRequired, ConnectionLost, EffectBlocked, EffectDeni
                      OutcomeNotReported, RatchetError, ReportNotRecorded, ResultNotStored, RetryableError,
                      WebhookSignatureError)
 from .redact import redact_message
-from .types import (ApiKey, ApiKeyPage, Approval, ApprovalPage, ApprovalReason, ApprovalState, AttemptOutcome,
+from .types import (AfterStatus, ApiKey, ApiKeyPage, Approval, ApprovalPage, ApprovalReason, ApprovalState,
+                    AttemptOutcome,
                     BatchJobResult, BeginResponse, BreakerAction, Circuit, CircuitOpenedBy, CircuitPage, CircuitState,
                     ClaimedJob, Compensation, Contract, ContractPage, ContractStatus, Decision, DeliveryState,
                     DenialCode,
@@ -25,7 +26,7 @@ from .types import (ApiKey, ApiKeyPage, Approval, ApprovalPage, ApprovalReason, 
                     EffectPolicyPage, EffectState, EmergencyStop, Endpoint, EndpointAttempt, EndpointAttemptPage,
                     EndpointCircuit, EndpointPage, EnqueueResult, ErrorBody, Group, GroupCommit, GroupState, GroupStep,
                     GroupStepPage, JobAttempt, JobAttemptPage, JobHeartbeat, JobReplay, JobReplayPage, JobReportResult,
-                    JobStatus,
+                    JobOutcome, JobStatus,
                     NewApiKey, NewWebhook, OnIndeterminate, PlanItem, PolicyMode, PriorAttempt, QueueHealth,
                     QueueHealthPage, ReconcileCounts, ReconcileItem, Reconciliation, ReplayPreview, ReplayResult,
                     ReplayUpgrade, ReportOutcome, RetriedDeliveries, RetryPreset, RevokedApiKey,
@@ -50,8 +51,9 @@ __all__ = [
 # under --strict (no implicit re-export) `from getratchet import Effect`
 # failed.
 __all__ += [
-    "ApprovalReason", "ApprovalState", "AttemptOutcome", "BreakerAction", "CircuitOpenedBy", "CircuitState",
-    "ContractStatus", "Decision", "DeliveryState", "DenialCode", "EffectState", "GroupState", "JobStatus",
+    "AfterStatus", "ApprovalReason", "ApprovalState", "AttemptOutcome", "BreakerAction", "CircuitOpenedBy",
+    "CircuitState",
+    "ContractStatus", "Decision", "DeliveryState", "DenialCode", "EffectState", "GroupState", "JobOutcome", "JobStatus",
     "OnIndeterminate", "PolicyMode", "ReportOutcome", "RetryPreset", "RunStatus", "Scope", "ThresholdFrom", "VendorStatus",
     "WebhookEventType",
     "ApiKey", "ApiKeyPage", "Approval", "ApprovalPage", "BatchJobResult", "BeginResponse", "Circuit",

@@ -21,11 +21,12 @@ from ._secrets import hide_secrets
 from ._time import aware, lease_seconds as _lease_seconds
 from .errors import (INVALID_REQUEST, LEASE_LOST, PAYLOAD_TOO_LARGE, ApprovalRequired, ConnectionLost, EffectBlocked,
                      EffectDenied, EffectInFlight, NotPerformed, OutcomeNotReported, RatchetError, ResultNotStored)
-from .types import (ApiKey, ApiKeyPage, Approval, ApprovalPage, BatchJobResult, BeginResponse, Circuit, CircuitPage,
+from .types import (AfterStatus, ApiKey, ApiKeyPage, Approval, ApprovalPage, BatchJobResult, BeginResponse, Circuit,
+                    CircuitPage,
                     ClaimedJob, Contract, ContractPage, ContractStatus, Effect, EffectHeartbeat, EffectPage, EffectPolicy,
                     EffectPolicyPage, EmergencyStop, Endpoint, EndpointAttemptPage, EndpointPage, EnqueueResult, Group,
-                    GroupCommit, GroupStepPage, JobAttemptPage, JobHeartbeat, JobReplayPage, JobReportResult, JobStatus,
-                    NewApiKey,
+                    GroupCommit, GroupStepPage, JobAttemptPage, JobHeartbeat, JobReplayPage, JobReportResult,
+                    JobOutcome, JobStatus, NewApiKey,
                     NewWebhook, PriorAttempt, QueueHealthPage, Reconciliation, ReplayPreview, ReplayResult,
                     RetriedDeliveries, RetryPreset, RevokedApiKey,
                     Run, RunPage, RunStatus, Step, StepPage, Structuring, ToolTest, Unwind, Webhook,
@@ -36,8 +37,10 @@ from .worker import JobContext, Worker, batch_results
 # untyped: the casts below name the shape API.md gives that route's answer
 # (types.py), which nothing checks at run time.
 
-AFTER_SUCCEEDED = "SUCCEEDED"
-AFTER_FAILED = "FAILED"
+# Typed AfterStatus, so enqueue's after_status takes them under a type
+# checker (a plain assignment reads as str).
+AFTER_SUCCEEDED: AfterStatus = "SUCCEEDED"
+AFTER_FAILED: AfterStatus = "FAILED"
 
 # How often do_effect asks again while another caller holds the lease: from
 # the first wait, doubling to the last (a begin that finds a live lease is
@@ -192,7 +195,7 @@ class Ratchet:
     def enqueue(self, input: Any, *, name: str, version: str, endpoint: Optional[str] = None,
                 idempotency_key: Optional[str] = None, timeout_ms: Optional[int] = None,
                 max_attempts: Optional[int] = None, contract_version: Optional[int] = None,
-                after_step_id: Optional[str] = None, after_status: Optional[str] = None,
+                after_step_id: Optional[str] = None, after_status: Optional[AfterStatus] = None,
                 delay_ms: Optional[int] = None, run_id: Optional[str] = None, timeout: Optional[float] = None) -> EnqueueResult:
         """Adds a step to the run (POST /runs/{id}/steps): the exact handler
         name@version, its JSON input and options. Without idempotency_key
@@ -1290,7 +1293,7 @@ class Ratchet:
         answer = self._keyed("/endpoints/" + path_id(endpoint_id) + "/circuit/close", {}, idempotency_key, timeout)
         return cast(Endpoint, answer)
 
-    def list_endpoint_attempts(self, endpoint_id: str, *, outcome: Optional[str] = None,
+    def list_endpoint_attempts(self, endpoint_id: str, *, outcome: Optional[JobOutcome] = None,
                                limit: Optional[int] = None, cursor: Optional[str] = None,
                                timeout: Optional[float] = None) -> EndpointAttemptPage:
         """Pages an endpoint's attempts newest first, each with its job and

@@ -72,7 +72,13 @@ RunStatus = Literal["RUNNING", "SUCCEEDED", "FAILED"]
 ContractStatus = Literal["ACTIVE", "FORBIDDEN"]
 """A contract's status: FORBIDDEN refuses new steps and replays onto it."""
 RetryPreset = Literal["STANDARD", "AGGRESSIVE", "RELAXED", "CUSTOM"]
-"""A contract's retry preset: a built-in schedule, or CUSTOM (its retryPolicy)."""
+"""A retry preset (a contract's, an endpoint's, a schedule's): a built-in
+schedule, or CUSTOM (its retryPolicy)."""
+JobOutcome = Literal["SUCCEEDED", "FAILED"]
+"""A job attempt's outcome, once reported (a lapsed lease reads FAILED)."""
+AfterStatus = Literal["SUCCEEDED", "FAILED"]
+"""The ending of its dependency a step runs after (enqueue's after_status,
+AFTER_SUCCEEDED or AFTER_FAILED)."""
 
 # -- shared --------------------------------------------------------------
 
@@ -442,7 +448,7 @@ class ApiKeyPage(TypedDict):
 
 class RetrySchedule(TypedDict):
     """A retry schedule: an endpoint's or a contract's."""
-    preset: str
+    preset: RetryPreset
     maxAttempts: int
     initialDelayMs: int
     multiplier: float
@@ -462,7 +468,7 @@ class JobAttempt(TypedDict):
     startedAt: str
     leaseExpiresAt: str
     reportedAt: Optional[str]
-    outcome: Optional[str]
+    outcome: Optional[JobOutcome]
     retryable: Optional[bool]
     retryAfterMs: Optional[int]
     errorMessage: Optional[str]
@@ -525,7 +531,7 @@ class Step(TypedDict):
     idempotencyKey: str
     contractVersion: Optional[int]
     afterStepId: Optional[str]
-    afterStatus: Optional[str]
+    afterStatus: Optional[AfterStatus]
     inputPreview: Any
     outputPreview: Any
     durableJob: DurableJob
@@ -623,7 +629,7 @@ class ReplayResult(TypedDict):
 
 class EndpointCircuit(TypedDict):
     """An endpoint's circuit breaker."""
-    state: str
+    state: CircuitState
     consecutiveFailures: int
     openedAt: Optional[str]
     probeAt: Optional[str]
@@ -634,7 +640,7 @@ class Endpoint(TypedDict):
     id: str
     name: str
     version: int
-    policyPreset: str
+    policyPreset: RetryPreset
     retryPolicy: Optional[RetrySchedule]
     maxAttempts: int
     defaultTimeoutMs: int
@@ -811,8 +817,9 @@ class BatchJobResult(_BatchJobResultFields, total=False):
 
 
 __all__ = [
-    "ApprovalReason", "ApprovalState", "AttemptOutcome", "BreakerAction", "CircuitOpenedBy", "CircuitState",
-    "ContractStatus", "Decision", "DeliveryState", "DenialCode", "EffectState", "GroupState", "JobStatus",
+    "AfterStatus", "ApprovalReason", "ApprovalState", "AttemptOutcome", "BreakerAction", "CircuitOpenedBy",
+    "CircuitState",
+    "ContractStatus", "Decision", "DeliveryState", "DenialCode", "EffectState", "GroupState", "JobOutcome", "JobStatus",
     "OnIndeterminate", "PolicyMode", "ReportOutcome", "RetryPreset", "RunStatus", "Scope", "ThresholdFrom", "VendorStatus",
     "WebhookEventType",
     "ApiKey", "ApiKeyPage", "Approval", "ApprovalPage", "BatchJobResult", "BeginResponse", "Circuit",

@@ -682,6 +682,28 @@ class TypingTest(unittest.TestCase):
         self.assertEqual(publish["status"], typing.Optional[getratchet.ContractStatus])
         self.assertEqual(typing.get_type_hints(getratchet.Contract)["retryPreset"], getratchet.RetryPreset)
         self.assertEqual(typing.get_args(getratchet.RetryPreset), ("STANDARD", "AGGRESSIVE", "RELAXED", "CUSTOM"))
+        # enqueue's after_status was a str, where TypeScript's is
+        # 'SUCCEEDED' | 'FAILED'; the endpoint attempts' outcome filter too.
+        # AFTER_SUCCEEDED and AFTER_FAILED are typed so that they pass.
+        after = typing.Optional[getratchet.AfterStatus]
+        self.assertEqual(typing.get_type_hints(getratchet.Ratchet.enqueue)["after_status"], after)
+        self.assertEqual(typing.get_args(getratchet.AfterStatus), ("SUCCEEDED", "FAILED"))
+        self.assertEqual(typing.get_type_hints(getratchet.client)["AFTER_SUCCEEDED"], getratchet.AfterStatus)
+        self.assertEqual(typing.get_type_hints(getratchet.client)["AFTER_FAILED"], getratchet.AfterStatus)
+        self.assertEqual(typing.get_type_hints(getratchet.Ratchet.list_endpoint_attempts)["outcome"],
+                         typing.Optional[getratchet.JobOutcome])
+        self.assertEqual(typing.get_args(getratchet.JobOutcome), ("SUCCEEDED", "FAILED"))
+        # The answers' presets, an endpoint's circuit, a step's dependency
+        # and an attempt's outcome, which the OpenAPI document now
+        # enumerates (tests/test_types.py holds them to it).
+        self.assertEqual(typing.get_type_hints(getratchet.Endpoint)["policyPreset"], getratchet.RetryPreset)
+        self.assertEqual(typing.get_type_hints(getratchet.RetrySchedule)["preset"], getratchet.RetryPreset)
+        self.assertEqual(typing.get_type_hints(getratchet.RetryPolicySnapshot)["preset"], getratchet.RetryPreset)
+        self.assertEqual(typing.get_type_hints(getratchet.EndpointCircuit)["state"], getratchet.CircuitState)
+        self.assertEqual(typing.get_type_hints(getratchet.Step)["afterStatus"], after)
+        self.assertEqual(typing.get_type_hints(getratchet.JobAttempt)["outcome"], typing.Optional[getratchet.JobOutcome])
+        self.assertEqual(typing.get_type_hints(getratchet.EndpointAttempt)["outcome"],
+                         typing.Optional[getratchet.JobOutcome])
 
     def test_effect_blocked_types_its_prior_attempt(self) -> None:
         # It was Optional[dict]: a type checker knew none of its fields.

@@ -819,7 +819,7 @@ export interface RetrySchedule {
 }
 
 export interface EndpointCircuit {
-  state: string;
+  state: 'closed' | 'open';
   openedAt: string | null;
   probeAt: string | null;
   consecutiveFailures: number;
