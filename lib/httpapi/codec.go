@@ -119,22 +119,22 @@ func (c *Call) BoolParam(name string) (bool, error) {
 // what the list's own nextCursor held: the route's Cursor says whether it
 // can be one, so a mistyped cursor is 400 rather than a silently different
 // page. knownQuery has checked both, with the query's other parameters
-// (one answer names them all); these checks only stand behind it.
+// (one answer names them all); these checks, by the same rules
+// (refusedValue), only stand behind it.
 func (c *Call) ListParams() (limit int, cursor string, err error) {
-	q, valid := c.R.URL.Query(), c.Route.Cursor
-	limit = 50
-	if s := q.Get("limit"); s != "" || q.Has("limit") {
-		n, perr := strconv.Atoi(s)
-		if perr != nil || n < 1 || n > 200 {
-			return 0, "", apierr.InvalidField("limit", "%s", apierr.LimitRule)
+	q := c.R.URL.Query()
+	for _, p := range pageParams("") {
+		if v := q.Get(p.Name); q.Has(p.Name) {
+			if rule, bad := refusedValue(c.Route, p, v); bad {
+				return 0, "", apierr.InvalidField(p.Name, "%s", rule)
+			}
 		}
-		limit = n
 	}
-	cursor = q.Get("cursor")
-	if len(cursor) > maxCursorBytes || (cursor != "" && valid != nil && !valid(cursor)) { // text without NUL: textParams
-		return 0, "", apierr.InvalidField("cursor", "is not a cursor from this API")
+	limit = 50
+	if q.Has("limit") {
+		limit, _ = strconv.Atoi(q.Get("limit")) // refusedValue took it
 	}
-	return limit, cursor, nil
+	return limit, q.Get("cursor"), nil
 }
 
 // maxCursorBytes bounds a cursor: it admits the longest one a list
