@@ -71,9 +71,9 @@ func (cfg Config) LogValue() slog.Value {
 }
 
 // withoutUserinfo is a base URL as printed: without the user and password
-// of one that holds them (https://user:pass@host, which the client ignores:
-// the API key is the credential), so that printing a Config or a Client, or
-// NewClient's refusal, never writes them.
+// of one that holds them (https://user:pass@host, which NewClient refuses:
+// the API key is the credential), so that printing a Config, or NewClient's
+// refusal, never writes them.
 func withoutUserinfo(base string) string {
 	u, err := url.Parse(base)
 	if err != nil {
@@ -192,6 +192,14 @@ func NewClient(cfg Config) (*Client, error) {
 	u, err := url.Parse(base)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("ratchet: base URL %q is not an http(s) origin", withoutUserinfo(cfg.BaseURL))
+	}
+	if u.User != nil {
+		// Refused, as the TypeScript and Python SDKs refuse it: the API key
+		// is the credential, and a user and password the client would not
+		// send (Bearer wins) left a reader of the setting thinking they
+		// were. The message leaves them out.
+		return nil, fmt.Errorf("ratchet: base URL %q must not hold credentials (user:password@); the API key is the credential",
+			withoutUserinfo(cfg.BaseURL))
 	}
 	if strings.TrimSpace(cfg.APIKey) == "" {
 		return nil, errors.New("ratchet: an API key is required (read it from the environment)")

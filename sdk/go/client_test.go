@@ -1315,23 +1315,26 @@ func TestPrintedConfigAndClientHideTheKey(t *testing.T) {
 	}
 }
 
-// A base URL holding a user and password (which the client ignores: the
-// API key is the credential) is printed without them, by a Config, a
-// Client and NewClient's refusal alike (they were printed whole).
+// A base URL holding a user and password (the API key is the credential)
+// is refused by NewClient, as the TypeScript and Python SDKs refuse it
+// (the client ignored them: Bearer won), and printed without them by a
+// Config and by every refusal alike (they were printed whole).
 func TestPrintedConfigAndClientHideTheBaseURLsUserinfo(t *testing.T) {
 	cfg := Config{BaseURL: "https://deploy:s3cret@ratchet.example/base", APIKey: "rk_test"}
-	c, err := NewClient(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var logged bytes.Buffer
-	slog.New(slog.NewJSONHandler(&logged, nil)).Info("starting", "config", cfg, "client", c)
+	slog.New(slog.NewJSONHandler(&logged, nil)).Info("starting", "config", cfg)
+	_, credentials := NewClient(cfg)
 	_, refused := NewClient(Config{BaseURL: "ftp://deploy:s3cret@ratchet.example", APIKey: "rk_test"})
 	_, unparsed := NewClient(Config{BaseURL: "https://deploy:s3cret@ratchet.example:port", APIKey: "rk_test"})
-	if refused == nil || unparsed == nil {
-		t.Fatalf("refused %v, %v", refused, unparsed)
+	_, userOnly := NewClient(Config{BaseURL: "https://deploy@ratchet.example", APIKey: "rk_test"})
+	if credentials == nil || refused == nil || unparsed == nil || userOnly == nil {
+		t.Fatalf("refused %v, %v, %v, %v", credentials, refused, unparsed, userOnly)
 	}
-	printed := fmt.Sprintf("%v %+v %#v %v %#v", cfg, cfg, c, c, &cfg) + logged.String() + refused.Error() + unparsed.Error()
+	if !strings.Contains(credentials.Error(), "must not hold credentials") {
+		t.Fatalf("refused for another reason: %v", credentials)
+	}
+	printed := fmt.Sprintf("%v %+v %#v", cfg, cfg, &cfg) + logged.String() + credentials.Error() +
+		refused.Error() + unparsed.Error() + userOnly.Error()
 	if strings.Contains(printed, "s3cret") || strings.Contains(printed, "deploy") {
 		t.Fatalf("the base URL's user or password was printed: %s", printed)
 	}

@@ -214,6 +214,13 @@ class Transport:
         parsed = urllib.parse.urlparse(base)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
             raise ValueError("ratchet: base_url must be an http(s) URL")
+        if parsed.username is not None or parsed.password is not None:
+            # Refused, as the TypeScript and Go SDKs refuse it: the API key
+            # is the credential, and a user and password stripped silently
+            # left a reader of the setting thinking they were sent. The
+            # message leaves them out.
+            raise ValueError("ratchet: base_url must not hold credentials (user:password@); "
+                             "the API key is the credential")
         self.base = base
         self._key = api_key
         self.timeout = timeout
@@ -231,7 +238,7 @@ class Transport:
         # CONNECT tunnel, plain http as absolute-URI requests to it.
         self._proxy = _proxy_for(parsed)
         self._proxy_auth = _proxy_authorization(self._proxy)
-        self._netloc = parsed.netloc.rpartition('@')[2]
+        self._netloc = parsed.netloc  # no userinfo: refused above
         origin = f"{parsed.scheme}://{self._netloc}"
         self._target = (origin if self._proxy and not self._https else "") + self._prefix
         self._tls: Any = None  # one TLS context for every connection (loading the CAs is not free)

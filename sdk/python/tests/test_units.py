@@ -336,6 +336,17 @@ class TransportTest(unittest.TestCase):
             want = "/proxy/api/v1/runs/r" if "/proxy" in base else "/api/v1/runs/r"
             self.assertEqual(t.call("GET", "/runs/r", safe=True), {"path": want}, base)
 
+    def test_a_base_url_holding_credentials_is_refused_without_them(self) -> None:
+        # Stripped silently, they left a reader of the setting thinking
+        # they were sent; the TypeScript and Go SDKs refuse them alike.
+        for base in ("https://deploy:s3cret@ratchet.example", "https://deploy@ratchet.example/base",
+                     "http://:s3cret@localhost:8787"):
+            with self.assertRaises(ValueError) as caught:
+                Transport(base, "rk_test")
+            self.assertIn("must not hold credentials", str(caught.exception))
+            self.assertNotIn("s3cret", str(caught.exception))
+            self.assertNotIn("deploy", str(caught.exception))
+
     def test_bad_configuration_is_refused(self) -> None:
         with self.assertRaises(ValueError):
             Transport("http://x", "")
@@ -506,7 +517,7 @@ class ProxyTest(unittest.TestCase):
         proxy = FakeServer(lambda m, p, b: (200, {"via": "proxy"}, {}))
         self.addCleanup(proxy.close)
         self.env(http_proxy=proxy.url.replace("http://", "http://us%40r:p%3Ass@"))
-        t = Transport("http://user:secret@api.example.test:8080/base", "rk_test", timeout=5)
+        t = Transport("http://api.example.test:8080/base", "rk_test", timeout=5)
         self.addCleanup(t.close)
         self.assertEqual(t.call("GET", "/runs/r", safe=True), {"via": "proxy"})
         method, path, headers, _ = proxy.seen[0]
