@@ -452,6 +452,11 @@ func TestConformanceErrors(t *testing.T) {
 	require.Contains(t, string(extra.Body), `"field":"force"`)
 	env.Must(http.StatusOK, "POST", "/api/v1/runs/"+runID+"/finish", ws.Key, map[string]any{})
 	env.Must(http.StatusOK, "POST", "/api/v1/runs/"+runID+"/finish", ws.Key, nil)
+	// So does a read: its body was ignored, so a filter sent there was
+	// answered as if it held.
+	read := env.Must(http.StatusBadRequest, "GET", "/api/v1/runs/"+runID, ws.Key, map[string]any{"limit": 5})
+	require.Contains(t, string(read.Body), `"field":"limit"`)
+	env.Must(http.StatusOK, "GET", "/api/v1/runs/"+runID, ws.Key, map[string]any{})
 
 	dims := env.Must(http.StatusBadRequest, "PUT", "/api/v1/policies/t.x", ws.Key,
 		map[string]any{"dimension_limits": map[string]any{"recipient": map[string]any{"daily_micro": 5}}})

@@ -409,6 +409,12 @@ func takesNoBody(r Route) bool {
 	return r.Request == nil && r.Raw == nil && r.Method != http.MethodGet && r.Method != http.MethodHead
 }
 
+// refusesAnyField is true of a route whose body, when one is sent, may only
+// be {}: an action without a body type (takesNoBody) and a read alike.
+func refusesAnyField(r Route) bool {
+	return r.Request == nil && r.Raw == nil && r.Method != http.MethodHead
+}
+
 func contains(s []string, v string) bool {
 	for _, x := range s {
 		if x == v {

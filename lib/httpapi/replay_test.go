@@ -358,14 +358,18 @@ func TestReplayScopesAndTenancy(t *testing.T) {
 	wid := e.register("send_email@1")
 	_, stepID := e.exhausted(wid, 1, 1)
 	for _, m := range []string{"GET", "POST"} {
-		r := e.Do(m, "/api/v1/steps/"+stepID+"/replay", e.ingest, ack)
+		var body any = ack
+		if m == "GET" {
+			body = nil // the preview reads no body: a field there is refused
+		}
+		r := e.Do(m, "/api/v1/steps/"+stepID+"/replay", e.ingest, body)
 		require.Equal(t, http.StatusForbidden, r.Status)
 		require.Equal(t, []any{"steps:replay"}, errorDetail(r)["required"])
 		ws2 := e.Signup()
-		r = e.Do(m, "/api/v1/steps/"+stepID+"/replay", ws2.Key, ack)
+		r = e.Do(m, "/api/v1/steps/"+stepID+"/replay", ws2.Key, body)
 		require.Equal(t, http.StatusNotFound, r.Status, m)
 		require.Equal(t, "not_found", r.ErrorCode())
-		require.Equal(t, http.StatusNotFound, e.Do(m, "/api/v1/steps/stp_nope/replay", e.ws.Key, ack).Status)
+		require.Equal(t, http.StatusNotFound, e.Do(m, "/api/v1/steps/stp_nope/replay", e.ws.Key, body).Status)
 	}
 	replayer := e.Key(e.ws, map[string]any{"name": "ops", "scopes": []string{"steps:replay"}})
 	e.Must(http.StatusOK, "POST", "/api/v1/steps/"+stepID+"/replay", replayer, ack)

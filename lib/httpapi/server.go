@@ -375,10 +375,11 @@ func (s *Server) run(ctx context.Context, c *Call) (any, error) {
 			return nil, err
 		}
 	}
-	if takesNoBody(*c.Route) && c.R.ContentLength != 0 {
+	if refusesAnyField(*c.Route) && c.R.ContentLength != 0 {
 		// An action without a body (finish, cancel, pause, the cron sweep,
-		// ...) still refuses unknown fields (API.md §0); an empty body or {}
-		// is fine.
+		// ...) and a read still refuse unknown fields (API.md §0): a read's
+		// body was ignored, so GET /runs?limit=5 with {"limit":500} answered
+		// as if the client's filter held. An empty body or {} is fine.
 		var none struct{}
 		if err := c.Decode(&none); err != nil {
 			return nil, err
