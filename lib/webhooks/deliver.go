@@ -895,8 +895,12 @@ func (s *Service) recordOutcomes(ctx context.Context, outs []outcome) error {
 //     the event arrived).
 //   - A failure is retried at its next attempt, or ends failed on the last
 //     one, unless a retry gave its attempts back while it was sent (Retry):
-//     then it is due again at once ($7 is its end). Decided by the row's
-//     attempts, not the claim's.
+//     then it is due again at once (its end), whichever attempt it was, as
+//     the retry promised (the row counts fewer attempts than the claim: only
+//     a retry lowers them). Decided by the row's attempts, not the claim's:
+//     a retry of a delivery ended mid-send (a PATCH of its events) made it
+//     due when the send's hold lapsed, and the failure then put it off by
+//     the old attempt's backoff (webhooks review).
 //   - A failure whose claim a later one superseded (this send outlived its
 //     claim's minute, as one of an instance frozen mid-send and thawed
 //     later does) records nothing: its backoff would cut the later send's
@@ -930,7 +934,8 @@ WITH o AS (
 UPDATE webhook_deliveries d
 SET state = CASE WHEN o.failure IS NULL THEN 'delivered' WHEN d.attempts >= $8::int THEN 'failed' ELSE 'pending' END,
     delivered_at = CASE WHEN o.failure IS NULL THEN o.at ELSE d.delivered_at END,
-    next_attempt_at = CASE WHEN o.failure IS NOT NULL AND d.attempts < $8::int THEN o.due ELSE d.next_attempt_at END,
+    next_attempt_at = CASE WHEN o.failure IS NULL OR d.attempts >= $8::int THEN d.next_attempt_at
+        WHEN d.attempts < o.attempts THEN o.at ELSE o.due END,
     last_status_code = o.code, last_error = o.failure, held_until = NULL
 FROM o, locked
 WHERE d.id = o.id AND locked.id = o.id AND CASE WHEN o.failure IS NULL

@@ -71,3 +71,6 @@ var SQLClearExpiredSecrets = sqlClearExpiredSecrets
 
 // BreakHeldReport makes the report of held deliveries (reportHeld) fail.
 func BreakHeldReport(s *Service) { s.heldSQL = `SELECT 1/0` }
+
+// ClaimHold is how long a claim holds its delivery (held_until).
+const ClaimHold = claimHold

@@ -751,7 +751,14 @@ const maxRetried = 100
 // sqlRetryDeliveries sends deliveries ($3) of webhook $1 in workspace $2
 // again: those that ended (delivered, or failed after their last attempt)
 // become pending, due at $4, with their attempts starting over, as a new
-// delivery's would. A pending one keeps its schedule; one whose last
+// delivery's would. One that ended while a send of it is still in flight
+// (its claim's hold, held_until, is live: a PATCH of the webhook's events
+// ended it mid-send) is due only once that hold lapses, and keeps the
+// hold, so that no claim sends it a second time while the first send is
+// on its way; that send's record then decides (sqlRecord: delivered, or
+// due again at once). Made due at $4, it was claimed and sent again beside
+// the first send (webhooks review). A hold past its time (a sweeper that
+// stopped mid-send) is cleared. A pending one keeps its schedule; one whose last
 // attempt ($5) is in flight gets its attempts back, so that the attempt,
 // should it fail, is not the last (review: the retry answered it pending,
 // and its failure then ended it failed, never sent again). The rows are
@@ -778,7 +785,9 @@ WITH hook AS (
 ), again AS (
     UPDATE webhook_deliveries d
     SET attempts = 0, state = 'pending',
-        next_attempt_at = CASE WHEN named.state = 'pending' THEN d.next_attempt_at ELSE $4::timestamptz END,
+        next_attempt_at = CASE WHEN named.state = 'pending' THEN d.next_attempt_at
+            ELSE greatest($4::timestamptz, d.held_until) END,
+        held_until = CASE WHEN named.state = 'pending' OR d.held_until > $4::timestamptz THEN d.held_until END,
         last_status_code = CASE WHEN named.state = 'pending' THEN d.last_status_code END,
         last_error = CASE WHEN named.state = 'pending' THEN d.last_error END,
         delivered_at = NULL
@@ -796,9 +805,11 @@ ORDER BY d.created_at DESC, d.id DESC`
 
 // Retry sends deliveries of a subscription again, once its receiver is
 // mended: each that ended (delivered, or failed after its last attempt)
-// is pending again, due now, with its attempts starting over; one still
-// pending keeps its schedule (its attempts start over too if its last one
-// is in flight). It answers the deliveries as they now
+// is pending again, due now, with its attempts starting over, or, when a
+// send of it is still in flight (ended mid-send by a PATCH of the events),
+// once that send's claim lapses (sqlRetryDeliveries): never sent twice at
+// once; one still pending keeps its schedule (its attempts start over too
+// if its last one is in flight). It answers the deliveries as they now
 // are. Every id must name a delivery of this subscription (else 404, and
 // nothing is sent again). Its event keeps its id: a receiver that
 // deduplicates by it skips an event it had taken.

@@ -1614,6 +1614,82 @@ func TestARetryDuringTheLastAttemptKeepsTheDeliveryGoing(t *testing.T) {
 	require.Equal(t, "delivered", deliveries(t, env, ws.Key, id)[0]["state"])
 }
 
+// A retry of a delivery that a PATCH of its webhook's events ended while a
+// send of it was in flight does not make it due beside that send: made due
+// at once, the next pass claimed it and sent it a second time while the
+// first send was still on its way (webhooks review). It is due once the
+// send's claim lapses; the send's failure, recorded, makes it due at once
+// (the retry's new attempts), not after the old attempt's backoff.
+func TestARetryOfADeliveryEndedMidSendIsNotSentBesideThatSend(t *testing.T) {
+	env, clk := start(t, true)
+	ctx := context.Background()
+	ws := env.Signup()
+	release := make(chan struct{})
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	var n atomic.Int32
+	hits := new(counter)
+	rcv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		first := n.Add(1) == 1
+		hits.add()
+		if first {
+			<-release
+			w.WriteHeader(http.StatusInternalServerError)
+		}
+	}))
+	t.Cleanup(rcv.Close)
+	t.Cleanup(unblock) // runs first: the handler returns before its server closes
+	id, _ := subscribe(t, env, ws.Key, rcv.URL)
+	record(t, env, ws.ID, events.RunFinished, clk.Now())
+	svc := env.App.Server.Webhooks
+	_, err := svc.Dispatch(ctx, clk.Now())
+	require.NoError(t, err)
+	dlv := deliveries(t, env, ws.Key, id)[0]["id"].(string)
+
+	sent := make(chan error, 1)
+	go func() { _, err := svc.DeliverRound(ctx, clk.Now()); sent <- err }()
+	<-hits.reached(1)
+	// Ended mid-send, then subscribed again, and retried.
+	env.Must(http.StatusOK, "PATCH", "/api/v1/webhooks/"+id, ws.Key, map[string]any{"events": []string{events.CircuitTripped}})
+	require.Equal(t, "failed", deliveries(t, env, ws.Key, id)[0]["state"])
+	env.Must(http.StatusOK, "PATCH", "/api/v1/webhooks/"+id, ws.Key, map[string]any{"events": []string{events.RunFinished}})
+	r := retry(env, ws.Key, id, dlv)
+	require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+	again := r.JSON()["deliveries"].([]any)[0].(map[string]any)
+	require.Equal(t, "pending", again["state"])
+	require.EqualValues(t, 0, again["attempts"])
+	due, err := time.Parse(time.RFC3339Nano, again["next_attempt_at"].(string))
+	require.NoError(t, err)
+	require.True(t, clk.Now().Truncate(time.Microsecond).Add(webhooks.ClaimHold).Equal(due),
+		"due once the send's claim lapses: %s", due)
+
+	// A pass while the first send is in flight does not send it again.
+	second := make(chan error, 1)
+	go func() { _, err := svc.DeliverRound(ctx, clk.Now()); second <- err }()
+	select {
+	case err := <-second:
+		require.NoError(t, err)
+	case <-hits.reached(2):
+		t.Fatal("sent a second time while the first send was in flight")
+	}
+	var claims int
+	require.NoError(t, env.App.Pool.QueryRow(ctx, `SELECT claims FROM webhook_deliveries WHERE id = $1`, dlv).Scan(&claims))
+	require.Equal(t, 1, claims, "not claimed again")
+
+	unblock()
+	require.NoError(t, <-sent)
+	after := deliveries(t, env, ws.Key, id)[0]
+	require.Equal(t, "pending", after["state"])
+	require.EqualValues(t, 500, after["last_status_code"])
+	require.EqualValues(t, 0, after["attempts"])
+	_, err = svc.DeliverRound(ctx, clk.Now())
+	require.NoError(t, err)
+	require.EqualValues(t, 2, hits.Load(), "due at once once the first send's failure is recorded")
+	got := deliveries(t, env, ws.Key, id)[0]
+	require.Equal(t, "delivered", got["state"])
+	require.EqualValues(t, 1, got["attempts"])
+}
+
 // sendOne records a run.finished in workspace ws, runs a sweep and answers
 // the one delivery rcv is sent of it: its Ratchet-Signature and its body.
 func sendOne(t *testing.T, env *apitest.Env, clk *apitest.Clock, ws string, rcv *receiver) (string, []byte) {
