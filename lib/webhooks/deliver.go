@@ -1012,9 +1012,12 @@ func public(ip net.IP) bool {
 // namesNonPublic reports whether a URL's host is, before any resolution, a
 // non-public address: an IP literal public refuses, a scoped IPv6 literal
 // (a zone, "fe80::1%eth0", names a link of this host: net.ParseIP reads
-// none, QA), or localhost.
+// none, QA), or localhost. Every dot at its end is left out, not only the
+// root's one: "localhost.." and "127.0.0.1.." were taken at creation,
+// where "localhost." and "127.0.0.1." were refused, and each delivery to
+// them failed (webhooks QA).
 func namesNonPublic(host string) bool {
-	host = strings.TrimSuffix(strings.ToLower(asDialed(host)), ".")
+	host = strings.TrimRight(strings.ToLower(asDialed(host)), ".")
 	if host == "localhost" || strings.HasSuffix(host, ".localhost") || strings.Contains(host, "%") {
 		return true
 	}

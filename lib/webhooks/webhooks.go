@@ -90,7 +90,7 @@ type Delivery struct {
 // validate's checks: events lists 1 to maxEventsListed names, repeats
 // included, each one of events.Types.
 type CreateRequest struct {
-	URL    string   `json:"url" openapi:"maxLength=2000" jsonschema:"the receiver: an absolute https URL (http too when the server sets WEBHOOK_ALLOW_PRIVATE_NETWORKS=true) without credentials or white space, naming a host and, if any, a port from 1 to 65535 (a colon with no port after it is refused). Unless the server sets WEBHOOK_ALLOW_PRIVATE_NETWORKS=true its host must be a public address: an IP literal or localhost is checked here, a host name after its DNS resolution at each delivery. A subscription stored with an http url before https was required keeps being delivered"`
+	URL    string   `json:"url" openapi:"maxLength=2000" jsonschema:"the receiver: an absolute https URL (http too when the server sets WEBHOOK_ALLOW_PRIVATE_NETWORKS=true) without credentials, white space or a fragment (#…, which is never sent), naming a host (no empty label: a dot at its start, or two in a row) and, if any, a port from 1 to 65535 (a colon with no port after it is refused). Unless the server sets WEBHOOK_ALLOW_PRIVATE_NETWORKS=true its host must be a public address: an IP literal or localhost is checked here, a host name after its DNS resolution at each delivery. A subscription stored with an http url before https was required keeps being delivered"`
 	Events []string `json:"events" openapi:"required,minItems=1,maxItems=50,itemEnum=effect.indeterminate|circuit.tripped|circuit.closed|approval.requested|approval.decided|reconciliation.due|run.finished|step.exhausted|step.replayed"`
 }
 
@@ -170,9 +170,19 @@ func checkURL(pr *apierr.Problems, raw string, allowPrivate bool) {
 		// url.Parse takes any digits (QA: :99999 was taken, and every
 		// delivery to it failed until its attempts ran out), and none.
 		pr.Add("url", "must name a port from 1 to 65535, or none")
+	case strings.Contains(raw, "#"):
+		// The client never sends a fragment: a URL whose receiver reads
+		// one (a token after "#") was taken, and every delivery reached
+		// it without (webhooks QA). Refused, as Stripe refuses a malformed
+		// endpoint URL, rather than stored as something it is not.
+		pr.Add("url", "must not contain a fragment (#…): it is never sent to the receiver")
 	case !allowPrivate && namesNonPublic(u.Hostname()):
 		pr.Add("url", "must name a public address (receivers on loopback or private networks need "+
 			"WEBHOOK_ALLOW_PRIVATE_NETWORKS=true)")
+	case emptyLabel(u.Hostname()):
+		// No resolver looks such a name up: every delivery failed, DNS
+		// lookup of the host failed, until its attempts ran out (QA).
+		pr.Add("url", "must name a host without an empty label (a dot at its start, or two in a row)")
 	case !allowPrivate && u.Scheme != "https":
 		// A delivery carries its event's details and a signature: over
 		// plain http any network on the way reads them (and the
@@ -227,6 +237,15 @@ const unsubscribed = "event type unsubscribed"
 
 // maxEventsListed bounds a subscription's events list, repeats included.
 const maxEventsListed = 50
+
+// emptyLabel reports whether a host name, as the client dials it
+// (asDialed), has an empty label: only dots, a dot at its start, or two in
+// a row ("example.com..", "a..b", "."). One dot at its end, the root's,
+// is none; an IPv6 literal has no labels.
+func emptyLabel(host string) bool {
+	host = asDialed(host)
+	return !strings.Contains(host, ":") && slices.Contains(strings.Split(strings.TrimSuffix(host, "."), "."), "")
+}
 
 // validPort reports whether u names no port or one of 1-65535. A colon
 // with nothing after it ("http://127.0.0.1:/") names no port either, and

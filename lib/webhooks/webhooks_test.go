@@ -359,6 +359,15 @@ func TestCreateValidatesAndShowsSecretOnce(t *testing.T) {
 		"space in path":     {"url": "https://example.com/a b", "events": []string{"run.finished"}},
 		"no-break space":    {"url": "https://example.com/x\u00a0", "events": []string{"run.finished"}},
 		"ideographic space": {"url": "https://example.com/x\u3000", "events": []string{"run.finished"}},
+		// Webhooks QA: a fragment was taken, and never sent; a host with
+		// an empty label too, and no resolver looks it up.
+		"fragment":          {"url": "https://example.com/x#token", "events": []string{"run.finished"}},
+		"empty fragment":    {"url": "https://example.com/x#", "events": []string{"run.finished"}},
+		"empty label, end":  {"url": "https://example.com../x", "events": []string{"run.finished"}},
+		"empty label, mid":  {"url": "https://example..com/x", "events": []string{"run.finished"}},
+		"empty label, head": {"url": "https://.example.com/x", "events": []string{"run.finished"}},
+		"empty label, root": {"url": "https://./x", "events": []string{"run.finished"}},
+		"empty label, dots": {"url": "https://example。。com/x", "events": []string{"run.finished"}},
 		// QA: 5 000 unknown types were answered with a 1 MB error.
 		"long list": {"url": "https://example.com/x", "events": slices.Repeat([]string{"bad"}, 5000)},
 	} {
@@ -369,16 +378,28 @@ func TestCreateValidatesAndShowsSecretOnce(t *testing.T) {
 		if strings.Contains(name, "space") {
 			require.Contains(t, string(r.Body), `"field":"url","message":"must not contain white space`, name)
 		}
+		if strings.Contains(name, "fragment") {
+			require.Contains(t, string(r.Body), `"field":"url","message":"must not contain a fragment (#…): it is never sent to the receiver"`, name)
+		}
+		if strings.Contains(name, "label") {
+			require.Contains(t, string(r.Body), `"field":"url","message":"must name a host without an empty label`, name)
+		}
 		if strings.Contains(name, "port") && !strings.Contains(name, "host") {
 			require.Contains(t, string(r.Body), `"field":"url","message":"must name a port from 1 to 65535, or none"`, name)
 		}
 	}
 	ported := env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
 		map[string]any{"url": "https://example.com:8443/x", "events": []string{"run.finished"}}).JSON()["id"].(string)
+	// A PATCH of url is checked as a create's; the root's one dot at the
+	// end is no empty label.
+	r := env.Do("PATCH", "/api/v1/webhooks/"+ported, ws.Key, map[string]any{"url": "https://example.com/x#token"})
+	require.Equal(t, http.StatusBadRequest, r.Status, "%s", r.Body)
+	require.Contains(t, string(r.Body), `"field":"url","message":"must not contain a fragment`)
+	env.Must(http.StatusOK, "PATCH", "/api/v1/webhooks/"+ported, ws.Key, map[string]any{"url": "https://example.com./x?a=b"})
 	env.Must(http.StatusOK, "DELETE", "/api/v1/webhooks/"+ported, ws.Key, nil)
 	require.Empty(t, env.Must(http.StatusOK, "GET", "/api/v1/webhooks", ws.Key, nil).JSON()["data"])
 
-	r := env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
+	r = env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
 		map[string]any{"url": "https://example.com/x", "events": []string{"run.finished", "run.finished", "effect.indeterminate"}})
 	secret := r.JSON()["secret"].(string)
 	require.True(t, strings.HasPrefix(secret, "whsec_"))
@@ -748,7 +769,11 @@ func TestNonPublicReceiversAreRefusedAtCreation(t *testing.T) {
 		"http://127.1:9901/", "http://2130706433/", "http://0x7f000001/", "http://0/",
 		// Forms the HTTP client maps to those before it dials (IDNA):
 		// fullwidth digits, ideographic full stops, circled letters.
-		"http://１２７.０.０.１:8899/x", "http://127。0。0。1/x", "http://ⓛⓞⓒⓐⓛⓗⓞⓢⓣ/x", "http://１０．１．２．３/"} {
+		"http://１２７.０.０.１:8899/x", "http://127。0。0。1/x", "http://ⓛⓞⓒⓐⓛⓗⓞⓢⓣ/x", "http://１０．１．２．３/",
+		// Webhooks QA: more than the root's one dot at the end was taken,
+		// and refused only at each delivery.
+		"https://localhost../", "https://localhost.../x", "https://api.localhost../x", "https://127.0.0.1../x",
+		"https://127.1../", "https://localhost。。/x"} {
 		r := env.Do("POST", "/api/v1/webhooks", ws.Key, map[string]any{"url": u, "events": []string{events.CircuitTripped}})
 		require.Equal(t, http.StatusBadRequest, r.Status, "%s: %s", u, r.Body)
 		require.Contains(t, string(r.Body), "must name a public address", u)
