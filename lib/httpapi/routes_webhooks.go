@@ -131,9 +131,9 @@ func (s *Server) webhookRoutes() []Route {
 			Tag: "webhooks", Scopes: scopes, Idempotent: true,
 			Summary: "Send deliveries of this subscription again (up to 100, by id), once the receiver is mended: " +
 				"each that ended (delivered, or failed after its 12 attempts) is pending again, due now, its attempts " +
-				"starting over (one ended by a PATCH of the events while a send of it was on its way is due once that " +
-				"send's claim lapses, at most a minute on, never sent twice at once; that send's failure makes it due " +
-				"at once); one still pending keeps its schedule. Same event id: a receiver that deduplicates " +
+				"starting over (one with a send still on its way, ended meanwhile by a PATCH of the events, is due once " +
+				"that send's claim lapses, at most a minute on, never sent twice at once; that send's failure makes it " +
+				"due at once); one still pending keeps its schedule. Same event id: a receiver that deduplicates " +
 				"skips what it took. Returns the deliveries as they now are.",
 			Request: webhooks.RetryRequest{}, Response: webhooks.Retried{}, Status: 200,
 			Errors: []string{apierr.CodeNotFound, apierr.CodeInvalidRequest},

@@ -915,8 +915,12 @@ func (s *Service) recordOutcomes(ctx context.Context, outs []outcome) error {
 //     worst it is fenced as it was then.
 //   - The claim's hold (held_until, migration 0082) ends with its record:
 //     its send is no longer in flight. Only a superseded send's 2xx records
-//     over another claim's, and it ends the delivery, whose holds no claim
-//     counts once it is no longer pending.
+//     over another claim's: it ends the delivery (no claim counts the holds
+//     of one no longer pending) and keeps that later claim's hold, whose
+//     send is still in flight, so that a retry of the delivery waits for it
+//     (sqlRetryDeliveries). Cleared, a retry made the delivery due at once
+//     and a pass sent it a third time beside the later send (webhooks
+//     review).
 //
 // The rows are locked in id order first, as a retry, a delete and
 // retention lock them (one order: no deadlock), and each is then updated
@@ -936,7 +940,8 @@ SET state = CASE WHEN o.failure IS NULL THEN 'delivered' WHEN d.attempts >= $8::
     delivered_at = CASE WHEN o.failure IS NULL THEN o.at ELSE d.delivered_at END,
     next_attempt_at = CASE WHEN o.failure IS NULL OR d.attempts >= $8::int THEN d.next_attempt_at
         WHEN d.attempts < o.attempts THEN o.at ELSE o.due END,
-    last_status_code = o.code, last_error = o.failure, held_until = NULL
+    last_status_code = o.code, last_error = o.failure,
+    held_until = CASE WHEN d.claims > o.claims THEN d.held_until END
 FROM o, locked
 WHERE d.id = o.id AND locked.id = o.id AND CASE WHEN o.failure IS NULL
     THEN d.state = 'pending' OR (d.state = 'failed' AND (d.last_error IN ('` + abandoned + `', '` + unsubscribed + `')

@@ -238,3 +238,41 @@ func TestASupersededSendsLate2xxIsRecordedAfterTheLaterSendFailed(t *testing.T) 
 	require.NoError(t, <-c.first)
 	requireDeliveredOK(t, c.env, c.ws.Key, c.hook)
 }
+
+// A superseded send's late 2xx ends the delivery delivered while the later
+// send is still in flight; a retry of it then waits for that send, as for
+// any send in flight (sqlRetryDeliveries): the 2xx's record cleared the
+// later claim's hold, and the retry made the delivery due at once, so the
+// next pass sent it a third time beside the second send (webhooks review).
+// Not parallel: its passes sweep the package's shared deliveries.
+func TestARetryAfterASupersededSends2xxWaitsForTheLaterSend(t *testing.T) {
+	c := newSupersededCaseAnswering(t, [2]int{http.StatusOK, http.StatusInternalServerError})
+	ctx := context.Background()
+	c.sendFirst()
+	c.sendAgain()
+	c.rcv.release(0)
+	require.NoError(t, <-c.first)
+	requireDeliveredOK(t, c.env, c.ws.Key, c.hook)
+	var dlv string
+	require.NoError(t, c.env.App.Pool.QueryRow(ctx, `SELECT id FROM webhook_deliveries WHERE webhook_id = $1`,
+		c.hook).Scan(&dlv))
+	c.env.Must(http.StatusOK, "POST", "/api/v1/webhooks/"+c.hook+"/deliveries/retry", c.ws.Key,
+		map[string]any{"delivery_ids": []string{dlv}})
+	state, attempts, next := c.row()
+	require.Equal(t, []any{"pending", 0}, []any{state, attempts})
+	require.True(t, next.Equal(c.claimed), "due once the later send's claim lapses: %s, want %s", next, c.claimed)
+	_, err := c.env.App.Server.Webhooks.Deliver(ctx, c.clk.Now())
+	require.NoError(t, err)
+	require.EqualValues(t, 2, c.rcv.hits.Load(), "not sent again while the later send is in flight")
+
+	// The later send's failure is recorded, due at once (the retry's
+	// attempts): sent again, by that send's pass (its next round) or the
+	// next, once (the receiver answers 418 now).
+	c.rcv.release(1)
+	require.NoError(t, <-c.second)
+	_, err = c.env.App.Server.Webhooks.Deliver(ctx, c.clk.Now())
+	require.NoError(t, err)
+	require.EqualValues(t, 3, c.rcv.hits.Load())
+	state, attempts, _ = c.row()
+	require.Equal(t, []any{"pending", 1}, []any{state, attempts})
+}
