@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/config"
 	"github.com/getratchet/ratchet/lib/events"
 	"github.com/getratchet/ratchet/lib/testpg"
 	"github.com/getratchet/ratchet/lib/webhooks"
@@ -250,4 +251,48 @@ func TestCountingSendsInFlightReadsTheHeldDeliveries(t *testing.T) {
 	var live int
 	require.NoError(t, tx.QueryRow(ctx, `SELECT sum(n) FROM (`+webhooks.SQLHeldSends+`) h`, now).Scan(&live))
 	require.Equal(t, 20, live, "the live holds counted, not those past their time")
+}
+
+// A claim's hold, and the due time it sets, are the database's time, not
+// the claiming instance's: with one instance's clock 90 s behind and
+// another's 90 s ahead, the second's pass does not send the delivery the
+// first holds while its send is in flight. Timed by each instance's own
+// clock, the first's minute-long hold had lapsed 30 s before it began by
+// the second's, which sent the delivery again beside the first send (db.Clock
+// corrects each instance's clock by the database's).
+func TestAHoldHoldsWhateverTheInstancesClocksSay(t *testing.T) {
+	skewed := func(d time.Duration) *apitest.Env {
+		return apitest.Start(t, apitest.WithWall(func() time.Time { return time.Now().Add(d) }),
+			apitest.WithConfig(func(cfg *config.Config) { cfg.WebhookAllowPrivateNetworks = true }))
+	}
+	behind, ahead := skewed(-90*time.Second), skewed(90*time.Second)
+	ctx := context.Background()
+	srv, hits, unblock := newBlockingReceiver(t)
+	ws := behind.Signup()
+	id, _ := subscribe(t, behind, ws.Key, srv.URL)
+	record(t, behind, ws.ID, events.RunFinished, time.Now())
+	first := make(chan struct{})
+	go func() {
+		defer close(first)
+		behind.App.Sweeper.RunOnce(ctx)
+	}()
+	<-hits.reached(1)
+
+	second := make(chan struct{})
+	go func() {
+		defer close(second)
+		ahead.App.Sweeper.RunOnce(ctx)
+	}()
+	select {
+	case <-second:
+	case <-hits.reached(2):
+		t.Fatal("sent again by the instance ahead while the first send was in flight")
+	}
+	unblock()
+	<-first
+	got := deliveries(t, behind, ws.Key, id)
+	require.Len(t, got, 1)
+	require.Equal(t, "delivered", got[0]["state"])
+	require.EqualValues(t, 1, got[0]["attempts"])
+	require.EqualValues(t, 1, hits.Load())
 }
