@@ -124,6 +124,15 @@ func (c *supersededCase) answerFirst(attempts int) {
 	require.True(c.t, next.Equal(c.claimed), "the second send keeps its claim: %s, want %s", next, c.claimed)
 }
 
+// retry retries the delivery (POST …/deliveries/retry).
+func (c *supersededCase) retry() {
+	var dlv string
+	require.NoError(c.t, c.env.App.Pool.QueryRow(context.Background(), `SELECT id FROM webhook_deliveries
+		WHERE webhook_id = $1`, c.hook).Scan(&dlv))
+	c.env.Must(http.StatusOK, "POST", "/api/v1/webhooks/"+c.hook+"/deliveries/retry", c.ws.Key,
+		map[string]any{"delivery_ids": []string{dlv}})
+}
+
 // answerSecond answers the second send (200): the delivery reads
 // delivered, 200.
 func (c *supersededCase) answerSecond() {
@@ -176,11 +185,7 @@ func TestASupersededSendsFailureRecordsNothingAfterARetry(t *testing.T) {
 	c := newSupersededCase(t)
 	ctx := context.Background()
 	c.sendFirst()
-	var dlv string
-	require.NoError(t, c.env.App.Pool.QueryRow(ctx, `SELECT id FROM webhook_deliveries WHERE webhook_id = $1`,
-		c.hook).Scan(&dlv))
-	c.env.Must(http.StatusOK, "POST", "/api/v1/webhooks/"+c.hook+"/deliveries/retry", c.ws.Key,
-		map[string]any{"delivery_ids": []string{dlv}})
+	c.retry()
 	state, attempts, _ := c.row()
 	require.Equal(t, []any{"pending", 0}, []any{state, attempts}, "its last attempt in flight, the retry gives it back")
 	c.sendAgain()
@@ -253,11 +258,7 @@ func TestARetryAfterASupersededSends2xxWaitsForTheLaterSend(t *testing.T) {
 	c.rcv.release(0)
 	require.NoError(t, <-c.first)
 	requireDeliveredOK(t, c.env, c.ws.Key, c.hook)
-	var dlv string
-	require.NoError(t, c.env.App.Pool.QueryRow(ctx, `SELECT id FROM webhook_deliveries WHERE webhook_id = $1`,
-		c.hook).Scan(&dlv))
-	c.env.Must(http.StatusOK, "POST", "/api/v1/webhooks/"+c.hook+"/deliveries/retry", c.ws.Key,
-		map[string]any{"delivery_ids": []string{dlv}})
+	c.retry()
 	state, attempts, next := c.row()
 	require.Equal(t, []any{"pending", 0}, []any{state, attempts})
 	require.True(t, next.Equal(c.claimed), "due once the later send's claim lapses: %s, want %s", next, c.claimed)

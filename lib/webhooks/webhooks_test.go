@@ -1587,56 +1587,89 @@ func TestRetentionCountsDeletedDeliveriesOnce(t *testing.T) {
 	require.False(t, rescans, "the deleted deliveries are read again for each event")
 }
 
+// failsFirst is a delivery of one run.finished, fanned out and unsent, to
+// a receiver that holds its first request until unblock is called (or the
+// test ends) and answers it 500, and answers each later one 200 at once;
+// hits counts them as they arrive.
+type failsFirst struct {
+	t       *testing.T
+	env     *apitest.Env
+	clk     *apitest.Clock
+	ws      apitest.Workspace
+	id, dlv string // the webhook's and the delivery's
+	hits    *counter
+	unblock func()
+	sent    chan error // the pass of the first send (send)
+}
+
+func newFailsFirst(t *testing.T) *failsFirst {
+	env, clk := start(t, true)
+	release := make(chan struct{})
+	var once sync.Once
+	f := &failsFirst{t: t, env: env, clk: clk, ws: env.Signup(), hits: new(counter),
+		unblock: func() { once.Do(func() { close(release) }) }, sent: make(chan error, 1)}
+	var n atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		first := n.Add(1) == 1
+		f.hits.add()
+		if first {
+			<-release
+			w.WriteHeader(http.StatusInternalServerError)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	t.Cleanup(f.unblock) // runs first: the handler returns before its server closes
+	f.id, _ = subscribe(t, env, f.ws.Key, srv.URL)
+	record(t, env, f.ws.ID, events.RunFinished, clk.Now())
+	_, err := env.App.Server.Webhooks.Dispatch(context.Background(), clk.Now())
+	require.NoError(t, err)
+	f.dlv = deliveries(t, env, f.ws.Key, f.id)[0]["id"].(string)
+	return f
+}
+
+// send sends the delivery in a round of its own, held at the receiver.
+func (f *failsFirst) send() {
+	go func() {
+		_, err := f.env.App.Server.Webhooks.DeliverRound(context.Background(), f.clk.Now())
+		f.sent <- err
+	}()
+	<-f.hits.reached(1)
+}
+
+// retry retries the delivery, which answers it pending, its attempts back,
+// and answers it as the retry did.
+func (f *failsFirst) retry() map[string]any {
+	r := retry(f.env, f.ws.Key, f.id, f.dlv)
+	require.Equal(f.t, http.StatusOK, r.Status, "%s", r.Body)
+	again := r.JSON()["deliveries"].([]any)[0].(map[string]any)
+	require.Equal(f.t, "pending", again["state"])
+	require.EqualValues(f.t, 0, again["attempts"], "its attempts back")
+	return again
+}
+
 // A retry that comes while a delivery's last attempt is being sent gives
 // it its attempts back: that attempt, should it fail, is not the last, and
 // the delivery is sent again (review: the retry answered it pending, and
 // the failure then ended it failed, never sent again).
 func TestARetryDuringTheLastAttemptKeepsTheDeliveryGoing(t *testing.T) {
-	env, clk := start(t, true)
+	f := newFailsFirst(t)
 	ctx := context.Background()
-	ws := env.Signup()
-	release := make(chan struct{})
-	var hits atomic.Int32
-	rcv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if hits.Add(1) == 1 {
-			<-release
-			w.WriteHeader(http.StatusInternalServerError)
-		}
-	}))
-	t.Cleanup(rcv.Close)
-	var once sync.Once
-	unblock := func() { once.Do(func() { close(release) }) }
-	t.Cleanup(unblock) // runs first: the handler returns before its server closes
-	id := env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
-		map[string]any{"url": rcv.URL, "events": []string{events.RunFinished}}).JSON()["id"].(string)
-	record(t, env, ws.ID, events.RunFinished, clk.Now())
-	svc := env.App.Server.Webhooks
-	_, err := svc.Dispatch(ctx, clk.Now())
-	require.NoError(t, err)
-	dlv := deliveries(t, env, ws.Key, id)[0]["id"].(string)
 	// Its attempts all but used up: the next is its last.
-	_, err = env.App.Pool.Exec(ctx, `UPDATE webhook_deliveries SET attempts = $2 WHERE id = $1`, dlv,
+	_, err := f.env.App.Pool.Exec(ctx, `UPDATE webhook_deliveries SET attempts = $2 WHERE id = $1`, f.dlv,
 		webhooks.MaxAttempts-1)
 	require.NoError(t, err)
+	f.send()
+	f.retry()
+	f.unblock()
+	require.NoError(t, <-f.sent)
 
-	sent := make(chan error, 1)
-	go func() { _, err := svc.DeliverRound(ctx, clk.Now()); sent <- err }()
-	require.Eventually(t, func() bool { return hits.Load() == 1 }, 10*time.Second, 5*time.Millisecond)
-	r := retry(env, ws.Key, id, dlv)
-	require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
-	again := r.JSON()["deliveries"].([]any)[0].(map[string]any)
-	require.Equal(t, "pending", again["state"])
-	require.EqualValues(t, 0, again["attempts"], "its attempts back")
-	unblock()
-	require.NoError(t, <-sent)
-
-	after := deliveries(t, env, ws.Key, id)[0]
+	after := deliveries(t, f.env, f.ws.Key, f.id)[0]
 	require.Equal(t, "pending", after["state"], "the in-flight attempt was not its last")
 	require.EqualValues(t, 500, after["last_status_code"])
-	_, err = svc.DeliverRound(ctx, clk.Now().Add(time.Second))
+	_, err = f.env.App.Server.Webhooks.DeliverRound(ctx, f.clk.Now().Add(time.Second))
 	require.NoError(t, err)
-	require.EqualValues(t, 2, hits.Load(), "sent again")
-	require.Equal(t, "delivered", deliveries(t, env, ws.Key, id)[0]["state"])
+	require.EqualValues(t, 2, f.hits.Load(), "sent again")
+	require.Equal(t, "delivered", deliveries(t, f.env, f.ws.Key, f.id)[0]["state"])
 }
 
 // A retry of a delivery that a PATCH of its webhook's events ended while a
@@ -1646,44 +1679,16 @@ func TestARetryDuringTheLastAttemptKeepsTheDeliveryGoing(t *testing.T) {
 // send's claim lapses; the send's failure, recorded, makes it due at once
 // (the retry's new attempts), not after the old attempt's backoff.
 func TestARetryOfADeliveryEndedMidSendIsNotSentBesideThatSend(t *testing.T) {
-	env, clk := start(t, true)
+	f := newFailsFirst(t)
 	ctx := context.Background()
-	ws := env.Signup()
-	release := make(chan struct{})
-	var once sync.Once
-	unblock := func() { once.Do(func() { close(release) }) }
-	var n atomic.Int32
-	hits := new(counter)
-	rcv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		first := n.Add(1) == 1
-		hits.add()
-		if first {
-			<-release
-			w.WriteHeader(http.StatusInternalServerError)
-		}
-	}))
-	t.Cleanup(rcv.Close)
-	t.Cleanup(unblock) // runs first: the handler returns before its server closes
-	id, _ := subscribe(t, env, ws.Key, rcv.URL)
-	record(t, env, ws.ID, events.RunFinished, clk.Now())
+	env, clk, key, hook := f.env, f.clk, f.ws.Key, "/api/v1/webhooks/"+f.id
 	svc := env.App.Server.Webhooks
-	_, err := svc.Dispatch(ctx, clk.Now())
-	require.NoError(t, err)
-	dlv := deliveries(t, env, ws.Key, id)[0]["id"].(string)
-
-	sent := make(chan error, 1)
-	go func() { _, err := svc.DeliverRound(ctx, clk.Now()); sent <- err }()
-	<-hits.reached(1)
+	f.send()
 	// Ended mid-send, then subscribed again, and retried.
-	env.Must(http.StatusOK, "PATCH", "/api/v1/webhooks/"+id, ws.Key, map[string]any{"events": []string{events.CircuitTripped}})
-	require.Equal(t, "failed", deliveries(t, env, ws.Key, id)[0]["state"])
-	env.Must(http.StatusOK, "PATCH", "/api/v1/webhooks/"+id, ws.Key, map[string]any{"events": []string{events.RunFinished}})
-	r := retry(env, ws.Key, id, dlv)
-	require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
-	again := r.JSON()["deliveries"].([]any)[0].(map[string]any)
-	require.Equal(t, "pending", again["state"])
-	require.EqualValues(t, 0, again["attempts"])
-	due, err := time.Parse(time.RFC3339Nano, again["next_attempt_at"].(string))
+	env.Must(http.StatusOK, "PATCH", hook, key, map[string]any{"events": []string{events.CircuitTripped}})
+	require.Equal(t, "failed", deliveries(t, env, key, f.id)[0]["state"])
+	env.Must(http.StatusOK, "PATCH", hook, key, map[string]any{"events": []string{events.RunFinished}})
+	due, err := time.Parse(time.RFC3339Nano, f.retry()["next_attempt_at"].(string))
 	require.NoError(t, err)
 	require.True(t, clk.Now().Truncate(time.Microsecond).Add(webhooks.ClaimHold).Equal(due),
 		"due once the send's claim lapses: %s", due)
@@ -1694,23 +1699,23 @@ func TestARetryOfADeliveryEndedMidSendIsNotSentBesideThatSend(t *testing.T) {
 	select {
 	case err := <-second:
 		require.NoError(t, err)
-	case <-hits.reached(2):
+	case <-f.hits.reached(2):
 		t.Fatal("sent a second time while the first send was in flight")
 	}
 	var claims int
-	require.NoError(t, env.App.Pool.QueryRow(ctx, `SELECT claims FROM webhook_deliveries WHERE id = $1`, dlv).Scan(&claims))
+	require.NoError(t, env.App.Pool.QueryRow(ctx, `SELECT claims FROM webhook_deliveries WHERE id = $1`, f.dlv).Scan(&claims))
 	require.Equal(t, 1, claims, "not claimed again")
 
-	unblock()
-	require.NoError(t, <-sent)
-	after := deliveries(t, env, ws.Key, id)[0]
+	f.unblock()
+	require.NoError(t, <-f.sent)
+	after := deliveries(t, env, key, f.id)[0]
 	require.Equal(t, "pending", after["state"])
 	require.EqualValues(t, 500, after["last_status_code"])
 	require.EqualValues(t, 0, after["attempts"])
 	_, err = svc.DeliverRound(ctx, clk.Now())
 	require.NoError(t, err)
-	require.EqualValues(t, 2, hits.Load(), "due at once once the first send's failure is recorded")
-	got := deliveries(t, env, ws.Key, id)[0]
+	require.EqualValues(t, 2, f.hits.Load(), "due at once once the first send's failure is recorded")
+	got := deliveries(t, env, key, f.id)[0]
 	require.Equal(t, "delivered", got["state"])
 	require.EqualValues(t, 1, got["attempts"])
 }
