@@ -2,6 +2,7 @@ package auth
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/subtle"
 	"errors"
 	"fmt"
@@ -992,11 +993,24 @@ type SignupGate struct {
 	RatePerHour int
 }
 
-// Admits refuses a signup attempt carrying token that SIGNUP_MODE keeps
-// out: 403 when signup is closed, 401 without the token it needs. Checked
-// before the request's body, as a keyed route checks its key and scopes
-// first (QA: a closed signup answered a bad body 400, as if it were open).
-func (g SignupGate) Admits(token string) error {
+// SignupTokenMissesPerHour bounds the guesses at SIGNUP_TOKEN: the wrong
+// tokens every instance together takes in a clock hour (UTC). Past it,
+// every signup that sends a token is refused 429 until the hour ends, the
+// right token's too: an answer that told the right token apart would go on
+// answering guesses (security QA: any number of guesses were answered 401,
+// one at a time, with no limit at all).
+const SignupTokenMissesPerHour = 30
+
+// signupTokenBucket counts the wrong SIGNUP_TOKENs sent (rate_counters).
+const signupTokenBucket = "signup:token_misses"
+
+// AdmitSignup refuses a signup attempt carrying token that SIGNUP_MODE
+// keeps out: 403 when signup is closed, 401 without the token it needs,
+// 429 once SignupTokenMissesPerHour wrong tokens were sent this hour.
+// Checked before the request's body, as a keyed route checks its key and
+// scopes first (QA: a closed signup answered a bad body 400, as if it were
+// open). A request sending no token guesses nothing and counts nothing.
+func (s *Service) AdmitSignup(ctx context.Context, g SignupGate, token string) error {
 	switch g.Mode {
 	case "closed":
 		// No scope would open it (QA: detail.required named "signup",
@@ -1006,11 +1020,39 @@ func (g SignupGate) Admits(token string) error {
 		e.Detail["reason"] = "signup_closed"
 		return e
 	case "token":
-		if subtle.ConstantTimeCompare([]byte(token), []byte(g.Token)) != 1 {
-			return apierr.Unauthorized("Signup needs a valid Ratchet-Signup-Token header.")
+		refused := apierr.Unauthorized("Signup needs a valid Ratchet-Signup-Token header.")
+		if token == "" {
+			return refused
+		}
+		// Counted as a miss before it is compared, and refunded if right,
+		// so that concurrent guesses cannot all pass the count before any
+		// of them is counted.
+		ok, retry, window, err := s.limiter.charge(ctx, signupTokenBucket, SignupTokenMissesPerHour, time.Hour)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			e := apierr.RateLimited(retry)
+			e.Message = "Too many wrong signup tokens lately; try again later."
+			return e
+		}
+		if subtle.ConstantTimeCompare(signupTokenDigest(token), signupTokenDigest(g.Token)) != 1 {
+			return refused
+		}
+		if err := s.limiter.refund(ctx, signupTokenBucket, window); err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+// signupTokenDigest is what a signup token is compared by: digests of one
+// length, so the comparison's time does not tell the configured token's
+// length either (subtle.ConstantTimeCompare answers at once for two
+// lengths).
+func signupTokenDigest(token string) []byte {
+	sum := sha256.Sum256([]byte(token))
+	return sum[:]
 }
 
 // CheckSignupRate counts an admitted signup against SIGNUP_RATE_PER_HOUR,

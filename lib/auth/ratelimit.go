@@ -36,16 +36,37 @@ func NewLimiter(pool *pgxpool.Pool, now func() time.Time) *Limiter {
 // Allow counts one request against bucket and reports whether it is within
 // limit per window; when not, retryAfter is the seconds until the window rolls.
 func (l *Limiter) Allow(ctx context.Context, bucket string, limit int, window time.Duration) (ok bool, retryAfter int, err error) {
+	ok, retryAfter, _, err = l.charge(ctx, bucket, limit, window)
+	return ok, retryAfter, err
+}
+
+// charge is Allow, also returning the window it counted the request in,
+// for refund.
+func (l *Limiter) charge(ctx context.Context, bucket string, limit int, window time.Duration) (ok bool, retryAfter int, start time.Time, err error) {
 	now := l.now().UTC()
-	start := now.Truncate(window)
+	start = now.Truncate(window)
 	var total int64
 	if err := l.pool.QueryRow(ctx, countSQL, bucket, start).Scan(&total); err != nil {
-		return false, 0, fmt.Errorf("count rate bucket: %w", err)
+		return false, 0, start, fmt.Errorf("count rate bucket: %w", err)
 	}
 	if total <= int64(limit) {
-		return true, 0, nil
+		return true, 0, start, nil
 	}
-	return false, retryAfterSeconds(now, start.Add(window)), nil
+	return false, retryAfterSeconds(now, start.Add(window)), start, nil
+}
+
+// refund takes back a request charge counted in the window that began at
+// start: one that turned out not to be what the limit bounds. Counting
+// first and refunding after, rather than counting only once the request is
+// known to be one, keeps the limit exact under concurrency: requests that
+// all read the count below the limit before any of them counted would
+// each be let through.
+func (l *Limiter) refund(ctx context.Context, bucket string, start time.Time) error {
+	if _, err := l.pool.Exec(ctx, `UPDATE rate_counters SET count = count - 1
+		WHERE bucket = $1 AND window_start = $2 AND shard = 0 AND count > 0`, bucket, start); err != nil {
+		return fmt.Errorf("refund rate bucket: %w", err)
+	}
+	return nil
 }
 
 func retryAfterSeconds(now, end time.Time) int {

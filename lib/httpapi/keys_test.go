@@ -558,7 +558,12 @@ func TestSignupModes(t *testing.T) {
 		closed.Must(http.StatusForbidden, "POST", "/api/v1/workspaces", "", body)
 	}
 
-	token := apitest.Start(t, apitest.WithConfig(func(c *config.Config) { c.SignupMode = "token"; c.SignupToken = "let-me-in" }))
+	// An hour of its own, apart from other tests' wrong tokens and from
+	// this test's earlier runs (go test -count): they count against
+	// auth.SignupTokenMissesPerHour, across the package's database.
+	tokenHour := time.Date(2030, 1, 1, 0, 30, 0, 0, time.UTC).Add(time.Duration(rand.N(1_000_000)) * time.Hour)
+	token := apitest.Start(t, apitest.WithNow(func() time.Time { return tokenHour }),
+		apitest.WithConfig(func(c *config.Config) { c.SignupMode = "token"; c.SignupToken = "let-me-in" }))
 	token.Must(http.StatusUnauthorized, "POST", "/api/v1/workspaces", "", map[string]any{"name": "a"})
 	token.Must(http.StatusUnauthorized, "POST", "/api/v1/workspaces", "", map[string]any{"name": "a", "surprise": 1})
 	req, _ := http.NewRequest("POST", token.Server.URL+"/api/v1/workspaces", strings.NewReader(`{"name":"a"}`))
@@ -591,6 +596,68 @@ func TestSignupModes(t *testing.T) {
 	r = limited.Must(http.StatusTooManyRequests, "POST", "/api/v1/workspaces", "", map[string]any{"name": "a"})
 	require.Equal(t, "rate_limited", r.ErrorCode())
 	require.NotContains(t, r.JSON()["error"].(map[string]any)["message"], "key", "signup takes no key")
+}
+
+// Guesses at SIGNUP_TOKEN are bounded: every instance together answers at
+// most auth.SignupTokenMissesPerHour wrong tokens an hour, exactly under a
+// concurrent burst, and then refuses every token, the right one too, 429
+// until the hour ends (security QA: guesses were answered 401 without any
+// limit, one at a time, as fast as they came). The right token and a
+// request without one count nothing.
+func TestSignupTokenGuessesAreThrottled(t *testing.T) {
+	t.Parallel()
+	var now atomic.Pointer[time.Time]
+	hour := time.Date(2031, 1, 1, 0, 40, 0, 0, time.UTC).Add(time.Duration(rand.N(1_000_000)) * time.Hour)
+	now.Store(&hour)
+	var instances [2]*apitest.Env
+	for i := range instances {
+		instances[i] = apitest.Start(t, apitest.WithNow(func() time.Time { return *now.Load() }),
+			apitest.WithConfig(func(c *config.Config) { c.SignupMode = "token"; c.SignupToken = "let-me-in" }))
+	}
+	signup := func(env *apitest.Env, token string) *apitest.Response {
+		header := http.Header{}
+		if token != "" {
+			header.Set("Ratchet-Signup-Token", token)
+		}
+		return env.DoWith("POST", "/api/v1/workspaces", "", header, map[string]any{"name": "guessed"})
+	}
+	for i := range 3 {
+		require.Equal(t, http.StatusCreated, signup(instances[i%2], "let-me-in").Status)
+		require.Equal(t, http.StatusUnauthorized, signup(instances[i%2], "").Status)
+	}
+
+	guesses := auth.SignupTokenMissesPerHour + 10
+	answers := make([]*apitest.Response, guesses)
+	apitest.StartTogether(guesses, func(i int) {
+		answers[i] = signup(instances[i%2], fmt.Sprintf("guess-%d", i))
+	})
+	refused := 0
+	for i, r := range answers {
+		switch r.Status {
+		case http.StatusUnauthorized:
+			refused++
+		case http.StatusTooManyRequests:
+			require.Equal(t, "rate_limited", r.ErrorCode(), "guess %d", i)
+		default:
+			t.Fatalf("guess %d answered %d: %s", i, r.Status, r.Body)
+		}
+	}
+	require.Equal(t, auth.SignupTokenMissesPerHour, refused, "wrong tokens answered, across instances")
+
+	for _, env := range instances {
+		r := signup(env, "let-me-in")
+		require.Equal(t, http.StatusTooManyRequests, r.Status, "the right token is not told apart: %s", r.Body)
+		require.Equal(t, "rate_limited", r.ErrorCode())
+		retry := r.JSON()["error"].(map[string]any)["detail"].(map[string]any)["retry_after_seconds"]
+		require.EqualValues(t, 20*60, retry, "until the hour ends")
+		require.Equal(t, "1200", r.Header.Get("Retry-After"))
+		require.NotContains(t, r.JSON()["error"].(map[string]any)["message"], "key", "signup takes no key")
+	}
+
+	next := hour.Add(time.Hour)
+	now.Store(&next)
+	require.Equal(t, http.StatusCreated, signup(instances[0], "let-me-in").Status, "the next hour")
+	require.Equal(t, http.StatusUnauthorized, signup(instances[1], "guess").Status)
 }
 
 // Not parallel: the sweep acts on every workspace of the package database,

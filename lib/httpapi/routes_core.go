@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/getratchet/ratchet/lib/apierr"
@@ -41,7 +42,9 @@ func (s *Server) coreRoutes() []Route {
 		{
 			Method: "POST", Pattern: "/api/v1/workspaces", Name: "workspaces.create", Tag: "workspaces", Auth: AuthNone,
 			Summary: "Create a workspace with starter policies and return an OPERATOR key (secret shown once). " +
-				"SIGNUP_MODE=token requires the Ratchet-Signup-Token header.",
+				"SIGNUP_MODE=token requires the Ratchet-Signup-Token header; past " +
+				strconv.Itoa(auth.SignupTokenMissesPerHour) + " wrong tokens in a clock hour (UTC), on every " +
+				"instance together, every token, the right one too, is refused 429 rate_limited until the hour ends.",
 			Request: SignupRequest{}, Response: SignupResponse{}, Status: 201,
 			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeForbidden, apierr.CodeUnauthorized, apierr.CodeRateLimited,
 				apierr.CodeDatabaseUnavailable},
@@ -198,7 +201,7 @@ func (s *Server) signup(ctx context.Context, c *Call) (any, error) {
 	if sent := c.R.Header.Values(signupTokenHeader); len(sent) == 1 {
 		token = sent[0]
 	}
-	if err := gate.Admits(token); err != nil {
+	if err := s.Auth.AdmitSignup(ctx, gate, token); err != nil {
 		return nil, err
 	}
 	var req SignupRequest
