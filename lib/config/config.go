@@ -199,8 +199,8 @@ func (c *Config) Validate() error {
 	switch c.SignupMode {
 	case "open", "closed":
 	case "token":
-		if c.SignupToken == "" {
-			return fmt.Errorf("config: SIGNUP_TOKEN is required when SIGNUP_MODE=token")
+		if c.SignupBearer() == "" {
+			return fmt.Errorf("config: SIGNUP_TOKEN is required when SIGNUP_MODE=token (whitespace alone is none)")
 		}
 	default:
 		return fmt.Errorf("config: SIGNUP_MODE is malformed (open, token or closed)")
@@ -309,7 +309,7 @@ func (c *Config) Warnings() []string {
 	if cron := c.CronBearer(); cron != "" && len(cron) < minSharedSecret {
 		out = append(out, fmt.Sprintf("CRON_SECRET is shorter than %d characters: anyone who guesses it can run sweeper passes", minSharedSecret))
 	}
-	if c.SignupMode == "token" && len(c.SignupToken) < minSharedSecret {
+	if c.SignupMode == "token" && len(c.SignupBearer()) < minSharedSecret {
 		out = append(out, fmt.Sprintf("SIGNUP_TOKEN is shorter than %d characters: anyone who guesses it can create workspaces", minSharedSecret))
 	}
 	return out
@@ -329,3 +329,10 @@ func (c *Config) MigrationURL() string {
 // included, logging nothing: review). Empty, the secret is unset, whitespace
 // alone included, and the route refuses every caller.
 func (c *Config) CronBearer() string { return strings.TrimSpace(c.CronSecret) }
+
+// SignupBearer is the token SIGNUP_MODE=token takes: SIGNUP_TOKEN without
+// the whitespace around it, which no Ratchet-Signup-Token header carries
+// (HTTP drops it from a header's value), as CronBearer is CRON_SECRET's
+// (security QA: a token set with its newline refused every signup, and one
+// of whitespace alone passed the check that it was set).
+func (c *Config) SignupBearer() string { return strings.TrimSpace(c.SignupToken) }

@@ -101,6 +101,25 @@ func TestShortSharedSecretsAreWarnedAbout(t *testing.T) {
 	require.Contains(t, w[0], "CRON_SECRET is shorter than 16 characters")
 }
 
+// SIGNUP_TOKEN is compared without the whitespace around it, which no
+// header carries: whitespace alone is no token, refused at start as an
+// unset one is, and a token padded to 16 with it is warned of as short
+// (QA: "   " passed as set, and every signup was refused).
+func TestSignupTokenIsTrimmed(t *testing.T) {
+	validEnv(t)
+	t.Setenv("SIGNUP_MODE", "token")
+	t.Setenv("SIGNUP_TOKEN", " \n\t ")
+	_, err := Load()
+	require.ErrorContains(t, err, "SIGNUP_TOKEN is required when SIGNUP_MODE=token")
+	t.Setenv("SIGNUP_TOKEN", "letmein         \n")
+	c, err := Load()
+	require.NoError(t, err)
+	require.Equal(t, "letmein", c.SignupBearer())
+	w := c.Warnings()
+	require.Len(t, w, 1)
+	require.Contains(t, w[0], "SIGNUP_TOKEN is shorter than 16 characters")
+}
+
 func TestLoadNamesTheBadSetting(t *testing.T) {
 	cases := map[string]struct{ name, value, want string }{
 		"missing db":      {"DATABASE_URL", "", "DATABASE_URL is required"},

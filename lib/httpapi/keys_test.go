@@ -562,8 +562,10 @@ func TestSignupModes(t *testing.T) {
 	// this test's earlier runs (go test -count): they count against
 	// auth.SignupTokenMissesPerHour, across the package's database.
 	tokenHour := time.Date(2030, 1, 1, 0, 30, 0, 0, time.UTC).Add(time.Duration(rand.N(1_000_000)) * time.Hour)
+	// Set with the newline an env file or a pasted secret brings, which no
+	// header carries (QA: every signup was refused 401).
 	token := apitest.Start(t, apitest.WithNow(func() time.Time { return tokenHour }),
-		apitest.WithConfig(func(c *config.Config) { c.SignupMode = "token"; c.SignupToken = "let-me-in" }))
+		apitest.WithConfig(func(c *config.Config) { c.SignupMode = "token"; c.SignupToken = " let-me-in\n" }))
 	token.Must(http.StatusUnauthorized, "POST", "/api/v1/workspaces", "", map[string]any{"name": "a"})
 	token.Must(http.StatusUnauthorized, "POST", "/api/v1/workspaces", "", map[string]any{"name": "a", "surprise": 1})
 	req, _ := http.NewRequest("POST", token.Server.URL+"/api/v1/workspaces", strings.NewReader(`{"name":"a"}`))

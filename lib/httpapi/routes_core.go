@@ -194,7 +194,7 @@ func (s *Server) health(ctx context.Context, _ *Call) (any, error) {
 const signupTokenHeader = "Ratchet-Signup-Token"
 
 func (s *Server) signup(ctx context.Context, c *Call) (any, error) {
-	gate := auth.SignupGate{Mode: s.Config.SignupMode, Token: s.Config.SignupToken, RatePerHour: s.Config.SignupRatePerHour}
+	gate := auth.SignupGate{Mode: s.Config.SignupMode, Token: s.Config.SignupBearer(), RatePerHour: s.Config.SignupRatePerHour}
 	// A token sent twice is none, as two Authorization headers are (QA:
 	// the first counted, so a valid one before an invalid one passed).
 	var token string
