@@ -1032,9 +1032,7 @@ func (s *Service) AdmitSignup(ctx context.Context, g SignupGate, token string) e
 			return err
 		}
 		if !ok {
-			e := apierr.RateLimited(retry)
-			e.Message = "Too many wrong signup tokens lately; try again later."
-			return e
+			return signupLimited(retry, "Too many wrong signup tokens lately; try again later.")
 		}
 		if subtle.ConstantTimeCompare(signupTokenDigest(token), signupTokenDigest(g.Token)) != 1 {
 			return refused
@@ -1055,6 +1053,14 @@ func signupTokenDigest(token string) []byte {
 	return sum[:]
 }
 
+// signupLimited is a signup's 429, saying what was limited: signup takes
+// no key, of which rate_limited's own message speaks.
+func signupLimited(retryAfter int, message string) error {
+	e := apierr.RateLimited(retryAfter)
+	e.Message = message
+	return e
+}
+
 // CheckSignupRate counts an admitted signup against SIGNUP_RATE_PER_HOUR,
 // refusing it (429) past the rate. Checked after the body, so that a
 // malformed request spends none of it.
@@ -1065,9 +1071,7 @@ func (s *Service) CheckSignupRate(ctx context.Context, g SignupGate) error {
 			return err
 		}
 		if !ok {
-			e := apierr.RateLimited(retry)
-			e.Message = "Too many workspaces created lately; try again later."
-			return e
+			return signupLimited(retry, "Too many workspaces created lately; try again later.")
 		}
 	}
 	return nil
