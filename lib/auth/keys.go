@@ -1034,7 +1034,7 @@ func (s *Service) AdmitSignup(ctx context.Context, g SignupGate, token string) e
 		if !ok {
 			return signupLimited(retry, "Too many wrong signup tokens lately; try again later.")
 		}
-		if subtle.ConstantTimeCompare(signupTokenDigest(token), signupTokenDigest(g.Token)) != 1 {
+		if !SharedSecretEqual(token, g.Token) {
 			return refused
 		}
 		if err := s.limiter.refund(ctx, signupTokenBucket, window); err != nil {
@@ -1044,13 +1044,14 @@ func (s *Service) AdmitSignup(ctx context.Context, g SignupGate, token string) e
 	return nil
 }
 
-// signupTokenDigest is what a signup token is compared by: digests of one
-// length, so the comparison's time does not tell the configured token's
-// length either (subtle.ConstantTimeCompare answers at once for two
-// lengths).
-func signupTokenDigest(token string) []byte {
-	sum := sha256.Sum256([]byte(token))
-	return sum[:]
+// SharedSecretEqual reports whether sent is want, a shared secret
+// (SIGNUP_TOKEN, CRON_SECRET), in time that tells neither where they differ
+// nor want's length: they are compared by their SHA-256 digests, of one
+// length, where subtle.ConstantTimeCompare of the two answers at once when
+// their lengths differ.
+func SharedSecretEqual(sent, want string) bool {
+	a, b := sha256.Sum256([]byte(sent)), sha256.Sum256([]byte(want))
+	return subtle.ConstantTimeCompare(a[:], b[:]) == 1
 }
 
 // signupLimited is a signup's 429, saying what was limited: signup takes

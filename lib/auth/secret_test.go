@@ -60,3 +60,13 @@ func TestCreateKeyRequestTagsListEveryScopeAndPreset(t *testing.T) {
 	require.Equal(t, AllScopes, listed("Scopes", "itemEnum"))
 	require.ElementsMatch(t, slices.Collect(maps.Keys(Presets)), listed("Preset", "enum"))
 }
+
+// SharedSecretEqual is equality, whatever the two lengths (what it hides,
+// the time, no test here measures).
+func TestSharedSecretEqual(t *testing.T) {
+	t.Parallel()
+	require.True(t, SharedSecretEqual("let-me-in", "let-me-in"))
+	for _, sent := range []string{"", "let-me-i", "let-me-in!", "LET-ME-IN", "let-me-in "} {
+		require.False(t, SharedSecretEqual(sent, "let-me-in"), "%q", sent)
+	}
+}

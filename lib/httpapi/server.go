@@ -2,7 +2,6 @@ package httpapi
 
 import (
 	"context"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -610,7 +609,7 @@ func (s *Server) authorize(ctx context.Context, c *Call, count bool) error {
 			// never runs.
 			s.Logger.Error("cron sweep refused: CRON_SECRET is not set", "request_id", c.RequestID)
 		}
-		if !ok || want == "" || subtle.ConstantTimeCompare([]byte(secret), []byte(want)) != 1 {
+		if !ok || want == "" || !auth.SharedSecretEqual(secret, want) {
 			return apierr.Unauthorized("The cron route needs Authorization: Bearer $CRON_SECRET.")
 		}
 	}
