@@ -61,6 +61,8 @@ async function mount(key, hash = '', rewrite) {
 		requests: [],
 		// idempotencyKeys: the Idempotency-Key each request sent (or undefined).
 		idempotencyKeys: [],
+		// signupTokens: the Ratchet-Signup-Token each request sent (or undefined).
+		signupTokens: [],
 		// pageHide: what the page does as it is hidden (left, or put in the
 		// back/forward cache).
 		pageHide: null,
@@ -84,6 +86,7 @@ async function mount(key, hash = '', rewrite) {
 		fetch: async (url, init) => {
 			ui.requests.push(`${init.method} ${url}`);
 			ui.idempotencyKeys.push(init.headers && init.headers['Idempotency-Key']);
+			ui.signupTokens.push(init.headers && init.headers['Ratchet-Signup-Token']);
 			// offline: every request fails, as fetch fails (with ui.offline
 			// itself when it is an error).
 			if (ui.offline) throw ui.offline instanceof Error ? ui.offline : new TypeError('Failed to fetch');
@@ -209,6 +212,32 @@ test('a new workspace: its key shown once, then the console signed in with it', 
 	// The key is real: it reads the workspace's starter policies.
 	const policies = await api('GET', '/policies', secret);
 	assert.equal(policies.status, 200);
+});
+
+// A server with SIGNUP_MODE=token takes a workspace only with its token:
+// the form sends one when given (trimmed, as the server compares it), none
+// when the field is left empty, and refuses, sending nothing, one no header
+// can carry, without repeating it (console QA: the form had no token field,
+// and on such a server every workspace it asked for was refused 401). This
+// test's server is open, which takes a token and ignores it.
+test('the create-workspace form sends the signup token it is given', async () => {
+	const ui = await mount(null);
+	const tokenField = field(formOf(button(ui.root, 'Create workspace')), 'token');
+	assert.deepEqual([tokenField.type, tokenField.getAttribute('autocomplete')], ['password', 'one-time-code']);
+	const sent = ui.requests.length;
+	await submit(ui.root, 'Create workspace', { name: 'console-token-' + process.pid, token: 'bad\ntoken-secret' });
+	assert.equal(ui.requests.length, sent, 'nothing sent');
+	assert.match(ui.root.textContent, /That is not a signup token/);
+	assert.doesNotMatch(ui.root.textContent, /token-secret/);
+	const f = await submit(ui.root, 'Create workspace', { name: 'console-token-' + process.pid, token: '  let-me-in \t' });
+	assert.equal(ui.requests.at(-1), 'POST /api/v1/workspaces');
+	assert.equal(ui.signupTokens.at(-1), 'let-me-in');
+	assert.match(f.querySelector('input.secret-value').value, /^rk_/);
+
+	const bare = await mount(null);
+	await submit(bare.root, 'Create workspace', { name: 'console-token-' + process.pid, token: ' ' });
+	assert.equal(bare.requests.at(-1), 'POST /api/v1/workspaces');
+	assert.equal(bare.signupTokens.at(-1), undefined, 'no token field filled, no header');
 });
 
 test('a refused key is forgotten and the sign-in says so; a narrow key signs in and is told what it lacks', async () => {

@@ -2218,11 +2218,22 @@ function signInPage(message) {
 		h('section', null, [
 			h('h2', null, 'Or create a workspace'),
 			form(
-				[input('Workspace name', 'name', { required: true, maxlength: maxLengths['POST /workspaces name'] })],
+				[
+					input('Workspace name', 'name', { required: true, maxlength: maxLengths['POST /workspaces name'] }),
+					// A server with SIGNUP_MODE=token takes a workspace only with
+					// its token (console QA: the form sent none, so on such a
+					// server, Lambda's default, it was always refused 401).
+					// Masked and never kept, as the key is.
+					input('Signup token (if this server asks for one)', 'token', { type: 'password', autocomplete: 'one-time-code', spellcheck: 'false' }),
+				],
 				'Create workspace',
-				(v) => call('POST', '/workspaces', { name: v.name }),
+				(v) => {
+					const token = signupToken(v.token);
+					return call('POST', '/workspaces', { name: v.name }, token ? { 'Ratchet-Signup-Token': token } : undefined);
+				},
 				{
 					once: true,
+					validate: (v) => signupToken(v.token),
 					after: (ws, status) =>
 						showSecret(
 							status,
@@ -2236,6 +2247,19 @@ function signInPage(message) {
 			),
 		]),
 	];
+}
+
+// signupToken is the signup token field's value as the header carries it
+// (without the whitespace around it, as the server compares it), or ''
+// for none. One holding a character no header carries (a line break, a
+// letter outside ASCII) is refused here, never repeated, as keyFits
+// refuses such a key.
+function signupToken(raw) {
+	const token = String(raw || '').trim();
+	if (!/^[\x20-\x7e]*$/.test(token)) {
+		throw new ConsoleError('invalid_request', 'That is not a signup token: it holds a line break or a character no header can carry. Copy the token again, on one line.');
+	}
+	return token;
 }
 
 // keyFits refuses a key pasted with a character no key has, which a header
