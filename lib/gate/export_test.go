@@ -53,9 +53,17 @@ var FunctionFragments = map[string][]string{
 		"SELECT count(*) INTO v_closed FROM up;", "v_now := " + afterAllowanceSQL("v_now", allowanceAfterSQL) + ";"},
 }
 
-// PurgeExpiredSQL is the retention pass's statement ($1 now, $2 limit, $3 groups deleted), so
-// a test can hold one open in a transaction of its own.
-var PurgeExpiredSQL = sqlPurgeExpired
+// PurgeExpired runs the retention pass's purge of ungrouped effects at now
+// in tx, every pair with an ended, ungrouped effect checked (as
+// CheckRetentionEveryPass has it), so a test can hold one open in a
+// transaction of its own; it answers how many effects it deleted.
+func PurgeExpired(ctx context.Context, tx pgx.Tx, now time.Time, limit int) (int64, error) {
+	if _, err := tx.Exec(ctx, sqlDiscoverAllChecks, "", "", nil, now); err != nil {
+		return 0, err
+	}
+	n, err := (&Service{checkEveryPass: true}).purgeDueChecks(ctx, tx, now, limit)
+	return int64(n), err
+}
 
 // SQLPurgeKeptGroups is the statement PurgeKeptGroups deletes the groups
 // with ($1 now, $2 groups locked, $3 steps at most), for a test of its plan.
@@ -163,3 +171,22 @@ const RolledBackNote = rolledBackNote
 func (s *Service) AfterStep(ctx context.Context, workspaceID string, groupID *string) error {
 	return s.afterStep(ctx, workspaceID, groupID)
 }
+
+// CheckRetentionAsDeployed puts s's retention passes back as a deployment
+// runs them, whose clock is not injected: a pair is read once it may have
+// an effect due, the pairs gate_retention_checks does not know found in
+// rounds of chunks of pairs pairs (undoing CheckRetentionEveryPass).
+func (s *Service) CheckRetentionAsDeployed(pairs int) {
+	s.checkEveryPass, s.discoveryPairs = false, pairs
+}
+
+// PurgeDueChecks runs a deployed retention batch's purge of ungrouped
+// effects at now in tx (the pairs due for a check, up to limit, and their
+// next checks), and answers how many effects it deleted.
+func PurgeDueChecks(ctx context.Context, tx pgx.Tx, now time.Time, limit int) (int, error) {
+	return (&Service{}).purgeDueChecks(ctx, tx, now, limit)
+}
+
+// RetentionDiscoveryEvery is how often a deployed pass begins a round of
+// discovery of the pairs gate_retention_checks does not know.
+const RetentionDiscoveryEvery = retentionDiscoveryEvery

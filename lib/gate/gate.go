@@ -84,6 +84,11 @@ type Service struct {
 	// groups a lowered retention shortens (shortenKeptGroups): its batch
 	// and how many batches (tests make them smaller).
 	datingBatch, datingBatches int
+	// checkEveryPass: effects.retention checks every pair with an ended,
+	// ungrouped effect at each run (CheckRetentionEveryPass).
+	checkEveryPass bool
+	// discoveryPairs is retentionDiscoveryPairs (tests make it smaller).
+	discoveryPairs int
 }
 
 // New returns the gate. hash is the keyed hash used for dimension values
@@ -100,7 +105,8 @@ func New(pool *pgxpool.Pool, sealer *seal.Sealer, hash func(string) []byte, now 
 	// whatever logger it was given (logs QA: one given a plain logger, or
 	// nil, logged a data exception's message, which quotes the value).
 	return &Service{pool: pool, sealer: sealer, hash: hash, now: now, logger: redact.Logger(logger), maxGroupSteps: MaxGroupSteps,
-		walletMoves: maxWalletMoves, datingBatch: datingBatch, datingBatches: datingBatchesPerWrite}
+		walletMoves: maxWalletMoves, datingBatch: datingBatch, datingBatches: datingBatchesPerWrite,
+		discoveryPairs: retentionDiscoveryPairs}
 }
 
 // clock is now in UTC at Postgres' precision, so a time written and read back

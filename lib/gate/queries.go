@@ -1248,8 +1248,16 @@ WHERE workspace_id = $1 AND effect_type = $2`
 // is (sqlGroupsDatedTo). The final pass (0079) is at $4 at the earliest
 // over the groups ended from $5 on, the latest and the earliest of the
 // writes recorded. Last, so that a sweep holding a group and waiting for
-// this row waits for the write's commit only.
-const sqlMarkGroupsToDate = `INSERT INTO gate_groups_to_date AS t (workspace_id, effect_type, days, final_at, ended_from)
+// this row waits for the write's commit only. The type's ungrouped effects
+// are due for a check at once (gate_retention_checks, migration 0084:
+// retentionChecks says why), so those the lowered retention made due go
+// at the next retention pass, not when the check the pair had stored came.
+const sqlMarkGroupsToDate = `WITH checked AS (
+    INSERT INTO gate_retention_checks AS c (workspace_id, effect_type, check_at)
+    VALUES ($1, $2, '-infinity')
+    ON CONFLICT (workspace_id, effect_type) DO UPDATE SET check_at = excluded.check_at
+)
+INSERT INTO gate_groups_to_date AS t (workspace_id, effect_type, days, final_at, ended_from)
 VALUES ($1, $2, $3::int, $4::timestamptz, $5::timestamptz)
 ON CONFLICT (workspace_id, effect_type) DO UPDATE
 SET days = CASE WHEN $6::boolean THEN excluded.days ELSE least(t.days, excluded.days) END,
@@ -1455,13 +1463,16 @@ RETURNING g.id`
 // holds its key, retention QA), outside any group (a group
 // is kept whole: an open or unwinding one for as long as it lasts, an ended
 // one until sqlPurgeKeptGroups deletes it; then all its effects, $3, go
-// here too), with their attempts and approvals. It visits each (workspace,
-// effect type) present with a loose scan of effects_type_created_idx and
-// reads each one's range of creation times older than its retention
-// through effects_ended_ungrouped_idx (migration 0038: ended, ungrouped
-// effects only; an effect changed last is never created later),
-// so a pass costs one index probe per pair, and one more per pair with
-// effects to delete, not a scan of the table. The batch is shared among
+// here too), with their attempts and approvals. It reads the (workspace,
+// effect type) pairs sqlLockDueChecks locked ($4, $5: those that may have
+// an effect due, gate_retention_checks, migration 0084) and each one's
+// range of creation times older than its retention through
+// effects_ended_ungrouped_idx (migration 0038: ended, ungrouped effects
+// only; an effect changed last is never created later), so a batch costs
+// an index probe per pair that may have effects due, and one more per pair
+// with effects to delete: it visited every pair present in effects with a
+// loose scan, and probed each, on every batch (sweeper scalability QA:
+// 35,000 idle pairs, 211,720 buffers a batch). The batch is shared among
 // the workspaces that have effects to delete, each one's share split among
 // its types, oldest first in each: taken in the scan's order, the first
 // workspace's backlog (one that lowered a type's retention_days from 90 to
@@ -1484,15 +1495,8 @@ WITH expired AS (
         FOR UPDATE OF e
     ) s
     UNION
-    (WITH RECURSIVE pairs AS (
-        (SELECT e.workspace_id, e.effect_type FROM effects e ORDER BY e.workspace_id, e.effect_type LIMIT 1)
-        UNION ALL
-        SELECT n.workspace_id, n.effect_type FROM pairs p CROSS JOIN LATERAL (
-            SELECT e.workspace_id, e.effect_type FROM effects e
-            WHERE (e.workspace_id, e.effect_type) > (p.workspace_id, p.effect_type)
-            ORDER BY e.workspace_id, e.effect_type
-            LIMIT 1
-        ) n
+    (WITH pairs AS (
+        SELECT * FROM unnest($4::text[], $5::text[]) AS p(workspace_id, effect_type)
     )
     , cut AS (
         SELECT p.workspace_id, p.effect_type,
@@ -1500,11 +1504,14 @@ WITH expired AS (
         FROM pairs p
         LEFT JOIN gate_policies pol ON pol.workspace_id = p.workspace_id AND pol.effect_type = p.effect_type
     ), due AS (
-        SELECT c.* FROM cut c WHERE EXISTS (SELECT 1 FROM effects e
+        -- a probe a pair: as EXISTS, a batch of pairs was planned as a hash
+        -- join over a scan of every ended effect
+        SELECT c.* FROM cut c WHERE (SELECT true FROM effects e
             WHERE e.workspace_id = c.workspace_id AND e.effect_type = c.effect_type
               AND e.created_at < c.cutoff AND e.updated_at < c.cutoff
               AND e.state IN ('succeeded', 'failed', 'denied') AND e.group_id IS NULL
-              AND e.approval_state IS DISTINCT FROM 'pending')
+              AND e.approval_state IS DISTINCT FROM 'pending'
+            LIMIT 1)
     ), share AS (
         -- each workspace's share of the batch, split among its types
         SELECT d.*, ceil(ceil($2::numeric / (SELECT count(DISTINCT workspace_id) FROM due))
@@ -1536,3 +1543,157 @@ WITH expired AS (
     SET history_from = greatest(h.history_from, excluded.history_from)
 )
 DELETE FROM effects e USING expired x WHERE e.id = x.id`
+
+// retentionChecks is how effects.retention knows which (workspace, effect
+// type) pairs to read (gate_retention_checks, migration 0084): a pair's
+// check_at is the earliest time it may next have an ungrouped effect due,
+// so a batch reads the pairs due for a check (sqlLockDueChecks), not every
+// pair. Why a check_at is never late:
+//   - An effect is due once both its created_at and its updated_at are
+//     retention_days (1 at least, policy.go) before now; updated_at is
+//     never before created_at, so it is due at updated_at + retention_days.
+//   - Every change that ends an ungrouped effect, or makes an ended one
+//     deletable, sets updated_at to the time of the change: a report
+//     (gate_report), a denial (sqlDeny, gate_begin inserting one denied), a
+//     resolve (sqlResolve), a decided approval (sqlDecideApproval) and a
+//     moot one closed (closeApprovalsSQL); nothing clears a group_id. So an
+//     effect that ends, or leaves its pending approval, after a check at t
+//     is due no earlier than t + 1 day, less the time a transaction that
+//     began before the check's may take to commit and the instances' clock
+//     skew (endsInFlight covers both).
+//   - A check that leaves a pair with nothing due (sqlRescheduleChecks)
+//     stores the earliest due time among the ended, ungrouped effects it
+//     reads, and at most its now + 1 day - endsInFlight; a pair with
+//     effects still due (past its share, or held by another transaction)
+//     stays due, behind the pairs waiting longer (check_at = now).
+//   - A retention raised only delays what is due; one lowered, or a first
+//     policy under the 90-day default, resets check_at to -infinity in
+//     the policy write's transaction (sqlMarkGroupsToDate). A batch locks
+//     its pairs' rows before it reads the policies (a statement of their
+//     own), so a write that lowers a retention while a batch holds the
+//     pair waits for it and resets the time the batch stored.
+//   - The pairs the table does not know yet (a new workspace or type, a
+//     pair forgotten: one left with no ended, ungrouped effect has no row)
+//     are found by a loose scan of effects_ended_ungrouped_idx in rounds
+//     (sqlDiscoverChecks): a chunk of retentionDiscoveryPairs pairs a run,
+//     a round an hour (retentionDiscoveryEvery). A pair gets its row, due
+//     at once, by the end of the first round that begins after its first
+//     ended effect committed, within an hour and two rounds of it; its
+//     effects are due a day after they ended at the earliest, so none is
+//     kept past its retention while a round takes under 11 hours (at one
+//     run a minute, 3.3 million pairs with ended, ungrouped effects).
+
+// endedUngrouped is an effect that ended outside any group: those
+// effects_ended_ungrouped_idx holds (migration 0038).
+const endedUngrouped = `e.state IN ('succeeded', 'failed', 'denied') AND e.group_id IS NULL`
+
+// sqlDiscoverChecks gives each pair with an ended, ungrouped effect after
+// ($1, $2), up to $3 of them (all when NULL), in order, a row of
+// gate_retention_checks due at $4, and answers how many it read and the
+// last. It walks effects_ended_ungrouped_idx, one descent a pair, with a
+// loose scan. onConflict: a known pair's row is left as it is (DO NOTHING),
+// or made due at $4 if it is later (every pass: retentionCheckEveryPass).
+func sqlDiscoverChecks(onConflict string) string {
+	return `
+WITH RECURSIVE pairs AS (
+    (SELECT e.workspace_id, e.effect_type FROM effects e
+     WHERE (e.workspace_id, e.effect_type) > ($1::text, $2::text) AND ` + endedUngrouped + `
+     ORDER BY e.workspace_id, e.effect_type
+     LIMIT 1)
+    UNION ALL
+    SELECT n.workspace_id, n.effect_type FROM pairs p CROSS JOIN LATERAL (
+        SELECT e.workspace_id, e.effect_type FROM effects e
+        WHERE (e.workspace_id, e.effect_type) > (p.workspace_id, p.effect_type) AND ` + endedUngrouped + `
+        ORDER BY e.workspace_id, e.effect_type
+        LIMIT 1
+    ) n
+), chunk AS (
+    SELECT * FROM pairs LIMIT $3::int
+), known AS (
+    INSERT INTO gate_retention_checks AS c (workspace_id, effect_type, check_at)
+    SELECT workspace_id, effect_type, $4::timestamptz FROM chunk ORDER BY 1, 2
+    ON CONFLICT (workspace_id, effect_type) ` + onConflict + `
+)
+SELECT count(*)::int, coalesce(max(workspace_id), ''),
+    coalesce((SELECT max(effect_type) FROM chunk WHERE workspace_id = (SELECT max(workspace_id) FROM chunk)), '')
+FROM chunk`
+}
+
+var (
+	sqlDiscoverNewChecks = sqlDiscoverChecks(`DO NOTHING`)
+	sqlDiscoverAllChecks = sqlDiscoverChecks(`DO UPDATE SET check_at = excluded.check_at
+    WHERE c.check_at > excluded.check_at`)
+)
+
+// sqlRetentionDiscovery reads, and locks, the state of the pairs'
+// discovery (gate_retention_discovery); none when another run holds it. At
+// $1 (now): where the round under way is, whether it is to begin again
+// (dated after $2: a clock went back) and whether a run is due.
+const sqlRetentionDiscovery = `SELECT after_workspace_id, after_effect_type, round_from > $2::timestamptz,
+    next_at <= $1::timestamptz
+FROM gate_retention_discovery FOR UPDATE SKIP LOCKED`
+
+// sqlRetentionDiscovered records the discovery's state: the last pair read
+// ($1, $2; empty once a round is done), the round's start ($3; NULL: the
+// round goes on) and the next round's time ($4; NULL: the round is under
+// way, and the next run goes on with it).
+const sqlRetentionDiscovered = `UPDATE gate_retention_discovery
+SET after_workspace_id = $1, after_effect_type = $2, round_from = coalesce($3::timestamptz, round_from),
+    next_at = coalesce($4::timestamptz, '-infinity')`
+
+// sqlLockDueChecks locks up to $2 of the pairs due for a check at $1, those
+// waiting longest first, and answers them; those another batch holds are
+// passed over.
+const sqlLockDueChecks = `SELECT workspace_id, effect_type FROM gate_retention_checks
+WHERE check_at <= $1::timestamptz
+ORDER BY check_at
+LIMIT $2::int
+FOR UPDATE SKIP LOCKED`
+
+// sqlRescheduleChecks stores, once sqlPurgeExpired has run at $1 in the
+// same transaction, the next check of each pair it read ($2, $3): now ($1),
+// while effects are still due (past the pair's share, or held by another
+// transaction), else the earliest due time among its ended, ungrouped
+// effects, at most $4 (now + 1 day - endsInFlight: those that end later);
+// a pair with no ended, ungrouped effect left is forgotten (its row
+// deleted) until a discovery finds it again. The earliest due time: those
+// created before the cut-off and changed since are due when their change
+// is retention_days old (the ones the probe for effects due walks past),
+// those created since no earlier than their creation's. The CASE reads the
+// minimum only for a pair with nothing due: a backlog is never read whole.
+// Each test a subquery with a value, evaluated pair by pair: an EXISTS
+// over a batch of pairs was planned as a hash over every ended effect.
+const sqlRescheduleChecks = `
+WITH p AS (
+    SELECT u.workspace_id, u.effect_type, make_interval(days => coalesce(pol.retention_days, 90)) AS keep
+    FROM unnest($2::text[], $3::text[]) AS u(workspace_id, effect_type)
+    LEFT JOIN gate_policies pol ON pol.workspace_id = u.workspace_id AND pol.effect_type = u.effect_type
+), next AS (
+    SELECT p.workspace_id, p.effect_type, CASE
+        WHEN (SELECT true FROM effects e
+              WHERE e.workspace_id = p.workspace_id AND e.effect_type = p.effect_type AND ` + endedUngrouped + `
+              LIMIT 1) IS NULL
+        THEN NULL
+        WHEN (SELECT true FROM effects e
+              WHERE e.workspace_id = p.workspace_id AND e.effect_type = p.effect_type AND ` + endedUngrouped + `
+                AND e.created_at < $1::timestamptz - p.keep AND e.updated_at < $1::timestamptz - p.keep
+                AND e.approval_state IS DISTINCT FROM 'pending'
+              LIMIT 1)
+        THEN $1::timestamptz
+        ELSE least($4::timestamptz,
+            (SELECT min(e.updated_at) FROM effects e
+             WHERE e.workspace_id = p.workspace_id AND e.effect_type = p.effect_type AND ` + endedUngrouped + `
+               AND e.created_at < $1::timestamptz - p.keep
+               AND e.approval_state IS DISTINCT FROM 'pending') + p.keep,
+            (SELECT min(e.created_at) FROM effects e
+             WHERE e.workspace_id = p.workspace_id AND e.effect_type = p.effect_type AND ` + endedUngrouped + `
+               AND e.created_at >= $1::timestamptz - p.keep
+               AND e.approval_state IS DISTINCT FROM 'pending') + p.keep)
+        END AS check_at
+    FROM p
+), forgotten AS (
+    DELETE FROM gate_retention_checks c USING next n
+    WHERE c.workspace_id = n.workspace_id AND c.effect_type = n.effect_type AND n.check_at IS NULL
+)
+UPDATE gate_retention_checks c SET check_at = n.check_at FROM next n
+WHERE c.workspace_id = n.workspace_id AND c.effect_type = n.effect_type AND n.check_at IS NOT NULL`

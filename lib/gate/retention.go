@@ -32,21 +32,25 @@ import (
 // is rolled back alone, the groups purged before it are committed all the
 // same, and its failure is answered with their count (review: it rolled
 // the groups' purge back with it, every pass).
+//
+// The ungrouped effects it reads are those of the pairs (workspace, effect
+// type) due for a check (gate_retention_checks, retentionChecks), up to
+// limit pairs, and a run first finds the pairs the table does not know yet
+// (discoverChecks); a discovery that fails is answered with the rest, and
+// holds no purge back.
 func (s *Service) SweepRetention(ctx context.Context, now time.Time, limit int) (int, error) {
+	now = now.UTC()
+	discoveryErr := s.discoverChecks(ctx, now)
 	var n int
 	var groupsErr, ungroupedErr error
 	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
 		var err error
-		n, groupsErr, err = purgeGroupsApart(ctx, tx, now.UTC(), max(limit/groupsPerEffects, 1), limit)
+		n, groupsErr, err = purgeGroupsApart(ctx, tx, now, max(limit/groupsPerEffects, 1), limit)
 		if err != nil {
 			return err
 		}
 		m, err := inSavepoint(ctx, tx, func(sp pgx.Tx) (int, error) {
-			ct, err := sp.Exec(ctx, sqlPurgeExpired, now.UTC(), limit, nil)
-			if err != nil {
-				return 0, fmt.Errorf("purge expired effects: %w", err)
-			}
-			return int(ct.RowsAffected()), nil
+			return s.purgeDueChecks(ctx, sp, now, limit)
 		})
 		if err != nil && !sweep.GoOn(ctx, err) {
 			return err // not the purge's own failure: the groups' would fail alike
@@ -55,9 +59,116 @@ func (s *Service) SweepRetention(ctx context.Context, now time.Time, limit int) 
 		return nil
 	})
 	if err != nil {
-		return 0, errors.Join(groupsErr, err)
+		return 0, errors.Join(discoveryErr, groupsErr, err)
 	}
-	return n, errors.Join(groupsErr, ungroupedErr)
+	return n, errors.Join(discoveryErr, groupsErr, ungroupedErr)
+}
+
+// Discovery of the pairs gate_retention_checks does not know yet
+// (retentionChecks): a round an hour, retentionDiscoveryPairs pairs a run
+// (one index descent each: a chunk reads some 30,000 buffers at most).
+const (
+	retentionDiscoveryEvery = time.Hour
+	retentionDiscoveryPairs = 5000
+)
+
+// CheckRetentionEveryPass makes effects.retention check every pair with an
+// ended, ungrouped effect at each run, as it did before migration 0084,
+// for a clock that may go back (the app's, when its caller injects one:
+// tests, whose instances share a database at clocks years apart): a check
+// stored at a later now, or a discovery round dated so, would put a pair
+// off at an earlier one.
+func (s *Service) CheckRetentionEveryPass() { s.checkEveryPass = true }
+
+// discoverChecks gives the pairs gate_retention_checks does not know yet
+// their rows, due at now (sqlDiscoverChecks): the next chunk of the round
+// under way, or of a new one once retentionDiscoveryEvery has passed since
+// the last ended. A round dated later than now by more than endsInFlight
+// (a clock that went back) is begun again at now, so that a wrong clock
+// holds no discovery back for good. A run that finds the state held by
+// another passes over it. Every pass (CheckRetentionEveryPass): all pairs,
+// each made due at now.
+func (s *Service) discoverChecks(ctx context.Context, now time.Time) error {
+	if s.checkEveryPass {
+		if _, err := s.pool.Exec(ctx, sqlDiscoverAllChecks, "", "", nil, now); err != nil {
+			return fmt.Errorf("discover retention checks: %w", err)
+		}
+		return nil
+	}
+	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
+		var (
+			afterWS, afterType string
+			restart, due       bool
+		)
+		err := tx.QueryRow(ctx, sqlRetentionDiscovery, now, now.Add(endsInFlight)).Scan(&afterWS, &afterType, &restart,
+			&due)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil // another run is discovering
+		}
+		if err != nil {
+			return err
+		}
+		if !due && !restart {
+			return nil
+		}
+		var roundFrom *time.Time // the round's, when it goes on
+		if restart || afterWS == "" && afterType == "" {
+			afterWS, afterType, roundFrom = "", "", &now
+		}
+		var n int
+		var lastWS, lastType string
+		if err := tx.QueryRow(ctx, sqlDiscoverNewChecks, afterWS, afterType, s.discoveryPairs, now).Scan(&n, &lastWS,
+			&lastType); err != nil {
+			return err
+		}
+		var next *time.Time // while a round is under way, the next run goes on with it
+		if n < s.discoveryPairs {
+			at := now.Add(retentionDiscoveryEvery)
+			lastWS, lastType, next = "", "", &at
+		}
+		_, err = tx.Exec(ctx, sqlRetentionDiscovered, lastWS, lastType, roundFrom, next)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("discover retention checks: %w", err)
+	}
+	return nil
+}
+
+// purgeDueChecks locks up to limit pairs due for a check at now
+// (sqlLockDueChecks; every one due when checkEveryPass), deletes up to
+// limit of their ungrouped effects whose retention has passed
+// (sqlPurgeExpired), then stores each pair's next check
+// (sqlRescheduleChecks), and answers the effects it deleted.
+func (s *Service) purgeDueChecks(ctx context.Context, tx pgx.Tx, now time.Time, limit int) (int, error) {
+	pairs := &limit
+	if s.checkEveryPass {
+		pairs = nil
+	}
+	rows, err := tx.Query(ctx, sqlLockDueChecks, now, pairs)
+	if err != nil {
+		return 0, fmt.Errorf("lock due retention checks: %w", err)
+	}
+	var workspaces, types []string
+	var ws, typ string
+	if _, err := pgx.ForEachRow(rows, []any{&ws, &typ}, func() error {
+		workspaces, types = append(workspaces, ws), append(types, typ)
+		return nil
+	}); err != nil {
+		return 0, fmt.Errorf("lock due retention checks: %w", err)
+	}
+	if len(workspaces) == 0 {
+		return 0, nil
+	}
+	ct, err := tx.Exec(ctx, sqlPurgeExpired, now, limit, nil, workspaces, types)
+	if err != nil {
+		return 0, fmt.Errorf("purge expired effects: %w", err)
+	}
+	if _, err := tx.Exec(ctx, sqlRescheduleChecks, now, workspaces, types,
+		now.Add(24*time.Hour-endsInFlight)); err != nil {
+		return 0, fmt.Errorf("reschedule retention checks: %w", err)
+	}
+	return int(ct.RowsAffected()), nil
 }
 
 // retentionRetryAfter is how long a group whose purge failed alone is put
@@ -159,7 +270,7 @@ func purgeKeptGroups(ctx context.Context, tx pgx.Tx, now time.Time, due []string
 	if len(groups) == 0 {
 		return nil, 0, nil
 	}
-	ct, err := tx.Exec(ctx, sqlPurgeExpired, now, 0, groups)
+	ct, err := tx.Exec(ctx, sqlPurgeExpired, now, 0, groups, nil, nil) // no pair: the groups' effects alone
 	if err != nil {
 		return nil, 0, fmt.Errorf("purge expired groups' effects: %w", err)
 	}

@@ -479,9 +479,9 @@ func (b *bundle) heldPass(g string) (pgx.Tx, int, int64) {
 		require.NoError(b.t, err)
 		require.Contains(b.t, groups, g)
 	}
-	tag, err := tx.Exec(ctx, gate.PurgeExpiredSQL, b.clock.Now(), 1000, nil)
+	n, err := gate.PurgeExpired(ctx, tx, b.clock.Now(), 1000)
 	require.NoError(b.t, err)
-	return tx, apitest.BackendPID(b.t, tx), int64(grouped) + tag.RowsAffected()
+	return tx, apitest.BackendPID(b.t, tx), int64(grouped) + n
 }
 
 // eitherEnd runs race twice, in eras year and year+1: with the pass

@@ -502,9 +502,9 @@ func TestRetentionPassHoldsNoBegin(t *testing.T) {
 	tx, err := b.env.App.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }() // for a failed require; rolled back below
-	tag, err := tx.Exec(ctx, gate.PurgeExpiredSQL, b.clock.Now(), 1000, []string(nil))
+	n, err := gate.PurgeExpired(ctx, tx, b.clock.Now(), 1000)
 	require.NoError(t, err)
-	require.Positive(t, tag.RowsAffected(), "this era's effect, and earlier eras' the other tests left")
+	require.Positive(t, n, "this era's effect, and earlier eras' the other tests left")
 
 	done := make(chan map[string]any, 1)
 	go func() { done <- b.env.Do("POST", "/api/v1/effects/begin", b.ws.Key, sms(key("new"))).JSON() }()

@@ -1,0 +1,191 @@
+package gate_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/gate"
+)
+
+// deployedEra is inEra with its instance's retention passes as a
+// deployment runs them (gate.CheckRetentionAsDeployed): a pair is read once
+// it may have an effect due, and the pairs gate_retention_checks does not
+// know are found in rounds, an hour apart.
+func deployedEra(t *testing.T, year int) (*bundle, func() int) {
+	t.Helper()
+	b, sweep := inEra(t, year)
+	b.env.App.Server.Gate.CheckRetentionAsDeployed(5000)
+	return b, sweep
+}
+
+// checkAt is the next check of b's workspace's pair of effectType
+// (gate_retention_checks): its time, -infinity as the zero time, and
+// whether the pair has a row.
+func (b *bundle) checkAt(effectType string) (time.Time, bool) {
+	b.t.Helper()
+	var at *time.Time
+	err := b.env.App.Pool.QueryRow(context.Background(), `SELECT CASE WHEN isfinite(check_at) THEN check_at END
+		FROM gate_retention_checks WHERE workspace_id = $1 AND effect_type = $2`, b.ws.ID, effectType).Scan(&at)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return time.Time{}, false
+	}
+	require.NoError(b.t, err)
+	if at == nil {
+		return time.Time{}, true
+	}
+	return *at, true
+}
+
+// exists says whether effect id is still there.
+func (b *bundle) exists(id any) bool {
+	b.t.Helper()
+	var n int
+	require.NoError(b.t, b.env.App.Pool.QueryRow(context.Background(), `SELECT count(*) FROM effects WHERE id = $1`,
+		str(id)).Scan(&n))
+	return n == 1
+}
+
+// A deployed retention pass reads a pair (workspace, effect type) once it
+// may have an effect due, not every pair on every batch (sweeper
+// scalability QA): a pair it checked with nothing due is read again at the
+// earliest due time of its ended effects, or a day on less endsInFlight
+// (effects that end later are due a day after at the earliest), and its
+// effects go once due, never before. A new pair is found by the next round
+// of discovery (an hour after the last), not by every batch; its effects,
+// due a day after they ended at the earliest, go once due. Not parallel,
+// in its own era (1921).
+func TestRetentionReadsAPairOnceItMayHaveEffectsDue(t *testing.T) {
+	b, sweep := deployedEra(t, 1921)
+	c := b.clock
+	t0 := c.Now()
+	b.putPolicy("sms.send", map[string]any{"retention_days": 1})
+	short := b.executedAs("succeeded", sms(key("a-day")))
+
+	sweep()
+	at, ok := b.checkAt("sms.send")
+	require.True(t, ok, "found and checked")
+	require.True(t, at.Equal(t0.Add(24*time.Hour-gate.EndsInFlight)), "checked again a day on, less endsInFlight: %s", at)
+
+	c.Add(24*time.Hour - time.Second)
+	sweep()
+	require.True(t, b.exists(short["effect_id"]), "a second before its retention passed")
+	at, _ = b.checkAt("sms.send")
+	require.True(t, at.Equal(t0.Add(24*time.Hour)), "checked again when it is due: %s", at)
+
+	c.Add(2 * time.Second)
+	sweep()
+	require.False(t, b.exists(short["effect_id"]), "its retention passed")
+	_, ok = b.checkAt("sms.send")
+	require.False(t, ok, "no ended effect left: the pair is forgotten")
+
+	// A new pair: no batch looks for it (that sweep began a round of
+	// discovery), the round due an hour after the last finds it.
+	t1 := c.Now()
+	mail := b.executedAs("succeeded", email(key("new-pair")))
+	sweep()
+	_, ok = b.checkAt("email.send")
+	require.False(t, ok, "no round within the hour: batches do not look for new pairs")
+	c.Add(gate.RetentionDiscoveryEvery)
+	sweep()
+	at, ok = b.checkAt("email.send")
+	require.True(t, ok, "the next round found the pair")
+	require.True(t, at.Equal(c.Now().Add(24*time.Hour-gate.EndsInFlight)), "%s", at)
+
+	c.Add(t1.AddDate(0, 0, 90).Sub(c.Now()) - time.Second)
+	sweep()
+	require.True(t, b.exists(mail["effect_id"]), "a second before its 90 days passed")
+	c.Add(2 * time.Second)
+	sweep()
+	require.False(t, b.exists(mail["effect_id"]), "its 90 days passed")
+}
+
+// A policy write that lowers a type's retention, or a first policy under
+// the 90-day default, makes its pair due for a check at once: its
+// effects due under the new retention go at the next pass, not when the
+// check stored under the old one comes (up to a day later). Not parallel,
+// in its own era (1923).
+func TestLoweringARetentionChecksItsPairAtOnce(t *testing.T) {
+	b, sweep := deployedEra(t, 1923)
+	c := b.clock
+	b.putPolicy("sms.send", map[string]any{"retention_days": 30})
+	mail := b.executedAs("succeeded", email(key("kept-90-days")))
+	text := b.executedAs("succeeded", sms(key("kept-30-days")))
+	c.Add(time.Hour)
+	sweep()
+	for _, typ := range []string{"email.send", "sms.send"} {
+		at, ok := b.checkAt(typ)
+		require.True(t, ok, typ)
+		require.True(t, at.After(c.Now().Add(23*time.Hour)), "%s: not read again for nearly a day: %s", typ, at)
+	}
+
+	c.Add(time.Hour)
+	b.putPolicy("email.send", map[string]any{"retention_days": 1}) // a first policy
+	b.putPolicy("sms.send", map[string]any{"retention_days": 1})   // lowered
+	for _, typ := range []string{"email.send", "sms.send"} {
+		at, ok := b.checkAt(typ)
+		require.True(t, ok && at.IsZero(), "%s: due at once (-infinity): %s", typ, at)
+	}
+	c.Add(22*time.Hour + time.Minute) // a minute past the day since they ended
+	sweep()
+	require.False(t, b.exists(mail["effect_id"]), "purged by the next pass")
+	require.False(t, b.exists(text["effect_id"]))
+}
+
+// A deployed batch reads the pairs due for a check, not every pair: 3,000
+// idle pairs (an effect each, none due for months, each checked and due
+// for its next check in a day) cost it no index scan of effects, where a
+// scan of every pair cost at least one each on every batch (sweeper
+// scalability QA: 35,000 pairs, 211,720 buffers a batch). The same batch
+// with those pairs due scans effects thousands of times: the count sees
+// the probes. Not parallel, in its own era (1925): the batch reads the
+// pairs of every workspace due at its now.
+func TestARetentionBatchReadsNotEveryIdlePair(t *testing.T) {
+	b, _ := inEra(t, 1925)
+	ctx := context.Background()
+	now := b.clock.Now()
+	tx, err := b.env.App.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	const idle = 3000
+	_, err = tx.Exec(ctx, `INSERT INTO effects (id, workspace_id, effect_type, idempotency_key, fingerprint, state,
+		lease_seconds, created_by_key_id, created_at, updated_at)
+		SELECT 'eff_idle' || i, $1, 'idle.t' || i, 'idle-' || i, 'f', 'succeeded', 30, 'key_idle', $2::timestamptz,
+			$2::timestamptz
+		FROM generate_series(1, $3::int) i
+		UNION ALL SELECT 'eff_due', $1, 'due.t', 'due', 'f', 'succeeded', 30, 'key_idle', $4::timestamptz, $4::timestamptz`,
+		b.ws.ID, now.Add(-time.Hour), idle, now.AddDate(0, 0, -91))
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `INSERT INTO gate_retention_checks (workspace_id, effect_type, check_at)
+		SELECT $1, 'idle.t' || i, $2::timestamptz FROM generate_series(1, $3::int) i
+		UNION ALL SELECT $1, 'due.t', $4::timestamptz`, b.ws.ID, now.Add(23*time.Hour), idle, now.Add(-time.Minute))
+	require.NoError(t, err)
+	scans := func() int {
+		var n int
+		require.NoError(t, tx.QueryRow(ctx, `SELECT coalesce(sum(idx_scan + seq_scan), 0)::int
+			FROM pg_stat_xact_user_tables WHERE relname = 'effects'`).Scan(&n))
+		return n
+	}
+
+	before := scans()
+	n, err := gate.PurgeDueChecks(ctx, tx, now, 5000)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, n, 1, "the pair due")
+	read := scans() - before
+	require.Less(t, read, idle/10, "scans of effects by a batch beside %d idle pairs", idle)
+	var gone bool
+	require.NoError(t, tx.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM effects WHERE id = 'eff_due')`).Scan(&gone))
+	require.True(t, gone)
+
+	_, err = tx.Exec(ctx, `UPDATE gate_retention_checks SET check_at = $2 WHERE workspace_id = $1`, b.ws.ID,
+		now.Add(-time.Minute))
+	require.NoError(t, err)
+	before = scans()
+	_, err = gate.PurgeDueChecks(ctx, tx, now, 5000)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, scans()-before, idle, "the same pairs due: each probed (idle batch: %d scans)", read)
+}
