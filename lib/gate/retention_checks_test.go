@@ -189,3 +189,44 @@ func TestARetentionBatchReadsNotEveryIdlePair(t *testing.T) {
 	require.NoError(t, err)
 	require.GreaterOrEqual(t, scans()-before, idle, "the same pairs due: each probed (idle batch: %d scans)", read)
 }
+
+// The discovery of new pairs goes a chunk of pairs a run, and a round
+// under way goes on at the next run whatever its now, until it has read
+// every pair; then none begins before the hour is out. A round dated after
+// the run's now (a clock that went back) begins again. Not parallel, in
+// its own era (1932).
+func TestTheDiscoveryOfNewPairsGoesOnAChunkARun(t *testing.T) {
+	b, sweep := inEra(t, 1932)
+	b.env.App.Server.Gate.CheckRetentionAsDeployed(1)
+	ctx := context.Background()
+	b.executedAs("succeeded", email(key("first")))
+	b.executedAs("succeeded", sms(key("second")))
+	var pairs int
+	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT DISTINCT workspace_id, effect_type
+		FROM effects WHERE state IN ('succeeded', 'failed', 'denied') AND group_id IS NULL) p`).Scan(&pairs))
+	found := func() bool {
+		_, mail := b.checkAt("email.send")
+		_, text := b.checkAt("sms.send")
+		return mail && text
+	}
+	runs := 0
+	for ; !found() && runs <= pairs+1; runs++ {
+		sweep()
+	}
+	require.True(t, found(), "a round reads every pair, a pair a run")
+	require.Greater(t, runs, 1, "a pair a run")
+	for range pairs + 1 { // to the round's end
+		sweep()
+	}
+	b.executedAs("succeeded", map[string]any{"effect_type": "push.send", "idempotency_key": key("after"),
+		"payload": map[string]any{}})
+	sweep()
+	_, ok := b.checkAt("push.send")
+	require.False(t, ok, "the round ended: none before the hour is out")
+
+	back, sweepBack := inEra(t, 1931) // a clock that went back a year
+	back.env.App.Server.Gate.CheckRetentionAsDeployed(5000)
+	sweepBack()
+	_, ok = b.checkAt("push.send")
+	require.True(t, ok, "a round dated after the run's now begins again")
+}
