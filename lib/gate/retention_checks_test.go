@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/gate"
 )
 
@@ -229,4 +230,39 @@ func TestTheDiscoveryOfNewPairsGoesOnAChunkARun(t *testing.T) {
 	sweepBack()
 	_, ok = b.checkAt("push.send")
 	require.True(t, ok, "a round dated after the run's now begins again")
+}
+
+// A policy write that lowers a retention while a retention batch holds the
+// type's pair (it locked the pair's check, read the old retention and
+// stored the next check by it) waits for the batch, then makes the pair
+// due: the batch's later check is not kept, and the effects the lowered
+// retention made due go at the next pass. Not parallel, in its own era
+// (1934).
+func TestLoweringARetentionWaitsForABatchHoldingItsPair(t *testing.T) {
+	b, sweep := deployedEra(t, 1934)
+	ctx := context.Background()
+	mail := b.executedAs("succeeded", email(key("held")))
+	sweep()
+	b.clock.Add(24*time.Hour + time.Minute) // its check is due: a day on, less endsInFlight
+	tx, err := b.env.App.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = gate.PurgeDueChecks(ctx, tx, b.clock.Now(), 1000)
+	require.NoError(t, err)
+
+	waits := apitest.NewLockWaits(t, b.env.App.Pool, apitest.BackendPID(t, tx))
+	answered := make(chan struct{})
+	var r *apitest.Response
+	go func() {
+		defer close(answered)
+		r = b.env.Do("PUT", "/api/v1/policies/email.send", b.ws.Key, map[string]any{"retention_days": 1})
+	}()
+	waits.Waiting(answered, "the PUT waits for the batch holding its pair")
+	require.NoError(t, tx.Commit(ctx))
+	<-answered
+	require.Equal(t, 200, r.Status, "%s", r.Body)
+	at, ok := b.checkAt("email.send")
+	require.True(t, ok && at.IsZero(), "due at once (-infinity): %s", at)
+	sweep()
+	require.False(t, b.exists(mail["effect_id"]), "a day old, under a day's retention")
 }
