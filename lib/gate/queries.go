@@ -1555,8 +1555,9 @@ DELETE FROM effects e USING expired x WHERE e.id = x.id`
 //   - Every change that ends an ungrouped effect, or makes an ended one
 //     deletable, sets updated_at to the time of the change: a report
 //     (gate_report), a denial (sqlDeny, gate_begin inserting one denied), a
-//     resolve (sqlResolve), a decided approval (sqlDecideApproval) and a
-//     moot one closed (closeApprovalsSQL); nothing clears a group_id. So an
+//     resolve (sqlResolve), a reconciliation's (sqlReconcileResolve), a
+//     decided approval (sqlDecideApproval) and a moot one closed
+//     (closeApprovalsSQL); nothing clears a group_id. So an
 //     effect that ends, or leaves its pending approval, after a check at t
 //     is due no earlier than t + 1 day, less the time a transaction that
 //     began before the check's may take to commit and the instances' clock
