@@ -278,38 +278,40 @@ func readableNotActable(ctx context.Context, tx pgx.Tx, workspaceID, id string) 
 	}
 }
 
-// GetGroup reads a group p may see (groupReader) and its steps. An unwinding
-// group whose rollback has ended is settled first, so a read never shows a
-// finished rollback as still running.
+// GetGroup reads a group p may see (groupReader) and its steps, in one
+// snapshot (readGroup). An unwinding group whose rollback has ended is
+// settled first, so a read never shows a finished rollback as still
+// running.
 func (s *Service) GetGroup(ctx context.Context, p *auth.Principal, id string) (Group, error) {
-	workspaceID, owner := p.WorkspaceID, groupReader(p)
-	g, err := scanGroup(s.pool.QueryRow(ctx, sqlGetGroup, id, workspaceID, owner))
-	if errors.Is(err, pgx.ErrNoRows) {
-		return Group{}, apierr.NotFound("group")
+	g, err := s.readGroup(ctx, p, id)
+	if err != nil || g.State != GroupUnwinding {
+		return g, err
 	}
-	if err != nil {
-		return Group{}, fmt.Errorf("get group: %w", err)
+	if _, err := s.settleGroup(ctx, p.WorkspaceID, id, false); err != nil {
+		return Group{}, err
 	}
-	if g.State == GroupUnwinding {
-		if _, err := s.settleGroup(ctx, workspaceID, id, false); err != nil {
-			return Group{}, err
+	// Read again whether this settle ended it or another did meanwhile.
+	return s.readGroup(ctx, p, id)
+}
+
+// readGroup reads a group p may see and its steps in one read-only
+// REPEATABLE READ transaction (db.Snapshot): read in two statements, a
+// rollback that ended between them showed the group open beside the
+// compensations that undid its steps (review), and a group retention
+// deleted between them read as one without steps.
+func (s *Service) readGroup(ctx context.Context, p *auth.Principal, id string) (Group, error) {
+	var out Group
+	err := db.Snapshot(ctx, s.pool, func(tx pgx.Tx) error {
+		g, err := scanGroup(tx.QueryRow(ctx, sqlGetGroup, id, p.WorkspaceID, groupReader(p)))
+		if errors.Is(err, pgx.ErrNoRows) {
+			return apierr.NotFound("group")
 		}
-		if g, err = scanGroup(s.pool.QueryRow(ctx, sqlGetGroup, id, workspaceID, owner)); err != nil {
-			return Group{}, fmt.Errorf("get group: %w", err)
+		if err != nil {
+			return fmt.Errorf("get group: %w", err)
 		}
-	}
-	out, err := s.withSteps(ctx, s.pool, g)
-	if err == nil && (g.State == GroupCommitted || groupEnded(g.State)) && len(out.Steps) == 0 {
-		// Retention may have deleted an ended group, steps and all, between
-		// the two reads (review): such a group without steps may be gone.
-		_, err := scanGroup(s.pool.QueryRow(ctx, sqlGetGroup, id, workspaceID, owner))
-		switch {
-		case errors.Is(err, pgx.ErrNoRows):
-			return Group{}, apierr.NotFound("group")
-		case err != nil:
-			return Group{}, fmt.Errorf("get group: %w", err)
-		}
-	}
+		out, err = s.withSteps(ctx, tx, g)
+		return err
+	})
 	return out, err
 }
 
@@ -317,41 +319,39 @@ func (s *Service) GetGroup(ctx context.Context, p *auth.Principal, id string) (G
 // order, as GetGroup lists them, after effect id cursor ("" for the first
 // page), limit at most: every one of them, where a group's read holds those
 // that fit in one answer (steps_truncated). Each reads its state at now.
+// The group and the page are read in one snapshot, as GetGroup reads them.
 func (s *Service) ListGroupSteps(ctx context.Context, p *auth.Principal, id, cursor string, limit int) ([]GroupStep, error) {
-	owner := groupReader(p)
-	g, err := scanGroup(s.pool.QueryRow(ctx, sqlGetGroup, id, p.WorkspaceID, owner))
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, apierr.NotFound("group")
-	}
-	if err != nil {
-		return nil, fmt.Errorf("group steps: %w", err)
-	}
-	rows, err := s.pool.Query(ctx, sqlGroupStepsPage, id, cursor, limit)
-	if err != nil {
-		return nil, fmt.Errorf("group steps: %w", err)
-	}
-	now := s.clock()
-	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (GroupStep, error) {
-		var (
-			gs GroupStep
-			st groupStep
-		)
-		err := row.Scan(&gs.EffectID, &gs.EffectType, &gs.IdempotencyKey, &st.state, &st.leaseExpiresAt,
-			&gs.HasCompensation, &gs.CompensatesEffectID)
-		gs.State = st.effectiveState(now)
-		return gs, err
+	var out []GroupStep
+	err := db.Snapshot(ctx, s.pool, func(tx pgx.Tx) error {
+		_, err := scanGroup(tx.QueryRow(ctx, sqlGetGroup, id, p.WorkspaceID, groupReader(p)))
+		if errors.Is(err, pgx.ErrNoRows) {
+			return apierr.NotFound("group")
+		}
+		if err != nil {
+			return fmt.Errorf("group steps: %w", err)
+		}
+		rows, err := tx.Query(ctx, sqlGroupStepsPage, id, cursor, limit)
+		if err != nil {
+			return fmt.Errorf("group steps: %w", err)
+		}
+		now := s.clock()
+		out, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (GroupStep, error) {
+			var (
+				gs GroupStep
+				st groupStep
+			)
+			err := row.Scan(&gs.EffectID, &gs.EffectType, &gs.IdempotencyKey, &st.state, &st.leaseExpiresAt,
+				&gs.HasCompensation, &gs.CompensatesEffectID)
+			gs.State = st.effectiveState(now)
+			return gs, err
+		})
+		if err != nil {
+			return fmt.Errorf("group steps: %w", err)
+		}
+		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("group steps: %w", err)
-	}
-	if len(out) == 0 && (g.State == GroupCommitted || groupEnded(g.State)) {
-		// Retention may have deleted an ended group, steps and all, since
-		// it was read (as GetGroup checks).
-		if _, err := scanGroup(s.pool.QueryRow(ctx, sqlGetGroup, id, p.WorkspaceID, owner)); errors.Is(err, pgx.ErrNoRows) {
-			return nil, apierr.NotFound("group")
-		} else if err != nil {
-			return nil, fmt.Errorf("group steps: %w", err)
-		}
+		return nil, err
 	}
 	if out == nil {
 		out = []GroupStep{}
