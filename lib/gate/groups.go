@@ -689,7 +689,8 @@ const alternateCompensationKeys = 8
 // would be refused, or answered by that effect, and a client following the
 // plan would be stuck (groups QA). The first free key of a fixed sequence
 // is suggested, so retries are offered the same one until it is taken, and
-// from then on the compensation's own key.
+// from then on the compensation's own key; when every key of the sequence
+// is held, a random one (review: the usual key, held, was suggested).
 func suggestFreeKeys(ctx context.Context, tx pgx.Tx, groupID string, plan []PlanItem) error {
 	var candidates []string
 	for _, item := range plan {
@@ -712,11 +713,14 @@ func suggestFreeKeys(ctx context.Context, tx pgx.Tx, groupID string, plan []Plan
 		if plan[i].CompensationEffectID != nil {
 			continue
 		}
-		for _, k := range compensationKeys(plan[i].EffectID) {
-			if !slices.Contains(taken, k) {
-				plan[i].SuggestedIdempotencyKey = k
-				break
-			}
+		keys := compensationKeys(plan[i].EffectID)
+		if free := slices.IndexFunc(keys, func(k string) bool { return !slices.Contains(taken, k) }); free >= 0 {
+			plan[i].SuggestedIdempotencyKey = keys[free]
+		} else {
+			// Every key of the sequence held (squatted on, say): a fresh
+			// random one, suggested once. Two callers following two plans
+			// still undo the step once: it takes one compensating effect.
+			plan[i].SuggestedIdempotencyKey = CompensationKeyPrefix + plan[i].EffectID + ":" + ids.Random(8)
 		}
 	}
 	return nil
