@@ -3,6 +3,7 @@ package gate_test
 import (
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 
@@ -260,4 +261,172 @@ func TestOneKeyAtTheCeilingIsChargedOnce(t *testing.T) {
 		(SELECT count(*) FROM effect_attempts WHERE workspace_id = $1) FROM effects WHERE workspace_id = $1`,
 		ws.ID).Scan(&effects, &attempts))
 	require.Equal(t, []int{2, 2}, []int{effects, attempts})
+}
+
+// Every ceiling at once: racers begin, from two instances, keys of two
+// types — one with a daily budget and a per-vendor limit, begun under a
+// capped key by some racers and under the uncapped one by the others; the
+// other charged to a run's wallet — so that a grant must fit up to three
+// ceilings, and a refusal by one must charge none of the others (the
+// grant's statement is undone whole). Each ceiling ends within its cap,
+// each refusal names a ceiling the cost did not fit, and once half of the
+// grants are reported failed while a second burst races them, the counters
+// still hold exactly what the attempts not known to have failed were
+// charged, and each ceiling what it holds stays within its cap.
+func TestEveryCeilingAtOnceAdmitsOnlyWhatFitsThemAll(t *testing.T) {
+	t.Parallel()
+	_, env1, env2, ws := twoInstances(t)
+	const (
+		typeCap, vendorCap, keyCap, walletCap = 400, 250, 150, 350
+		racers                                = 80
+	)
+	env1.Must(http.StatusOK, "PUT", "/api/v1/policies/all.budgeted", ws.Key, map[string]any{
+		"daily_budget_micros": typeCap,
+		"dimension_limits":    map[string]any{"vendor": map[string]any{"daily_micros": vendorCap}}})
+	run := str(env1.Must(http.StatusCreated, "POST", "/api/v1/runs", ws.Key,
+		map[string]any{"name": "all", "budgetMicros": walletCap}).JSON()["id"])
+	agent := env1.Key(ws, map[string]any{"name": "capped", "preset": "AGENT", "daily_spend_ceiling_micros": keyCap})
+
+	vendor := func(i int) string { return []string{"acme", "globex"}[i/4%2] }
+	// ceilings names the ceilings racer i is charged to, by their refusal
+	// codes ("dimension_limit_exceeded:<vendor>" for a vendor's).
+	ceilings := func(i int) []string {
+		switch i % 4 {
+		case 1, 3:
+			return []string{"run_budget_exceeded"}
+		case 0:
+			return []string{"key_budget_exceeded", "budget_exceeded", "dimension_limit_exceeded:" + vendor(i)}
+		}
+		return []string{"budget_exceeded", "dimension_limit_exceeded:" + vendor(i)}
+	}
+	caps := map[string]int64{"key_budget_exceeded": keyCap, "run_budget_exceeded": walletCap,
+		"budget_exceeded": typeCap, "dimension_limit_exceeded:acme": vendorCap,
+		"dimension_limit_exceeded:globex": vendorCap}
+	apiKeyOf := func(i int) string {
+		if i%4 == 0 {
+			return agent
+		}
+		return ws.Key
+	}
+	bodyOf := func(i int) map[string]any {
+		body := charge(key("all"), costOf(i))
+		if i%2 == 1 {
+			body["effect_type"] = "all.wallet"
+			return inRun(run, body)
+		}
+		body["effect_type"], body["dimensions"] = "all.budgeted", map[string]any{"vendor": vendor(i)}
+		return body
+	}
+	burst := func() []grantTry {
+		tries := make([]grantTry, racers)
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for i := range tries {
+			env := []*apitest.Env{env1, env2}[i/2%2]
+			tries[i] = grantTry{counter: i, cost: costOf(i)}
+			body := bodyOf(i)
+			wg.Go(func() {
+				<-start
+				status, out, err := postBegin(env, apiKeyOf(i), body)
+				switch {
+				case err != nil:
+					tries[i].code = err.Error()
+				case out["decision"] == "execute":
+					tries[i].code, tries[i].id, tries[i].tokn = "execute", str(out["effect_id"]), str(out["lease_token"])
+				default:
+					e, _ := out["error"].(map[string]any)
+					tries[i].code = fmt.Sprintf("%d:%v", status, e["code"])
+					if d, _ := e["detail"].(map[string]any); d["dimension"] != nil {
+						tries[i].code += ":" + vendor(i)
+					}
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+		return tries
+	}
+	// totals are what the grants of held hold on each ceiling.
+	totals := func(held ...[]grantTry) map[string]int64 {
+		out := map[string]int64{}
+		for _, tries := range held {
+			for _, g := range tries {
+				if g.code == "execute" {
+					for _, c := range ceilings(g.counter) {
+						out[c] += g.cost
+					}
+				}
+			}
+		}
+		return out
+	}
+	requireWithin := func(sums map[string]int64, why string) {
+		t.Helper()
+		for c, sum := range sums {
+			require.LessOrEqual(t, sum, caps[c], "%s: %s overspent", why, c)
+		}
+	}
+	// refusedBy checks that each refusal of tries names a ceiling its racer
+	// is charged to, and counts them by ceiling.
+	refusedBy := func(tries []grantTry) map[string]int {
+		t.Helper()
+		out := map[string]int{}
+		for _, g := range tries {
+			if g.code == "execute" {
+				continue
+			}
+			c, ok := strings.CutPrefix(g.code, "403:")
+			require.True(t, ok, "unexpected answer %s", g.code)
+			require.Contains(t, ceilings(g.counter), c, "racer %d refused by a ceiling it is not charged to", g.counter)
+			out[c]++
+		}
+		return out
+	}
+
+	first := burst()
+	sums := totals(first)
+	requireWithin(sums, "first burst")
+	refused := refusedBy(first)
+	for _, g := range first {
+		if c, ok := strings.CutPrefix(g.code, "403:"); ok {
+			require.Greater(t, sums[c]+g.cost, caps[c], "racer %d's %d micros fit %s beside %d", g.counter, g.cost, c, sums[c])
+		}
+	}
+	for _, c := range []string{"run_budget_exceeded", "key_budget_exceeded"} {
+		require.Positive(t, refused[c], "%s never refused: %v", c, refused)
+	}
+	require.Positive(t, refused["budget_exceeded"]+refused["dimension_limit_exceeded:acme"]+
+		refused["dimension_limit_exceeded:globex"], "%v", refused)
+	requireCountersMatchAttempts(t, env1, ws.ID)
+
+	// Half of the grants reported failed, twice at once from both
+	// instances, while a second burst races the reports.
+	var wg sync.WaitGroup
+	kept := make([]grantTry, 0, len(first))
+	for n, g := range first {
+		if g.code != "execute" {
+			continue
+		}
+		if n%8 < 4 {
+			kept = append(kept, g)
+			continue
+		}
+		for _, env := range []*apitest.Env{env1, env2} {
+			wg.Go(func() {
+				status, out, err := post(env, "/api/v1/effects/"+g.id+"/report", apiKeyOf(g.counter),
+					map[string]any{"lease_token": g.tokn, "outcome": "failed"})
+				if err != nil || status != http.StatusOK {
+					t.Errorf("report: %d %v %v", status, out, err)
+				}
+			})
+		}
+	}
+	second := burst()
+	wg.Wait()
+	refusedBy(second)
+	held := totals(kept, second)
+	requireWithin(held, "once failures gave back")
+	requireCountersMatchAttempts(t, env1, ws.ID)
+	runSpent := env1.Must(http.StatusOK, "GET", "/api/v1/runs/"+run, ws.Key, nil).JSON()["spentMicros"]
+	require.EqualValues(t, held["run_budget_exceeded"], runSpent)
 }
