@@ -16,15 +16,19 @@ import (
 
 // Every trip of a surge breaker and every close by a policy turning surge
 // off is announced, even when the breaker opens again at the instant it
-// opened before, as it does when the instances' clocks lag: a surge trips
+// opened before, as it did when the instances' clocks lagged: a surge trips
 // at T through one instance, the policy turns surge off through another
-// whose clock reads a second earlier (the next allowance starts at that
-// close, so the keys begun at T count in it), surge is turned on again,
-// and the next trip through the first instance opens the breaker at T
-// again. Three such cycles, the last two tripped by a new key (gate_begin)
-// or by a refused key begun again (an arrival): three circuit.tripped and
-// three circuit.closed. Keyed by when the breaker opened, each cycle took
-// the first's keys, and its trip and close were not recorded.
+// whose clock reads a second earlier, surge is turned on again, and the
+// next trip through the first instance opens the breaker at T again. That
+// close now starts the next allowance after the keys begun at T
+// (closeFromSQL), so the breaker cannot open at T again that way: the
+// allowance is set back to the lagging close's reading here, where it
+// started before, so that the keys begun at T count in it, to keep the
+// events' keys from resting on the clock. Three such cycles, the last two
+// tripped by a new key (gate_begin) or by a refused key begun again (an
+// arrival): three circuit.tripped and three circuit.closed. Keyed by when
+// the breaker opened, each cycle took the first's keys, and its trip and
+// close were not recorded.
 func TestEverySurgeTripAtTheSameInstantIsAnnounced(t *testing.T) {
 	t.Parallel()
 	for _, trip := range []string{"new key", "arrival"} {
@@ -37,6 +41,9 @@ func TestEverySurgeTripAtTheSameInstantIsAnnounced(t *testing.T) {
 			surgeOff := func(closed int) {
 				lagging.Must(http.StatusOK, "PUT", "/api/v1/policies/sms.send", b.ws.Key, map[string]any{"surge_per_hour": nil})
 				require.Equal(t, closed, b.events("circuit.closed"))
+				_, err := b.env.App.Pool.Exec(t.Context(), `UPDATE gate_circuits SET allowance_from = $3
+					WHERE workspace_id = $1 AND effect_type = $2`, b.ws.ID, "sms.send", b.clock.Now().Add(-time.Second))
+				require.NoError(t, err)
 			}
 			for cycle := 2; cycle <= 3; cycle++ {
 				surgeOff(cycle - 1)

@@ -151,3 +151,61 @@ func TestASurgeBurstTripsOnceUnderEveryAction(t *testing.T) {
 		})
 	}
 }
+
+// An operator's close of a tripped surge breaker, sent three times at once
+// from two instances under one Idempotency-Key (a client retrying a close
+// whose answer it lost) while a burst of new keys races it, acts once: the
+// others are told to wait (409 retry_request) or answered the first close
+// again, and a retry after the burst, which has tripped the breaker again,
+// does not close the new trip. The type is granted exactly one fresh
+// allowance across the burst and the begins after it, then trips once more.
+func TestAKeyedCloseRacingABurstClosesOnceAndGrantsOneAllowance(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	env2 := apitest.Start(t, apitest.WithNow(b.clock.Now))
+	b.putPolicy("sms.send", map[string]any{"surge_per_hour": 5, "surge_action": "deny"})
+	counts, _ := raceBodies(t, 12, b.ws.Key, func(int) map[string]any { return sms(key("first")) }, b.env, env2)
+	require.Equal(t, map[string]int{"execute": 5, "403:circuit_open": 7}, counts)
+
+	header := http.Header{"Idempotency-Key": {key("close")}}
+	closeOnce := func(env *apitest.Env) *apitest.Response {
+		return env.DoWith("POST", "/api/v1/circuits/sms.send/close", b.ws.Key, header, nil)
+	}
+	var (
+		wg     sync.WaitGroup
+		mu     sync.Mutex
+		closes []*apitest.Response
+	)
+	for _, env := range []*apitest.Env{b.env, env2, b.env} {
+		wg.Go(func() {
+			r := closeOnce(env)
+			mu.Lock()
+			closes = append(closes, r)
+			mu.Unlock()
+		})
+	}
+	counts, _ = raceBodies(t, 30, b.ws.Key, func(int) map[string]any { return sms(key("burst")) }, b.env, env2)
+	wg.Wait()
+	acted := 0
+	for _, r := range closes {
+		switch {
+		case r.Status == http.StatusConflict:
+			require.Equal(t, "retry_request", r.ErrorCode(), "%s", r.Body)
+		case r.Header.Get("Idempotent-Replayed") == "":
+			require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+			acted++
+		default:
+			require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+		}
+	}
+	require.Equal(t, 1, acted, "one close acted")
+	again := closeOnce(env2)
+	require.Equal(t, http.StatusOK, again.Status, "%s", again.Body)
+	require.Equal(t, "true", again.Header.Get("Idempotent-Replayed"))
+
+	after, _ := raceBodies(t, 10, b.ws.Key, func(int) map[string]any { return sms(key("after")) }, b.env, env2)
+	require.Equal(t, 5, counts["execute"]+after["execute"], "one fresh allowance: burst %v, after %v", counts, after)
+	require.Equal(t, 1, b.events("circuit.closed"))
+	require.Equal(t, 2, b.events("circuit.tripped"))
+	require.Equal(t, "open", b.circuit("sms.send")["state"])
+}

@@ -1331,3 +1331,45 @@ func TestRateLimitsAndSurgesArePerKeyAndWorkspace(t *testing.T) {
 	require.EqualValues(t, 3, quiet.circuit("sms.send")["volume_last_hour"])
 	quiet.mustBegin("approval_required", sms(key("own-trip"))) // its own fourth trips its own
 }
+
+// A close through an instance whose clock lags the one that took the burst
+// grants the fresh allowance all the same: it starts after the latest key
+// begun while the breaker was open, not at the closing clock's reading,
+// which came before the burst's stamps and counted the whole refused burst
+// in the allowance (QA: a burst through an instance a second ahead, closed
+// through another, and the next begin was refused again). So does a policy
+// PUT turning surge off, then on again.
+func TestACloseThroughALaggingInstanceGrantsTheFreshAllowance(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ahead := apitest.Start(t, apitest.WithNow(func() time.Time { return b.clock.Now().Add(time.Second) }))
+	burst := func() {
+		for i := range 8 {
+			want := "execute"
+			if i >= 5 {
+				want = "denied"
+			}
+			r := ahead.Do("POST", "/api/v1/effects/begin", b.ws.Key, sms(key("ahead")))
+			require.Equal(t, want, r.JSON()["decision"], "%s", r.Body)
+		}
+	}
+	allowance := func(why string) {
+		for range 5 {
+			b.mustBegin("execute", sms(key("after")))
+		}
+		b.denialOf("circuit_open", sms(key("after")))
+		require.Equal(t, "open", b.circuit("sms.send")["state"], why)
+	}
+
+	b.putPolicy("sms.send", map[string]any{"surge_per_hour": 5, "surge_action": "deny"})
+	burst()
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/sms.send/close", b.ws.Key, nil)
+	allowance("the operator's close")
+
+	b.clock.Add(time.Hour + time.Minute) // a new hour: the burst's keys no longer count
+	burst()
+	b.putPolicy("sms.send", map[string]any{"surge_per_hour": nil})
+	require.Equal(t, "closed", b.circuit("sms.send")["state"])
+	b.putPolicy("sms.send", map[string]any{"surge_per_hour": 5})
+	allowance("surge turned off, then on")
+}

@@ -436,11 +436,16 @@ func closeSQL(cand, now, eventIDs string) string {
 // PUT turning surge on cannot land between its two reads of the policy,
 // sqlBeginFast; the keys do not rely on it.) gate_begin_in_turn holds
 // this text (migration 0070).
-func closeCTEs(cand, now, eventIDs string) string {
+func closeCTEs(cand, now, eventIDs string) string { return closeCTEsFrom(cand, now, now, eventIDs) }
+
+// closeCTEsFrom is closeCTEs measuring the allowance of a breaker closed
+// before its cooldown ended (or that has none) from from, a time at or
+// after now (closeFromSQL).
+func closeCTEsFrom(cand, now, from, eventIDs string) string {
 	return `
 WITH cand AS (` + cand + `), up AS (
     UPDATE gate_circuits c SET state = 'closed', updated_at = ` + now + `,
-        allowance_from = CASE WHEN c.closes_at <= ` + now + ` THEN c.closes_at ELSE ` + now + ` END
+        allowance_from = CASE WHEN c.closes_at <= ` + now + ` THEN c.closes_at ELSE ` + from + ` END
     FROM cand WHERE c.workspace_id = cand.workspace_id AND c.effect_type = cand.effect_type AND c.state = 'open'
     RETURNING c.workspace_id, c.effect_type, c.opened_by, c.opened_at, c.allowance_from
 ), n AS (
@@ -455,6 +460,24 @@ WITH cand AS (` + cand + `), up AS (
     ON CONFLICT (workspace_id, type, subject_id, dedupe_key) DO NOTHING
 )
 `
+}
+
+// closeFromSQL is when the fresh allowance of the breaker c that an
+// operator (or a policy turning surge off) closes at now starts: now, or,
+// when a key of its type was stamped later (begun through an instance whose
+// clock is ahead of the closing one's), that key's stamp, created or
+// arrived (the surge counts both, gate_surge). The close holds the type's
+// surge turn, so every key stamped so far was begun while the breaker was
+// open, and the keys begun after the close are stamped after the start
+// (afterAllowanceSQL): measured from a lagging clock, the allowance counted
+// the burst the breaker had just refused, and the close granted nothing
+// (QA: a burst through an instance a second ahead, closed through another,
+// and the next begin was refused again).
+func closeFromSQL(now string) string {
+	return `greatest(` + now + `,
+            (SELECT max(x.created_at) FROM effects x WHERE x.workspace_id = c.workspace_id AND x.effect_type = c.effect_type),
+            (SELECT max(x.surge_arrived_at) FROM effects x
+             WHERE x.workspace_id = c.workspace_id AND x.effect_type = c.effect_type))`
 }
 
 // lapsedCloseSQL closes the breaker of workspace $1's type $2 if its
@@ -511,9 +534,11 @@ var (
 	// sqlCloseLapsedCircuit is lapsedCloseSQL for the operator's open.
 	// $1 workspace, $2 type, $3 now, $4 event ids.
 	sqlCloseLapsedCircuit = lapsedCloseSQL("$3::timestamptz", "$4")
-	// sqlCloseCircuit closes one breaker ('*' lifts the stop).
-	// $1 workspace, $2 type or '*', $3 now, $4 event ids.
-	sqlCloseCircuit = closeSQL(`SELECT $1::text AS workspace_id, $2::text AS effect_type`, "$3::timestamptz", "$4")
+	// sqlCloseCircuit closes one breaker ('*' lifts the stop), its
+	// allowance measured from closeFromSQL. $1 workspace, $2 type or '*',
+	// $3 now, $4 event ids.
+	sqlCloseCircuit = closeCTEsFrom(`SELECT $1::text AS workspace_id, $2::text AS effect_type`, "$3::timestamptz",
+		closeFromSQL("$3::timestamptz"), "$4") + `SELECT count(*) FROM up`
 	// sqlLockSurgeTurn takes a type's surge turn, as gate_begin_in_turn
 	// does (migration 0028). $1 workspace, $2 type.
 	sqlLockSurgeTurn = `SELECT pg_advisory_xact_lock(` + surgeTurn("$1::text", "$2::text") + `)`
@@ -536,9 +561,9 @@ var (
 	// sqlCloseSurgeCircuit closes a type's breaker if the surge opened it:
 	// the policy PUT that turns surge off. $1 workspace, $2 type, $3 now,
 	// $4 event ids.
-	sqlCloseSurgeCircuit = closeSQL(`SELECT workspace_id, effect_type FROM gate_circuits
+	sqlCloseSurgeCircuit = closeCTEsFrom(`SELECT workspace_id, effect_type FROM gate_circuits
     WHERE workspace_id = $1 AND effect_type = $2 AND state = 'open' AND opened_by = 'surge' FOR UPDATE`,
-		"$3::timestamptz", "$4")
+		"$3::timestamptz", closeFromSQL("$3::timestamptz"), "$4") + `SELECT count(*) FROM up`
 	// sqlRetuneSurgeCircuit gives a breaker the surge opened, still open,
 	// the action the policy PUT has just set, and records circuit.tripped
 	// with it, as a re-issued stop does: it went on holding with the action
