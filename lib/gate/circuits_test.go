@@ -1364,6 +1364,10 @@ func TestACloseThroughALaggingInstanceGrantsTheFreshAllowance(t *testing.T) {
 	b.putPolicy("sms.send", map[string]any{"surge_per_hour": 5, "surge_action": "deny"})
 	burst()
 	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/sms.send/close", b.ws.Key, nil)
+	closedAt, err := time.Parse(time.RFC3339Nano, str(b.lastEventData("circuit.closed")["closed_at"]))
+	require.NoError(t, err)
+	require.True(t, closedAt.Equal(b.clock.Now()), "closed at %v, by the closing clock %v: when it closed, "+
+		"not when its allowance starts", closedAt, b.clock.Now())
 	allowance("the operator's close")
 
 	b.clock.Add(time.Hour + time.Minute) // a new hour: the burst's keys no longer count

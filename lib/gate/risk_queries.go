@@ -436,12 +436,15 @@ func closeSQL(cand, now, eventIDs string) string {
 // PUT turning surge on cannot land between its two reads of the policy,
 // sqlBeginFast; the keys do not rely on it.) gate_begin_in_turn holds
 // this text (migration 0070).
-func closeCTEs(cand, now, eventIDs string) string { return closeCTEsFrom(cand, now, now, eventIDs) }
+func closeCTEs(cand, now, eventIDs string) string {
+	return closeCTEsFrom(cand, now, now, "n.allowance_from", eventIDs)
+}
 
 // closeCTEsFrom is closeCTEs measuring the allowance of a breaker closed
 // before its cooldown ended (or that has none) from from, a time at or
-// after now (closeFromSQL).
-func closeCTEsFrom(cand, now, from, eventIDs string) string {
+// after now (closeFromSQL), its event's closed_at being closedAt (an
+// expression over n, the row closed).
+func closeCTEsFrom(cand, now, from, closedAt, eventIDs string) string {
 	return `
 WITH cand AS (` + cand + `), up AS (
     UPDATE gate_circuits c SET state = 'closed', updated_at = ` + now + `,
@@ -454,7 +457,7 @@ WITH cand AS (` + cand + `), up AS (
     INSERT INTO events (id, workspace_id, type, subject_id, data, created_at, dedupe_key)
     SELECT (` + eventIDs + `::text[])[n.i], n.workspace_id, '` + events.CircuitClosed + `', n.effect_type,
         jsonb_build_object('effect_type', CASE WHEN n.effect_type <> '*' THEN n.effect_type END,
-            'opened_by', n.opened_by, 'opened_at', n.opened_at, 'closed_at', n.allowance_from), ` + now + `,
+            'opened_by', n.opened_by, 'opened_at', n.opened_at, 'closed_at', ` + closedAt + `), ` + now + `,
         'closed:' || extract(epoch FROM n.opened_at)::text || ':' || (` + eventIDs + `::text[])[n.i]
     FROM n
     ON CONFLICT (workspace_id, type, subject_id, dedupe_key) DO NOTHING
@@ -479,6 +482,11 @@ func closeFromSQL(now string) string {
             (SELECT max(x.surge_arrived_at) FROM effects x
              WHERE x.workspace_id = c.workspace_id AND x.effect_type = c.effect_type))`
 }
+
+// closedAtSQL is the closed_at of the circuit.closed of a close at now
+// measured from closeFromSQL: when it closed (its cooldown's end, when that
+// came first), not when its allowance starts.
+func closedAtSQL(now string) string { return `least(n.allowance_from, ` + now + `)` }
 
 // lapsedCloseSQL closes the breaker of workspace $1's type $2 if its
 // cooldown ended by now: a breaker reads closed from then (gate_evaluate),
@@ -538,7 +546,7 @@ var (
 	// allowance measured from closeFromSQL. $1 workspace, $2 type or '*',
 	// $3 now, $4 event ids.
 	sqlCloseCircuit = closeCTEsFrom(`SELECT $1::text AS workspace_id, $2::text AS effect_type`, "$3::timestamptz",
-		closeFromSQL("$3::timestamptz"), "$4") + `SELECT count(*) FROM up`
+		closeFromSQL("$3::timestamptz"), closedAtSQL("$3::timestamptz"), "$4") + `SELECT count(*) FROM up`
 	// sqlLockSurgeTurn takes a type's surge turn, as gate_begin_in_turn
 	// does (migration 0028). $1 workspace, $2 type.
 	sqlLockSurgeTurn = `SELECT pg_advisory_xact_lock(` + surgeTurn("$1::text", "$2::text") + `)`
@@ -563,7 +571,8 @@ var (
 	// $4 event ids.
 	sqlCloseSurgeCircuit = closeCTEsFrom(`SELECT workspace_id, effect_type FROM gate_circuits
     WHERE workspace_id = $1 AND effect_type = $2 AND state = 'open' AND opened_by = 'surge' FOR UPDATE`,
-		"$3::timestamptz", closeFromSQL("$3::timestamptz"), "$4") + `SELECT count(*) FROM up`
+		"$3::timestamptz", closeFromSQL("$3::timestamptz"), closedAtSQL("$3::timestamptz"), "$4") +
+		`SELECT count(*) FROM up`
 	// sqlRetuneSurgeCircuit gives a breaker the surge opened, still open,
 	// the action the policy PUT has just set, and records circuit.tripped
 	// with it, as a re-issued stop does: it went on holding with the action
