@@ -31,6 +31,22 @@ type grantTry struct {
 	code, id, tokn string
 }
 
+// answered records a begin's answer in g: execute with its effect and
+// token, or the status and code of a refusal, whose detail it answers.
+func (g *grantTry) answered(status int, out map[string]any, err error) (detail map[string]any) {
+	switch {
+	case err != nil:
+		g.code = err.Error()
+	case out["decision"] == "execute":
+		g.code, g.id, g.tokn = "execute", str(out["effect_id"]), str(out["lease_token"])
+	default:
+		e, _ := out["error"].(map[string]any)
+		g.code = fmt.Sprintf("%d:%v", status, e["code"])
+		detail, _ = e["detail"].(map[string]any)
+	}
+	return detail
+}
+
 // costOf spreads racers' costs over 1..50 micros.
 func costOf(i int) int64 { return int64(i*37%50 + 1) }
 
@@ -48,16 +64,7 @@ func (r ceilingRace) race(t *testing.T, n int, envs ...*apitest.Env) []grantTry 
 		body := r.bodyOf(i, key("ceiling"), tries[i].cost)
 		wg.Go(func() {
 			<-start
-			status, out, err := postBegin(env, r.apiKey, body)
-			switch {
-			case err != nil:
-				tries[i].code = err.Error()
-			case out["decision"] == "execute":
-				tries[i].code, tries[i].id, tries[i].tokn = "execute", str(out["effect_id"]), str(out["lease_token"])
-			default:
-				e, _ := out["error"].(map[string]any)
-				tries[i].code = fmt.Sprintf("%d:%v", status, e["code"])
-			}
+			tries[i].answered(postBegin(env, r.apiKey, body))
 		})
 	}
 	close(start)
@@ -327,18 +334,8 @@ func TestEveryCeilingAtOnceAdmitsOnlyWhatFitsThemAll(t *testing.T) {
 			body := bodyOf(i)
 			wg.Go(func() {
 				<-start
-				status, out, err := postBegin(env, apiKeyOf(i), body)
-				switch {
-				case err != nil:
-					tries[i].code = err.Error()
-				case out["decision"] == "execute":
-					tries[i].code, tries[i].id, tries[i].tokn = "execute", str(out["effect_id"]), str(out["lease_token"])
-				default:
-					e, _ := out["error"].(map[string]any)
-					tries[i].code = fmt.Sprintf("%d:%v", status, e["code"])
-					if d, _ := e["detail"].(map[string]any); d["dimension"] != nil {
-						tries[i].code += ":" + vendor(i)
-					}
+				if d := tries[i].answered(postBegin(env, apiKeyOf(i), body)); d["dimension"] != nil {
+					tries[i].code += ":" + vendor(i)
 				}
 			})
 		}

@@ -302,17 +302,27 @@ func (s *Service) GetGroup(ctx context.Context, p *auth.Principal, id string) (G
 func (s *Service) readGroup(ctx context.Context, p *auth.Principal, id string) (Group, error) {
 	var out Group
 	err := db.Snapshot(ctx, s.pool, func(tx pgx.Tx) error {
-		g, err := scanGroup(tx.QueryRow(ctx, sqlGetGroup, id, p.WorkspaceID, groupReader(p)))
-		if errors.Is(err, pgx.ErrNoRows) {
-			return apierr.NotFound("group")
-		}
+		g, err := readableGroup(ctx, tx, p, id)
 		if err != nil {
-			return fmt.Errorf("get group: %w", err)
+			return err
 		}
 		out, err = s.withSteps(ctx, tx, g)
 		return err
 	})
 	return out, err
+}
+
+// readableGroup reads a group p may see (groupReader) in tx: 404 when
+// there is none.
+func readableGroup(ctx context.Context, tx pgx.Tx, p *auth.Principal, id string) (Group, error) {
+	g, err := scanGroup(tx.QueryRow(ctx, sqlGetGroup, id, p.WorkspaceID, groupReader(p)))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Group{}, apierr.NotFound("group")
+	}
+	if err != nil {
+		return Group{}, fmt.Errorf("get group: %w", err)
+	}
+	return g, nil
 }
 
 // ListGroupSteps pages the steps of a group p may see (groupReader) in id
@@ -323,12 +333,8 @@ func (s *Service) readGroup(ctx context.Context, p *auth.Principal, id string) (
 func (s *Service) ListGroupSteps(ctx context.Context, p *auth.Principal, id, cursor string, limit int) ([]GroupStep, error) {
 	var out []GroupStep
 	err := db.Snapshot(ctx, s.pool, func(tx pgx.Tx) error {
-		_, err := scanGroup(tx.QueryRow(ctx, sqlGetGroup, id, p.WorkspaceID, groupReader(p)))
-		if errors.Is(err, pgx.ErrNoRows) {
-			return apierr.NotFound("group")
-		}
-		if err != nil {
-			return fmt.Errorf("group steps: %w", err)
+		if _, err := readableGroup(ctx, tx, p, id); err != nil {
+			return err
 		}
 		rows, err := tx.Query(ctx, sqlGroupStepsPage, id, cursor, limit)
 		if err != nil {

@@ -9,11 +9,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
-
-	"github.com/getratchet/ratchet/lib/gate"
-	"github.com/getratchet/ratchet/lib/httpapi"
 )
 
 // pauseBefore is a query tracer that, once armed, stops the first statement
@@ -35,21 +31,6 @@ func (p *pauseBefore) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.Tr
 
 func (p *pauseBefore) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
-// serverPausing is b's server with a gate over a pool of its own whose
-// statements starting with prefix pause once armed (pauseBefore).
-func serverPausing(b *bundle, prefix string) (http.Handler, *pauseBefore) {
-	b.t.Helper()
-	p := &pauseBefore{prefix: prefix, paused: make(chan struct{}), resume: make(chan struct{})}
-	cfg := b.env.App.Pool.Config()
-	cfg.ConnConfig.Tracer = p
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	require.NoError(b.t, err)
-	b.t.Cleanup(pool.Close)
-	deps := b.env.App.Server.Deps
-	deps.Gate = gate.New(pool, deps.Sealer, deps.Auth.Hash, deps.Now, deps.Logger)
-	return httpapi.New(deps), p
-}
-
 // A group's read (and a page of its steps) sees one moment: a rollback that
 // ends between its reading of the group and of its steps is not shown half
 // (review: the group read open, beside the compensation of its step that the
@@ -61,8 +42,10 @@ func TestAGroupIsReadInOneSnapshot(t *testing.T) {
 			t.Parallel()
 			b := setup(t)
 			g, _, d := b.groupWithStep("checkout", "")
-			h, pause := serverPausing(b, "SELECT e.id, e.effect_type, e.idempotency_key, e.state,")
+			pause := &pauseBefore{prefix: "SELECT e.id, e.effect_type, e.idempotency_key, e.state,",
+				paused: make(chan struct{}), resume: make(chan struct{})}
 			pause.armed.Store(true)
+			h := serverTraced(b, pause)
 
 			read := make(chan *httptest.ResponseRecorder)
 			go func() {
