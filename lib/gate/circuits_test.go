@@ -1377,3 +1377,21 @@ func TestACloseThroughALaggingInstanceGrantsTheFreshAllowance(t *testing.T) {
 	b.putPolicy("sms.send", map[string]any{"surge_per_hour": 5})
 	allowance("surge turned off, then on")
 }
+
+// A key stamped far ahead of the closing clock (by a clock the instances no
+// longer keep, db.Clock) does not carry the allowance's start, and with it
+// every later begin's stamp and lease, past a minute ahead of the close.
+func TestACloseFollowsAKeyStampedAheadAMinuteAtMost(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	farAhead := apitest.Start(t, apitest.WithNow(func() time.Time { return b.clock.Now().Add(time.Hour) }))
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/sms.send/open", b.ws.Key, map[string]any{"action": "deny"})
+	r := farAhead.Do("POST", "/api/v1/effects/begin", b.ws.Key, sms(key("far")))
+	require.Equal(t, http.StatusForbidden, r.Status, "%s", r.Body)
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/sms.send/close", b.ws.Key, nil)
+	d := b.mustBegin("execute", sms(key("after")))
+	expires, err := time.Parse(time.RFC3339Nano, str(d["lease_expires_at"]))
+	require.NoError(t, err)
+	require.False(t, expires.After(b.clock.Now().Add(time.Minute+time.Minute+time.Millisecond)),
+		"lease until %v: the allowance followed a key an hour ahead", expires)
+}

@@ -475,13 +475,25 @@ WITH cand AS (` + cand + `), up AS (
 // (afterAllowanceSQL): measured from a lagging clock, the allowance counted
 // the burst the breaker had just refused, and the close granted nothing
 // (QA: a burst through an instance a second ahead, closed through another,
-// and the next begin was refused again).
+// and the next begin was refused again). Instances read the database's
+// clock (db.Clock), so what is left is a few milliseconds, or a test's
+// clocks; a key stamped more than closeAheadAtMost past now is not
+// followed: every begin after the close is stamped after the start, its
+// lease with it, and one key stamped far ahead (by a release before
+// db.Clock, say) would have carried them all there.
 func closeFromSQL(now string) string {
+	bound := `(` + now + ` + interval '` + closeAheadAtMost + `')`
 	return `greatest(` + now + `,
-            (SELECT max(x.created_at) FROM effects x WHERE x.workspace_id = c.workspace_id AND x.effect_type = c.effect_type),
+            (SELECT max(x.created_at) FROM effects x WHERE x.workspace_id = c.workspace_id AND x.effect_type = c.effect_type
+               AND x.created_at <= ` + bound + `),
             (SELECT max(x.surge_arrived_at) FROM effects x
-             WHERE x.workspace_id = c.workspace_id AND x.effect_type = c.effect_type))`
+             WHERE x.workspace_id = c.workspace_id AND x.effect_type = c.effect_type AND x.surge_arrived_at <= ` + bound + `))`
 }
+
+// closeAheadAtMost bounds how far past a close's clock the start of its
+// allowance follows a key's stamp (closeFromSQL): db.Clock's readings are
+// at most a minute old (clockRefresh).
+const closeAheadAtMost = "1 minute"
 
 // closedAtSQL is the closed_at of the circuit.closed of a close at now
 // measured from closeFromSQL: when it closed (its cooldown's end, when that
