@@ -238,16 +238,23 @@ type errorBody struct {
 // The answer is encoded in a pooled buffer (jsonx.Borrow), written as
 // jsonx.Marshal would answer it: a ResponseWriter copies what it is given.
 func writeJSON(w http.ResponseWriter, status int, body any) {
+	if err := tryWriteJSON(w, status, body); err != nil {
+		writeEncoded(w, encoded{status: http.StatusInternalServerError,
+			body: []byte(`{"error":{"code":"internal_error","message":"Internal error.","detail":{}}}`)})
+	}
+}
+
+// tryWriteJSON is writeJSON that writes nothing when body cannot be encoded
+// and says why, so that a route's answer fails as any 500 does (logged, its
+// request id in the detail: Server.fail).
+func tryWriteJSON(w http.ResponseWriter, status int, body any) error {
 	e := jsonx.Borrow()
 	defer e.Release()
-	var b []byte
 	if err := e.Value(body); err != nil {
-		status = http.StatusInternalServerError
-		b = []byte(`{"error":{"code":"internal_error","message":"Internal error.","detail":{}}}`)
-	} else {
-		b = e.Bytes()
+		return err
 	}
-	writeEncoded(w, encoded{status: status, body: b})
+	writeEncoded(w, encoded{status: status, body: e.Bytes()})
+	return nil
 }
 
 var newline = []byte("\n")

@@ -3,10 +3,12 @@ package httpapi_test
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -170,6 +172,37 @@ func TestPanicIs500WithRequestIDOnly(t *testing.T) {
 	require.Contains(t, logs.String(), `panic="runtime error: index out of range [30] with length 0"`)
 	require.Contains(t, logs.String(), "platform_test.go", "the stack")
 	require.NotContains(t, logs.String(), "secret-payload-value")
+}
+
+// An answer that cannot be encoded is a 500 like any other: its body carries
+// the request id (API.md: "500 internal_error carrying only a request id") and
+// the failure is logged, not swallowed (QA: the encoder's fallback answered
+// `"detail":{}` and logged nothing).
+func TestUnencodableAnswerIs500WithRequestID(t *testing.T) {
+	t.Parallel()
+	var logs apitest.LockedBuffer
+	env := apitest.Start(t, apitest.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	h := httpapi.NewWithExtraRoutes(env.App.Server.Deps, []httpapi.Route{
+		{Method: "GET", Pattern: "/api/v1/test/unencodable", Name: "test.unencodable", Auth: httpapi.AuthNone, Status: 200,
+			Handle: func(context.Context, *httpapi.Call) (any, error) {
+				return map[string]any{"ratio": math.NaN()}, nil
+			}},
+	})
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("GET", "/api/v1/test/unencodable", nil))
+	require.Equal(t, http.StatusInternalServerError, rec.Code, rec.Body.String())
+	reqID := rec.Header().Get("X-Request-Id")
+	require.NotEmpty(t, reqID)
+	var body struct {
+		Error struct {
+			Code   string         `json:"code"`
+			Detail map[string]any `json:"detail"`
+		} `json:"error"`
+	}
+	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &body), rec.Body.String())
+	require.Equal(t, "internal_error", body.Error.Code)
+	require.Equal(t, map[string]any{"request_id": reqID}, body.Error.Detail)
+	require.Contains(t, logs.String(), "route=test.unencodable")
 }
 
 // What an error quotes of a request's data stays out of the log, as out of

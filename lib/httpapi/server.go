@@ -327,7 +327,9 @@ func (s *Server) serveGroup(w http.ResponseWriter, r *http.Request, g *group) {
 		_, _ = sw.Write([]byte(t.Body))
 		return
 	}
-	writeJSON(sw, status, body)
+	if err := tryWriteJSON(sw, status, body); err != nil {
+		s.fail(ctx, sw, reqID, route, fmt.Errorf("encode answer: %w", err))
+	}
 }
 
 // readWithin cuts the connection's reads of r's body at ctx's deadline,
