@@ -203,6 +203,7 @@ func TestUnencodableAnswerIs500WithRequestID(t *testing.T) {
 	require.Equal(t, "internal_error", body.Error.Code)
 	require.Equal(t, map[string]any{"request_id": reqID}, body.Error.Detail)
 	require.Contains(t, logs.String(), "route=test.unencodable")
+	require.Contains(t, logs.String(), "encode the answer: *json.UnsupportedValueError")
 }
 
 // What an error quotes of a request's data stays out of the log, as out of

@@ -328,7 +328,8 @@ func (s *Server) serveGroup(w http.ResponseWriter, r *http.Request, g *group) {
 		return
 	}
 	if err := tryWriteJSON(sw, status, body); err != nil {
-		s.fail(ctx, sw, reqID, route, fmt.Errorf("encode answer: %w", err))
+		// Its type only: a Marshaler's error may quote the value it refused.
+		s.fail(ctx, sw, reqID, route, fmt.Errorf("encode the answer: %T", err))
 	}
 }
 
