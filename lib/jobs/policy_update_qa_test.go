@@ -1,0 +1,221 @@
+package jobs_test
+
+import (
+	"encoding/json"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/jobs"
+)
+
+// Seed 000: "jobs snapshot timeout, maximum attempts and retry preset.
+// Policy updates do not change those values or previously scheduled due
+// times." A CUSTOM policy rewritten in every field leaves each field of a
+// job queued before (never claimed) and of one waiting for its retry: their
+// snapshots read as before, the retry keeps its dueAt, and each field still
+// acts as the snapshot says: the lease is the old timeout's, the next
+// delays the old schedule's (no jitter), and the old attempt count
+// exhausts the job. A job enqueued after the write takes the new policy
+// and version.
+func TestAPolicyRewriteLeavesEveryFieldOfExistingJobs(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	jobs.SetJitter(b.svc, 0.5) // factor 1: each delay is the nominal one
+	ep, _, err := b.svc.CreateEndpoint(ctx, b.ws, jobs.CreateEndpointRequest{Name: "send_email",
+		PolicyFields: jobs.PolicyFields{Preset: opt("CUSTOM"), MaxAttempts: opt[int64](3),
+			InitialDelayMs: opt[int64](10_000), Multiplier: opt(2.0), MaxDelayMs: opt[int64](600_000),
+			JitterPercent: opt(20.0), DefaultTimeoutMs: opt[int64](30_000)}})
+	require.NoError(t, err)
+	old := jobs.PolicySnapshot{RetryPolicy: jobs.RetryPolicy{Preset: "CUSTOM", MaxAttempts: 3, InitialDelayMs: 10_000,
+		Multiplier: 2, MaxDelayMs: 600_000, JitterPercent: 20}, TimeoutMs: 30_000}
+	runID := b.run(t)
+	retried := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`1`)})
+	w := b.register(t)
+	first := b.claimOne(t, w)
+	require.Equal(t, retried.JobID, first.JobID)
+	due := *b.fail(t, first, nil).NextDueAt
+	requireTime(t, b.clock.Now().Add(10*time.Second), due)
+	queued := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`2`)})
+	before := map[string]jobs.DurableJob{retried.StepID: b.step(t, retried.StepID).DurableJob,
+		queued.StepID: b.step(t, queued.StepID).DurableJob}
+	for id, dj := range before {
+		require.Equal(t, old, dj.Policy, id)
+		require.EqualValues(t, 1, dj.PolicyVersion, id)
+		require.Equal(t, 3, dj.MaxAttempts, id)
+	}
+
+	updated, err := b.svc.UpdatePolicy(ctx, b.ws, ep.ID, jobs.UpdatePolicyRequest{ExpectedVersion: opt[int64](1),
+		PolicyFields: jobs.PolicyFields{MaxAttempts: opt[int64](6), InitialDelayMs: opt[int64](60_000),
+			Multiplier: opt(3.0), MaxDelayMs: opt[int64](900_000), JitterPercent: opt(50.0),
+			DefaultTimeoutMs: opt[int64](120_000)}})
+	require.NoError(t, err)
+	require.EqualValues(t, 2, updated.Version)
+	for id, dj := range before {
+		require.Equal(t, dj, b.step(t, id).DurableJob, "%s: snapshot, attempts and dueAt as before", id)
+	}
+	requireTime(t, due, *b.step(t, retried.StepID).DurableJob.DueAt)
+
+	// The queued job: the old timeout's lease, the old first delay.
+	now := b.clock.Now()
+	j := b.claimOne(t, w)
+	require.Equal(t, queued.JobID, j.JobID, "the retry is not due yet")
+	require.Equal(t, 3, j.MaxAttempts)
+	require.EqualValues(t, 30_000, j.TimeoutMs)
+	requireTime(t, now.Add(30*time.Second+time.Duration(j.LeaseMs-30_000)*time.Millisecond), j.LeaseExpiresAt)
+	requireTime(t, now.Add(10*time.Second), *b.fail(t, j, nil).NextDueAt)
+
+	// The retried job, at its old dueAt: the second delay doubles (not
+	// triples) from 10 s (not 60 s), and the third failure exhausts it.
+	b.clock.Set(due)
+	j = b.claimOne(t, w)
+	require.Equal(t, retried.JobID, j.JobID)
+	require.Equal(t, 2, j.Attempt)
+	requireTime(t, due.Add(20*time.Second), *b.fail(t, j, nil).NextDueAt)
+	b.clock.Add(20 * time.Second)
+	var last jobs.ClaimedJob
+	for _, c := range b.claim(t, w, 10) {
+		if c.JobID == retried.JobID {
+			last = c
+		}
+	}
+	require.Equal(t, 3, last.Attempt)
+	r := b.fail(t, last, nil)
+	require.Equal(t, jobs.StatusExhausted, r.Status, "the old maxAttempts of 3 holds")
+	require.Nil(t, r.NextDueAt)
+
+	fresh := b.step(t, b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`3`)}).StepID).DurableJob
+	require.Equal(t, jobs.PolicySnapshot{RetryPolicy: jobs.RetryPolicy{Preset: "CUSTOM", MaxAttempts: 6,
+		InitialDelayMs: 60_000, Multiplier: 3, MaxDelayMs: 900_000, JitterPercent: 50}, TimeoutMs: 120_000}, fresh.Policy)
+	require.EqualValues(t, 2, fresh.PolicyVersion)
+}
+
+// Seed 000: "Concurrency and rate gates apply to new claims immediately."
+// Lowering maxConcurrent below the jobs running holds every claim until
+// reports bring the running below the new limit; lowering
+// rateLimitPerMinute below the attempts already started this minute holds
+// every claim until the next minute, which starts the new limit afresh.
+func TestLoweredLimitsHoldTheNextClaim(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ep := b.limitedEndpoint(t, "send_email", 3)
+	runID := b.run(t)
+	for i := range 8 {
+		b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(strconv.Itoa(i))})
+	}
+	w := b.register(t)
+	running := b.claim(t, w, 10)
+	require.Len(t, running, 3)
+	ep, err := b.svc.UpdatePolicy(ctx, b.ws, ep.ID, jobs.UpdatePolicyRequest{ExpectedVersion: opt(ep.Version),
+		PolicyFields: jobs.PolicyFields{MaxConcurrent: opt[int64](1)}})
+	require.NoError(t, err)
+	require.Empty(t, b.claim(t, w, 10), "3 running, limit 1")
+	b.succeed(t, running[0])
+	require.Empty(t, b.claim(t, w, 10), "2 running, limit 1")
+	b.succeed(t, running[1])
+	require.Empty(t, b.claim(t, w, 10), "1 running, limit 1")
+	b.succeed(t, running[2])
+	next := b.claim(t, w, 10)
+	require.Len(t, next, 1, "none running, limit 1")
+	b.succeed(t, next[0])
+
+	// 4 attempts started this minute (the clock has not moved): a rate of
+	// 10 set now has 6 left, lowered to 5 it has one, to 2 none.
+	ep, err = b.svc.UpdatePolicy(ctx, b.ws, ep.ID, jobs.UpdatePolicyRequest{ExpectedVersion: opt(ep.Version),
+		PolicyFields: jobs.PolicyFields{MaxConcurrent: null[int64](), RateLimitPerMinute: opt[int64](10)}})
+	require.NoError(t, err)
+	ep, err = b.svc.UpdatePolicy(ctx, b.ws, ep.ID, jobs.UpdatePolicyRequest{ExpectedVersion: opt(ep.Version),
+		PolicyFields: jobs.PolicyFields{RateLimitPerMinute: opt[int64](5)}})
+	require.NoError(t, err)
+	got := b.claim(t, w, 10)
+	require.Len(t, got, 1, "5 per minute, 4 started")
+	_, err = b.svc.UpdatePolicy(ctx, b.ws, ep.ID, jobs.UpdatePolicyRequest{ExpectedVersion: opt(ep.Version),
+		PolicyFields: jobs.PolicyFields{RateLimitPerMinute: opt[int64](2)}})
+	require.NoError(t, err)
+	require.Empty(t, b.claim(t, w, 10), "2 per minute, 5 started")
+	b.clock.Add(time.Minute)
+	require.Len(t, b.claim(t, w, 10), 2, "a new minute: 2 of the 3 left")
+	require.Empty(t, b.claim(t, w, 10))
+}
+
+// Policy writes racing claims and reports: writers set, lower, raise and
+// remove maxConcurrent while claimers lease and report at once. After every
+// write commits, no claim may start a job beyond the limit then in force,
+// and the endpoint's count of running jobs never drifts: once the race is
+// over, claims fill exactly the limit's room.
+func TestPolicyWritesRacingClaimsAndReportsKeepTheConcurrencyCount(t *testing.T) {
+	t.Parallel()
+	const claimers, writes = 4, 12
+	b := setup(t)
+	ep := b.limitedEndpoint(t, "send_email", 3)
+	runID := b.run(t)
+	b.fill(t, runID, 300)
+	wids := make([]string, claimers)
+	for i := range wids {
+		wids[i] = b.register(t)
+	}
+	limits := []*int64{ptr[int64](1), nil, ptr[int64](4), ptr[int64](2), nil, ptr[int64](5)}
+	errs := make([]error, claimers+1)
+	apitest.StartTogether(claimers+1, func(i int) {
+		if i == claimers {
+			version := ep.Version
+			for n := range writes {
+				f := jobs.PolicyFields{MaxConcurrent: null[int64]()}
+				if l := limits[n%len(limits)]; l != nil {
+					f.MaxConcurrent = opt(*l)
+				}
+				e, err := b.svc.UpdatePolicy(ctx, b.ws, ep.ID, jobs.UpdatePolicyRequest{ExpectedVersion: opt(version),
+					PolicyFields: f})
+				if err != nil {
+					errs[i] = err
+					return
+				}
+				version = e.Version
+			}
+			return
+		}
+		for range 15 {
+			limit := 1 + i%3
+			c, err := b.svc.Claim(ctx, b.worker, wids[i], jobs.ClaimRequest{Limit: &limit})
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			for _, j := range c.Jobs {
+				if err := b.reportSucceeded(i, j); err != nil {
+					errs[i] = err
+					return
+				}
+			}
+		}
+	})
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	// The last write set a limit of 5 (writes%len(limits) is 0): no later
+	// write recounted, so the count is the one the racers kept.
+	require.Equal(t, 5, *b.endpoint(t, ep.ID).MaxConcurrent)
+	require.Equal(t, 0, b.runningCount(t, "send_email"), "every claimed job was reported")
+	var mu sync.Mutex
+	var leased []jobs.ClaimedJob
+	apitest.StartTogether(claimers, func(i int) {
+		limit := 2
+		c, err := b.svc.Claim(ctx, b.worker, wids[i], jobs.ClaimRequest{Limit: &limit})
+		if err != nil {
+			errs[i] = err
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		leased = append(leased, c.Jobs...)
+	})
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	require.Len(t, leased, 5, "claims racing on an idle endpoint fill exactly its limit")
+	require.Equal(t, 5, b.runningCount(t, "send_email"))
+}
