@@ -219,3 +219,59 @@ func TestPolicyWritesRacingClaimsAndReportsKeepTheConcurrencyCount(t *testing.T)
 	require.Len(t, leased, 5, "claims racing on an idle endpoint fill exactly its limit")
 	require.Equal(t, 5, b.runningCount(t, "send_email"))
 }
+
+// README (Dependencies): a CANCELLED dependency, an operator's decision
+// rather than a failure, skips both branches. Cancelled while its attempt
+// runs, both its SUCCEEDED and its FAILED branches (and what waits below
+// them) are SKIPPED at the cancel, and the attempt's late report, whatever
+// its outcome, releases nothing again: the dependents stay SKIPPED, the
+// job CANCELLED, the run FAILED. A branch enqueued afterwards is SKIPPED
+// too.
+func TestACancelledRunningDependencySkipsBothBranchesOnce(t *testing.T) {
+	t.Parallel()
+	for _, late := range []struct {
+		name   string
+		report jobs.ReportRequest
+	}{
+		{"success", jobs.ReportRequest{Status: jobs.StatusSucceeded}},
+		{"final failure", jobs.ReportRequest{Status: "FAILED", Error: &jobs.ReportError{Message: "no",
+			Retryable: ptr(false)}}},
+		{"retryable failure", jobs.ReportRequest{Status: "FAILED", Error: &jobs.ReportError{Message: "again"}}},
+	} {
+		t.Run(late.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			runID := b.run(t)
+			dep := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`"dep"`)})
+			onSuccess := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`"s"`),
+				AfterStepID: &dep.StepID, AfterStatus: ptr("SUCCEEDED")})
+			onFailure := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`"f"`),
+				AfterStepID: &dep.StepID, AfterStatus: ptr("FAILED")})
+			below := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`"b"`),
+				AfterStepID: &onFailure.StepID, AfterStatus: ptr("SUCCEEDED")})
+			w := b.register(t)
+			j := b.claimOne(t, w)
+			require.Equal(t, dep.JobID, j.JobID)
+			_, err := b.svc.CancelStep(ctx, b.ws, dep.StepID)
+			require.NoError(t, err)
+			skipped := func(when string) {
+				t.Helper()
+				for _, id := range []string{onSuccess.StepID, onFailure.StepID, below.StepID} {
+					require.Equal(t, jobs.StatusSkipped, b.step(t, id).Status, "%s: %s", when, id)
+				}
+				require.Equal(t, jobs.StatusCancelled, b.step(t, dep.StepID).Status, when)
+				require.Equal(t, "FAILED", b.getRun(t, runID).Status, when)
+			}
+			skipped("at the cancel")
+
+			late.report.LeaseToken = j.LeaseToken
+			_, err = b.svc.Report(ctx, b.worker, j.JobID, late.report)
+			require.NoError(t, err)
+			skipped("after the late report")
+			require.Empty(t, b.claim(t, w, 10), "nothing released")
+			require.Equal(t, jobs.StatusSkipped, b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`"l"`),
+				AfterStepID: &dep.StepID, AfterStatus: ptr("FAILED")}).Status)
+			require.Equal(t, []string{"FAILED"}, b.runFinishedEvents(t, runID), "one finish")
+		})
+	}
+}
