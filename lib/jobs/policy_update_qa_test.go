@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -142,64 +143,120 @@ func TestLoweredLimitsHoldTheNextClaim(t *testing.T) {
 	require.Empty(t, b.claim(t, w, 10))
 }
 
-// Policy writes racing claims and reports: writers set, lower, raise and
-// remove maxConcurrent while claimers lease and report at once. After every
-// write commits, no claim may start a job beyond the limit then in force,
-// and the endpoint's count of running jobs never drifts: once the race is
-// over, claims fill exactly the limit's room.
+// Policy writes racing claims, cancels and reports: a writer sets, lowers,
+// raises and removes maxConcurrent while claimers lease jobs, hold them
+// across the writes, cancel some while they run (the attempt keeps its slot
+// until reported) and report them a round later. The writer's last write
+// sets a limit while the claimers still hold jobs, and nothing recounts
+// after it: the endpoint's count of running jobs never drifts, so when the
+// claimers stop it counts exactly the jobs they still hold, none once they
+// are reported, and claims racing on the idle endpoint fill exactly the
+// limit.
 func TestPolicyWritesRacingClaimsAndReportsKeepTheConcurrencyCount(t *testing.T) {
 	t.Parallel()
-	const claimers, writes = 4, 12
+	const claimers, roundsBeforeStop, roundsAfter = 4, 8, 3
 	b := setup(t)
 	ep := b.limitedEndpoint(t, "send_email", 3)
 	runID := b.run(t)
-	b.fill(t, runID, 300)
+	b.fill(t, runID, 600)
 	wids := make([]string, claimers)
 	for i := range wids {
 		wids[i] = b.register(t)
 	}
-	limits := []*int64{ptr[int64](1), nil, ptr[int64](4), ptr[int64](2), nil, ptr[int64](5)}
+	limits := []*int64{ptr[int64](1), nil, ptr[int64](4), ptr[int64](2), nil, ptr[int64](6)}
+	var ready atomic.Int32 // claimers past roundsBeforeStop
+	writerDone := make(chan struct{})
+	writes := 0
+	var heldMu sync.Mutex
+	var stillHeld []jobs.ClaimedJob // each claimer's last claim, not reported
 	errs := make([]error, claimers+1)
 	apitest.StartTogether(claimers+1, func(i int) {
 		if i == claimers {
+			defer close(writerDone)
 			version := ep.Version
-			for n := range writes {
+			write := func(f jobs.PolicyFields) bool {
+				e, err := b.svc.UpdatePolicy(ctx, b.ws, ep.ID, jobs.UpdatePolicyRequest{ExpectedVersion: opt(version),
+					PolicyFields: f})
+				errs[i], version = err, e.Version
+				writes++
+				return err == nil
+			}
+			for n := 0; ready.Load() < claimers; n++ {
 				f := jobs.PolicyFields{MaxConcurrent: null[int64]()}
 				if l := limits[n%len(limits)]; l != nil {
 					f.MaxConcurrent = opt(*l)
 				}
-				e, err := b.svc.UpdatePolicy(ctx, b.ws, ep.ID, jobs.UpdatePolicyRequest{ExpectedVersion: opt(version),
-					PolicyFields: f})
-				if err != nil {
-					errs[i] = err
+				if !write(f) {
 					return
 				}
-				version = e.Version
 			}
+			write(jobs.PolicyFields{MaxConcurrent: opt[int64](5)}) // while the claimers hold jobs
 			return
 		}
-		for range 15 {
+		var held []jobs.ClaimedJob
+		report := func(js []jobs.ClaimedJob) error {
+			for n, j := range js {
+				if n%2 == 1 {
+					if _, err := b.svc.CancelStep(ctx, b.ws, j.StepID); err != nil {
+						return err
+					}
+				}
+				if err := b.reportSucceeded(i, j); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		after := -1 // rounds left once the writer is done
+		for round := 0; after != 0; round++ {
 			limit := 1 + i%3
 			c, err := b.svc.Claim(ctx, b.worker, wids[i], jobs.ClaimRequest{Limit: &limit})
+			if err == nil {
+				err = report(held)
+			}
 			if err != nil {
 				errs[i] = err
 				return
 			}
-			for _, j := range c.Jobs {
-				if err := b.reportSucceeded(i, j); err != nil {
-					errs[i] = err
-					return
+			held = c.Jobs
+			if round == roundsBeforeStop {
+				ready.Add(1)
+			}
+			select {
+			case <-writerDone:
+				if after < 0 {
+					after = roundsAfter
 				}
+				after--
+			default:
 			}
 		}
+		heldMu.Lock()
+		defer heldMu.Unlock()
+		stillHeld = append(stillHeld, held...)
 	})
 	for _, err := range errs {
 		require.NoError(t, err)
 	}
-	// The last write set a limit of 5 (writes%len(limits) is 0): no later
-	// write recounted, so the count is the one the racers kept.
+	require.Greater(t, writes, len(limits), "the writer wrote while the claimers claimed")
 	require.Equal(t, 5, *b.endpoint(t, ep.ID).MaxConcurrent)
-	require.Equal(t, 0, b.runningCount(t, "send_email"), "every claimed job was reported")
+	// The count is checked while jobs are held: a count that missed some
+	// would read as many fewer, and reports clamp it at 0, so once all
+	// were reported it would not show.
+	running := func() int {
+		t.Helper()
+		var n int
+		require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM jobs WHERE run_id = $1
+			AND (status = 'RUNNING' OR slot_attempt IS NOT NULL)`, runID).Scan(&n))
+		return n
+	}
+	require.Equal(t, len(stillHeld), running())
+	require.Equal(t, len(stillHeld), b.runningCount(t, "send_email"), "the count the racers kept")
+	for _, j := range stillHeld {
+		require.NoError(t, b.reportSucceeded(0, j))
+	}
+	require.Zero(t, running())
+	require.Equal(t, 0, b.runningCount(t, "send_email"))
 	var mu sync.Mutex
 	var leased []jobs.ClaimedJob
 	apitest.StartTogether(claimers, func(i int) {
