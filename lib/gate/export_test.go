@@ -100,6 +100,13 @@ var (
 // SQLListCircuits is ListCircuits' statement, for a test of its plan.
 var SQLListCircuits = sqlListCircuits
 
+// SQLCloseCircuit and SQLCloseSurgeCircuit are an operator's close and a
+// policy PUT's turning surge off, for a test of their plans.
+var (
+	SQLCloseCircuit      = sqlCloseCircuit
+	SQLCloseSurgeCircuit = sqlCloseSurgeCircuit
+)
+
 // SQLPruneSpend is SweepSpend's statement, for a test of its plan.
 const SQLPruneSpend = sqlPruneSpend
 
