@@ -283,7 +283,7 @@ func readableNotActable(ctx context.Context, tx pgx.Tx, workspaceID, id string) 
 // settled first, so a read never shows a finished rollback as still
 // running.
 func (s *Service) GetGroup(ctx context.Context, p *auth.Principal, id string) (Group, error) {
-	g, err := s.readGroup(ctx, p, id)
+	g, err := s.readGroup(ctx, p, id, true)
 	if err != nil || g.State != GroupUnwinding {
 		return g, err
 	}
@@ -291,19 +291,23 @@ func (s *Service) GetGroup(ctx context.Context, p *auth.Principal, id string) (G
 		return Group{}, err
 	}
 	// Read again whether this settle ended it or another did meanwhile.
-	return s.readGroup(ctx, p, id)
+	return s.readGroup(ctx, p, id, false)
 }
 
 // readGroup reads a group p may see and its steps in one read-only
 // REPEATABLE READ transaction (db.Snapshot): read in two statements, a
 // rollback that ended between them showed the group open beside the
 // compensations that undid its steps (review), and a group retention
-// deleted between them read as one without steps.
-func (s *Service) readGroup(ctx context.Context, p *auth.Principal, id string) (Group, error) {
+// deleted between them read as one without steps. With toSettle, an
+// unwinding group is answered without its steps, which its caller settles
+// and reads again: read here too, a client polling its rollback read every
+// step three times a poll, the settle's read among them (review).
+func (s *Service) readGroup(ctx context.Context, p *auth.Principal, id string, toSettle bool) (Group, error) {
 	var out Group
 	err := db.Snapshot(ctx, s.pool, func(tx pgx.Tx) error {
 		g, err := readableGroup(ctx, tx, p, id)
-		if err != nil {
+		if err != nil || (toSettle && g.State == GroupUnwinding) {
+			out = g
 			return err
 		}
 		out, err = s.withSteps(ctx, tx, g)

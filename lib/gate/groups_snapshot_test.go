@@ -74,3 +74,37 @@ func TestAGroupIsReadInOneSnapshot(t *testing.T) {
 		})
 	}
 }
+
+// countBefore is a query tracer counting the statements whose text starts
+// with prefix.
+type countBefore struct {
+	prefix string
+	n      atomic.Int32
+}
+
+func (c *countBefore) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.HasPrefix(strings.TrimSpace(d.SQL), c.prefix) {
+		c.n.Add(1)
+	}
+	return ctx
+}
+
+func (c *countBefore) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// A read of an unwinding group, which settles it first, reads its steps
+// for the settle and for the answer, not a third time in a snapshot it
+// then throws away (review of the snapshot read: a client polling its
+// rollback read every step three times a poll).
+func TestAnUnwindingGroupsReadReadsItsStepsOnceForTheAnswer(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	g, _, _ := b.groupWithStep("checkout", "")
+	b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+g+"/unwind", b.ws.Key, nil)
+	steps := &countBefore{prefix: "SELECT e.id, e.effect_type, e.idempotency_key, e.state, e.denial_code,"}
+	h := serverTraced(b, steps)
+	status, body := sendTo(t, h, "GET", "/api/v1/groups/"+g, b.ws.Key, nil)
+	require.Equal(t, http.StatusOK, status, "%v", body)
+	require.Equal(t, "unwinding", body["state"])
+	require.Len(t, body["steps"], 1)
+	require.Equal(t, int32(2), steps.n.Load(), "the settle's read of the steps and the answer's")
+}
