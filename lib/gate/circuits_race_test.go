@@ -209,3 +209,29 @@ func TestAKeyedCloseRacingABurstClosesOnceAndGrantsOneAllowance(t *testing.T) {
 	require.Equal(t, 2, b.events("circuit.tripped"))
 	require.Equal(t, "open", b.circuit("sms.send")["state"])
 }
+
+// An operator's close through an instance whose clock lags, racing a burst
+// through that instance and one a second ahead of it, grants exactly one
+// fresh allowance across the burst and the begins after it: the refusals
+// stamped ahead of the close's clock before it took the type's surge turn
+// are behind the allowance's start (closeFromSQL), and the begins after
+// it are stamped past the start, on either clock (review of the close
+// following the latest key: no test raced it with a clock ahead).
+func TestACloseThroughALaggingInstanceRacingABurstGrantsOneAllowance(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ahead := apitest.Start(t, apitest.WithNow(func() time.Time { return b.clock.Now().Add(time.Second) }))
+	b.putPolicy("sms.send", map[string]any{"surge_per_hour": 5, "surge_action": "deny"})
+	counts, _ := raceBodies(t, 12, b.ws.Key, func(int) map[string]any { return sms(key("first")) }, ahead)
+	require.Equal(t, map[string]int{"execute": 5, "403:circuit_open": 7}, counts)
+
+	closed := make(chan *apitest.Response, 1)
+	go func() { closed <- b.env.Do("POST", "/api/v1/circuits/sms.send/close", b.ws.Key, nil) }()
+	counts, _ = raceBodies(t, 30, b.ws.Key, func(int) map[string]any { return sms(key("burst")) }, ahead, b.env)
+	r := <-closed
+	require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+	after, _ := raceBodies(t, 10, b.ws.Key, func(int) map[string]any { return sms(key("after")) }, ahead, b.env)
+	require.Equal(t, 5, counts["execute"]+after["execute"], "one fresh allowance: burst %v, after %v", counts, after)
+	require.Equal(t, 1, b.events("circuit.closed"))
+	require.Equal(t, 2, b.events("circuit.tripped"))
+}
