@@ -1559,12 +1559,16 @@ DELETE FROM effects e USING expired x WHERE e.id = x.id`
 //     decided approval (sqlDecideApproval) and a moot one closed
 //     (closeApprovalsSQL); nothing clears a group_id. So an
 //     effect that ends, or leaves its pending approval, after a check at t
-//     is due no earlier than t + 1 day, less the time a transaction that
-//     began before the check's may take to commit and the instances' clock
-//     skew (endsInFlight covers both).
+//     is due no earlier than t + its type's retention_days, less the time
+//     a transaction that began before the check's may take to commit and
+//     the instances' clock skew (endsInFlight covers both).
 //   - A check that leaves a pair with nothing due (sqlRescheduleChecks)
 //     stores the earliest due time among the ended, ungrouped effects it
-//     reads, and at most its now + 1 day - endsInFlight; a pair with
+//     reads, and at most its now + the retention it read - endsInFlight
+//     (not now + 1 day whatever the retention: a batch checks up to 1,000
+//     pairs, and a daily check of every idle pair outran a pass a minute
+//     past 1.44 million pairs, each then read later than its effects were
+//     due, review); a pair with
 //     effects still due (past its share, or held by another transaction)
 //     stays due, behind the pairs waiting longer (check_at = now).
 //   - A retention raised only delays what is due; one lowered, or a first
@@ -1655,7 +1659,9 @@ FOR UPDATE SKIP LOCKED`
 // same transaction, the next check of each pair it read ($2, $3): now ($1),
 // while effects are still due (past the pair's share, or held by another
 // transaction), else the earliest due time among its ended, ungrouped
-// effects, at most $4 (now + 1 day - endsInFlight: those that end later);
+// effects, at most $4 + the retention it reads ($4: now - endsInFlight;
+// those that end later are due no earlier: a retention lowered since makes
+// the pair due again, sqlMarkGroupsToDate, and one raised only delays);
 // a pair with no ended, ungrouped effect left is forgotten (its row
 // deleted) until a discovery finds it again. The earliest due time: those
 // created before the cut-off and changed since are due when their change
@@ -1681,7 +1687,7 @@ WITH p AS (
                 AND e.approval_state IS DISTINCT FROM 'pending'
               LIMIT 1)
         THEN $1::timestamptz
-        ELSE least($4::timestamptz,
+        ELSE least($4::timestamptz + p.keep,
             (SELECT min(e.updated_at) FROM effects e
              WHERE e.workspace_id = p.workspace_id AND e.effect_type = p.effect_type AND ` + endedUngrouped + `
                AND e.created_at < $1::timestamptz - p.keep

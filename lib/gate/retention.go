@@ -164,8 +164,7 @@ func (s *Service) purgeDueChecks(ctx context.Context, tx pgx.Tx, now time.Time, 
 	if err != nil {
 		return 0, fmt.Errorf("purge expired effects: %w", err)
 	}
-	if _, err := tx.Exec(ctx, sqlRescheduleChecks, now, workspaces, types,
-		now.Add(24*time.Hour-endsInFlight)); err != nil {
+	if _, err := tx.Exec(ctx, sqlRescheduleChecks, now, workspaces, types, now.Add(-endsInFlight)); err != nil {
 		return 0, fmt.Errorf("reschedule retention checks: %w", err)
 	}
 	return int(ct.RowsAffected()), nil

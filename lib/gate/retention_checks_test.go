@@ -54,11 +54,12 @@ func (b *bundle) exists(id any) bool {
 // A deployed retention pass reads a pair (workspace, effect type) once it
 // may have an effect due, not every pair on every batch (sweeper
 // scalability QA): a pair it checked with nothing due is read again at the
-// earliest due time of its ended effects, or a day on less endsInFlight
-// (effects that end later are due a day after at the earliest), and its
-// effects go once due, never before. A new pair is found by the next round
-// of discovery (an hour after the last), not by every batch; its effects,
-// due a day after they ended at the earliest, go once due. Not parallel,
+// earliest due time of its ended effects, or its retention on less
+// endsInFlight (effects that end later are due that long after at the
+// earliest), and its effects go once due, never before. A new pair is
+// found by the next round of discovery (an hour after the last), not by
+// every batch; its effects, due a day after they ended at the earliest, go
+// once due. Not parallel,
 // in its own era (1921).
 func TestRetentionReadsAPairOnceItMayHaveEffectsDue(t *testing.T) {
 	b, sweep := deployedEra(t, 1921)
@@ -95,7 +96,7 @@ func TestRetentionReadsAPairOnceItMayHaveEffectsDue(t *testing.T) {
 	sweep()
 	at, ok = b.checkAt("email.send")
 	require.True(t, ok, "the next round found the pair")
-	require.True(t, at.Equal(c.Now().Add(24*time.Hour-gate.EndsInFlight)), "%s", at)
+	require.True(t, at.Equal(t1.AddDate(0, 0, 90)), "checked again when its effect is due: %s", at)
 
 	c.Add(t1.AddDate(0, 0, 90).Sub(c.Now()) - time.Second)
 	sweep()
@@ -243,7 +244,12 @@ func TestLoweringARetentionWaitsForABatchHoldingItsPair(t *testing.T) {
 	ctx := context.Background()
 	mail := b.executedAs("succeeded", email(key("held")))
 	sweep()
-	b.clock.Add(24*time.Hour + time.Minute) // its check is due: a day on, less endsInFlight
+	b.clock.Add(24*time.Hour + time.Minute)
+	// its check due (stored at its effect's 90 days, read again as a check
+	// that came)
+	_, err := b.env.App.Pool.Exec(ctx, `UPDATE gate_retention_checks SET check_at = $3
+		WHERE workspace_id = $1 AND effect_type = $2`, b.ws.ID, "email.send", b.clock.Now().Add(-time.Minute))
+	require.NoError(t, err)
 	tx, err := b.env.App.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
@@ -265,4 +271,48 @@ func TestLoweringARetentionWaitsForABatchHoldingItsPair(t *testing.T) {
 	require.True(t, ok && at.IsZero(), "due at once (-infinity): %s", at)
 	sweep()
 	require.False(t, b.exists(mail["effect_id"]), "a day old, under a day's retention")
+}
+
+// A pair checked with nothing due is read again at the earliest due time
+// of its ended effects, and at most its type's retention on (less
+// endsInFlight: an effect that ends later is due that long after it ended
+// at the earliest), not a day on whatever the retention: a batch checks
+// 1,000 pairs, and at a pass a minute a daily check of every idle pair
+// outran it past 1.44 million pairs with ended effects, each pair then
+// read later than its effects were due (review). Not parallel, in its own
+// era (1943).
+func TestAnIdlePairIsReadAgainWithinItsRetention(t *testing.T) {
+	b, sweep := deployedEra(t, 1943)
+	c := b.clock
+	t0 := c.Now()
+	b.putPolicy("sms.send", map[string]any{"retention_days": 7})
+	mail := b.executedAs("succeeded", email(key("kept-90-days")))
+	text := b.executedAs("succeeded", sms(key("kept-7-days")))
+	c.Add(time.Hour)
+	sweep()
+	for typ, due := range map[string]time.Time{"email.send": t0.AddDate(0, 0, 90), "sms.send": t0.AddDate(0, 0, 7)} {
+		at, ok := b.checkAt(typ)
+		require.True(t, ok, typ)
+		require.True(t, !at.After(due), "%s: read again once its effect is due: %s, due %s", typ, at, due)
+		require.True(t, at.After(c.Now().Add(6*24*time.Hour)), "%s: not read again within its retention: %s", typ,
+			at)
+	}
+	later := b.executedAs("succeeded", email(key("ended-later")))
+
+	c.Add(t0.AddDate(0, 0, 7).Sub(c.Now()) - time.Second)
+	sweep()
+	require.True(t, b.exists(text["effect_id"]), "a second before its 7 days passed")
+	c.Add(2 * time.Second)
+	sweep()
+	require.False(t, b.exists(text["effect_id"]), "its 7 days passed")
+
+	c.Add(t0.AddDate(0, 0, 90).Sub(c.Now()) + time.Second)
+	sweep()
+	require.False(t, b.exists(mail["effect_id"]), "its 90 days passed")
+	require.True(t, b.exists(later["effect_id"]), "ended an hour later")
+	at, _ := b.checkAt("email.send")
+	require.True(t, at.After(c.Now()), "the later effect is due later: %s", at)
+	c.Add(2 * time.Hour)
+	sweep()
+	require.False(t, b.exists(later["effect_id"]), "its 90 days passed")
 }
