@@ -139,7 +139,8 @@ func (s *Service) discoverChecks(ctx context.Context, now time.Time) error {
 // (sqlLockDueChecks; every one due when checkEveryPass), deletes up to
 // limit of their ungrouped effects whose retention has passed
 // (sqlPurgeExpired), then stores each pair's next check
-// (sqlRescheduleChecks), and answers the effects it deleted.
+// (sqlRescheduleChecks), both without JIT (sqlRetentionPlan), and answers
+// the effects it deleted.
 func (s *Service) purgeDueChecks(ctx context.Context, tx pgx.Tx, now time.Time, limit int) (int, error) {
 	pairs := &limit
 	if s.checkEveryPass {
@@ -159,6 +160,9 @@ func (s *Service) purgeDueChecks(ctx context.Context, tx pgx.Tx, now time.Time, 
 	}
 	if len(workspaces) == 0 {
 		return 0, nil
+	}
+	if _, err := tx.Exec(ctx, sqlRetentionPlan); err != nil {
+		return 0, fmt.Errorf("retention plan: %w", err)
 	}
 	ct, err := tx.Exec(ctx, sqlPurgeExpired, now, limit, nil, workspaces, types)
 	if err != nil {

@@ -316,3 +316,26 @@ func TestAnIdlePairIsReadAgainWithinItsRetention(t *testing.T) {
 	sweep()
 	require.False(t, b.exists(later["effect_id"]), "its 90 days passed")
 }
+
+// A batch with pairs due stores their next checks without JIT: the
+// reschedule's three probes a pair are estimated pessimistically, and a
+// batch of 1,000 pairs beside a million known ones was planned past
+// jit_above_cost, compiling 96 functions (50 ms of its 155, review: 200,000
+// effects over 3,000 pairs). Not parallel, in its own era (1944).
+func TestARetentionBatchTurnsJITOff(t *testing.T) {
+	b, _ := inEra(t, 1944)
+	ctx := context.Background()
+	tx, err := b.env.App.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `SET LOCAL jit = on`)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `INSERT INTO gate_retention_checks (workspace_id, effect_type, check_at)
+		VALUES ($1, 'jit.t', '-infinity')`, b.ws.ID)
+	require.NoError(t, err)
+	_, err = gate.PurgeDueChecks(ctx, tx, b.clock.Now(), 1000)
+	require.NoError(t, err)
+	var jit string
+	require.NoError(t, tx.QueryRow(ctx, `SELECT current_setting('jit')`).Scan(&jit))
+	require.Equal(t, "off", jit)
+}
