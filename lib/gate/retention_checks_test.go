@@ -59,8 +59,7 @@ func (b *bundle) exists(id any) bool {
 // earliest), and its effects go once due, never before. A new pair is
 // found by the next round of discovery (an hour after the last), not by
 // every batch; its effects, due a day after they ended at the earliest, go
-// once due. Not parallel,
-// in its own era (1921).
+// once due. Not parallel, in its own era (1921).
 func TestRetentionReadsAPairOnceItMayHaveEffectsDue(t *testing.T) {
 	b, sweep := deployedEra(t, 1921)
 	c := b.clock
