@@ -21,6 +21,11 @@ VALUES ($1, $2, 0, 1)
 ON CONFLICT (bucket, window_start, shard) DO UPDATE SET count = rate_counters.count + 1
 RETURNING count::bigint`
 
+// refundSQL takes back one request countSQL counted in the window of
+// bucket $1 that began at $2 (Limiter.refund); never below zero.
+const refundSQL = `UPDATE rate_counters SET count = count - 1
+WHERE bucket = $1 AND window_start = $2 AND shard = 0 AND count > 0`
+
 // Limiter enforces fixed-window limits in Postgres. A refused request still
 // counts, so hammering a limit does not shorten the wait.
 type Limiter struct {
@@ -62,8 +67,7 @@ func (l *Limiter) charge(ctx context.Context, bucket string, limit int, window t
 // all read the count below the limit before any of them counted would
 // each be let through.
 func (l *Limiter) refund(ctx context.Context, bucket string, start time.Time) error {
-	if _, err := l.pool.Exec(ctx, `UPDATE rate_counters SET count = count - 1
-		WHERE bucket = $1 AND window_start = $2 AND shard = 0 AND count > 0`, bucket, start); err != nil {
+	if _, err := l.pool.Exec(ctx, refundSQL, bucket, start); err != nil {
 		return fmt.Errorf("refund rate bucket: %w", err)
 	}
 	return nil
