@@ -164,9 +164,12 @@ func TestPolicyWritesRacingClaimsAndReportsKeepTheConcurrencyCount(t *testing.T)
 		wids[i] = b.register(t)
 	}
 	limits := []*int64{ptr[int64](1), nil, ptr[int64](4), ptr[int64](2), nil, ptr[int64](6)}
-	var ready atomic.Int32 // claimers past roundsBeforeStop
+	// A claimer counts itself ready once it is past roundsBeforeStop and the
+	// writer has been through every limit once, so the writer's last write
+	// follows all of them whatever the goroutines' pace.
+	var ready atomic.Int32
+	var writes atomic.Int32
 	writerDone := make(chan struct{})
-	writes := 0
 	var heldMu sync.Mutex
 	var stillHeld []jobs.ClaimedJob // each claimer's last claim, not reported
 	errs := make([]error, claimers+1)
@@ -178,7 +181,7 @@ func TestPolicyWritesRacingClaimsAndReportsKeepTheConcurrencyCount(t *testing.T)
 				e, err := b.svc.UpdatePolicy(ctx, b.ws, ep.ID, jobs.UpdatePolicyRequest{ExpectedVersion: opt(version),
 					PolicyFields: f})
 				errs[i], version = err, e.Version
-				writes++
+				writes.Add(1)
 				return err == nil
 			}
 			for n := 0; ready.Load() < claimers; n++ {
@@ -208,6 +211,7 @@ func TestPolicyWritesRacingClaimsAndReportsKeepTheConcurrencyCount(t *testing.T)
 			return nil
 		}
 		after := -1 // rounds left once the writer is done
+		counted := false
 		for round := 0; after != 0; round++ {
 			limit := 1 + i%3
 			c, err := b.svc.Claim(ctx, b.worker, wids[i], jobs.ClaimRequest{Limit: &limit})
@@ -219,7 +223,8 @@ func TestPolicyWritesRacingClaimsAndReportsKeepTheConcurrencyCount(t *testing.T)
 				return
 			}
 			held = c.Jobs
-			if round == roundsBeforeStop {
+			if !counted && round >= roundsBeforeStop && int(writes.Load()) > len(limits) {
+				counted = true
 				ready.Add(1)
 			}
 			select {
@@ -238,7 +243,7 @@ func TestPolicyWritesRacingClaimsAndReportsKeepTheConcurrencyCount(t *testing.T)
 	for _, err := range errs {
 		require.NoError(t, err)
 	}
-	require.Greater(t, writes, len(limits), "the writer wrote while the claimers claimed")
+	require.Greater(t, int(writes.Load()), len(limits)+1, "the writer went through every limit, then wrote its last")
 	require.Equal(t, 5, *b.endpoint(t, ep.ID).MaxConcurrent)
 	// The count is checked while jobs are held: a count that missed some
 	// would read as many fewer, and reports clamp it at 0, so once all
