@@ -61,7 +61,7 @@ func PurgeExpired(ctx context.Context, tx pgx.Tx, now time.Time, limit int) (int
 	if _, err := tx.Exec(ctx, sqlDiscoverAllChecks, "", "", nil, now); err != nil {
 		return 0, err
 	}
-	n, err := (&Service{checkEveryPass: true}).purgeDueChecks(ctx, tx, now, limit)
+	_, n, err := (&Service{checkEveryPass: true}).purgeDueChecks(ctx, tx, now, limit)
 	return int64(n), err
 }
 
@@ -191,7 +191,8 @@ func (s *Service) CheckRetentionAsDeployed(pairs int) {
 // effects at now in tx (the pairs due for a check, up to limit, and their
 // next checks), and answers how many effects it deleted.
 func PurgeDueChecks(ctx context.Context, tx pgx.Tx, now time.Time, limit int) (int, error) {
-	return (&Service{}).purgeDueChecks(ctx, tx, now, limit)
+	_, n, err := (&Service{}).purgeDueChecks(ctx, tx, now, limit)
+	return n, err
 }
 
 // RetentionDiscoveryEvery is how often a deployed pass begins a round of

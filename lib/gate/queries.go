@@ -1649,11 +1649,29 @@ SET after_workspace_id = $1, after_effect_type = $2, round_from = coalesce($3::t
 // sqlLockDueChecks locks up to $2 of the pairs due for a check at $1, those
 // waiting longest first, and answers them; those another batch holds are
 // passed over.
-const sqlLockDueChecks = `SELECT workspace_id, effect_type FROM gate_retention_checks
-WHERE check_at <= $1::timestamptz
+const sqlLockDueChecks = lockDueChecks + `
 ORDER BY check_at
 LIMIT $2::int
 FOR UPDATE SKIP LOCKED`
+
+// sqlLockDueCheck is sqlLockDueChecks for the pair ($2, $3) alone: a batch
+// that failed is purged pair by pair (purgeChecksApart).
+const sqlLockDueCheck = lockDueChecks + `
+  AND workspace_id = $2::text AND effect_type = $3::text
+FOR UPDATE SKIP LOCKED`
+
+const lockDueChecks = `SELECT workspace_id, effect_type FROM gate_retention_checks
+WHERE check_at <= $1::timestamptz`
+
+// sqlPutOffCheck moves the next check of the pair ($1, $2) on to $3 (never
+// back): a pair whose purge failed alone is read again then. A pair
+// another pass holds is passed over: that pass purges it, or puts it off,
+// and two passes putting off each other's pairs do not wait for each other.
+const sqlPutOffCheck = `UPDATE gate_retention_checks c SET check_at = greatest(c.check_at, $3::timestamptz)
+FROM (SELECT workspace_id, effect_type FROM gate_retention_checks
+      WHERE workspace_id = $1::text AND effect_type = $2::text
+      FOR UPDATE SKIP LOCKED) l
+WHERE c.workspace_id = l.workspace_id AND c.effect_type = l.effect_type`
 
 // sqlRetentionPlan turns JIT compilation off for the rest of a retention
 // batch's transaction, as sqlReconcilePlan does: sqlRescheduleChecks'

@@ -31,7 +31,8 @@ import (
 // one that fails on every pass (a statement timeout, a refused delete)
 // is rolled back alone, the groups purged before it are committed all the
 // same, and its failure is answered with their count (review: it rolled
-// the groups' purge back with it, every pass).
+// the groups' purge back with it, every pass). See purgeChecksApart for
+// the pairs after it.
 //
 // The ungrouped effects it reads are those of the pairs (workspace, effect
 // type) due for a check (gate_retention_checks, retentionChecks), up to
@@ -49,13 +50,14 @@ func (s *Service) SweepRetention(ctx context.Context, now time.Time, limit int) 
 		if err != nil {
 			return err
 		}
-		m, err := inSavepoint(ctx, tx, func(sp pgx.Tx) (int, error) {
-			return s.purgeDueChecks(ctx, sp, now, limit)
-		})
-		if err != nil && !sweep.GoOn(ctx, err) {
-			return err // not the purge's own failure: the groups' would fail alike
+		m, purgeErr, err := s.purgeChecksApart(ctx, tx, now, limit)
+		if err != nil {
+			return err
 		}
-		n, ungroupedErr = n+m, err
+		if purgeErr != nil && !sweep.GoOn(ctx, purgeErr) {
+			return purgeErr // not the purge's own failure: the groups' would fail alike
+		}
+		n, ungroupedErr = n+m, purgeErr
 		return nil
 	})
 	if err != nil {
@@ -135,31 +137,86 @@ func (s *Service) discoverChecks(ctx context.Context, now time.Time) error {
 	return nil
 }
 
+// typePair is a (workspace, effect type) pair: one of
+// gate_retention_checks, or of gate_groups_to_date.
+type typePair struct{ workspaceID, effectType string }
+
+// collectPairs answers the pairs rows read (workspace_id, effect_type).
+func collectPairs(rows pgx.Rows, err error) ([]typePair, error) {
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (typePair, error) {
+		var p typePair
+		return p, r.Scan(&p.workspaceID, &p.effectType)
+	})
+}
+
+// purgeChecksApart purges the ungrouped effects of up to limit pairs due
+// at now (purgeDueChecks) as purgeApart does, and answers the effects it
+// deleted and the purge's failures (purgeErr); err, when tx itself
+// failed. A pair whose purge fails alone is put off (its check_at,
+// retentionRetryAfter on): sqlLockDueChecks reads the pairs waiting
+// longest first, and a failed batch moves none of them on, so one failing
+// on every pass (a statement timeout over its backlog, a refused delete)
+// kept every pair's ungrouped effects past their retention for good
+// (review). One by one, the pairs share the batch's limit in their order:
+// once it is spent, those left stay due, waiting longest, for the next
+// pass. Every pass (CheckRetentionEveryPass), discovery makes a pair put
+// off due again at each run (sqlDiscoverAllChecks: a check_at later than
+// now is read as a clock that went back), so a failing pair fails the
+// batch, and answers its error, at every run: the other pairs are purged
+// one by one all the same. That mode is the tests'.
+func (s *Service) purgeChecksApart(ctx context.Context, tx pgx.Tx, now time.Time, limit int) (n int, purgeErr,
+	err error) {
+	return purgeApart(ctx, tx, apart[typePair]{
+		batch: func(sp pgx.Tx) ([]typePair, int, error) { return s.purgeDueChecks(ctx, sp, now, limit) },
+		alone: func(sp pgx.Tx, p typePair, deleted int) (int, error) {
+			locked, err := collectPairs(sp.Query(ctx, sqlLockDueCheck, now, p.workspaceID, p.effectType))
+			if err != nil {
+				return 0, fmt.Errorf("lock due retention check: %w", err)
+			}
+			return purgePairs(ctx, sp, now, limit-deleted, locked)
+		},
+		limit: limit,
+		putOff: func(p typePair) error {
+			_, err := tx.Exec(ctx, sqlPutOffCheck, p.workspaceID, p.effectType, now.Add(retentionRetryAfter))
+			return err
+		},
+		name: func(p typePair) string {
+			return fmt.Sprintf("effect type %s of workspace %s", p.effectType, p.workspaceID)
+		},
+	})
+}
+
 // purgeDueChecks locks up to limit pairs due for a check at now
-// (sqlLockDueChecks; every one due when checkEveryPass), deletes up to
-// limit of their ungrouped effects whose retention has passed
-// (sqlPurgeExpired), then stores each pair's next check
-// (sqlRescheduleChecks), both without JIT (sqlRetentionPlan), and answers
-// the effects it deleted.
-func (s *Service) purgeDueChecks(ctx context.Context, tx pgx.Tx, now time.Time, limit int) (int, error) {
+// (sqlLockDueChecks; every one due when checkEveryPass) and purges them
+// (purgePairs); it answers the pairs it locked, also when the purge then
+// fails, and the effects it deleted.
+func (s *Service) purgeDueChecks(ctx context.Context, tx pgx.Tx, now time.Time, limit int) ([]typePair, int, error) {
 	pairs := &limit
 	if s.checkEveryPass {
 		pairs = nil
 	}
-	rows, err := tx.Query(ctx, sqlLockDueChecks, now, pairs)
+	due, err := collectPairs(tx.Query(ctx, sqlLockDueChecks, now, pairs))
 	if err != nil {
-		return 0, fmt.Errorf("lock due retention checks: %w", err)
+		return nil, 0, fmt.Errorf("lock due retention checks: %w", err)
 	}
-	var workspaces, types []string
-	var ws, typ string
-	if _, err := pgx.ForEachRow(rows, []any{&ws, &typ}, func() error {
-		workspaces, types = append(workspaces, ws), append(types, typ)
-		return nil
-	}); err != nil {
-		return 0, fmt.Errorf("lock due retention checks: %w", err)
-	}
-	if len(workspaces) == 0 {
+	n, err := purgePairs(ctx, tx, now, limit, due)
+	return due, n, err
+}
+
+// purgePairs deletes, of the pairs tx locked (due), up to limit of their
+// ungrouped effects whose retention has passed at now (sqlPurgeExpired),
+// then stores each pair's next check (sqlRescheduleChecks), both without
+// JIT (sqlRetentionPlan), and answers the effects it deleted.
+func purgePairs(ctx context.Context, tx pgx.Tx, now time.Time, limit int, due []typePair) (int, error) {
+	if len(due) == 0 {
 		return 0, nil
+	}
+	workspaces, types := make([]string, len(due)), make([]string, len(due))
+	for i, p := range due {
+		workspaces[i], types[i] = p.workspaceID, p.effectType
 	}
 	if _, err := tx.Exec(ctx, sqlRetentionPlan); err != nil {
 		return 0, fmt.Errorf("retention plan: %w", err)
@@ -174,60 +231,106 @@ func (s *Service) purgeDueChecks(ctx context.Context, tx pgx.Tx, now time.Time, 
 	return int(ct.RowsAffected()), nil
 }
 
-// retentionRetryAfter is how long a group whose purge failed alone is put
-// off (its keep_until moved on).
+// retentionRetryAfter is how long a group, or a pair, whose purge failed
+// alone is put off (its keep_until, its check_at, moved on).
 const retentionRetryAfter = time.Hour
 
-// purgeGroupsApart purges up to limit due groups (purgeKeptGroups) under a
-// savepoint of tx, and answers the effects it deleted and the groups'
-// failures (groupsErr); err, when tx itself failed. When the batch fails,
-// what it did is rolled back and its groups are purged again one by one,
-// each under a savepoint of its own; a group that fails alone is put off
-// (its keep_until, retentionRetryAfter on) and its error answered: the
-// batch reads the groups due first, so one failing on every pass (a
-// statement timeout over a large group, a refused delete) kept every group
-// after it for good (sweeper review). One by one only once a batch
-// failed, and the group put off leaves the next batches whole: a pass's
-// round trips stay those of one batch but for one pass an hour per
-// failing group, and that pass is bounded by its batch. A savepoint per
-// group instead would cost two more round trips per group on every pass.
+// purgeGroupsApart purges up to limit due groups (purgeKeptGroups) as
+// purgeApart does, and answers the effects it deleted and the groups'
+// failures (groupsErr); err, when tx itself failed. A group that fails
+// alone is put off (its keep_until, retentionRetryAfter on): the batch
+// reads the groups due first, so one failing on every pass (a statement
+// timeout over a large group, a refused delete) kept every group after it
+// for good (sweeper review).
 func purgeGroupsApart(ctx context.Context, tx pgx.Tx, now time.Time, limit, steps int) (n int, groupsErr, err error) {
-	var due []string
+	return purgeApart(ctx, tx, apart[string]{
+		batch: func(sp pgx.Tx) ([]string, int, error) {
+			due, err := db.CollectIDs(sp.Query(ctx, sqlLockDueGroups, now, limit))
+			if err != nil {
+				return nil, 0, fmt.Errorf("lock due groups: %w", err)
+			}
+			_, effects, err := purgeKeptGroups(ctx, sp, now, due, steps)
+			return due, effects, err
+		},
+		alone: func(sp pgx.Tx, id string, _ int) (int, error) {
+			locked, err := db.CollectIDs(sp.Query(ctx, sqlLockDueGroup, now, id))
+			if err != nil {
+				return 0, fmt.Errorf("lock due group: %w", err)
+			}
+			_, effects, err := purgeKeptGroups(ctx, sp, now, locked, steps)
+			return effects, err
+		},
+		putOff: func(id string) error {
+			_, err := tx.Exec(ctx, sqlPutOffGroup, id, now.Add(retentionRetryAfter))
+			return err
+		},
+		name: func(id string) string { return "group " + id },
+	})
+}
+
+// apart is a purge that purgeApart runs as one batch, and item by item
+// once the batch failed: the groups' (purgeGroupsApart), the pairs'
+// (purgeChecksApart).
+type apart[T any] struct {
+	// batch locks the items due and purges them under sp; it answers the
+	// items it locked, also when their purge then fails, and the effects
+	// it deleted.
+	batch func(sp pgx.Tx) ([]T, int, error)
+	// alone locks item again, if it is still due and no other pass holds
+	// it, and purges it under sp; deleted is what the items before it
+	// deleted.
+	alone func(sp pgx.Tx, item T, deleted int) (int, error)
+	// limit, when above 0, is the effects the items share one by one:
+	// once they are deleted, the items left are left as they are, due,
+	// for the next pass.
+	limit int
+	// putOff puts item off by retentionRetryAfter (never back), in tx.
+	putOff func(item T) error
+	// name names item in an error: ids only, never a key or a payload.
+	name func(item T) string
+}
+
+// purgeApart runs a's batch under a savepoint of tx, and answers the
+// effects it deleted and the purge's failures (purgeErr); err, when tx
+// itself failed. When the batch fails, what it did is rolled back and its
+// items are purged again one by one, each under a savepoint of its own;
+// an item that fails alone is put off and its error, named by the item,
+// answered, so that the next batches read past it. One by one only once a
+// batch failed, and the item put off leaves the next batches whole: a
+// pass's round trips stay those of one batch but for one pass an hour per
+// failing item. A savepoint per item instead would cost two more round
+// trips per item on every pass.
+func purgeApart[T any](ctx context.Context, tx pgx.Tx, a apart[T]) (n int, purgeErr, err error) {
+	var due []T
 	n, batchErr := inSavepoint(ctx, tx, func(sp pgx.Tx) (int, error) {
+		var effects int
 		var err error
-		if due, err = db.CollectIDs(sp.Query(ctx, sqlLockDueGroups, now, limit)); err != nil {
-			return 0, fmt.Errorf("lock due groups: %w", err)
-		}
-		_, effects, err := purgeKeptGroups(ctx, sp, now, due, steps)
+		due, effects, err = a.batch(sp)
 		return effects, err
 	})
 	if batchErr == nil || !sweep.GoOn(ctx, batchErr) {
 		return n, batchErr, nil
 	}
 	var errs []error
-	for _, id := range due {
+	for _, item := range due {
+		if a.limit > 0 && n >= a.limit {
+			break // the rest wait for the next pass
+		}
 		err := batchErr
 		if len(due) > 1 { // one alone failed as the batch
 			var m int
-			m, err = inSavepoint(ctx, tx, func(sp pgx.Tx) (int, error) {
-				locked, err := db.CollectIDs(sp.Query(ctx, sqlLockDueGroup, now, id))
-				if err != nil {
-					return 0, fmt.Errorf("lock due group: %w", err)
-				}
-				_, effects, err := purgeKeptGroups(ctx, sp, now, locked, steps)
-				return effects, err
-			})
+			m, err = inSavepoint(ctx, tx, func(sp pgx.Tx) (int, error) { return a.alone(sp, item, n) })
 			if err == nil {
 				n += m
 				continue
 			}
-			err = fmt.Errorf("group %s: %w", id, err)
+			err = fmt.Errorf("%s: %w", a.name(item), err)
 		}
 		if errs = append(errs, err); !sweep.GoOn(ctx, err) {
-			break // not the group's failure: it is not put off
+			break // not the item's failure: it is not put off
 		}
-		if _, err := tx.Exec(ctx, sqlPutOffGroup, id, now.Add(retentionRetryAfter)); err != nil {
-			return 0, errors.Join(errs...), fmt.Errorf("put off group %s: %w", id, err)
+		if err := a.putOff(item); err != nil {
+			return 0, errors.Join(errs...), fmt.Errorf("put off %s: %w", a.name(item), err)
 		}
 	}
 	if len(errs) == 0 {
@@ -298,15 +401,7 @@ const groupsPerEffects = 10
 // its own; one that fails holds no other back. It answers how many groups
 // it dated.
 func (s *Service) SweepGroupsToDate(ctx context.Context, now time.Time, types, groups int) (int, error) {
-	type toDate struct{ workspaceID, effectType string }
-	rows, err := s.pool.Query(ctx, sqlGroupsToDate, types, now.UTC())
-	if err != nil {
-		return 0, fmt.Errorf("read groups to date: %w", err)
-	}
-	due, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (toDate, error) {
-		var t toDate
-		return t, r.Scan(&t.workspaceID, &t.effectType)
-	})
+	due, err := collectPairs(s.pool.Query(ctx, sqlGroupsToDate, types, now.UTC()))
 	if err != nil {
 		return 0, fmt.Errorf("read groups to date: %w", err)
 	}

@@ -3,6 +3,7 @@ package gate_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -337,4 +338,95 @@ func TestARetentionBatchTurnsJITOff(t *testing.T) {
 	var jit string
 	require.NoError(t, tx.QueryRow(ctx, `SELECT current_setting('jit')`).Scan(&jit))
 	require.Equal(t, "off", jit)
+}
+
+// A pair whose purge of ungrouped effects fails holds no other pair's
+// effects past their retention: the failed batch is purged again pair by
+// pair, the failing pair is put off (its check_at, an hour on) and its
+// error answered, named by its pair, and its effects stay; once due again
+// it is tried again (review: the batch reads the pairs waiting longest
+// first and a failed batch moved none of them on, so a pair failing on
+// every pass, a statement timeout over its backlog say, kept every pair's
+// ungrouped effects for good). The workspace's other type goes, as does
+// another workspace's. Deployed, the next pass reads past the failing
+// pair; every pass (CheckRetentionEveryPass), discovery makes it due
+// again, and each pass answers its error. Not parallel, in their own eras (1963, 1964); the trigger that
+// fails the delete is on the package database.
+func TestRetentionGoesOnPastAPairWhosePurgeFails(t *testing.T) {
+	for i, mode := range []string{"deployed", "every pass"} {
+		t.Run(mode, func(t *testing.T) {
+			b, sweep := inEra(t, 1963+i)
+			if mode == "deployed" {
+				b.env.App.Server.Gate.CheckRetentionAsDeployed(5000)
+			}
+			ctx, c := context.Background(), b.clock
+			other := &bundle{t: t, clock: c, env: b.env, ws: b.env.Signup()}
+			failing := b.executedAs("succeeded", email(key("failing")))["effect_id"]
+			sameWorkspace := b.executedAs("succeeded", sms(key("same-workspace")))["effect_id"]
+			otherWorkspace := other.executedAs("succeeded", email(key("other-workspace")))["effect_id"]
+			c.Add(100 * 24 * time.Hour) // past every retention here
+			allow := apitest.Refuse(t, "BEFORE DELETE ON effects",
+				fmt.Sprintf("OLD.workspace_id = '%s' AND OLD.effect_type = 'email.send'", b.ws.ID))
+			pass := func() error {
+				_, err := b.env.App.Server.Gate.SweepRetention(ctx, c.Now(), 1000)
+				return err
+			}
+
+			err := pass()
+			require.True(t, b.exists(failing))
+			require.False(t, b.exists(sameWorkspace), "the workspace's other type goes all the same")
+			require.False(t, b.exists(otherWorkspace), "another workspace's effects go all the same")
+			require.ErrorContains(t, err, "test_refuse", "the failing pair's error is answered")
+			require.ErrorContains(t, err, "effect type email.send of workspace "+b.ws.ID, "named by its pair")
+			at, _ := b.checkAt("email.send")
+			require.True(t, at.Equal(c.Now().Add(time.Hour)), "put off an hour: %s", at)
+
+			c.Add(time.Minute)
+			if mode == "deployed" {
+				sweep() // the next pass reads past the failing pair, and answers no error
+			} else {
+				require.ErrorContains(t, pass(), "test_refuse", "made due again by discovery at every pass")
+			}
+			require.True(t, b.exists(failing))
+
+			allow()
+			c.Add(time.Hour)
+			sweep()
+			require.False(t, b.exists(failing), "tried again once due")
+		})
+	}
+}
+
+// Purged one by one once their batch failed, the pairs share the batch's
+// limit: the pass deletes no more ungrouped effects than a batch would,
+// and the pairs left wait for the next pass. A limit of 3 stands for the
+// pass's 1,000: the batch's shares, 2 for the failing workspace (its one
+// effect) and 1 for each of the other's two types, take the failing
+// effect whatever their order; alone, each of the other's pairs took the
+// whole limit (4 in all). Every pass, so the batch reads every pair. Not parallel, in its own era
+// (1901: the earliest, so no other test's effect is due).
+func TestRetentionPairsPurgedApartShareTheLimit(t *testing.T) {
+	b, _ := inEra(t, 1901)
+	ctx, c := context.Background(), b.clock
+	other := &bundle{t: t, clock: c, env: b.env, ws: b.env.Signup()}
+	b.executedAs("succeeded", email(key("failing")))
+	var ids []any
+	for range 2 {
+		ids = append(ids, other.executedAs("succeeded", email(key("mail")))["effect_id"],
+			other.executedAs("succeeded", sms(key("text")))["effect_id"])
+	}
+	c.Add(100 * 24 * time.Hour) // past every retention here
+	apitest.Refuse(t, "BEFORE DELETE ON effects",
+		fmt.Sprintf("OLD.workspace_id = '%s' AND OLD.effect_type = 'email.send'", b.ws.ID))
+
+	n, err := b.env.App.Server.Gate.SweepRetention(ctx, c.Now(), 3)
+	require.ErrorContains(t, err, "test_refuse")
+	require.Equal(t, 3, n, "the batch's limit, shared")
+	var left int
+	for _, id := range ids {
+		if b.exists(id) {
+			left++
+		}
+	}
+	require.Equal(t, 1, left)
 }
