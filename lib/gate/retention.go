@@ -241,7 +241,9 @@ const retentionRetryAfter = time.Hour
 // alone is put off (its keep_until, retentionRetryAfter on): the batch
 // reads the groups due first, so one failing on every pass (a statement
 // timeout over a large group, a refused delete) kept every group after it
-// for good (sweeper review).
+// for good (sweeper review). One by one, each group goes whole, and the
+// groups share the batch's steps as the batch's do: those starting within
+// steps steps, the first always, the last perhaps past it.
 func purgeGroupsApart(ctx context.Context, tx pgx.Tx, now time.Time, limit, steps int) (n int, groupsErr, err error) {
 	return purgeApart(ctx, tx, apart[string]{
 		batch: func(sp pgx.Tx) ([]string, int, error) {
@@ -260,6 +262,7 @@ func purgeGroupsApart(ctx context.Context, tx pgx.Tx, now time.Time, limit, step
 			_, effects, err := purgeKeptGroups(ctx, sp, now, locked, steps)
 			return effects, err
 		},
+		limit: steps,
 		putOff: func(id string) error {
 			_, err := tx.Exec(ctx, sqlPutOffGroup, id, now.Add(retentionRetryAfter))
 			return err
@@ -280,9 +283,11 @@ type apart[T any] struct {
 	// it, and purges it under sp; deleted is what the items before it
 	// deleted.
 	alone func(sp pgx.Tx, item T, deleted int) (int, error)
-	// limit, when above 0, is the effects the items share one by one:
-	// once they are deleted, the items left are left as they are, due,
-	// for the next pass.
+	// limit is the effects the items share one by one, as the batch's
+	// items do: once they are deleted, the items left are left as they
+	// are, due, for the next pass. Each item alone took up to the batch's
+	// own limit (review: the groups of a failed batch, each deleted whole,
+	// a batch's worth of groups of any size, in one pass).
 	limit int
 	// putOff puts item off by retentionRetryAfter (never back), in tx.
 	putOff func(item T) error
@@ -313,7 +318,7 @@ func purgeApart[T any](ctx context.Context, tx pgx.Tx, a apart[T]) (n int, purge
 	}
 	var errs []error
 	for _, item := range due {
-		if a.limit > 0 && n >= a.limit {
+		if n >= a.limit {
 			break // the rest wait for the next pass
 		}
 		err := batchErr

@@ -1406,3 +1406,37 @@ func TestRetentionGoesOnPastAGroupWhosePurgeFails(t *testing.T) {
 		})
 	}
 }
+
+// Purged one by one once their batch failed, the groups share the batch's
+// steps as the batch's do: those starting within them go, each whole, the
+// last perhaps past them, and the rest wait for the next pass (review:
+// each group alone went whole, so a failed batch deleted a batch's worth
+// of groups of any size in one pass). A limit of 40 stands for the pass's
+// 1,000: a batch of 4 groups, 40 steps; the failing group's step, then
+// three of 20 each, due in that order: one by one, the first two go (40
+// steps), the third waits. Not parallel, in its own era (1903: no other
+// test's group is due); the trigger that fails the purge is on the
+// package database.
+func TestRetentionGroupsPurgedApartShareTheSteps(t *testing.T) {
+	b, _ := inEra(t, 1903)
+	ctx := context.Background()
+	failing, _, _ := b.groupWithStep("order", key("failing"))
+	b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+failing+"/commit", b.ws.Key, nil)
+	var groups []string
+	for range 3 {
+		b.clock.Add(time.Minute) // due in this order
+		g := b.newGroup("order", key("big"))
+		for range 20 {
+			b.executedAs("succeeded", groupStep(g, email(key("step")), nil))
+		}
+		b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+g+"/commit", b.ws.Key, nil)
+		groups = append(groups, g)
+	}
+	b.clock.Add(100 * 24 * time.Hour) // past every retention here
+	apitest.Refuse(t, "BEFORE DELETE ON effect_groups", fmt.Sprintf("OLD.id = '%s'", failing))
+
+	_, err := b.env.App.Server.Gate.SweepRetention(ctx, b.clock.Now(), 40)
+	require.ErrorContains(t, err, "test_refuse")
+	b.requireKept(false, "/api/v1/groups/"+groups[0], "/api/v1/groups/"+groups[1])
+	b.requireKept(true, "/api/v1/groups/"+groups[2], "/api/v1/groups/"+failing)
+}
