@@ -4,11 +4,14 @@ import (
 	"encoding/json"
 	"strconv"
 	"strings"
+	"unicode/utf16"
+	"unicode/utf8"
 )
 
 // BadIDMessage is the message of the Invalid Request error that refuses a
 // message whose id could not be answered exactly (answerableID).
-const BadIDMessage = "Invalid Request: id must be a string or an integer from -(2^53 - 1) to 2^53 - 1"
+const BadIDMessage = "Invalid Request: id must be a string (UTF-8, without a lone UTF-16 surrogate) or an integer " +
+	"from -(2^53 - 1) to 2^53 - 1"
 
 // maxExactID is the largest integer every JSON reader, the SDK's included
 // (it reads ids as float64), holds exactly.
@@ -32,8 +35,10 @@ func answerableID(id json.RawMessage) bool {
 	}
 	c := id[0]
 	switch {
-	case c == '"' || string(id) == "null":
-		return true // a string; null, the SDK's to refuse as a missing id
+	case c == '"':
+		return exactString(string(id))
+	case string(id) == "null":
+		return true // the SDK's to refuse as a missing id
 	case c != '-' && (c < '0' || c > '9'):
 		// true, false, an object or an array: no id. The SDK refused one
 		// in words naming its Go type ("invalid ID type map[string]interface
@@ -41,6 +46,50 @@ func answerableID(id json.RawMessage) bool {
 		return false
 	}
 	return exactInteger(string(id))
+}
+
+// exactString reports whether lit, a JSON string literal, decodes to the
+// text it spells. encoding/json, which the SDK reads ids with, reads bytes
+// that are not UTF-8, and a \u escape of a lone UTF-16 surrogate, as U+FFFD
+// (MCP QA: "\ud800" was answered as "\ufffd", an id the client never sent,
+// and "\ud800" and "\udbff" were one id in a batch). lit is valid JSON
+// (CheckEnvelope), so each escape is whole.
+func exactString(lit string) bool {
+	if !utf8.ValidString(lit) {
+		return false
+	}
+	for i := 0; i < len(lit); i++ {
+		if lit[i] != '\\' {
+			continue
+		}
+		i++ // the escaped character
+		if lit[i] != 'u' {
+			continue
+		}
+		r := hexRune(lit[i+1 : i+5])
+		i += 4
+		if !utf16.IsSurrogate(r) {
+			continue
+		}
+		// A high surrogate is whole only with a low one after it.
+		if r >= 0xDC00 || !strings.HasPrefix(lit[i+1:], `\u`) || i+6 >= len(lit) {
+			return false
+		}
+		if low := hexRune(lit[i+3 : i+7]); low < 0xDC00 || low > 0xDFFF {
+			return false
+		}
+		i += 6
+	}
+	return true
+}
+
+// hexRune reads four hex digits (-1 when they are not).
+func hexRune(digits string) rune {
+	v, err := strconv.ParseUint(digits, 16, 32)
+	if err != nil {
+		return -1
+	}
+	return rune(v)
 }
 
 // exactInteger reports whether the JSON number literal n is an integer

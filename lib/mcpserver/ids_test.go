@@ -42,6 +42,20 @@ func TestEnvelopeRefusesIDsItCannotAnswer(t *testing.T) {
 		`[{"jsonrpc":"2.0","id":1,"method":"ping"},{"jsonrpc":"2.0","id":{},"method":"ping"}]`:  false,
 		`{"jsonrpc":"2.0","ID":7.5,"method":"ping"}`:                                            true, // no id to the SDK: a notification
 		`not json`: true, // a parse error
+		// A string id is answered as encoding/json reads it: bytes that
+		// are not UTF-8 and a lone surrogate escape come back as U+FFFD
+		// (MCP QA: "\ud800" was answered "\ufffd"), so they are refused.
+		`{"jsonrpc":"2.0","id":"\ud800","method":"ping"}`:                                                   false,
+		`{"jsonrpc":"2.0","id":"a\udc00","method":"ping"}`:                                                  false,
+		`{"jsonrpc":"2.0","id":"\uD800\u0041","method":"ping"}`:                                             false,
+		`{"jsonrpc":"2.0","id":"\udbff\ud800","method":"ping"}`:                                             false,
+		"{\"jsonrpc\":\"2.0\",\"id\":\"k\xff\",\"method\":\"ping\"}":                                        false,
+		`[{"jsonrpc":"2.0","id":"\ud800","method":"ping"},{"jsonrpc":"2.0","id":"\udbff","method":"ping"}]`: false,
+		`{"jsonrpc":"2.0","id":"\ud83d\ude00","method":"ping"}`:                                             true, // a pair: one character
+		`{"jsonrpc":"2.0","id":"\uD83D\uDE00x","method":"ping"}`:                                            true,
+		`{"jsonrpc":"2.0","id":"\\ud800","method":"ping"}`:                                                  true, // a backslash, then text
+		`{"jsonrpc":"2.0","id":"\ufffd é","method":"ping"}`:                                                 true,
+		`{"jsonrpc":"2.0","id":"a\u0000b\n","method":"ping"}`:                                               true,
 	} {
 		e := mcpserver.CheckEnvelope([]byte(body))
 		require.Equal(t, !want, e != nil && e.Message == mcpserver.BadIDMessage, "%s: %v", body, e)

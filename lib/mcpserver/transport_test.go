@@ -98,6 +98,8 @@ func TestTransportRefusalsAreJSON(t *testing.T) {
 		{`{"jsonrpc":"2.0","id":12345678901234567890,"method":"ping"}`, -32600, nil},
 		{`{"jsonrpc":"2.0","id":1.5,"method":"ping"}`, -32600, nil},
 		{`[{"jsonrpc":"2.0","id":1,"method":"ping"},{"jsonrpc":"2.0","id":2.5,"method":"ping"}]`, -32600, nil},
+		// A string id with a lone surrogate (MCP QA: answered "\ufffd").
+		{`{"jsonrpc":"2.0","id":"\ud800","method":"ping"}`, -32600, nil},
 		// The envelope is checked as a REST body is (MCP QA): a member
 		// named twice (the last one ran), text after the message (ignored),
 		// a message that is no message (taken for a notification), a
