@@ -192,7 +192,7 @@ func (d *drainingPipes) admit(line []byte) {
 	}
 	msg, err := jsonrpc.DecodeMessage(line)
 	if err != nil {
-		d.refuse(line, jsonrpc.CodeInvalidRequest, "Invalid Request: not a JSON-RPC 2.0 message")
+		d.refuse(line, jsonrpc.CodeInvalidRequest, mcpserver.NotAMessage)
 		return
 	}
 	req, _ := msg.(*jsonrpc.Request)

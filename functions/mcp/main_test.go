@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -122,7 +123,7 @@ func TestLinesAreAdmittedOrRefused(t *testing.T) {
 		{`{"jsonrpc":"2.0","id":5,"method":"tools/call"}`, nil,
 			`{"error":{"code":-32602,"message":"Invalid params: tools/call needs params, an object naming the tool"},"id":5,"jsonrpc":"2.0"}`},
 		{`{"jsonrpc":"1.0","id":6,"method":"ping"}`, nil,
-			`{"error":{"code":-32600,"message":"Invalid Request: not a JSON-RPC 2.0 message"},"id":6,"jsonrpc":"2.0"}`},
+			`{"error":{"code":-32600,"message":` + strconv.Quote(mcpserver.NotAMessage) + `},"id":6,"jsonrpc":"2.0"}`},
 		// An id of another type says what an id may be, as over HTTP.
 		{`{"jsonrpc":"2.0","id":{"a":1},"method":"ping"}`, nil,
 			`{"error":{"code":-32600,"message":"` + mcpserver.BadIDMessage + `"},"id":null,"jsonrpc":"2.0"}`},

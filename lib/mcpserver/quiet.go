@@ -36,6 +36,12 @@ func QuietMessage(msg string, code int64) string {
 	if plainMessages[msg] {
 		return msg
 	}
+	if strings.HasPrefix(msg, undecodedMessage) {
+		// It named the SDK's Go types ("cannot unmarshal … into Go
+		// struct field jsonrpc2.wireDecode.jsonrpc of type string", MCP
+		// QA), where the stdio binary said what was wrong.
+		return NotAMessage
+	}
 	if method, rest, ok := handling(msg); ok {
 		if plain, ok := paramsRefusal(method, rest); ok {
 			return plain
@@ -197,6 +203,16 @@ func closingQuote(s string, i int) int {
 	}
 	return len(s)
 }
+
+// undecodedMessage opens the HTTP transport's refusal of a message it could
+// not decode: a jsonrpc other than "2.0", a method that is not a string, an
+// error that is not an object of an integer code and a string message.
+const undecodedMessage = "malformed payload: "
+
+// NotAMessage answers a message the SDK cannot decode (undecodedMessage),
+// over HTTP and stdio alike.
+const NotAMessage = `Invalid Request: not a JSON-RPC 2.0 message (jsonrpc is "2.0" and method a string; an error ` +
+	"is an object with an integer code and a string message)"
 
 // ParseErrorMessage answers a message that is not JSON, over HTTP and
 // stdio alike.
