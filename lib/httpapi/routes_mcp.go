@@ -417,10 +417,14 @@ func (j *jsonRPCErrors) finish() {
 		// (MCP QA: read as the initialize's protocolVersion being wrong).
 		msg = "Bad Request: the MCP-Protocol-Version header names a protocol version this server does not support" + rest
 	}
-	switch {
+	// The class is read from the message quieted (QuietMessage), which
+	// quotes none of the caller's values: the transport's own message
+	// quotes them, and a jsonrpc or method of another type holding the word
+	// "unsupported" was answered -32601 (MCP QA).
+	switch quiet := mcpserver.QuietMessage(msg, code); {
 	case !json.Valid(j.body):
 		code = jsonrpc.CodeParseError
-	case strings.Contains(msg, "unsupported") || strings.Contains(msg, "not handled"):
+	case strings.Contains(quiet, "unsupported") || strings.Contains(quiet, "not handled"):
 		code = jsonrpc.CodeMethodNotFound
 	}
 	id := json.RawMessage("null")
