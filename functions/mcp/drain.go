@@ -280,7 +280,6 @@ func validID(v any) any {
 // null, and the client waited out its timeout). nil when it cannot tell.
 func leadingID(prefix []byte) any {
 	dec := json.NewDecoder(bytes.NewReader(prefix))
-	dec.UseNumber()
 	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
 		return nil
 	}
@@ -289,25 +288,37 @@ func leadingID(prefix []byte) any {
 		if err != nil {
 			return nil
 		}
-		var v any
-		if err := dec.Decode(&v); err != nil {
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
 			return nil // cut short, or malformed, before or within the id
 		}
 		if key != "id" {
 			continue
 		}
-		switch v := v.(type) {
-		case json.Number:
-			// A number that runs to the cut may go on past it.
-			i, err := v.Int64()
-			if err != nil || dec.InputOffset() >= int64(len(prefix)) {
-				return nil
-			}
-			return i
-		case string:
-			return v
+		return leadingIDValue(raw, dec.InputOffset() < int64(len(prefix)))
+	}
+	return nil
+}
+
+// leadingIDValue is raw, an id read from a line's start, as an answer
+// names it: a string answered as sent (mcpserver.ExactStringID: the
+// decoder reads a lone surrogate escape as U+FFFD, so "\ud800" was
+// answered "\ufffd"), or an integer that ends before the cut (whole: one
+// that runs to it may go on past it); nil otherwise.
+func leadingIDValue(raw json.RawMessage, whole bool) any {
+	var (
+		s string
+		n json.Number
+	)
+	switch {
+	case raw[0] == '"':
+		if mcpserver.ExactStringID(raw) && json.Unmarshal(raw, &s) == nil {
+			return s
 		}
-		return nil
+	case whole && json.Unmarshal(raw, &n) == nil:
+		if i, err := n.Int64(); err == nil {
+			return i
+		}
 	}
 	return nil
 }

@@ -232,6 +232,10 @@ func TestLeadingID(t *testing.T) {
 		`{"jsonrpc":"2.0","id":null,"method":"x"`:                            nil,
 		`[{"jsonrpc":"2.0","id":1`:                                           nil,
 		`{"jsonrpc":"2.0","id":"abc`:                                         nil,
+		// Answered under another id: the decoder reads them as U+FFFD.
+		`{"jsonrpc":"2.0","id":"\ud800","method":"x"`:            nil,
+		"{\"jsonrpc\":\"2.0\",\"id\":\"k\xff\",\"method\":\"x\"": nil,
+		`{"jsonrpc":"2.0","id":"\ud83d\ude00","method":"x"`:      "\U0001F600",
 	} {
 		if got := leadingID([]byte(prefix)); got != want {
 			t.Errorf("%s: got %#v, want %#v", prefix, got, want)

@@ -48,6 +48,14 @@ func answerableID(id json.RawMessage) bool {
 	return exactInteger(string(id))
 }
 
+// ExactStringID reports whether id, a JSON string literal (an id's raw
+// member), is answered as sent: the stdio binary reads the id of a line it
+// refuses unread (one over its limit) for itself, and answers it only when
+// it is (exactString).
+func ExactStringID(id json.RawMessage) bool {
+	return len(id) > 0 && id[0] == '"' && exactString(string(id))
+}
+
 // exactString reports whether lit, a JSON string literal, decodes to the
 // text it spells. encoding/json, which the SDK reads ids with, reads bytes
 // that are not UTF-8, and a \u escape of a lone UTF-16 surrogate, as U+FFFD
