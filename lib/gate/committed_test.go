@@ -82,11 +82,11 @@ func outcomeOf(t *testing.T, status int, body map[string]any) any {
 
 // groupedStepFailingItsSettle begins (execute) a step of a new group under
 // a key prefixed prefix, and answers it with a server whose database fails
-// every settle of a group (sqlLockUnwinding) before the statement is sent.
+// every settle of a group (sqlGroupStates) before the statement is sent.
 func groupedStepFailingItsSettle(t *testing.T, prefix string) (*bundle, http.Handler, map[string]any) {
 	t.Helper()
 	b := setup(t)
-	h := serverTraced(b, failingAfter{fail: gate.SQLLockUnwinding})
+	h := serverTraced(b, failingAfter{fail: gate.SQLGroupStates})
 	body := email(key(prefix))
 	body["group_id"] = b.newGroup("g", "")
 	return b, h, b.mustBegin("execute", body)
@@ -181,7 +181,7 @@ func TestAPolicyPutThatCommittedIsNeverAnsweredNotApplied(t *testing.T) {
 func TestARejectionRepeatedAfterItsSettleFailedEndsTheRollback(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	h := serverTraced(b, failingAfter{fail: gate.SQLLockUnwinding})
+	h := serverTraced(b, failingAfter{fail: gate.SQLGroupStates})
 	b.putPolicy("email.retract", map[string]any{"mode": "require_approval"})
 	g, _, step := b.groupWithStep("g", "")
 	b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+g+"/unwind", b.ws.Key, nil)

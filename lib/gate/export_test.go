@@ -81,9 +81,9 @@ func PurgeKeptGroups(ctx context.Context, tx pgx.Tx, now time.Time, limit, steps
 	return purgeKeptGroups(ctx, tx, now, due, steps)
 }
 
-// SQLLockUnwinding is the statement a report's settling of its group
+// SQLGroupStates is the statement a report's settling of its group
 // begins with, so a test can fail it after the report committed.
-var SQLLockUnwinding = sqlLockUnwinding
+var SQLGroupStates = sqlGroupStates
 
 // SQLClaimGroupsToDate is the statement a lowered retention's dating of
 // kept groups begins with, after the policy's write committed, so a test

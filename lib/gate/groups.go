@@ -482,12 +482,23 @@ func (s *Service) heldAt(before time.Time) time.Time {
 // settleGroup ends an unwinding group's rollback when nothing is left to do.
 // skip makes it pass over a group another settle holds (the sweeper);
 // inline callers wait, because the holder may have read the steps before
-// the caller's own change committed.
+// the caller's own change committed: a settle, and an unwind making the
+// group unwinding (sqlGroupStates waits for it; a group it leaves in
+// another state, an open one most often, costs that one statement, no
+// transaction).
 func (s *Service) settleGroup(ctx context.Context, workspaceID, id string, skip bool) (ended bool, err error) {
 	now := s.clock()
 	sql := sqlLockUnwinding
 	if skip {
 		sql = sqlLockUnwindingSkip
+	} else {
+		states, err := groupStates(ctx, db.Conn(ctx, s.pool), sqlGroupStates, workspaceID, []string{id})
+		if err != nil {
+			return false, fmt.Errorf("settle group: %w", err)
+		}
+		if states[id] != GroupUnwinding {
+			return false, nil
+		}
 	}
 	err = db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
 		g, err := scanGroup(tx.QueryRow(ctx, sql, id, workspaceID))
@@ -502,6 +513,23 @@ func (s *Service) settleGroup(ctx context.Context, workspaceID, id string, skip 
 		return err
 	})
 	return ended && err == nil, err
+}
+
+// groupStates reads the states of groups ids of workspaceID with sql
+// (sqlGroupStates or sqlGroupStatesSkip), by id: a group left out was
+// deleted, or, skipped, is held by another transaction.
+func groupStates(ctx context.Context, q db.Querier, sql, workspaceID string, ids []string) (map[string]string, error) {
+	rows, err := q.Query(ctx, sql, workspaceID, ids)
+	if err != nil {
+		return nil, err
+	}
+	states := make(map[string]string, len(ids))
+	var id, state string
+	_, err = pgx.ForEachRow(rows, []any{&id, &state}, func() error {
+		states[id] = state
+		return nil
+	})
+	return states, err
 }
 
 // afterStep settles the group of an effect whose outcome just became known.

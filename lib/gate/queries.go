@@ -906,10 +906,25 @@ upd AS (
 ), ` + freedCTE("upa") + `,` + releaseCTEs("freed", "true") + `
 SELECT DISTINCT group_id FROM upd WHERE group_id IS NOT NULL ORDER BY group_id`
 
-// sqlUnwindingAmong answers which of groups $2 of workspace $1 are being
-// rolled back: the only ones a settled step may end (settleGroup).
-const sqlUnwindingAmong = `SELECT id FROM effect_groups
-WHERE workspace_id = $1 AND id = ANY($2::text[]) AND state = 'unwinding' ORDER BY id`
+// sqlGroupStates reads the states of groups $2 of workspace $1 once no
+// transition of theirs is in progress: an unwind, a commit or a settle
+// holds the group's row FOR UPDATE (a begin of a step only FOR SHARE,
+// which KEY SHARE does not wait for), and the locked rows are the latest
+// versions, so a state is the one that transition left. A settled step may
+// end only a group being rolled back (settleGroup), and read on the
+// statement's snapshot alone (state = 'unwinding' in a WHERE) a group an
+// unwind was making unwinding was passed over: the unwind had read the
+// step as unresolved, and the rollback stayed unwinding, its last step
+// settled, until a read or the sweeper ended it (QA: a reconciliation, a
+// resolve or a report racing the unwind). In id order, as every lock of
+// several groups. sqlGroupStatesSkip waits for none: the groups another
+// transaction holds are left out, for a settle of each to wait for
+// (endRollbacks), so that one held long holds back none of the others.
+const (
+	sqlGroupStates = `SELECT id, state FROM effect_groups WHERE workspace_id = $1 AND id = ANY($2::text[])
+ORDER BY id FOR KEY SHARE`
+	sqlGroupStatesSkip = sqlGroupStates + ` SKIP LOCKED`
+)
 
 // sqlSpentAmongUnwinding answers up to $5 unwinding groups of workspace
 // $1 holding an effect of type $2 that failed, or was denied, after $3

@@ -530,16 +530,28 @@ func (s *Service) SweepReconcileDue(ctx context.Context, now time.Time, limit in
 // statement, not a transaction each (QA: 3 000 charges, each a step of its
 // checkout's open group, cost 9 000 round trips after the answer was
 // decided). Read after the commit, as a resolve's afterStep does: an unwind
-// that began since sees these outcomes itself. A group whose settle fails
+// that began since sees these outcomes itself; one still in progress holds
+// its group, which is then settled too, its settle waiting for that unwind
+// (sqlGroupStates; passed over, the rollback stayed unwinding with its last
+// step settled, QA), while the others are read without waiting for it. A
+// group whose settle fails
 // does not stop those after it, as in SweepGroups (sweep.GoOn): it stopped
 // at the first, and the rest waited for the sweeper. Failures are logged,
 // not answered: the reconciliation has committed, and the sweeper settles
 // what is left.
 func (s *Service) endRollbacks(ctx context.Context, workspaceID string, groups []string) {
-	unwinding, err := db.CollectIDs(s.pool.Query(ctx, sqlUnwindingAmong, workspaceID, groups))
+	states, err := groupStates(ctx, s.pool, sqlGroupStatesSkip, workspaceID, groups)
 	if err != nil {
 		s.logger.Warn("rollbacks a reconciliation settled steps of not read", "err", err)
 		return
 	}
-	s.settleEach(ctx, workspaceID, unwinding, "reconciliation")
+	var settle []string
+	for _, g := range groups {
+		// One another transaction holds may be an unwind that read these
+		// steps unresolved: its settle waits for it.
+		if state, read := states[g]; !read || state == GroupUnwinding {
+			settle = append(settle, g)
+		}
+	}
+	s.settleEach(ctx, workspaceID, settle, "reconciliation")
 }
