@@ -906,9 +906,10 @@ upd AS (
 ), ` + freedCTE("upa") + `,` + releaseCTEs("freed", "true") + `
 SELECT DISTINCT group_id FROM upd WHERE group_id IS NOT NULL ORDER BY group_id`
 
-// sqlGroupStates reads the states of groups $2 of workspace $1 once no
-// transition of theirs is in progress: an unwind, a commit or a settle
-// holds the group's row FOR UPDATE (a begin of a step only FOR SHARE,
+// sqlGroupStates reads the states of groups $2 of workspace $1 (empty: of
+// any, as sqlLockUnwinding) once no transition of theirs is in progress:
+// an unwind, a commit or a settle holds the group's row FOR UPDATE (a
+// begin of a step only FOR SHARE,
 // which KEY SHARE does not wait for), and the locked rows are the latest
 // versions, so a state is the one that transition left. A settled step may
 // end only a group being rolled back (settleGroup), and read on the
@@ -921,8 +922,8 @@ SELECT DISTINCT group_id FROM upd WHERE group_id IS NOT NULL ORDER BY group_id`
 // transaction holds are left out, for a settle of each to wait for
 // (endRollbacks), so that one held long holds back none of the others.
 const (
-	sqlGroupStates = `SELECT id, state FROM effect_groups WHERE workspace_id = $1 AND id = ANY($2::text[])
-ORDER BY id FOR KEY SHARE`
+	sqlGroupStates = `SELECT id, state FROM effect_groups
+WHERE id = ANY($2::text[]) AND ($1::text = '' OR workspace_id = $1) ORDER BY id FOR KEY SHARE`
 	sqlGroupStatesSkip = sqlGroupStates + ` SKIP LOCKED`
 )
 
