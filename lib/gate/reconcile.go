@@ -534,11 +534,10 @@ func (s *Service) SweepReconcileDue(ctx context.Context, now time.Time, limit in
 // its group, which is then settled too, its settle waiting for that unwind
 // (sqlGroupStates; passed over, the rollback stayed unwinding with its last
 // step settled, QA), while the others are read without waiting for it. A
-// group whose settle fails
-// does not stop those after it, as in SweepGroups (sweep.GoOn): it stopped
-// at the first, and the rest waited for the sweeper. Failures are logged,
-// not answered: the reconciliation has committed, and the sweeper settles
-// what is left.
+// group whose settle fails does not stop those after it, as in SweepGroups
+// (sweep.GoOn): it stopped at the first, and the rest waited for the
+// sweeper. Failures are logged, not answered: the reconciliation has
+// committed, and the sweeper settles what is left.
 func (s *Service) endRollbacks(ctx context.Context, workspaceID string, groups []string) {
 	states, err := groupStates(ctx, s.pool, sqlGroupStatesSkip, workspaceID, groups)
 	if err != nil {
