@@ -88,8 +88,10 @@ type ReconcileCounts struct {
 }
 
 // Reconciliation is the answer of POST /api/v1/reconcile. Every vendor
-// record lands in exactly one list except missing_at_vendor, which lists
-// Ratchet's effects; see README.md "Effect groups and reconciliation".
+// record lands in one list, but one this reconciliation resolved succeeded
+// whose amounts differ, which is in amount_mismatch as well (reconcileResolve);
+// missing_at_vendor and unsettled also list effects no record names. See
+// README.md "Effect groups and reconciliation".
 type Reconciliation struct {
 	EffectType       string          `json:"effect_type"`
 	From             time.Time       `json:"from"`
