@@ -128,3 +128,54 @@ func TestAPageOfRunsReadsThePage(t *testing.T) {
 		},
 	})
 }
+
+// Retention reads a batch of the runs due and their steps, not every step
+// kept, however it is planned (scale QA: the steps that keep a run were
+// read as an anti-join, a hash of every step that ended after the cut-off,
+// 100,000 of 200,000 steps read for each batch of 1,000 runs, a read that
+// grew with the steps kept, not the batch).
+func TestRetentionReadsABatchOfRunsAndTheirSteps(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	tx := testpg.Scratch(ctx, t, b.env.App.Pool, "job_runs", "jobs")
+	// $1 runs of 5 steps: the first fifth ended 100 days ago (due), the
+	// others an hour ago (kept).
+	const runs, steps = 6000, 5
+	seed := []string{`INSERT INTO job_runs (id, workspace_id, name, status, created_at, finished_at)
+		SELECT 'run_' || g, 'ws_h' || g % 100, 'r', 'SUCCEEDED', now() - interval '1 hour', CASE WHEN g <= $1 / 5
+			THEN now() - interval '100 days' + g * interval '1 s' ELSE now() - interval '1 hour' END
+		FROM generate_series(1, $1::int) g`,
+		`INSERT INTO jobs (id, step_id, workspace_id, run_id, name, version, endpoint_id, idempotency_key,
+			request_hash, status, attempt, policy_version, policy_preset, max_attempts, initial_delay_ms, multiplier,
+			max_delay_ms, jitter_percent, timeout_ms, finished_at, created_at, updated_at)
+		SELECT 'job_' || r.id || '_' || s, 'stp_' || r.id || '_' || s, r.workspace_id, r.id, 'send_email', '1', 'end_h',
+			r.id || '_' || s, '\x00'::bytea, 'SUCCEEDED', 1, 1, 'default', 3, 1000, 2, 60000, 0, 60000, r.finished_at,
+			r.created_at, r.finished_at
+		FROM job_runs r, generate_series(1, $1::int) s`}
+	for i, s := range append(seed, `ANALYZE job_runs`, `ANALYZE jobs`) {
+		args := []any{runs}
+		if i == 1 {
+			args = []any{steps}
+		} else if i > 1 {
+			args = nil
+		}
+		if _, err := tx.Exec(ctx, s, args...); err != nil {
+			t.Fatalf("%.40s: %v", s, err)
+		}
+	}
+	for _, mode := range testpg.PlanCacheModes {
+		for _, limit := range []int{100, 500} {
+			read, nodes, err := testpg.RowsRead(ctx, tx, mode, jobs.SQLRetiredRuns, time.Now().AddDate(0, 0, -90), limit)
+			if err != nil {
+				t.Fatalf("%s, limit %d: %v", mode, limit, err)
+			}
+			// Each run's steps, twice (counted, and looked at for one
+			// that keeps it), and a few more.
+			if n, most := read["jobs"], 3*steps*limit; n > most {
+				t.Errorf("%s, limit %d: %d rows of jobs read for a batch of %d runs of %d steps (%d kept): %v", mode, limit,
+					n, limit, steps, runs*steps*4/5, testpg.Reads(nodes, "jobs"))
+			}
+		}
+	}
+}

@@ -1161,8 +1161,13 @@ const retiredRuns = `
 SELECT r.id, (SELECT count(*) FROM jobs j WHERE j.run_id = r.id) FROM job_runs r
 WHERE r.status IN ('SUCCEEDED', 'FAILED') AND r.finished_at < $1::timestamptz
   AND (r.purge_after IS NULL OR r.purge_after <= $1::timestamptz)
-  AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.run_id = r.id
-                  AND (j.finished_at IS NULL OR j.finished_at >= $1::timestamptz OR j.slot_attempt IS NOT NULL))`
+  -- a probe a run (jobs_run_idx), in finished_at order until the batch is
+  -- full: as NOT EXISTS it was planned as an anti-join over a hash of every
+  -- step that keeps its run, each batch reading the steps kept, not its own
+  -- (scale QA: 100,000 of 200,000 steps for each batch of 1,000 runs)
+  AND (SELECT true FROM jobs j WHERE j.run_id = r.id
+         AND (j.finished_at IS NULL OR j.finished_at >= $1::timestamptz OR j.slot_attempt IS NOT NULL)
+       LIMIT 1) IS NULL`
 
 // sqlPurgeLater sets run $1's purge_after to $2: a run whose purge failed
 // alone is read again once the cut-off passes it.
