@@ -1085,22 +1085,27 @@ FOR UPDATE OF ap SKIP LOCKED`
 // Each workspace takes its turn: one approval of each workspace with any,
 // then a second of each, up to $2, read through the primary key as
 // = ANY(ARRAY(…)) (db.RoundRobin: as IN (…), the planner hashed them and
-// read every approval, scale QA). The workspaces are those with a pending
-// approval, found through approvals_pending_idx (migration 0083,
-// db.WorkspacesWith), one descent each: it read every workspace, and
+// read every approval, scale QA). The candidates are the effects whose
+// approval is pending and that are settled succeeded or grouped
+// (mootCandidateSQL), read through effects_moot_approval_idx (migration
+// 0086), and the workspaces those of any, found through it too
+// (db.WorkspacesWith), one descent each: it read every workspace, and
 // probed approvals_list_idx for each, on every pass (sweeper scalability
-// QA: 10,000 buffers a pass for 5,000 workspaces with none pending). It
+// QA: 10,000 buffers a pass for 5,000 workspaces with none pending); then
+// every pending approval of each workspace with one, with its effect, moot
+// or not (scale QA: 20,000 awaiting an operator, 100,000 buffers a pass
+// with none moot). It
 // locks the approvals and their effects, passing over any another
 // transaction holds (a decide, a resolve, a begin), so it waits for no
 // lock: the next pass takes them.
 var sqlSweepMootApprovals = `
 WITH turns AS (
     SELECT c.id, row_number() OVER (PARTITION BY c.workspace_id ORDER BY c.id) AS turn, c.workspace_id
-    FROM ` + db.WorkspacesWith("approvals", "state = 'pending'") + ` w CROSS JOIN LATERAL (
-        SELECT ap.id, ap.workspace_id FROM approvals ap JOIN effects e ON e.id = ap.effect_id
-        WHERE ap.workspace_id = w.workspace_id AND ap.state = 'pending' AND e.approval_id = ap.id
-          AND (e.state = 'succeeded' OR ` + rolledBackSQL("e") + `)
-        ORDER BY ap.id
+    FROM ` + db.WorkspacesWith("effects", mootCandidateSQL("")) + ` w CROSS JOIN LATERAL (
+        SELECT ap.id, ap.workspace_id FROM effects e JOIN approvals ap ON ap.id = e.approval_id
+        WHERE e.workspace_id = w.workspace_id AND ` + mootCandidateSQL("e.") + ` AND ap.effect_id = e.id
+          AND ap.state = 'pending' AND (e.state = 'succeeded' OR ` + rolledBackSQL("e") + `)
+        ORDER BY e.approval_id
         LIMIT $2::int) c
 ), moot AS (
     SELECT ap.id, CASE WHEN e.state = 'succeeded' THEN $3 ELSE $5 END AS note,
@@ -1113,6 +1118,14 @@ WITH turns AS (
     ORDER BY ap.id
     FOR UPDATE OF ap, e SKIP LOCKED
 ` + closeApprovalsSQL
+
+// mootCandidateSQL is effects_moot_approval_idx's predicate (migration
+// 0086), its columns prefixed with p ("" or an alias and a dot): an effect
+// whose approval is pending (approval_state follows its approval's) and
+// that is settled succeeded or grouped, as any whose approval is moot is.
+func mootCandidateSQL(p string) string {
+	return p + `approval_state = 'pending' AND (` + p + `state = 'succeeded' OR ` + p + `group_id IS NOT NULL)`
+}
 
 // closeApprovalsSQL ends a statement whose CTE moot (id, note, decided_by)
 // names pending approvals it holds: each is rejected at $1 with its note,
