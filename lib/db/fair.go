@@ -14,14 +14,21 @@ package db
 // cond, one descent a workspace, so what it costs grows with the
 // workspaces it names, not with their rows: a backlog of a million rows in
 // one workspace costs a descent, as one row does.
-func WorkspacesWith(table, cond string) string {
+func WorkspacesWith(table, cond string) string { return DistinctWith(table, "workspace_id", cond) }
+
+// DistinctWith is a FROM item (alias it) naming, once each and in order,
+// the values of column (its only column, of that name) in the rows of
+// table matching cond (columns unqualified). It walks an index on
+// (column, …) whose predicate is cond, one descent a value: what it costs
+// grows with the values it names, not with their rows.
+func DistinctWith(table, column, cond string) string {
 	return `(WITH RECURSIVE ws AS (
-    (SELECT workspace_id FROM ` + table + ` WHERE ` + cond + ` ORDER BY workspace_id LIMIT 1)
+    (SELECT ` + column + ` FROM ` + table + ` WHERE ` + cond + ` ORDER BY ` + column + ` LIMIT 1)
     UNION ALL
-    SELECT (SELECT t.workspace_id FROM ` + table + ` t WHERE (` + cond + `) AND t.workspace_id > ws.workspace_id
-            ORDER BY t.workspace_id LIMIT 1)
-    FROM ws WHERE ws.workspace_id IS NOT NULL
-) SELECT workspace_id FROM ws WHERE workspace_id IS NOT NULL)`
+    SELECT (SELECT t.` + column + ` FROM ` + table + ` t WHERE (` + cond + `) AND t.` + column + ` > ws.` + column + `
+            ORDER BY t.` + column + ` LIMIT 1)
+    FROM ws WHERE ws.` + column + ` IS NOT NULL
+) SELECT ` + column + ` FROM ws WHERE ` + column + ` IS NOT NULL)`
 }
 
 // Backlog is the rows of one table that a sweep works off, for FairPick.

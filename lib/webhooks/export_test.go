@@ -74,3 +74,12 @@ func BreakHeldReport(s *Service) { s.heldSQL = `SELECT 1/0` }
 
 // ClaimHold is how long a claim holds its delivery (held_until).
 const ClaimHold = claimHold
+
+// SQLClaim is the claim's statement, for a test of its plan; its arguments
+// are ClaimArgs' and then the webhooks passed over and the secrets' headers.
+var SQLClaim = sqlClaim
+
+// ClaimArgs are the claim's first arguments at now, a batch of limit.
+func ClaimArgs(now time.Time, limit int) []any {
+	return []any{now, limit, claimHold.Seconds(), perWebhook, perWorkspace}
+}
