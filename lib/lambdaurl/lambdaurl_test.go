@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/aws/aws-lambda-go/events"
 	"github.com/stretchr/testify/require"
@@ -157,4 +158,44 @@ func TestHandlerSendsTheShorterOfTextAndBase64(t *testing.T) {
 		require.NoError(t, err)
 		require.LessOrEqual(t, len(sent), len(body)*4/3+300, "%.40s", body)
 	}
+}
+
+// What the event carries reaches the handler as a server would hand it
+// over, and what the handler answers reaches the reply: the raw query
+// (repeated and encoded parameters as sent, not queryStringParameters'
+// one value a name), the cookies as one Cookie header, the decoded body's
+// length, the invocation's deadline; a repeated response header as one
+// comma-joined value, and each Set-Cookie as a cookie of its own.
+func TestHandlerCarriesTheEventAndTheAnswerWhole(t *testing.T) {
+	t.Parallel()
+	deadline := time.Now().Add(time.Minute)
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got, ok := r.Context().Deadline()
+		require.True(t, ok)
+		require.Equal(t, deadline, got)
+		require.Equal(t, []string{"1", "2"}, r.URL.Query()["a"])
+		require.Equal(t, "x&y", r.URL.Query().Get("b"))
+		require.Equal(t, "s=1; t=2", r.Header.Get("Cookie"))
+		require.Equal(t, int64(len("{\"k\":1}")), r.ContentLength)
+		w.Header().Add("Vary", "Accept")
+		w.Header().Add("Vary", "Authorization")
+		w.Header().Add("Set-Cookie", "u=1")
+		w.Header().Add("Set-Cookie", "v=2")
+		w.WriteHeader(http.StatusAccepted)
+	})
+	ev := events.LambdaFunctionURLRequest{
+		RawPath: "/api/v1/effects", RawQueryString: "a=1&a=2&b=x%26y",
+		QueryStringParameters: map[string]string{"a": "1,2", "b": "x&y"},
+		Cookies:               []string{"s=1", "t=2"},
+		Body:                  base64.StdEncoding.EncodeToString([]byte(`{"k":1}`)), IsBase64Encoded: true,
+	}
+	ev.RequestContext.HTTP.Method = "POST"
+	res, err := Handler(h)(ctx, ev)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusAccepted, res.StatusCode)
+	require.Equal(t, "Accept, Authorization", res.Headers["Vary"])
+	require.Equal(t, []string{"u=1", "v=2"}, res.Cookies)
+	require.NotContains(t, res.Headers, "Set-Cookie")
 }
