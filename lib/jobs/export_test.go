@@ -106,6 +106,10 @@ const (
 	SQLDeleteRuns  = sqlDeleteRuns
 )
 
+// SQLDeleteIdleWorkers is PurgeRetired's delete of idle workers, for a
+// test of its plan.
+const SQLDeleteIdleWorkers = sqlDeleteIdleWorkers
+
 // SQLReplayTargets and SQLReplayOlderTargets are the replay preview's reads
 // of its targets, for a test of what they read.
 var (
