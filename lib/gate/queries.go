@@ -1088,7 +1088,7 @@ FOR UPDATE OF ap SKIP LOCKED`
 // read every approval, scale QA). The candidates are the effects whose
 // approval is pending and that are settled succeeded or grouped
 // (mootCandidateSQL), read through effects_moot_approval_idx (migration
-// 0086), and the workspaces those of any, found through it too
+// 0085), and the workspaces those of any, found through it too
 // (db.WorkspacesWith), one descent each: it read every workspace, and
 // probed approvals_list_idx for each, on every pass (sweeper scalability
 // QA: 10,000 buffers a pass for 5,000 workspaces with none pending); then
@@ -1120,7 +1120,7 @@ WITH turns AS (
 ` + closeApprovalsSQL
 
 // mootCandidateSQL is effects_moot_approval_idx's predicate (migration
-// 0086), its columns prefixed with p ("" or an alias and a dot): an effect
+// 0085), its columns prefixed with p ("" or an alias and a dot): an effect
 // whose approval is pending (approval_state follows its approval's) and
 // that is settled succeeded or grouped, as any whose approval is moot is.
 func mootCandidateSQL(p string) string {
