@@ -67,6 +67,43 @@ func TestRejectingTheApprovalOfAFailedEffectDeniesIt(t *testing.T) {
 	b.denialOf("approval_rejected", body)
 }
 
+// A rejection that waits for the effect's row while a resolve to failed
+// holds it (the resolve locked the effect first) denies the effect as one
+// sent after the resolve does: the rejection's statement read the effect's
+// latest attempt in its own snapshot, of unknown outcome, and left the
+// effect, resolved failed meanwhile, indeterminate with no attempt of
+// unknown outcome left to resolve, its next begin denied and the effect
+// still indeterminate (QA). The resolve is queued on the held row before
+// the rejection, so it takes the row first.
+func TestARejectionWaitingOnAResolveToFailedDeniesTheEffect(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id, approval, body := b.heldRetry()
+	holder := b.holding(`SELECT 1 FROM effects WHERE id = $1 FOR UPDATE`, id)
+	waits := apitest.NewLockWaits(t, b.env.App.Pool, apitest.BackendPID(t, holder))
+	send := func(path string, body map[string]any) (<-chan struct{}, *int) {
+		done, status := make(chan struct{}), new(int)
+		go func() {
+			defer close(done)
+			*status, _, _ = post(b.env, path, b.ws.Key, body)
+		}()
+		return done, status
+	}
+	resolved, resolveStatus := send("/api/v1/effects/"+id+"/resolve", map[string]any{"outcome": "failed"})
+	waits.Waiting(resolved, "the resolve waits for the effect's row")
+	rejected, rejectStatus := send("/api/v1/approvals/"+approval+"/reject", map[string]any{"note": "no"})
+	waits.Waiting(rejected, "the rejection waits for the effect's row, behind the resolve")
+	require.NoError(t, holder.Rollback(context.Background()))
+	<-resolved
+	<-rejected
+	require.Equal(t, []int{http.StatusOK, http.StatusOK}, []int{*resolveStatus, *rejectStatus})
+	e := b.get(id)
+	require.Equal(t, "denied", e["state"])
+	require.Equal(t, "approval_rejected", e["denial_code"])
+	require.Equal(t, "failed", e["attempts"].([]any)[0].(map[string]any)["outcome"])
+	b.denialOf("approval_rejected", body)
+}
+
 // A pending approval whose effect a resolution settled succeeded asks
 // nothing any more: nothing can run on its key again (a duplicate). The
 // resolution decides it, rejected with a note saying why, so that the

@@ -1010,7 +1010,16 @@ const approvalCols = `id, effect_id, effect_type, state, reason, created_at, dec
 // waited as awaiting_approval before that rule goes back to indeterminate.)
 // One whose retry waited indeterminate and that an operator resolved failed
 // meanwhile is denied approval_rejected at once too, as begin would make it
-// (gate QA: it read failed until its key's next begin).
+// (gate QA: it read failed until its key's next begin). A failed effect is
+// denied whatever u reads: u is read in the statement's snapshot, and a
+// rejection that waited for the effect's row while a resolve to failed
+// committed updates the effect as it is now, failed, but read its latest
+// attempt as the snapshot had it, of unknown outcome, and left the effect
+// indeterminate with no attempt of unknown outcome left to resolve (QA,
+// TestARejectionWaitingOnAResolveToFailedDeniesTheEffect). A failed effect's
+// latest attempt is known to have failed, so only awaiting_approval (an
+// effect that waited so before indeterminate retries waited indeterminate)
+// asks u.
 // An approval records what it answers (answers): the reason it was asked
 // for and every other that holds as it is given, read in the statement's
 // snapshot (see approvalStillAnswers).
@@ -1041,8 +1050,9 @@ WITH asked AS (
 ), e AS (
     UPDATE effects e SET approval_state = $3, updated_at = $4,
         state = CASE WHEN $3 = 'rejected' AND e.state IN ('awaiting_approval', 'failed')
-                     THEN CASE WHEN u.unknown THEN 'indeterminate' ELSE 'denied' END ELSE e.state END,
-        denial_code = CASE WHEN $3 = 'rejected' AND e.state IN ('awaiting_approval', 'failed') AND NOT u.unknown
+                     THEN CASE WHEN e.state = 'awaiting_approval' AND u.unknown THEN 'indeterminate' ELSE 'denied' END
+                     ELSE e.state END,
+        denial_code = CASE WHEN $3 = 'rejected' AND (e.state = 'failed' OR (e.state = 'awaiting_approval' AND NOT u.unknown))
                            THEN 'approval_rejected' ELSE e.denial_code END
     FROM a, LATERAL (SELECT EXISTS (SELECT 1 FROM effect_attempts x WHERE x.effect_id = a.effect_id
         AND x.attempt = (SELECT f.attempt FROM effects f WHERE f.id = a.effect_id) AND x.outcome = 'indeterminate')
