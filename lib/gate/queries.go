@@ -749,10 +749,10 @@ const sqlCompensationOf = `SELECT id, idempotency_key FROM effects WHERE compens
 // lift before max_attempts was lowered), or, failed, was refused max_attempts_exceeded while its
 // outcome was unknown (the code kept once resolved failed, settledDenial,
 // whatever max_attempts says since), or an operator rejected its retry (an
-// approval asked while its outcome was unknown, rejected before or after
-// that outcome was resolved failed: the effect stays failed, not denied,
-// see sqlDecideApproval). Its key's next begin is max_attempts_exceeded or
-// approval_rejected, final.
+// approval asked while its outcome was unknown, rejected before that
+// outcome was resolved failed: the effect is then failed, not denied; one
+// rejected after it sqlDecideApproval denies). Its key's next begin is
+// max_attempts_exceeded or approval_rejected, final.
 const sqlGroupSteps = `SELECT e.id, e.effect_type, e.idempotency_key, e.state, e.denial_code, e.lease_expires_at,
     coalesce(octet_length(e.compensation), 0), e.compensates_effect_id, e.created_at, e.updated_at,
     (SELECT max(coalesce(a.reported_at, a.lease_expires_at)) FROM effect_attempts a
