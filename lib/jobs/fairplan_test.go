@@ -2,6 +2,7 @@ package jobs_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -201,4 +202,68 @@ func TestRetentionReadsABatchOfIdleWorkers(t *testing.T) {
 		Args:   func(limit int) []any { return []any{time.Now().AddDate(0, 0, -90), limit} },
 		Limits: []int{100, 500},
 	})
+}
+
+// Retention deletes a batch of runs with their steps' executions and
+// replays through the steps' ids, reading the batch's rows, not every
+// execution and replay kept, however it is planned (scale QA: joined to
+// the batch's steps, the executions were hashed against a scan of the
+// whole table, 200,000 read for each batch of 500 runs; the replays too).
+func TestRetentionDeletesABatchOfRunsByTheirSteps(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	tx := testpg.Scratch(ctx, t, b.env.App.Pool, "job_runs", "jobs", "job_executions", "job_replays")
+	// $1 runs of 5 steps, each step with an execution and every tenth with
+	// a replay: within ANALYZE's sample, so its statistics are the same
+	// on every run.
+	const runs, steps = 6000, 5
+	for _, s := range []string{`INSERT INTO job_runs (id, workspace_id, name, status, created_at, finished_at)
+		SELECT 'run_' || g, 'ws_h' || g % 100, 'r', 'SUCCEEDED', now() - interval '100 days', now() - interval '100 days'
+		FROM generate_series(1, $1::int) g`,
+		`INSERT INTO jobs (id, step_id, workspace_id, run_id, name, version, endpoint_id, idempotency_key,
+			request_hash, status, attempt, policy_version, policy_preset, max_attempts, initial_delay_ms, multiplier,
+			max_delay_ms, jitter_percent, timeout_ms, finished_at, created_at, updated_at)
+		SELECT 'job_' || r.id || '_' || s, 'stp_' || r.id || '_' || s, r.workspace_id, r.id, 'send_email', '1', 'end_h',
+			r.id || '_' || s, '\x00'::bytea, 'SUCCEEDED', 1, 1, 'default', 3, 1000, 2, 60000, 0, 60000, r.finished_at,
+			r.created_at, r.finished_at
+		FROM job_runs r, generate_series(1, $1::int) s`,
+		`INSERT INTO job_executions (job_id, attempt, workspace_id, worker_id, lease_token, started_at, lease_expires_at,
+			outcome, ended_at)
+		SELECT id, 1, workspace_id, 'wkr_h', 't', created_at, created_at, 'SUCCEEDED', finished_at FROM jobs`,
+		`INSERT INTO job_replays (id, workspace_id, job_id, step_id, key_id, prior_status, prior_attempt,
+			additional_attempts, max_attempts, old_handler_version, new_handler_version, created_at)
+		SELECT 'rpl_' || id, workspace_id, id, step_id, 'key_h', 'FAILED', 1, 1, 3, '1', '1', created_at
+		FROM jobs WHERE hashtext(id) % 10 = 0`,
+		`ANALYZE job_runs`, `ANALYZE jobs`, `ANALYZE job_executions`, `ANALYZE job_replays`} {
+		var args []any
+		if strings.Contains(s, "$1") {
+			args = []any{runs}
+			if strings.Contains(s, "generate_series(1, $1::int) s") {
+				args = []any{steps}
+			}
+		}
+		if _, err := tx.Exec(ctx, s, args...); err != nil {
+			t.Fatalf("%.40s: %v", s, err)
+		}
+	}
+	for _, mode := range testpg.PlanCacheModes {
+		for _, limit := range []int{100, 500} {
+			batch := make([]string, limit)
+			for i := range batch {
+				batch[i] = fmt.Sprintf("run_%d", i*runs/limit+1)
+			}
+			read, nodes, err := testpg.RowsRead(ctx, tx, mode, jobs.SQLDeleteRuns, batch)
+			if err != nil {
+				t.Fatalf("%s, limit %d: %v", mode, limit, err)
+			}
+			for table, most := range map[string]int{"job_runs": 2 * limit, "jobs": 2 * steps * limit,
+				"job_executions": 2 * steps * limit, "job_replays": steps * limit} {
+				if read[table] > most {
+					t.Errorf("%s, limit %d: %d rows of %s read for a batch of %d runs of %d steps: %v", mode, limit,
+						read[table], table, limit, steps, testpg.Reads(nodes, table))
+				}
+			}
+		}
+	}
 }
