@@ -1587,6 +1587,43 @@ func TestRetentionCountsDeletedDeliveriesOnce(t *testing.T) {
 	require.False(t, rescans, "the deleted deliveries are read again for each event")
 }
 
+// Retention locks and deletes a batch's deliveries by their ids, reading
+// those of the batch's events, not every delivery kept, however it is
+// planned (scale QA: joined to the batch, the deliveries were hashed from
+// a scan of the whole table twice a batch, to lock them and to delete
+// them, 66,000 read for each 1,000 events).
+func TestRetentionReadsTheBatchsDeliveries(t *testing.T) {
+	env, _ := start(t, true)
+	ctx := context.Background()
+	tx := testpg.Scratch(ctx, t, env.App.Pool, "events", "webhook_deliveries")
+	// $1 events, one a minute, the older half due, dispatched; a delivery
+	// for every fourth, one in 25 of them pending: within ANALYZE's
+	// sample, so its statistics are the same on every run.
+	const evts, limit = 24000, 1000
+	for _, q := range []string{`INSERT INTO events (id, workspace_id, type, subject_id, created_at, dispatched_at)
+		SELECT 'evt_' || lpad(g::text, 8, '0'), 'ws_h' || g % 100, 'effect.succeeded', 'eff_' || g,
+			now() - interval '100 days' + g * interval '1 minute', now() - interval '100 days' + g * interval '1 minute'
+		FROM generate_series(1, ` + strconv.Itoa(evts) + `) g`,
+		`INSERT INTO webhook_deliveries (id, webhook_id, workspace_id, event_id, event_type, state, next_attempt_at,
+			created_at)
+		SELECT 'dlv_' || e.id, 'wh_h' || e.workspace_id, e.workspace_id, e.id, e.type,
+			CASE WHEN substr(e.id, 5)::int % 100 = 0 THEN 'pending' ELSE 'delivered' END, e.created_at, e.created_at
+		FROM events e WHERE substr(e.id, 5)::int % 4 = 0`,
+		`ANALYZE events`, `ANALYZE webhook_deliveries`} {
+		_, err := tx.Exec(ctx, q)
+		require.NoError(t, err, "%.40s", q)
+	}
+	cutoff := time.Now().AddDate(0, 0, -100).Add(evts / 2 * time.Minute)
+	for _, mode := range testpg.PlanCacheModes {
+		read, nodes, err := testpg.RowsRead(ctx, tx, mode, webhooks.SQLPurgeDelivered, cutoff, limit)
+		require.NoError(t, err, mode)
+		// The batch's deliveries (a quarter of its events) are read four
+		// times: to see none pending, to lock, to delete and to count.
+		require.LessOrEqual(t, read["webhook_deliveries"], 2*limit, "%s: rows of webhook_deliveries read: %v", mode,
+			testpg.Reads(nodes, "webhook_deliveries"))
+	}
+}
+
 // failsFirst is a delivery of one run.finished, fanned out and unsent, to
 // a receiver that holds its first request until unblock is called (or the
 // test ends) and answers it 500, and answers each later one 200 at once;
