@@ -142,3 +142,31 @@ func TestAPassWithTimeDrainsLapsedEffectLeases(t *testing.T) {
 		ids).Scan(&indeterminate))
 	require.Equal(t, 5, indeterminate)
 }
+
+// A cron pass deletes a backlog of spend counters of days past batch after
+// batch while it has time, as the other deletions do, not a batch a pass
+// (scale QA: 72,000 counters of 3,000 workspaces' days took 72 passes).
+// More than two batches (spendCountersPerPass, 1,000) here. The clock
+// lives in 1945, before every other test's counters but 1933's, which
+// that test deletes.
+func TestAPassWithTimeDrainsSpendCounters(t *testing.T) {
+	clock := apitest.NewClock(time.Date(1945, 1, 1, 0, 0, 0, 0, time.UTC))
+	env := apitest.Start(t, apitest.WithNow(clock.Now))
+	ws := env.Signup()
+	ctx := context.Background()
+	const counters = 2500
+	_, err := env.App.Pool.Exec(ctx, `INSERT INTO gate_spend (workspace_id, scope, day, micros, count)
+		SELECT $1, 'drain' || g, ($2::timestamptz - interval '3 days' - (g % 30) * interval '1 day')::date, 0, 0
+		FROM generate_series(1, $3::int) g`, ws.ID, clock.Now(), counters)
+	require.NoError(t, err)
+
+	pass, cancel := context.WithTimeout(ctx, time.Minute) // as the cron route's
+	defer cancel()
+	res := env.App.Sweeper.RunOnce(pass)
+	require.Empty(t, res.Errors)
+	require.Equal(t, counters, res.Changed["gate.spend_counters"], "three batches in one pass")
+	var left int
+	require.NoError(t, env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM gate_spend WHERE workspace_id = $1`,
+		ws.ID).Scan(&left))
+	require.Zero(t, left)
+}
