@@ -130,6 +130,15 @@ func TestAPageOfRunsReadsThePage(t *testing.T) {
 	})
 }
 
+// seedRunSteps seeds $1 steps of each run, ended when their run finished.
+const seedRunSteps = `INSERT INTO jobs (id, step_id, workspace_id, run_id, name, version, endpoint_id, idempotency_key,
+		request_hash, status, attempt, policy_version, policy_preset, max_attempts, initial_delay_ms, multiplier,
+		max_delay_ms, jitter_percent, timeout_ms, finished_at, created_at, updated_at)
+	SELECT 'job_' || r.id || '_' || s, 'stp_' || r.id || '_' || s, r.workspace_id, r.id, 'send_email', '1', 'end_h',
+		r.id || '_' || s, '\x00'::bytea, 'SUCCEEDED', 1, 1, 'default', 3, 1000, 2, 60000, 0, 60000, r.finished_at,
+		r.created_at, r.finished_at
+	FROM job_runs r, generate_series(1, $1::int) s`
+
 // Retention reads a batch of the runs due and their steps, not every step
 // kept, however it is planned (scale QA: the steps that keep a run were
 // read as an anti-join, a hash of every step that ended after the cut-off,
@@ -147,13 +156,7 @@ func TestRetentionReadsABatchOfRunsAndTheirSteps(t *testing.T) {
 		SELECT 'run_' || g, 'ws_h' || g % 100, 'r', 'SUCCEEDED', now() - interval '1 hour', CASE WHEN g <= $1 / 5
 			THEN now() - interval '100 days' + g * interval '1 s' ELSE now() - interval '1 hour' END
 		FROM generate_series(1, $1::int) g`,
-		`INSERT INTO jobs (id, step_id, workspace_id, run_id, name, version, endpoint_id, idempotency_key,
-			request_hash, status, attempt, policy_version, policy_preset, max_attempts, initial_delay_ms, multiplier,
-			max_delay_ms, jitter_percent, timeout_ms, finished_at, created_at, updated_at)
-		SELECT 'job_' || r.id || '_' || s, 'stp_' || r.id || '_' || s, r.workspace_id, r.id, 'send_email', '1', 'end_h',
-			r.id || '_' || s, '\x00'::bytea, 'SUCCEEDED', 1, 1, 'default', 3, 1000, 2, 60000, 0, 60000, r.finished_at,
-			r.created_at, r.finished_at
-		FROM job_runs r, generate_series(1, $1::int) s`}
+		seedRunSteps}
 	for i, s := range append(seed, `ANALYZE job_runs`, `ANALYZE jobs`) {
 		args := []any{runs}
 		if i == 1 {
@@ -218,16 +221,10 @@ func TestRetentionDeletesABatchOfRunsByTheirSteps(t *testing.T) {
 	// a replay: within ANALYZE's sample, so its statistics are the same
 	// on every run.
 	const runs, steps = 6000, 5
-	for _, s := range []string{`INSERT INTO job_runs (id, workspace_id, name, status, created_at, finished_at)
+	for i, s := range []string{`INSERT INTO job_runs (id, workspace_id, name, status, created_at, finished_at)
 		SELECT 'run_' || g, 'ws_h' || g % 100, 'r', 'SUCCEEDED', now() - interval '100 days', now() - interval '100 days'
 		FROM generate_series(1, $1::int) g`,
-		`INSERT INTO jobs (id, step_id, workspace_id, run_id, name, version, endpoint_id, idempotency_key,
-			request_hash, status, attempt, policy_version, policy_preset, max_attempts, initial_delay_ms, multiplier,
-			max_delay_ms, jitter_percent, timeout_ms, finished_at, created_at, updated_at)
-		SELECT 'job_' || r.id || '_' || s, 'stp_' || r.id || '_' || s, r.workspace_id, r.id, 'send_email', '1', 'end_h',
-			r.id || '_' || s, '\x00'::bytea, 'SUCCEEDED', 1, 1, 'default', 3, 1000, 2, 60000, 0, 60000, r.finished_at,
-			r.created_at, r.finished_at
-		FROM job_runs r, generate_series(1, $1::int) s`,
+		seedRunSteps,
 		`INSERT INTO job_executions (job_id, attempt, workspace_id, worker_id, lease_token, started_at, lease_expires_at,
 			outcome, ended_at)
 		SELECT id, 1, workspace_id, 'wkr_h', 't', created_at, created_at, 'SUCCEEDED', finished_at FROM jobs`,
@@ -237,11 +234,11 @@ func TestRetentionDeletesABatchOfRunsByTheirSteps(t *testing.T) {
 		FROM jobs WHERE hashtext(id) % 10 = 0`,
 		`ANALYZE job_runs`, `ANALYZE jobs`, `ANALYZE job_executions`, `ANALYZE job_replays`} {
 		var args []any
-		if strings.Contains(s, "$1") {
+		switch i {
+		case 0:
 			args = []any{runs}
-			if strings.Contains(s, "generate_series(1, $1::int) s") {
-				args = []any{steps}
-			}
+		case 1:
+			args = []any{steps}
 		}
 		if _, err := tx.Exec(ctx, s, args...); err != nil {
 			t.Fatalf("%.40s: %v", s, err)
