@@ -909,11 +909,10 @@ SELECT DISTINCT group_id FROM upd WHERE group_id IS NOT NULL ORDER BY group_id`
 // sqlGroupStates reads the states of groups $2 of workspace $1 (empty: of
 // any, as sqlLockUnwinding) once no transition of theirs is in progress:
 // an unwind, a commit or a settle holds the group's row FOR UPDATE (a
-// begin of a step only FOR SHARE,
-// which KEY SHARE does not wait for), and the locked rows are the latest
-// versions, so a state is the one that transition left. A settled step may
-// end only a group being rolled back (settleGroup), and read on the
-// statement's snapshot alone (state = 'unwinding' in a WHERE) a group an
+// begin of a step only FOR SHARE, which KEY SHARE does not wait for), and
+// the locked rows are the latest versions, so a state is the one that
+// transition left. A settled step may end only a group being rolled back
+// (settleGroup), and read on the statement's snapshot alone (state = 'unwinding' in a WHERE) a group an
 // unwind was making unwinding was passed over: the unwind had read the
 // step as unresolved, and the rollback stayed unwinding, its last step
 // settled, until a read or the sweeper ended it (QA: a reconciliation, a
@@ -1104,10 +1103,9 @@ FOR UPDATE OF ap SKIP LOCKED`
 // QA: 10,000 buffers a pass for 5,000 workspaces with none pending); then
 // every pending approval of each workspace with one, with its effect, moot
 // or not (scale QA: 20,000 awaiting an operator, 100,000 buffers a pass
-// with none moot). It
-// locks the approvals and their effects, passing over any another
-// transaction holds (a decide, a resolve, a begin), so it waits for no
-// lock: the next pass takes them.
+// with none moot). It locks the approvals and their effects, passing over
+// any another transaction holds (a decide, a resolve, a begin), so it
+// waits for no lock: the next pass takes them.
 var sqlSweepMootApprovals = `
 WITH turns AS (
     SELECT c.id, row_number() OVER (PARTITION BY c.workspace_id ORDER BY c.id) AS turn, c.workspace_id
