@@ -290,6 +290,7 @@ func TestCrashesLoseNothingAcknowledged(t *testing.T) {
 	stopNew := make(chan struct{})
 	trafficDone := c.drive(stopNew)
 	kills := killDuring(t, srv, rng)
+	c.awaitADeath(t)
 	close(stopNew)
 	trafficDone()
 	require.NoError(t, ctx.Err(), "the traffic finished: every call was answered")
@@ -362,7 +363,7 @@ func setUpCrashTraffic(t *testing.T, ctx context.Context, base string, transport
 	// unknown blocks its key until an operator resolves it.
 	require.NoError(t, set.operator.Request(ctx, "PUT", "/policies/"+crashEffectType, map[string]any{
 		"on_indeterminate": "block", "lease_seconds": 5, "max_attempts": 5}, nil, ratchet.RequestOptions{}))
-	c := &crashClients{ctx: ctx, agent: sdk(newKey(map[string]any{"name": "agent", "preset": "AGENT"})),
+	c := &crashClients{ctx: ctx, someDied: make(chan struct{}), agent: sdk(newKey(map[string]any{"name": "agent", "preset": "AGENT"})),
 		producer: sdk(newKey(map[string]any{"name": "producer", "preset": "INGEST"}))}
 	run, err := c.producer.StartRun(ctx, name, ratchet.WithIdempotencyKey(name+"-run"))
 	require.NoError(t, err)
@@ -499,7 +500,23 @@ type crashClients struct {
 	jobKeys, gateKeys crashKeys
 	acted, handled    crashRuns // gate actions by key; job handler runs by job id
 	died              sync.Map  // gate keys whose first caller died mid-action
+	someDied          chan struct{}
+	firstDeath        sync.Once // closes someDied
 	blocked, gaveUp   atomic.Int64
+}
+
+// awaitADeath holds the traffic until some gate caller has died
+// mid-action, so that the checks always meet a key whose outcome stayed
+// unknown: each caller's eighth key dies, and on a loaded machine the
+// crashes' schedule could end before any caller reached it (CI: none had,
+// and the check that some key stayed unknown failed).
+func (c *crashClients) awaitADeath(t *testing.T) {
+	t.Helper()
+	select {
+	case <-c.someDied:
+	case <-c.ctx.Done():
+		t.Fatal("no gate caller died mid-action before the test's deadline")
+	}
 }
 
 // drive hands out keys until stop closes: producers enqueue under stable
@@ -543,6 +560,7 @@ func (c *crashClients) doEffect(key string, slow, dies bool) {
 				if dies {
 					dies = false
 					c.died.Store(key, true)
+					c.firstDeath.Do(func() { close(c.someDied) })
 					return crashOut{}, errors.New("the caller died mid-action")
 				}
 				took := time.Duration(rand.IntN(10)) * time.Millisecond

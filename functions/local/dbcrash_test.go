@@ -61,6 +61,7 @@ func TestDatabaseCrashesLoseNothingAcknowledged(t *testing.T) {
 	trafficDone := c.drive(stopNew)
 	mintingDone := minter.drive(stopNew)
 	crashes := crashDatabaseDuring(t, ctx, pg, watch, base, rng)
+	c.awaitADeath(t)
 	close(stopNew)
 	trafficDone()
 	mintingDone()
