@@ -433,7 +433,8 @@ func (s *Service) Resolve(ctx context.Context, p *auth.Principal, id string, req
 		if req.Note != "" {
 			note = &req.Note
 		}
-		if _, err := tx.Exec(ctx, sqlResolve, id, req.Outcome, sealed, preview, now, p.KeyID, note); err != nil {
+		if _, err := tx.Exec(ctx, sqlResolve, id, req.Outcome, sealed, preview, now, p.KeyID, note,
+			rolledBackNote); err != nil {
 			return fmt.Errorf("resolve: %w", err)
 		}
 		if req.Outcome == StateSucceeded && row.ApprovalState != nil && *row.ApprovalState == ApprovalPending {

@@ -373,3 +373,134 @@ func mootArgs() []any {
 	}
 	return []any{time.Now(), 500, gate.MootNote, events, gate.RolledBackNote}
 }
+
+// A rejection ends the effect whichever comes first, it or a resolution to
+// failed: the effect reads denied approval_rejected at once, its attempt
+// failed, with the same events (gate QA: rejected first, the resolve left
+// it failed until its key's next begin denied it). A reconciliation to
+// failed settles it as a resolve does.
+func TestARejectionDeniesTheEffectInEitherOrderWithAResolveToFailed(t *testing.T) {
+	t.Parallel()
+	resolve := func(b *bundle, id string, body map[string]any) {
+		b.env.Must(http.StatusOK, "POST", "/api/v1/effects/"+id+"/resolve", b.ws.Key, map[string]any{"outcome": "failed"})
+	}
+	reconcile := func(b *bundle, _ string, body map[string]any) {
+		out := b.env.Must(http.StatusOK, "POST", "/api/v1/reconcile", b.ws.Key, map[string]any{
+			"effect_type": "email.send", "from": b.clock.Now().Add(-time.Hour).Format(time.RFC3339Nano),
+			"to":      b.clock.Now().Format(time.RFC3339Nano),
+			"records": []map[string]any{{"idempotency_key": body["idempotency_key"], "status": "failed"}},
+		}).JSON()
+		require.Len(t, out["resolved"], 1, "%v", out)
+	}
+	reject := func(b *bundle, approval string) {
+		b.env.Must(http.StatusOK, "POST", "/api/v1/approvals/"+approval+"/reject", b.ws.Key, map[string]any{"note": "no"})
+	}
+	for _, c := range []struct {
+		name        string
+		rejectFirst bool
+		settle      func(b *bundle, id string, body map[string]any)
+	}{
+		{"resolve then reject", false, resolve},
+		{"reject then resolve", true, resolve},
+		{"reconcile then reject", false, reconcile},
+		{"reject then reconcile", true, reconcile},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			id, approval, body := b.heldRetry()
+			if c.rejectFirst {
+				reject(b, approval)
+				require.Equal(t, "indeterminate", b.get(id)["state"], "of unknown outcome, it stays so")
+				c.settle(b, id, body)
+			} else {
+				c.settle(b, id, body)
+				require.Equal(t, "failed", b.get(id)["state"])
+				reject(b, approval)
+			}
+			e := b.get(id)
+			require.Equal(t, "denied", e["state"])
+			require.Equal(t, "approval_rejected", e["denial_code"])
+			require.Equal(t, "failed", e["attempts"].([]any)[0].(map[string]any)["outcome"])
+			require.Equal(t, map[string]int{"approval.requested": 1, "approval.decided": 1, "effect.indeterminate": 1},
+				b.eventTypes())
+			b.denialOf("approval_rejected", body)
+		})
+	}
+}
+
+// eventTypes counts the workspace's events by type.
+func (b *bundle) eventTypes() map[string]int {
+	b.t.Helper()
+	rows, err := b.env.App.Pool.Query(context.Background(),
+		`SELECT type, count(*)::int FROM events WHERE workspace_id = $1 GROUP BY type`, b.ws.ID)
+	require.NoError(b.t, err)
+	out := map[string]int{}
+	for rows.Next() {
+		var (
+			typ string
+			n   int
+		)
+		require.NoError(b.t, rows.Scan(&typ, &n))
+		out[typ] = n
+	}
+	require.NoError(b.t, rows.Err())
+	return out
+}
+
+// A late report failed of the lapsed attempt, after a rejection or racing
+// it, changes nothing (409 lease_expired): the attempt's outcome stays
+// unknown, the effect indeterminate with its approval rejected, and a
+// resolve to failed then denies it approval_rejected as in either order
+// above. The race holds the effect's row while both wait for it; either
+// may take it first.
+func TestALateReportFailedAndARejectionEndAsARejection(t *testing.T) {
+	t.Parallel()
+	for _, race := range []bool{false, true} {
+		t.Run(fmt.Sprintf("race=%v", race), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			b.putPolicy("email.send", map[string]any{"on_indeterminate": "retry", "lease_seconds": 5})
+			body := email(key("held"))
+			first := b.mustBegin("execute", body)
+			id, token := str(first["effect_id"]), str(first["lease_token"])
+			b.clock.Add(time.Minute) // the lease lapses unreported
+			b.putPolicy("email.send", map[string]any{"mode": "require_approval"})
+			approval := str(b.mustBegin("approval_required", body)["approval_id"])
+			report := map[string]any{"lease_token": token, "outcome": "failed"}
+			var reportStatus, rejectStatus int
+			var reported map[string]any
+			if race {
+				holder := b.holding(`SELECT 1 FROM effects WHERE id = $1 FOR UPDATE`, id)
+				waits := apitest.NewLockWaits(t, b.env.App.Pool, apitest.BackendPID(t, holder))
+				reportDone, rejectDone := make(chan struct{}), make(chan struct{})
+				go func() {
+					defer close(reportDone)
+					reportStatus, reported, _ = post(b.env, "/api/v1/effects/"+id+"/report", b.ws.Key, report)
+				}()
+				waits.Waiting(reportDone, "the report waits for the effect's row")
+				go func() {
+					defer close(rejectDone)
+					rejectStatus, _, _ = post(b.env, "/api/v1/approvals/"+approval+"/reject", b.ws.Key, nil)
+				}()
+				waits.Waiting(rejectDone, "the rejection waits for the effect's row")
+				require.NoError(t, holder.Rollback(context.Background()))
+				<-reportDone
+				<-rejectDone
+			} else {
+				rejectStatus, _, _ = post(b.env, "/api/v1/approvals/"+approval+"/reject", b.ws.Key, nil)
+				reportStatus, reported, _ = post(b.env, "/api/v1/effects/"+id+"/report", b.ws.Key, report)
+			}
+			require.Equal(t, []int{http.StatusConflict, http.StatusOK}, []int{reportStatus, rejectStatus})
+			require.Equal(t, "lease_expired", reported["error"].(map[string]any)["code"], "%v", reported)
+			e := b.get(id)
+			require.Equal(t, "indeterminate", e["state"])
+			require.Equal(t, "indeterminate", e["attempts"].([]any)[0].(map[string]any)["outcome"], "still unknown")
+			b.env.Must(http.StatusOK, "POST", "/api/v1/effects/"+id+"/resolve", b.ws.Key, map[string]any{"outcome": "failed"})
+			e = b.get(id)
+			require.Equal(t, "denied", e["state"])
+			require.Equal(t, "approval_rejected", e["denial_code"])
+			b.denialOf("approval_rejected", body)
+		})
+	}
+}

@@ -553,10 +553,32 @@ const sqlHeartbeat = `SELECT * FROM gate_heartbeat($1::text, $2::text, $3::bytea
 // settledDenial is the denial_code an indeterminate effect keeps once its
 // outcome is settled to outcome (an SQL expression): none after a success
 // (it was not denied: a refused retry's code no longer says anything), and
-// after a failure only max_attempts_exceeded, which still answers the key
-// (approval_rejected is kept by the approval's state).
-func settledDenial(outcome string) string {
-	return `CASE WHEN ` + outcome + ` = 'failed' AND denial_code = 'max_attempts_exceeded' THEN denial_code END`
+// after a failure only max_attempts_exceeded, which still answers the key,
+// or approval_rejected when settledState denies it. closed is the
+// parameter holding rolledBackNote (see rejectedRetry).
+func settledDenial(outcome, closed string) string {
+	return `CASE WHEN ` + rejectedRetry(outcome, closed) + ` THEN 'approval_rejected'
+    WHEN ` + outcome + ` = 'failed' AND denial_code = 'max_attempts_exceeded' THEN denial_code END`
+}
+
+// settledState is the state an indeterminate effect takes once its outcome
+// is settled to outcome: that outcome, but denied when rejectedRetry holds,
+// as a rejection of the effect already failed makes it (sqlDecideApproval),
+// so that the effect ends the same whichever came first (gate QA: rejected
+// first, it read failed until its key's next begin denied it).
+func settledState(outcome, closed string) string {
+	return `CASE WHEN ` + rejectedRetry(outcome, closed) + ` THEN 'denied' ELSE ` + outcome + ` END`
+}
+
+// rejectedRetry is true of an effect (its columns unqualified) settled to
+// outcome whose retry an operator rejected while its outcome was unknown:
+// settled failed, the rejection is what answers its key. Not one a group's
+// rollback closed (its note the parameter closed, rolledBackNote): that
+// leaves the effect its state, settled before it or after
+// (closeApprovalsSQL).
+func rejectedRetry(outcome, closed string) string {
+	return `(` + outcome + ` = 'failed' AND approval_state = 'rejected' AND NOT EXISTS (SELECT 1 FROM approvals ap
+        WHERE ap.id = approval_id AND ap.note IS NOT DISTINCT FROM ` + closed + `::text))`
 }
 
 // sqlResolve records what an operator found for an indeterminate effect:
@@ -565,11 +587,11 @@ func settledDenial(outcome string) string {
 // gate_unknown_attempts, migration 0026). A failed one is a known failure,
 // so those attempts' ceilings are released like a failed report's.
 // $1 effect id, $2 outcome, $3 sealed result, $4 result preview, $5 now,
-// $6 key id, $7 note.
+// $6 key id, $7 note, $8 rolledBackNote.
 var sqlResolve = `
 WITH upd AS (
-    UPDATE effects SET state = $2, result = $3, result_preview = $4::jsonb, updated_at = $5,
-        denial_code = ` + settledDenial("$2") + `
+    UPDATE effects SET state = ` + settledState("$2", "$8") + `, result = $3, result_preview = $4::jsonb,
+        updated_at = $5, denial_code = ` + settledDenial("$2", "$8") + `
     WHERE id = $1 AND state = 'indeterminate'
     RETURNING id
 ), upa AS (
@@ -748,10 +770,10 @@ const sqlCompensationOf = `SELECT id, idempotency_key FROM effects WHERE compens
 // sqlEffectivePolicy; a denied one too, refused for a reason a begin could
 // lift before max_attempts was lowered), or, failed, was refused max_attempts_exceeded while its
 // outcome was unknown (the code kept once resolved failed, settledDenial,
-// whatever max_attempts says since), or an operator rejected its retry (an
-// approval asked while its outcome was unknown, rejected before that
-// outcome was resolved failed: the effect is then failed, not denied; one
-// rejected after it sqlDecideApproval denies). Its key's next begin is
+// whatever max_attempts says since), or its retry's approval was rejected
+// (one a group's rollback closed leaves it failed; an operator's rejection
+// denies it, settledState, sqlDecideApproval, but one resolved failed
+// before a release that did reads failed). Its key's next begin is
 // max_attempts_exceeded or approval_rejected, final.
 const sqlGroupSteps = `SELECT e.id, e.effect_type, e.idempotency_key, e.state, e.denial_code, e.lease_expires_at,
     coalesce(octet_length(e.compensation), 0), e.compensates_effect_id, e.created_at, e.updated_at,
@@ -891,11 +913,13 @@ const reconCols = `e.id, e.idempotency_key, e.state, e.lease_expires_at, e.cost_
 // records, like an operator's resolve (every unknown attempt), releasing the
 // ceilings of those that failed as a resolve does. Lapsed leases were made
 // durable first. It answers the groups of the effects it settled, once each.
-// $1 workspace, $2 effect ids, $3 outcomes, $4 now, $5 key id.
+// $1 workspace, $2 effect ids, $3 outcomes, $4 now, $5 key id, $6
+// rolledBackNote.
 var sqlReconcileResolve = `
 WITH t AS (SELECT * FROM unnest($2::text[], $3::text[]) AS t(id, outcome)),
 upd AS (
-    UPDATE effects e SET state = t.outcome, updated_at = $4, denial_code = ` + settledDenial("t.outcome") + `
+    UPDATE effects e SET state = ` + settledState("t.outcome", "$6") + `, updated_at = $4,
+        denial_code = ` + settledDenial("t.outcome", "$6") + `
     FROM t WHERE e.id = t.id AND e.workspace_id = $1 AND e.state = 'indeterminate'
     RETURNING e.id, e.group_id, t.outcome
 ), upa AS (
@@ -1005,7 +1029,8 @@ const approvalCols = `id, effect_id, effect_type, state, reason, created_at, dec
 // effect in one statement: a rejection is a final denial for the key. An
 // effect whose last attempt's outcome is unknown (a retry after a lapse
 // that needed approval) waited indeterminate and stays so, its unknown
-// outcome resolvable; begin still answers approval_rejected. (One that
+// outcome resolvable; begin still answers approval_rejected, and settled
+// failed it is denied approval_rejected (settledState). (One that
 // waited as awaiting_approval before that rule goes back to indeterminate.)
 // One whose retry waited indeterminate and that an operator resolved failed
 // meanwhile is denied approval_rejected at once too, as begin would make it

@@ -449,7 +449,8 @@ func (s *Service) reconcileResolve(ctx context.Context, tx pgx.Tx, p *auth.Princ
 			return nil, err
 		}
 	}
-	groups, err := db.CollectIDs(tx.Query(ctx, sqlReconcileResolve, p.WorkspaceID, resolveIDs, outcomes, now, p.KeyID))
+	groups, err := db.CollectIDs(tx.Query(ctx, sqlReconcileResolve, p.WorkspaceID, resolveIDs, outcomes, now, p.KeyID,
+		rolledBackNote))
 	if err != nil {
 		return nil, fmt.Errorf("reconcile: resolve: %w", err)
 	}
