@@ -1105,8 +1105,8 @@ func (s *Service) transition(ctx context.Context, tx pgx.Tx, in *beginInput, ev 
 		code = apierr.CodeMaxAttemptsExceeded
 	case row.ApprovalState != nil && *row.ApprovalState == ApprovalRejected:
 		// Reached only by an effect a rejection left indeterminate
-		// (sqlDecideApproval), or one a group's rollback closed it of
-		// (settledState), the rest are settled.
+		// (sqlDecideApproval), or one resolved failed whose approval a
+		// group's rollback closed (settledState); the rest are denied.
 		code = apierr.CodeApprovalRejected
 	case ev.fresh == apierr.CodePolicyDenied || ev.fresh == apierr.CodeCostCeilingExceeded ||
 		ev.fresh == apierr.CodeCircuitOpen:

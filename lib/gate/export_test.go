@@ -198,3 +198,6 @@ func PurgeDueChecks(ctx context.Context, tx pgx.Tx, now time.Time, limit int) (i
 // RetentionDiscoveryEvery is how often a deployed pass begins a round of
 // discovery of the pairs gate_retention_checks does not know.
 const RetentionDiscoveryEvery = retentionDiscoveryEvery
+
+// SQLPutOffGroup is sqlPutOffGroup.
+const SQLPutOffGroup = sqlPutOffGroup

@@ -1435,10 +1435,16 @@ WHERE g.state IN ('committed', 'unwound', 'unwind_failed')
   AND coalesce(g.keep_until, '-infinity'::timestamptz) <= $1::timestamptz`
 
 // sqlPutOffGroup moves group $1's keep_until on to $2 (never back): a
-// group whose purge failed alone is read again then.
-const sqlPutOffGroup = `UPDATE effect_groups
-SET keep_until = greatest(coalesce(keep_until, '-infinity'::timestamptz), $2::timestamptz)
-WHERE id = $1::text`
+// group whose purge failed alone is read again then. A group another
+// transaction holds is passed over, as sqlPutOffCheck passes over a pair:
+// the failed purge's savepoint let go of its lock, so another pass may
+// hold it now, which purges it or puts it off (an unwind holding it makes
+// it unwinding, not due), and the put-off does not wait for the whole of
+// that pass, nor two passes putting off each other's groups for each other.
+const sqlPutOffGroup = `UPDATE effect_groups g
+SET keep_until = greatest(coalesce(g.keep_until, '-infinity'::timestamptz), $2::timestamptz)
+FROM (SELECT id FROM effect_groups WHERE id = $1::text FOR UPDATE SKIP LOCKED) l
+WHERE g.id = l.id`
 
 // sqlPurgeKeptGroups deletes, at $1, the groups sqlLockDueGroups locked
 // ($2) whose every effect has passed its type's retention under the

@@ -1440,3 +1440,38 @@ func TestRetentionGroupsPurgedApartShareTheSteps(t *testing.T) {
 	b.requireKept(false, "/api/v1/groups/"+groups[0], "/api/v1/groups/"+groups[1])
 	b.requireKept(true, "/api/v1/groups/"+groups[2], "/api/v1/groups/"+failing)
 }
+
+// A group whose purge failed alone is put off without waiting for a group
+// another transaction holds (another pass, which purges it or puts it
+// off): the failed purge's savepoint let go of the group's lock, and two
+// passes putting off each other's groups waited for each other. One not
+// held is moved on, never back.
+func TestPuttingOffAGroupDoesNotWaitForOneHeld(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	pool := b.env.App.Pool
+	g, _ := b.committedGroup("email.send")
+	before := b.keepUntil(g)
+	require.NotNil(t, before)
+	later := before.Add(time.Hour)
+	holder := b.holding(`SELECT 1 FROM effect_groups WHERE id = $1 FOR UPDATE`, g)
+	waits := apitest.NewLockWaits(t, pool, apitest.BackendPID(t, holder))
+	done := make(chan struct{})
+	var err error
+	go func() {
+		defer close(done)
+		_, err = pool.Exec(ctx, gate.SQLPutOffGroup, g, later)
+	}()
+	require.False(t, waits.Wait(done, "the put-off passes over the group held"))
+	require.NoError(t, err)
+	require.NoError(t, holder.Rollback(ctx))
+	require.True(t, before.Equal(*b.keepUntil(g)), "passed over")
+
+	_, err = pool.Exec(ctx, gate.SQLPutOffGroup, g, later)
+	require.NoError(t, err)
+	require.True(t, later.Equal(*b.keepUntil(g)), "moved on")
+	_, err = pool.Exec(ctx, gate.SQLPutOffGroup, g, before)
+	require.NoError(t, err)
+	require.True(t, later.Equal(*b.keepUntil(g)), "never back")
+}
