@@ -504,3 +504,27 @@ func TestALateReportFailedAndARejectionEndAsARejection(t *testing.T) {
 		})
 	}
 }
+
+// An approval a group's rollback closed is no operator's rejection: the
+// step whose retry it asked for, resolved failed afterwards, reads failed,
+// as one resolved failed before the rollback closed its approval does
+// (the close leaves the effect its state); its group answers its key.
+func TestAStepWhoseApprovalARollbackClosedIsResolvedFailed(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("email.send", map[string]any{"on_indeterminate": "retry", "lease_seconds": 5})
+	g := b.newGroup("order", "")
+	body := groupStep(g, email(key("held")), nil)
+	id := str(b.mustBegin("execute", body)["effect_id"])
+	b.clock.Add(time.Minute) // the lease lapses unreported
+	b.putPolicy("email.send", map[string]any{"mode": "require_approval"})
+	approval := str(b.mustBegin("approval_required", body)["approval_id"])
+	b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+g+"/unwind", b.ws.Key, nil)
+	a := b.env.Must(http.StatusOK, "GET", "/api/v1/approvals/"+approval, b.ws.Key, nil).JSON()
+	require.Equal(t, "rejected", a["state"], "%v", a)
+	require.Equal(t, gate.RolledBackNote, a["note"])
+	b.env.Must(http.StatusOK, "POST", "/api/v1/effects/"+id+"/resolve", b.ws.Key, map[string]any{"outcome": "failed"})
+	e := b.get(id)
+	require.Equal(t, "failed", e["state"])
+	require.Nil(t, e["denial_code"])
+}
