@@ -405,7 +405,7 @@ func (s *Service) Resolve(ctx context.Context, p *auth.Principal, id string, req
 			switch {
 			case attempt == 0:
 				return refused
-			case st == req.Outcome && !begunSince(e, attempt, resolvedAt):
+			case settledAs(&e, st, req.Outcome) && !begunSince(e, attempt, resolvedAt):
 				// A repeat of this key's own resolve (its first answer lost)
 				// answers the effect as it is, as a repeated report does (QA).
 				out = e
@@ -449,6 +449,15 @@ func (s *Service) Resolve(ctx context.Context, p *auth.Principal, id string, req
 		return Effect{}, err
 	}
 	return out, committedThen(s.afterStep(ctx, p.WorkspaceID, out.GroupID))
+}
+
+// settledAs says whether effect e, in state st, is settled as a resolve to
+// outcome leaves it: that state, or denied approval_rejected for failed,
+// as a resolve to failed makes one whose retry's approval was rejected
+// (settledState), so that its repeat answers as any repeat does.
+func settledAs(e *Effect, st, outcome string) bool {
+	return st == outcome || (outcome == StateFailed && st == StateDenied && e.DenialCode != nil &&
+		*e.DenialCode == apierr.CodeApprovalRejected)
 }
 
 // namesUnknownAttempt refuses a resolve of an indeterminate effect that

@@ -424,6 +424,13 @@ func TestARejectionDeniesTheEffectInEitherOrderWithAResolveToFailed(t *testing.T
 			require.Equal(t, "failed", e["attempts"].([]any)[0].(map[string]any)["outcome"])
 			require.Equal(t, map[string]int{"approval.requested": 1, "approval.decided": 1, "effect.indeterminate": 1},
 				b.eventTypes())
+			if c.name == "reject then resolve" || c.name == "resolve then reject" {
+				// A repeat of the resolve, its first answer lost, answers
+				// the effect as it is, in either order.
+				again := b.env.Must(http.StatusOK, "POST", "/api/v1/effects/"+id+"/resolve", b.ws.Key,
+					map[string]any{"outcome": "failed"}).JSON()
+				require.Equal(t, "denied", again["state"])
+			}
 			b.denialOf("approval_rejected", body)
 		})
 	}
