@@ -61,10 +61,7 @@ func TestRejectingTheApprovalOfAFailedEffectDeniesIt(t *testing.T) {
 	b.env.Must(http.StatusOK, "POST", "/api/v1/effects/"+id+"/resolve", b.ws.Key, map[string]any{"outcome": "failed"})
 	require.Equal(t, "failed", b.get(id)["state"])
 	b.env.Must(http.StatusOK, "POST", "/api/v1/approvals/"+approval+"/reject", b.ws.Key, map[string]any{"note": "no"})
-	e := b.get(id)
-	require.Equal(t, "denied", e["state"])
-	require.Equal(t, "approval_rejected", e["denial_code"])
-	b.denialOf("approval_rejected", body)
+	b.requireRejected(id, body)
 }
 
 // A rejection that waits for the effect's row while a resolve to failed
@@ -97,11 +94,8 @@ func TestARejectionWaitingOnAResolveToFailedDeniesTheEffect(t *testing.T) {
 	<-resolved
 	<-rejected
 	require.Equal(t, []int{http.StatusOK, http.StatusOK}, []int{*resolveStatus, *rejectStatus})
-	e := b.get(id)
-	require.Equal(t, "denied", e["state"])
-	require.Equal(t, "approval_rejected", e["denial_code"])
+	e := b.requireRejected(id, body)
 	require.Equal(t, "failed", e["attempts"].([]any)[0].(map[string]any)["outcome"])
-	b.denialOf("approval_rejected", body)
 }
 
 // A pending approval whose effect a resolution settled succeeded asks
@@ -418,12 +412,6 @@ func TestARejectionDeniesTheEffectInEitherOrderWithAResolveToFailed(t *testing.T
 				require.Equal(t, "failed", b.get(id)["state"])
 				reject(b, approval)
 			}
-			e := b.get(id)
-			require.Equal(t, "denied", e["state"])
-			require.Equal(t, "approval_rejected", e["denial_code"])
-			require.Equal(t, "failed", e["attempts"].([]any)[0].(map[string]any)["outcome"])
-			require.Equal(t, map[string]int{"approval.requested": 1, "approval.decided": 1, "effect.indeterminate": 1},
-				b.eventTypes())
 			if c.name == "reject then resolve" || c.name == "resolve then reject" {
 				// A repeat of the resolve, its first answer lost, answers
 				// the effect as it is, in either order.
@@ -431,7 +419,10 @@ func TestARejectionDeniesTheEffectInEitherOrderWithAResolveToFailed(t *testing.T
 					map[string]any{"outcome": "failed"}).JSON()
 				require.Equal(t, "denied", again["state"])
 			}
-			b.denialOf("approval_rejected", body)
+			e := b.requireRejected(id, body)
+			require.Equal(t, "failed", e["attempts"].([]any)[0].(map[string]any)["outcome"])
+			require.Equal(t, map[string]int{"approval.requested": 1, "approval.decided": 1, "effect.indeterminate": 1},
+				b.eventTypes())
 		})
 	}
 }
@@ -504,10 +495,7 @@ func TestALateReportFailedAndARejectionEndAsARejection(t *testing.T) {
 			require.Equal(t, "indeterminate", e["state"])
 			require.Equal(t, "indeterminate", e["attempts"].([]any)[0].(map[string]any)["outcome"], "still unknown")
 			b.env.Must(http.StatusOK, "POST", "/api/v1/effects/"+id+"/resolve", b.ws.Key, map[string]any{"outcome": "failed"})
-			e = b.get(id)
-			require.Equal(t, "denied", e["state"])
-			require.Equal(t, "approval_rejected", e["denial_code"])
-			b.denialOf("approval_rejected", body)
+			b.requireRejected(id, body)
 		})
 	}
 }
@@ -534,4 +522,16 @@ func TestAStepWhoseApprovalARollbackClosedIsResolvedFailed(t *testing.T) {
 	e := b.get(id)
 	require.Equal(t, "failed", e["state"])
 	require.Nil(t, e["denial_code"])
+}
+
+// requireRejected requires effect id denied approval_rejected, and its
+// key's next begin denied so; it answers the effect as read before that
+// begin.
+func (b *bundle) requireRejected(id string, body map[string]any) map[string]any {
+	b.t.Helper()
+	e := b.get(id)
+	require.Equal(b.t, "denied", e["state"])
+	require.Equal(b.t, "approval_rejected", e["denial_code"])
+	b.denialOf("approval_rejected", body)
+	return e
 }
