@@ -207,11 +207,13 @@ func TestRetentionReadsABatchOfIdleWorkers(t *testing.T) {
 	})
 }
 
-// Retention deletes a batch of runs with their steps' executions and
-// replays through the steps' ids, reading the batch's rows, not every
-// execution and replay kept, however it is planned (scale QA: joined to
-// the batch's steps, the executions were hashed against a scan of the
-// whole table, 200,000 read for each batch of 500 runs; the replays too).
+// Retention locks a batch of runs' steps, and deletes the runs with their
+// steps' executions and replays through the steps' ids, reading the
+// batch's rows, not every step, execution and replay kept, however it is
+// planned (scale QA: joined to the batch's steps, the executions were
+// hashed against a scan of the whole table, 200,000 read for each batch of
+// 500 runs; the replays too; and the lock, by a literal array, scanned
+// every step for a batch of 500 runs).
 func TestRetentionDeletesABatchOfRunsByTheirSteps(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -250,15 +252,23 @@ func TestRetentionDeletesABatchOfRunsByTheirSteps(t *testing.T) {
 			for i := range batch {
 				batch[i] = fmt.Sprintf("run_%d", i*runs/limit+1)
 			}
-			read, nodes, err := testpg.RowsRead(ctx, tx, mode, jobs.SQLDeleteRuns, batch)
-			if err != nil {
-				t.Fatalf("%s, limit %d: %v", mode, limit, err)
-			}
-			for table, most := range map[string]int{"job_runs": 2 * limit, "jobs": 2 * steps * limit,
-				"job_executions": 2 * steps * limit, "job_replays": steps * limit} {
-				if read[table] > most {
-					t.Errorf("%s, limit %d: %d rows of %s read for a batch of %d runs of %d steps: %v", mode, limit,
-						read[table], table, limit, steps, testpg.Reads(nodes, table))
+			for _, c := range []struct {
+				name, sql string
+				args      []any
+			}{
+				{"lock", jobs.SQLLockRetiredJobs, []any{batch, time.Now().AddDate(0, 0, -90)}},
+				{"delete", jobs.SQLDeleteRuns, []any{batch}},
+			} {
+				read, nodes, err := testpg.RowsRead(ctx, tx, mode, c.sql, c.args...)
+				if err != nil {
+					t.Fatalf("%s, %s, limit %d: %v", c.name, mode, limit, err)
+				}
+				for table, most := range map[string]int{"job_runs": 2 * limit, "jobs": 2 * steps * limit,
+					"job_executions": 2 * steps * limit, "job_replays": steps * limit} {
+					if read[table] > most {
+						t.Errorf("%s, %s, limit %d: %d rows of %s read for a batch of %d runs of %d steps: %v", c.name,
+							mode, limit, read[table], table, limit, steps, testpg.Reads(nodes, table))
+					}
 				}
 			}
 		}
