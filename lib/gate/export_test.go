@@ -65,6 +65,11 @@ func PurgeExpired(ctx context.Context, tx pgx.Tx, now time.Time, limit int) (int
 	return int64(n), err
 }
 
+// SQLPurgeExpired is the statement retention deletes a batch of effects
+// with ($1 now, $2 limit, $3 groups deleted, $4 and $5 the pairs checked),
+// for a test of its plan.
+var SQLPurgeExpired = sqlPurgeExpired
+
 // SQLPurgeKeptGroups is the statement PurgeKeptGroups deletes the groups
 // with ($1 now, $2 groups locked, $3 steps at most), for a test of its plan.
 const SQLPurgeKeptGroups = sqlPurgeKeptGroups

@@ -1,0 +1,123 @@
+package gate_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/getratchet/ratchet/lib/gate"
+	"github.com/getratchet/ratchet/lib/testpg"
+	"github.com/stretchr/testify/require"
+)
+
+// Retention deletes a batch of effects with their attempts and approvals
+// by the batch's ids, reading the batch's rows, not every attempt and
+// approval kept, however it is planned (scale QA: joined to the batch, a
+// plan made for the pass's values hashed it and scanned every attempt or
+// approval kept, 20,000 read for a batch of 100 effects).
+func TestRetentionDeletesABatchOfEffectsByTheirIDs(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	tx := testpg.Scratch(ctx, t, b.env.App.Pool, "effects", "effect_attempts", "approvals", "gate_effect_history")
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	// $2 effects of 20 workspaces, each with an attempt and every tenth
+	// with an approval: a fifth ended 100 days ago (due), the others a day
+	// ago (kept). Within ANALYZE's sample, so its statistics are the same
+	// on every run.
+	const effects, workspaces = 20000, 20
+	for i, s := range []string{`INSERT INTO effects (id, workspace_id, effect_type, idempotency_key, fingerprint, state,
+			lease_seconds, created_by_key_id, created_at, updated_at)
+		SELECT 'eff_p' || k, 'ws_p' || k % $3, 'email.send', 'k' || k, 'f', 'succeeded', 30, 'key_p',
+			$1::timestamptz - CASE WHEN k % 5 = 0 THEN interval '100 days' ELSE interval '1 day' END + make_interval(secs => k),
+			$1::timestamptz - CASE WHEN k % 5 = 0 THEN interval '100 days' ELSE interval '1 day' END + make_interval(secs => k)
+		FROM generate_series(1, $2::int) k`,
+		`INSERT INTO effect_attempts (effect_id, attempt, workspace_id, lease_token_hash, probe, started_at,
+			lease_expires_at, outcome, began_by_key_id)
+		SELECT id, 1, workspace_id, '\x00', false, created_at, created_at, 'succeeded', 'key_p' FROM effects`,
+		`INSERT INTO approvals (id, workspace_id, effect_id, effect_type, state, reason, created_at)
+		SELECT 'apr_' || id, workspace_id, id, effect_type, 'approved', 'r', created_at FROM effects
+		WHERE hashtext(id) % 10 = 0`,
+		`ANALYZE effects`, `ANALYZE effect_attempts`, `ANALYZE approvals`,
+	} {
+		var args []any
+		if i == 0 {
+			args = []any{now, effects, workspaces}
+		}
+		_, err := tx.Exec(ctx, s, args...)
+		require.NoError(t, err, "%.40s", s)
+	}
+	pairs, types := make([]string, workspaces), make([]string, workspaces)
+	for i := range pairs {
+		pairs[i], types[i] = fmt.Sprintf("ws_p%d", i), "email.send"
+	}
+	for _, mode := range testpg.PlanCacheModes {
+		for _, limit := range []int{100, 1000} {
+			read, nodes, err := testpg.RowsRead(ctx, tx, mode, gate.SQLPurgeExpired, now, limit, []string(nil), pairs, types)
+			require.NoError(t, err, "%s, limit %d", mode, limit)
+			for table, most := range map[string]int{"effect_attempts": 2 * limit, "approvals": limit} {
+				require.LessOrEqual(t, read[table], most, "%s, limit %d: rows of %s read for a batch of %d effects: %v",
+					mode, limit, table, limit, testpg.Reads(nodes, table))
+			}
+		}
+	}
+}
+
+// Retention reads a batch of ended groups and their steps by their ids,
+// not every group and grouped effect, however it is planned (scale QA: as
+// a list of the batch's ids, a plan made for its values scanned every
+// group, 4,000 read for a batch of 100).
+func TestRetentionReadsABatchOfGroupsByTheirIDs(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	tx := testpg.Scratch(ctx, t, b.env.App.Pool, "effect_groups", "effects", "approvals")
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	// $2 committed groups of $3 steps, ended 200 days ago, and as many
+	// effects again outside any group: within ANALYZE's sample.
+	const groups, steps = 4000, 3
+	for i, s := range []string{`INSERT INTO effect_groups (id, workspace_id, name, state, created_by_key_id, created_at,
+			updated_at, committed_at, keep_until)
+		SELECT 'grp_' || g, 'ws_p' || g % 20, 'n', 'committed', 'key_p', $1::timestamptz - interval '200 days',
+			$1::timestamptz - interval '200 days', $1::timestamptz - interval '200 days',
+			$1::timestamptz - interval '1 day' + make_interval(secs => g)
+		FROM generate_series(1, $2::int) g`,
+		`INSERT INTO effects (id, workspace_id, effect_type, idempotency_key, fingerprint, state,
+			lease_seconds, created_by_key_id, created_at, updated_at, group_id)
+		SELECT 'eff_p' || k, 'ws_p' || k % 20, 'email.send', 'k' || k, 'f', 'succeeded', 30, 'key_p',
+			$1::timestamptz - interval '200 days', $1::timestamptz - interval '200 days',
+			CASE WHEN k <= $2 * $3 THEN 'grp_' || (k % $2 + 1) END
+		FROM generate_series(1, 2 * $2 * $3::int) k`,
+		`INSERT INTO approvals (id, workspace_id, effect_id, effect_type, state, reason, created_at)
+		SELECT 'apr_' || id, workspace_id, id, effect_type, 'approved', 'r', created_at FROM effects
+		WHERE hashtext(id) % 10 = 0`,
+		`ANALYZE effect_groups`, `ANALYZE effects`, `ANALYZE approvals`,
+	} {
+		var args []any
+		switch i {
+		case 0:
+			args = []any{now, groups}
+		case 1:
+			args = []any{now, groups, steps}
+		}
+		_, err := tx.Exec(ctx, s, args...)
+		require.NoError(t, err, "%.40s", s)
+	}
+	for _, mode := range testpg.PlanCacheModes {
+		for _, limit := range []int{100, 500} {
+			batch := make([]string, limit)
+			for i := range batch {
+				batch[i] = fmt.Sprintf("grp_%d", i*groups/limit+1)
+			}
+			read, nodes, err := testpg.RowsRead(ctx, tx, mode, gate.SQLPurgeKeptGroups, now, batch, 10*limit)
+			require.NoError(t, err, "%s, limit %d", mode, limit)
+			// The batch's groups twice (read, deleted), its steps four
+			// times (counted, locked, and twice for their approvals).
+			for table, most := range map[string]int{"effect_groups": 2 * limit, "effects": 4 * steps * limit} {
+				require.LessOrEqual(t, read[table], most, "%s, limit %d: rows of %s read for a batch of %d groups: %v",
+					mode, limit, table, limit, testpg.Reads(nodes, table))
+			}
+		}
+	}
+}
