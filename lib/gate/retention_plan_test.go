@@ -64,10 +64,11 @@ func TestRetentionDeletesABatchOfEffectsByTheirIDs(t *testing.T) {
 	}
 }
 
-// Retention reads a batch of ended groups and their steps by their ids,
-// not every group and grouped effect, however it is planned (scale QA: as
-// a list of the batch's ids, a plan made for its values scanned every
-// group, 4,000 read for a batch of 100).
+// Retention reads a batch of ended groups, their steps and their steps'
+// approvals by their ids, not every group, grouped effect and approval,
+// however it is planned (scale QA: as a list of the batch's ids, a plan
+// made for its values scanned every group, 4,000 read for a batch of 100;
+// joined to the steps, every approval was scanned).
 func TestRetentionReadsABatchOfGroupsByTheirIDs(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -112,9 +113,11 @@ func TestRetentionReadsABatchOfGroupsByTheirIDs(t *testing.T) {
 			}
 			read, nodes, err := testpg.RowsRead(ctx, tx, mode, gate.SQLPurgeKeptGroups, now, batch, 10*limit)
 			require.NoError(t, err, "%s, limit %d", mode, limit)
-			// The batch's groups twice (read, deleted), its steps four
-			// times (counted, locked, and twice for their approvals).
-			for table, most := range map[string]int{"effect_groups": 2 * limit, "effects": 4 * steps * limit} {
+			// The batch's groups twice (read, deleted), its steps six
+			// times (counted, locked, and twice each for their approvals'
+			// ids and groups), their approvals twice.
+			for table, most := range map[string]int{"effect_groups": 2 * limit, "effects": 6 * steps * limit,
+				"approvals": 2 * steps * limit} {
 				require.LessOrEqual(t, read[table], most, "%s, limit %d: rows of %s read for a batch of %d groups: %v",
 					mode, limit, table, limit, testpg.Reads(nodes, table))
 			}
