@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"net/netip"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -99,20 +100,8 @@ func Sign(t time.Time, body []byte, secrets ...string) string {
 	return out
 }
 
-// sqlDispatch fans out up to $2 events at $1. It holds each webhook it
-// fans out to FOR SHARE: a Delete (an UPDATE of that row) waits for it and
-// then abandons the deliveries it made. Without the lock a fan-out whose
-// snapshot predated the delete committed its delivery after the delete had
-// abandoned the pending ones, and it stayed pending for good: never sent,
-// not listed, and holding its event from retention (review). A webhook
-// gets only the events that happened once it existed: fanned out later (a
-// sweep interval, a minute on cron), an event of just before its creation
-// reached it too (webhooks QA). Likewise a disabled webhook (Update) gets
-// none of the events recorded while it was disabled, from its disabled_at
-// on, nor of its last period disabled once enabled again (last_disabled):
-// they are skipped, as Stripe skips a disabled endpoint's; one recorded
-// before it was disabled is fanned out into a delivery that is held
-// (claim) until it is enabled again.
+// sqlDispatchPick picks and locks a fan-out's batch: up to $1 events to
+// fan out, answering each one's id and workspace.
 //
 // The batch takes turns among the workspaces with events to fan out
 // (db.FairPick), each one's oldest first: in creation order alone, one
@@ -120,14 +109,46 @@ func Sign(t time.Time, body []byte, secrets ...string) string {
 // pass until it was fanned out, and every other workspace's events, and
 // so its webhooks, waited behind it for 200 passes (multi-tenant QA). The
 // workspaces are found through events_undispatched_ws_idx (migration
-// 0062), a descent each, and each one's oldest $2 are read from it.
+// 0062), a descent each, and each one's oldest $1 are read from it.
+var sqlDispatchPick = `
+SELECT id, workspace_id FROM events
+WHERE dispatched_at IS NULL AND id = ANY(ARRAY(` + db.FairPick(db.Backlog{
+	Table: "events", Where: "dispatched_at IS NULL", Order: "created_at", Due: "created_at",
+}, "$1::int") + `))
+FOR UPDATE SKIP LOCKED`
+
+// sqlDispatchWait waits for the webhook creates in progress in each
+// workspace ($1, sorted) of a fan-out's batch: it takes the lock each
+// create holds (Create) in its shared form, so fan-outs never wait for
+// each other, and holds it until the fan-out commits, so a create that
+// comes meanwhile waits for the fan-out instead, and reads its clock, its
+// created_at, once the batch is fanned out. In one order (sorted): a
+// fan-out never holds one workspace's lock while it waits, behind a
+// create, for another that a second fan-out holding the first one waits
+// for.
+const sqlDispatchWait = `
+SELECT count(pg_advisory_xact_lock_shared(hashtextextended('webhooks:' || ws, 0))) FROM unnest($1::text[]) ws`
+
+// sqlDispatch fans out the batch's events ($2, locked by sqlDispatchPick)
+// at $1, in a statement of its own after sqlDispatchWait, so that its
+// snapshot holds every webhook whose create that waited for. It holds each
+// webhook it fans out to FOR SHARE: a Delete (an UPDATE of that row) waits
+// for it and then abandons the deliveries it made. Without the lock a
+// fan-out whose snapshot predated the delete committed its delivery after
+// the delete had abandoned the pending ones, and it stayed pending for
+// good: never sent, not listed, and holding its event from retention
+// (review). A webhook gets only the events that happened once it existed:
+// fanned out later (a sweep interval, a minute on cron), an event of just
+// before its creation reached it too (webhooks QA). Likewise a disabled
+// webhook (Update) gets none of the events recorded while it was
+// disabled, from its disabled_at on, nor of its last period disabled once
+// enabled again (last_disabled): they are skipped, as Stripe skips a
+// disabled endpoint's; one recorded before it was disabled is fanned out
+// into a delivery that is held (claim) until it is enabled again.
 var sqlDispatch = `
 WITH ev AS (
     SELECT id, workspace_id, type, created_at FROM events
-    WHERE dispatched_at IS NULL AND id = ANY(ARRAY(` + db.FairPick(db.Backlog{
-	Table: "events", Where: "dispatched_at IS NULL", Order: "created_at", Due: "created_at",
-}, "$2::int") + `))
-    FOR UPDATE SKIP LOCKED
+    WHERE id = ANY($2::text[])
 ), fan AS (
     INSERT INTO webhook_deliveries (id, webhook_id, workspace_id, event_id, event_type, state, next_attempt_at, created_at)
     SELECT 'dlv_' || substr(md5(w.id || ev.id), 1, 26), w.id, ev.workspace_id, ev.id, ev.type, 'pending', $1, $1
@@ -138,23 +159,69 @@ WITH ev AS (
     FOR SHARE OF w
     ON CONFLICT (webhook_id, event_id) DO NOTHING
 )
-UPDATE events SET dispatched_at = $1 WHERE id IN (SELECT id FROM ev)`
+UPDATE events SET dispatched_at = $1 WHERE id = ANY($2::text[])`
 
 // Dispatch fans undispatched outbox events out into one pending delivery per
-// matching subscription, in one statement, up to DispatchBatch of them
-// (sweep.Task.Drains: a pass with a deadline runs it again while it fans a
-// whole batch out). Events nobody subscribes to are marked dispatched too.
-// DispatchBatch is the most events one Dispatch fans out (its
-// sweep.Task.Batch).
-func (s *Service) DispatchBatch() int { return s.dispatchBatch }
-
+// matching subscription, up to DispatchBatch of them (sweep.Task.Drains: a
+// pass with a deadline runs it again while it fans a whole batch out).
+// Events nobody subscribes to are marked dispatched too.
+//
+// A subscription gets every matching event whose created_at is at or
+// after its own, and none before. A fan-out therefore waits for the
+// creates in progress in its batch's workspaces (sqlDispatchWait) and
+// then reads the webhooks afresh (sqlDispatch): in one statement, a
+// webhook whose create had not committed when the statement began was not
+// seen, and the event, marked dispatched, never reached it, though
+// recorded after the webhook's created_at, even after its create answered
+// (webhooks QA). A create that waits for a fan-out reads its clock once
+// that fan-out has committed (Create), so the batch's events lie before
+// it. The wait is one lock a workspace of the batch (at most
+// DispatchBatch), none when there is nothing to fan out.
 func (s *Service) Dispatch(ctx context.Context, now time.Time) (int, error) {
-	tag, err := s.pool.Exec(ctx, sqlDispatch, now, s.dispatchBatch)
+	var n int
+	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
+		var err error
+		n, err = s.dispatchIn(ctx, tx, now)
+		return err
+	})
 	if err != nil {
 		return 0, fmt.Errorf("dispatch events: %w", err)
 	}
+	return n, nil
+}
+
+// dispatchIn is Dispatch's work in tx.
+func (s *Service) dispatchIn(ctx context.Context, tx pgx.Tx, now time.Time) (int, error) {
+	rows, err := tx.Query(ctx, sqlDispatchPick, s.dispatchBatch)
+	if err != nil {
+		return 0, err
+	}
+	var evs, workspaces []string
+	var id, ws string
+	if _, err := pgx.ForEachRow(rows, []any{&id, &ws}, func() error {
+		evs = append(evs, id)
+		workspaces = append(workspaces, ws)
+		return nil
+	}); err != nil {
+		return 0, err
+	}
+	if len(evs) == 0 {
+		return 0, nil
+	}
+	slices.Sort(workspaces)
+	if _, err := tx.Exec(ctx, sqlDispatchWait, slices.Compact(workspaces)); err != nil {
+		return 0, err
+	}
+	tag, err := tx.Exec(ctx, sqlDispatch, now, evs)
+	if err != nil {
+		return 0, err
+	}
 	return int(tag.RowsAffected()), nil
 }
+
+// DispatchBatch is the most events one Dispatch fans out (its
+// sweep.Task.Batch).
+func (s *Service) DispatchBatch() int { return s.dispatchBatch }
 
 // sqlPurgeDelivered is PurgeDelivered's statement ($1 cutoff, $2 limit).
 // The batch's deliveries are locked through webhook_deliveries_event_idx

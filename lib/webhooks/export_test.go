@@ -3,11 +3,19 @@ package webhooks
 import (
 	"context"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
-// SQLDispatch is Dispatch's statement, for a test to hold it in a
-// transaction of its own.
-var SQLDispatch = sqlDispatch
+// SQLDispatchPick is the statement picking a fan-out's batch, for a test
+// of its plan.
+var SQLDispatchPick = sqlDispatchPick
+
+// DispatchIn fans events out at now as Dispatch does, in tx, for a test to
+// hold the fan-out in a transaction of its own.
+func (s *Service) DispatchIn(ctx context.Context, tx pgx.Tx, now time.Time) (int, error) {
+	return s.dispatchIn(ctx, tx, now)
+}
 
 // SetDispatchBatch bounds one fan-out.
 func SetDispatchBatch(s *Service, n int) { s.dispatchBatch = n }

@@ -25,8 +25,8 @@ func TestAFanOutReadsABatchOfABurst(t *testing.T) {
 	testpg.CheckBacklog(t, env.App.Pool, testpg.Backlog{
 		Tables: []string{"events"},
 		Seed:   burst,
-		SQL:    webhooks.SQLDispatch,
-		Args:   func(limit int) []any { return []any{time.Now(), limit} },
+		SQL:    webhooks.SQLDispatchPick,
+		Args:   func(limit int) []any { return []any{limit} },
 		Limits: []int{100, 500},
 	})
 }

@@ -266,18 +266,23 @@ func (s *Service) Create(ctx context.Context, workspaceID string, req CreateRequ
 	if err := req.validate(s.allowPrivate); err != nil {
 		return NewWebhook{}, err
 	}
-	evs := eventSet(req.Events)
-	now := s.now()
-	w := NewWebhook{Webhook: Webhook{ID: ids.NewAt(ids.Webhook, now), URL: req.URL, Events: evs, CreatedAt: now},
-		Secret: secretPrefix + ids.Random(32)}
+	var w NewWebhook
 	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
 		// Creates of one workspace take turns, so the count below sees
 		// every one committed before (a statement's snapshot predates a
-		// lock it waits for, hence two statements).
+		// lock it waits for, hence two statements). A fan-out of the
+		// workspace's events holds the lock shared (Dispatch): it waits
+		// for a create in progress, and a create waits for it.
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('webhooks:' || $1::text, 0))`,
 			workspaceID); err != nil {
 			return fmt.Errorf("lock webhooks: %w", err)
 		}
+		// The clock is read once the lock is held: read before a wait
+		// for a fan-out, created_at came before events that fan-out took
+		// without the webhook, which never got them (webhooks QA).
+		now := s.now()
+		w = NewWebhook{Webhook: Webhook{ID: ids.NewAt(ids.Webhook, now), URL: req.URL, Events: eventSet(req.Events),
+			CreatedAt: now}, Secret: secretPrefix + ids.Random(32)}
 		tag, err := tx.Exec(ctx, `INSERT INTO webhooks (id, workspace_id, url, events, secret, created_at)
 			SELECT $1::text, $2::text, $3::text, $4::text[], $5::bytea, $6::timestamptz
 			WHERE (SELECT count(*) FROM webhooks WHERE workspace_id = $2::text AND deleted_at IS NULL) < $7::int`,

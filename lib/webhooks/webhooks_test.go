@@ -1284,10 +1284,10 @@ func TestADeleteAbandonsAFanOutStillInFlight(t *testing.T) {
 		map[string]any{"url": rcv.URL, "events": []string{events.StepExhausted}}).JSON()["id"].(string)
 	record(t, env, ws.ID, events.StepExhausted, clk.Now())
 
-	tx, err := env.App.Pool.Begin(ctx) // Dispatch's statement, held open
+	tx, err := env.App.Pool.Begin(ctx) // a fan-out, held open
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
-	_, err = tx.Exec(ctx, webhooks.SQLDispatch, clk.Now(), 500)
+	_, err = env.App.Server.Webhooks.DispatchIn(ctx, tx, clk.Now())
 	require.NoError(t, err)
 	deleted := make(chan int, 1)
 	go func() { deleted <- env.Do("DELETE", "/api/v1/webhooks/"+id, ws.Key, nil).Status }()
