@@ -926,11 +926,13 @@ func ValidDeliveriesCursor(cursor string) bool {
 }
 
 // deliveriesCursor is the delivery a deliveries page's cursor follows, and
-// whether it can be one.
+// whether it can be one: a time and a delivery's id. Any text after the
+// bar was taken and compared as an id, so a mistyped cursor answered
+// another page rather than 400 (QA; "…|" was read as no cursor).
 func deliveriesCursor(cursor string) (time.Time, string, bool) {
 	ts, id, ok := strings.Cut(cursor, "|")
 	t, err := time.Parse(time.RFC3339Nano, ts)
-	return t, id, ok && err == nil && id != "" // QA: "…|" read as no cursor
+	return t, id, ok && err == nil && ids.Valid(ids.Delivery, id)
 }
 
 // Deliveries pages through one subscription's deliveries, newest first.

@@ -2189,6 +2189,17 @@ func TestDeliveriesPageNewestFirst(t *testing.T) {
 	end := env.Must(http.StatusOK, "GET", "/api/v1/webhooks/"+hook+"/deliveries?cursor="+url.QueryEscape(
 		base.UTC().Format(time.RFC3339Nano)+"|"+want[len(want)-1]), ws.Key, nil).JSON()
 	require.Empty(t, end["data"])
+	// A cursor whose id part is not a delivery's is refused, as every
+	// list refuses a cursor it never answered (QA: any text after the bar
+	// was taken and compared as an id, and a mistyped cursor answered
+	// another page, silently).
+	at := base.UTC().Format(time.RFC3339Nano) + "|"
+	for _, bad := range []string{at + "x", at + want[0] + " ", at + strings.ToUpper(want[0]), at + hook, "|" + want[0],
+		"2000-13-01T00:00:00Z|" + want[0]} {
+		r := env.Do("GET", "/api/v1/webhooks/"+hook+"/deliveries?cursor="+url.QueryEscape(bad), ws.Key, nil)
+		require.Equal(t, http.StatusBadRequest, r.Status, "%q: %s", bad, r.Body)
+		require.Equal(t, "invalid_request", r.ErrorCode())
+	}
 	stranger := env.Signup()
 	require.Equal(t, http.StatusNotFound, env.Do("GET", "/api/v1/webhooks/"+hook+"/deliveries", stranger.Key, nil).Status)
 	env.Must(http.StatusOK, "DELETE", "/api/v1/webhooks/"+other, ws.Key, nil)
