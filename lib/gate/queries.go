@@ -1559,19 +1559,23 @@ RETURNING g.id`
 // (money.RetiredRunSpendSQL). Each type's gate_effect_history moves up to
 // the newest effect deleted, so its learned surge baseline leaves out the
 // hours that lost effects (baselineSQL); begins never write that table, so
-// a pass holds none of them. The batch's attempts and approvals are
-// deleted by its effects' ids (= ANY(ARRAY(…)), as db.RoundRobin says),
-// not joined to the batch: a plan made for the pass's values hashed the
-// batch and scanned every attempt or approval kept (scale QA: all 20,000
-// attempts of 20,000 effects, or all 20,000 approvals of 200,000, read for
-// a batch of 100 effects).
+// a pass holds none of them. The batch's effects, attempts and approvals
+// are deleted by its effects' ids (= ANY(ARRAY(…)), as db.RoundRobin
+// says), not joined to the batch: a plan made for the pass's values hashed
+// the batch and scanned every attempt or approval kept (scale QA: all
+// 20,000 attempts of 20,000 effects, or all 20,000 approvals of 200,000,
+// read for a batch of 100 effects), and every effect (all 20,000, for the
+// same batch). The groups' effects are read by their groups' ids the same
+// way, not matched to the literal list: a plan made for its values scanned
+// every grouped effect once the groups were a few percent of them (all
+// 12,000 steps of 4,000 groups read for the 300 of 100).
 var sqlPurgeExpired = `
 WITH expired AS (
     -- the effects of the groups sqlPurgeKeptGroups deleted ($3), which
     -- it locked: all of them, whatever the limit, so none outlives its group
     SELECT s.id, s.workspace_id, s.effect_type, s.created_at FROM (
         SELECT e.id, e.workspace_id, e.effect_type, e.created_at FROM effects e
-        WHERE e.group_id = ANY($3::text[])
+        WHERE e.group_id = ANY(ARRAY(SELECT unnest($3::text[])))
         FOR UPDATE OF e
     ) s
     UNION
@@ -1622,7 +1626,7 @@ WITH expired AS (
     ON CONFLICT (workspace_id, effect_type) DO UPDATE
     SET history_from = greatest(h.history_from, excluded.history_from)
 )
-DELETE FROM effects e USING expired x WHERE e.id = x.id`
+DELETE FROM effects e WHERE e.id = ANY(ARRAY(SELECT id FROM expired))`
 
 // retentionChecks is how effects.retention knows which (workspace, effect
 // type) pairs to read (gate_retention_checks, migration 0084): a pair's

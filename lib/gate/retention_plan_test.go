@@ -12,10 +12,10 @@ import (
 )
 
 // Retention deletes a batch of effects with their attempts and approvals
-// by the batch's ids, reading the batch's rows, not every attempt and
-// approval kept, however it is planned (scale QA: joined to the batch, a
-// plan made for the pass's values hashed it and scanned every attempt or
-// approval kept, 20,000 read for a batch of 100 effects).
+// by the batch's ids, reading the batch's rows, not every effect, attempt
+// and approval kept, however it is planned (scale QA: joined to the batch,
+// a plan made for the pass's values hashed it and scanned every effect,
+// attempt or approval kept, 20,000 read for a batch of 100 effects).
 func TestRetentionDeletesABatchOfEffectsByTheirIDs(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -56,7 +56,10 @@ func TestRetentionDeletesABatchOfEffectsByTheirIDs(t *testing.T) {
 		for _, limit := range []int{100, 1000} {
 			read, nodes, err := testpg.RowsRead(ctx, tx, mode, gate.SQLPurgeExpired, now, limit, []string(nil), pairs, types)
 			require.NoError(t, err, "%s, limit %d", mode, limit)
-			for table, most := range map[string]int{"effect_attempts": 2 * limit, "approvals": limit} {
+			// The batch's effects read (after a probe a pair), for their
+			// runs' spend, and deleted; their attempts twice.
+			for table, most := range map[string]int{"effects": 4 * limit, "effect_attempts": 2 * limit,
+				"approvals": limit} {
 				require.LessOrEqual(t, read[table], most, "%s, limit %d: rows of %s read for a batch of %d effects: %v",
 					mode, limit, table, limit, testpg.Reads(nodes, table))
 			}
@@ -120,6 +123,62 @@ func TestRetentionReadsABatchOfGroupsByTheirIDs(t *testing.T) {
 				"approvals": 2 * steps * limit} {
 				require.LessOrEqual(t, read[table], most, "%s, limit %d: rows of %s read for a batch of %d groups: %v",
 					mode, limit, table, limit, testpg.Reads(nodes, table))
+			}
+		}
+	}
+}
+
+// Retention deletes the effects of the groups it deleted (a batch, at most
+// a tenth of its effects' batch) with their attempts and approvals, reading
+// those groups' steps, not every grouped effect, attempt or approval,
+// however it is planned (scale QA: matched to the list of the groups' ids,
+// a plan made for its values scanned every grouped effect, 12,000 read for
+// the 300 steps of 100 groups).
+func TestRetentionDeletesABatchOfGroupsStepsByTheirGroups(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	tx := testpg.Scratch(ctx, t, b.env.App.Pool, "effects", "effect_attempts", "approvals", "gate_effect_history")
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	// $2 groups of $3 steps each (a workload of groups alone), each step
+	// with an attempt and every third with an approval: within ANALYZE's
+	// sample.
+	const groups, steps = 4000, 3
+	for i, s := range []string{`INSERT INTO effects (id, workspace_id, effect_type, idempotency_key, fingerprint, state,
+			lease_seconds, created_by_key_id, created_at, updated_at, group_id)
+		SELECT 'eff_p' || k, 'ws_p' || k % 20, 'email.send', 'k' || k, 'f', 'succeeded', 30, 'key_p',
+			$1::timestamptz - interval '200 days', $1::timestamptz - interval '200 days', 'grp_' || (k % $2 + 1)
+		FROM generate_series(1, $2 * $3::int) k`,
+		`INSERT INTO effect_attempts (effect_id, attempt, workspace_id, lease_token_hash, probe, started_at,
+			lease_expires_at, outcome, began_by_key_id)
+		SELECT id, 1, workspace_id, '\x00', false, created_at, created_at, 'succeeded', 'key_p' FROM effects`,
+		`INSERT INTO approvals (id, workspace_id, effect_id, effect_type, state, reason, created_at)
+		SELECT 'apr_' || id, workspace_id, id, effect_type, 'approved', 'r', created_at FROM effects
+		WHERE hashtext(id) % 3 = 0`,
+		`ANALYZE effects`, `ANALYZE effect_attempts`, `ANALYZE approvals`,
+	} {
+		var args []any
+		if i == 0 {
+			args = []any{now, groups, steps}
+		}
+		_, err := tx.Exec(ctx, s, args...)
+		require.NoError(t, err, "%.40s", s)
+	}
+	for _, mode := range testpg.PlanCacheModes {
+		for _, n := range []int{10, 100} {
+			batch := make([]string, n)
+			for i := range batch {
+				batch[i] = fmt.Sprintf("grp_%d", i*groups/n+1)
+			}
+			read, nodes, err := testpg.RowsRead(ctx, tx, mode, gate.SQLPurgeExpired, now, 0, batch,
+				[]string(nil), []string(nil))
+			require.NoError(t, err, "%s, %d groups", mode, n)
+			// The steps read, for their runs' spend, and deleted; their
+			// attempts twice.
+			for table, most := range map[string]int{"effects": 3 * steps * n, "effect_attempts": 2 * steps * n,
+				"approvals": steps * n} {
+				require.LessOrEqual(t, read[table], most, "%s, %d groups: rows of %s read for a batch of %d groups: %v",
+					mode, n, table, n, testpg.Reads(nodes, table))
 			}
 		}
 	}
