@@ -37,6 +37,9 @@ const (
 	// minute (the Vercel cron) keeps up with this many such keys, five
 	// times over.
 	rateCountersPerPass = 50_000
+	// remindersEvery is the least time between two runs of
+	// reconciliation.due in the local loop (sweep.Task.Every).
+	remindersEvery = time.Minute
 )
 
 // secretShownBy names the resource whose secret an answer kept for an
@@ -63,9 +66,12 @@ func wireDomain(deps *httpapi.Deps, sweeper *sweep.Sweeper) error {
 		sweep.Task{Name: "groups.settle", Run: func(ctx context.Context, now time.Time) (int, error) {
 			return deps.Gate.SweepGroups(ctx, now, groupsPerPass)
 		}},
-		sweep.Task{Name: "reconciliation.due", Run: func(ctx context.Context, now time.Time) (int, error) {
-			return deps.Gate.SweepReconcileDue(ctx, now, remindersPerPass)
-		}},
+		// Once a minute in the local loop, as the cron passes: a pass reads
+		// every type with reminders on, whose periods are whole hours.
+		sweep.Task{Name: "reconciliation.due", Every: remindersEvery,
+			Run: func(ctx context.Context, now time.Time) (int, error) {
+				return deps.Gate.SweepReconcileDue(ctx, now, remindersPerPass)
+			}},
 		// Pending approvals that ask nothing any more, closed as a
 		// resolution (effect settled succeeded) or a group's rollback
 		// (effect kept from ever running) closes them: those left pending

@@ -978,14 +978,22 @@ WHERE reconciliations.last_reconciled_at <= $3`
 // (reconcile_since; QA: from the policy's creation, a type whose policy was
 // older than a period was due the moment reminders were turned on); left
 // overdue it is reminded again each further period. The period's due time
-// is the event's dedupe key, so concurrent sweeps record it once, and types
-// already reminded for their current period are not picked again, so the
-// LIMIT reaches the others. The pass takes turns among the workspaces with
-// types due, each one's longest due first (as db.RoundRobin orders): in due
-// order alone, with 500 a pass, a workspace with 100,000 types overdue held
-// another's reminder back for 200 passes (multi-tenant QA). It reads every
-// type with reminders on in any case. $1 now, $2 limit, $3 event ids (one
-// per row).
+// is the event's dedupe key, so concurrent sweeps record it once. A type
+// reminded since its current period fell due (a reminder recorded at or
+// after that time, whatever period it was for) is not picked again, so a
+// period is reminded once, and the LIMIT reaches the others: known by its
+// dedupe key alone, a period changed while the type was overdue was
+// reminded again at once (review: lengthened from 5 h to 24 h just after
+// the reminder due at 25 h, the period due at 24 h, reminded at 26 h, had
+// a second reminder). A reminder's created_at is its sweep's now ($1),
+// within the period it was for. The type's latest reminder outlives event
+// retention (webhooks.Service.PurgeDelivered). The pass takes turns among
+// the workspaces with types due, each one's longest due first (as
+// db.RoundRobin orders): in due order alone, with 500 a pass, a workspace
+// with 100,000 types overdue held another's reminder back for 200 passes
+// (multi-tenant QA). It reads every type with reminders on in any case
+// (the local loop runs it once a minute: lib/app, sweep.Task.Every). $1
+// now, $2 limit, $3 event ids (one per row).
 var sqlReconcileDue = `
 WITH due AS (
     SELECT p.workspace_id, p.effect_type, p.reconcile_every_hours AS h, r.last_reconciled_at,
@@ -1007,7 +1015,7 @@ WITH due AS (
         FROM pick WHERE NOT EXISTS (
         SELECT 1 FROM events ev WHERE ev.workspace_id = pick.workspace_id
           AND ev.type = '` + events.ReconciliationDue + `' AND ev.subject_id = pick.effect_type
-          AND ev.dedupe_key = pick.dedupe)
+          AND ev.created_at >= pick.period_due)
         ORDER BY turn, pick.period_due, pick.workspace_id, pick.effect_type LIMIT $2) pick
 ), ins AS (
     INSERT INTO events (id, workspace_id, type, subject_id, data, created_at, dedupe_key)

@@ -57,6 +57,17 @@ type Task struct {
 	// batch). nil: again while a run changed any (retention, whose batch is
 	// shared among workspaces and may end short with rows left).
 	Batch func() int
+	// Every is the least time between two runs of the task in the local
+	// loop (Loop), read on the sweeper's clock: a pass every few seconds
+	// runs it when Every has passed since its last run that did not fail,
+	// or the clock has moved back since (reconciliation reminders, an hour
+	// at the least apart, whose pass reads every type with reminders on:
+	// some 150 ms a pass at 100,000 types, QA). A cadence hint for this
+	// process only, never what the task's correctness rests on: the cron
+	// route, the Lambda schedule and other processes' loops run it
+	// whenever they pass, and a restart forgets it. RunOnce, a pass a
+	// minute, runs it each time. 0: every pass.
+	Every time.Duration
 }
 
 // maxDetached bounds the runs of one detached task in flight at once.
@@ -258,8 +269,9 @@ func (s *Sweeper) runBatches(ctx context.Context, t Task, after time.Duration) (
 	}
 }
 
-// Loop runs a pass every interval until ctx ends: the tasks in order, then
-// the detached ones started in the background (see Task.Detached). It
+// Loop runs a pass every interval until ctx ends: the tasks in order (one
+// with an Every only when that has passed), then the detached ones started
+// in the background (see Task.Detached). It
 // returns once ctx ended and the detached runs in flight have returned.
 func (s *Sweeper) Loop(ctx context.Context, interval time.Duration) {
 	t := time.NewTicker(interval)
@@ -272,6 +284,7 @@ func (s *Sweeper) Loop(ctx context.Context, interval time.Duration) {
 			slots[task.Name] = make(chan struct{}, maxDetached)
 		}
 	}
+	ran := make(map[string]time.Time) // the last run that did not fail of each task with an Every
 	for {
 		select {
 		case <-ctx.Done():
@@ -280,9 +293,17 @@ func (s *Sweeper) Loop(ctx context.Context, interval time.Duration) {
 		}
 		outage := false
 		for _, task := range s.tasks {
-			if !task.Detached {
-				_, interrupted, _ := s.run(ctx, task, 0, time.Now().Add(TaskTimeout), s.now()) // the loop has no deadline to share
-				outage = outage || interrupted
+			if task.Detached {
+				continue
+			}
+			now := s.now()
+			if last, ok := ran[task.Name]; ok && task.Every > 0 && !now.Before(last) && now.Sub(last) < task.Every {
+				continue
+			}
+			_, interrupted, err := s.run(ctx, task, 0, time.Now().Add(TaskTimeout), now) // the loop has no deadline to share
+			outage = outage || interrupted
+			if task.Every > 0 && err == nil {
+				ran[task.Name] = now
 			}
 		}
 		if !outage {

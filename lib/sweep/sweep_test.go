@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -462,4 +463,63 @@ func TestADrainingTasksRunsShareOneNow(t *testing.T) {
 	for _, now := range nows[1:] {
 		require.Equal(t, nows[0], now)
 	}
+}
+
+// The local loop runs a task with an Every once that has passed on the
+// sweeper's clock since its last run that did not fail, or the clock moved
+// back; the other tasks run every pass. Each pass ends in a task that
+// waits for the test, which moves the clock between passes.
+func TestLoopRunsATaskWithAnEveryAtThatPace(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	clock := time.Date(2001, 1, 1, 0, 0, 0, 0, time.UTC)
+	now := func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
+	move := func(d time.Duration) { mu.Lock(); defer mu.Unlock(); clock = clock.Add(d) }
+	var runs, passes atomic.Int32
+	var fail atomic.Bool
+	passed, next := make(chan struct{}), make(chan struct{})
+	s := New(now, slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Task{Name: "remind", Every: time.Minute, Run: func(context.Context, time.Time) (int, error) {
+			runs.Add(1)
+			if fail.Swap(false) {
+				return 0, errors.New("boom")
+			}
+			return 0, nil
+		}},
+		Task{Name: "last", Run: func(ctx context.Context, _ time.Time) (int, error) {
+			passes.Add(1)
+			select {
+			case passed <- struct{}{}:
+				select {
+				case <-next:
+				case <-ctx.Done():
+				}
+			case <-ctx.Done():
+			}
+			return 0, nil
+		}},
+	)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Loop(ctx, time.Millisecond); close(done) }()
+	for i, step := range []struct {
+		runs int32
+		then func()
+	}{
+		{1, func() { move(59 * time.Second) }},              // the first pass runs it
+		{1, func() { move(time.Second) }},                   // 59 s on: not yet
+		{2, func() { fail.Store(true); move(time.Minute) }}, // a minute on
+		{3, func() {}},                   // the run fails...
+		{4, func() {}},                   // ...so the next pass runs it again
+		{4, func() { move(-time.Hour) }}, // it did not fail: not again
+		{5, func() {}},                   // the clock moved back
+	} {
+		<-passed
+		require.Equal(t, int32(i+1), passes.Load())
+		require.Equal(t, step.runs, runs.Load(), "pass %d", i+1)
+		step.then()
+		next <- struct{}{}
+	}
+	cancel()
+	<-done
 }

@@ -706,6 +706,54 @@ func TestAReconcileEndsItsRollbacksThoughItsKeyIsRevokedOnceItsResolutionsCommit
 	require.Equal(t, "unwound", f.stored(g))
 }
 
+// A period changed while its type is overdue reminds it no sooner than
+// the new period's next due time after its last reminder: a period is
+// reminded once, whichever calendar was on when its reminder went out
+// (review: each reminder was known by its own period's due time alone, so
+// lengthened from 5 h to 24 h just after the reminder due at 25 h, the
+// period due at 24 h, already reminded at 26 h, was reminded again at
+// once). Not parallel: it sweeps (see TestGroupSweeperBackstop).
+func TestReconciliationRemindersOncePerPeriodWhenThePeriodChanges(t *testing.T) {
+	f := setupAt(t, time.Date(1996, 6, 1, 12, 0, 0, 0, time.UTC))
+	const typ = "payment.charge"
+	reminders := func() []time.Time {
+		r := f.env.Do("GET", "/api/cron/sweep", "test-cron-secret", nil)
+		require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+		require.Empty(t, r.JSON()["errors"])
+		rows, err := f.env.App.Pool.Query(context.Background(), `SELECT (data->>'due_at')::timestamptz
+			FROM events WHERE workspace_id = $1 AND type = 'reconciliation.due' AND subject_id = $2 ORDER BY id`,
+			f.ws.ID, typ)
+		require.NoError(t, err)
+		out, err := pgx.CollectRows(rows, pgx.RowTo[time.Time])
+		require.NoError(t, err)
+		return out
+	}
+	period := func(hours int) {
+		f.must(http.StatusOK, "PUT", "/api/v1/policies/"+typ, map[string]any{"reconcile_every_hours": hours})
+	}
+
+	on := f.clock.Now()
+	period(5)
+	f.clock.Add(26 * time.Hour)
+	require.Len(t, reminders(), 1, "the period due at 25 h")
+
+	period(24) // due at 24 h, a period reminded at 26 h
+	require.Len(t, reminders(), 1, "lengthened: the current period was reminded")
+	f.clock.Add(21 * time.Hour) // 47 h
+	require.Len(t, reminders(), 1)
+	f.clock.Add(2 * time.Hour) // 49 h
+	got := reminders()
+	require.Len(t, got, 2)
+	require.True(t, got[1].Equal(on.Add(48*time.Hour)), "%s", got[1])
+
+	period(5) // due at 45 h, a period reminded at 49 h
+	require.Len(t, reminders(), 2, "shortened: the current period was reminded")
+	f.clock.Add(2 * time.Hour) // 51 h
+	got = reminders()
+	require.Len(t, got, 3)
+	require.True(t, got[2].Equal(on.Add(50*time.Hour)), "%s", got[2])
+}
+
 // During the deploy of migration 0054 the previous release writes policies
 // without reconcile_since: its write turning reminders on is not refused
 // (a CHECK tying the column to reconcile_every_hours failed it, review),
