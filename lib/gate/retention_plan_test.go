@@ -8,6 +8,7 @@ import (
 
 	"github.com/getratchet/ratchet/lib/gate"
 	"github.com/getratchet/ratchet/lib/testpg"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
 
@@ -27,27 +28,12 @@ func TestRetentionDeletesABatchOfEffectsByTheirIDs(t *testing.T) {
 	// ago (kept). Within ANALYZE's sample, so its statistics are the same
 	// on every run.
 	const effects, workspaces = 20000, 20
-	for i, s := range []string{`INSERT INTO effects (id, workspace_id, effect_type, idempotency_key, fingerprint, state,
+	seedEffects(ctx, t, tx, 10, `INSERT INTO effects (id, workspace_id, effect_type, idempotency_key, fingerprint, state,
 			lease_seconds, created_by_key_id, created_at, updated_at)
 		SELECT 'eff_p' || k, 'ws_p' || k % $3, 'email.send', 'k' || k, 'f', 'succeeded', 30, 'key_p',
 			$1::timestamptz - CASE WHEN k % 5 = 0 THEN interval '100 days' ELSE interval '1 day' END + make_interval(secs => k),
 			$1::timestamptz - CASE WHEN k % 5 = 0 THEN interval '100 days' ELSE interval '1 day' END + make_interval(secs => k)
-		FROM generate_series(1, $2::int) k`,
-		`INSERT INTO effect_attempts (effect_id, attempt, workspace_id, lease_token_hash, probe, started_at,
-			lease_expires_at, outcome, began_by_key_id)
-		SELECT id, 1, workspace_id, '\x00', false, created_at, created_at, 'succeeded', 'key_p' FROM effects`,
-		`INSERT INTO approvals (id, workspace_id, effect_id, effect_type, state, reason, created_at)
-		SELECT 'apr_' || id, workspace_id, id, effect_type, 'approved', 'r', created_at FROM effects
-		WHERE hashtext(id) % 10 = 0`,
-		`ANALYZE effects`, `ANALYZE effect_attempts`, `ANALYZE approvals`,
-	} {
-		var args []any
-		if i == 0 {
-			args = []any{now, effects, workspaces}
-		}
-		_, err := tx.Exec(ctx, s, args...)
-		require.NoError(t, err, "%.40s", s)
-	}
+		FROM generate_series(1, $2::int) k`, now, effects, workspaces)
 	pairs, types := make([]string, workspaces), make([]string, workspaces)
 	for i := range pairs {
 		pairs[i], types[i] = fmt.Sprintf("ws_p%d", i), "email.send"
@@ -144,26 +130,11 @@ func TestRetentionDeletesABatchOfGroupsStepsByTheirGroups(t *testing.T) {
 	// with an attempt and every third with an approval: within ANALYZE's
 	// sample.
 	const groups, steps = 4000, 3
-	for i, s := range []string{`INSERT INTO effects (id, workspace_id, effect_type, idempotency_key, fingerprint, state,
+	seedEffects(ctx, t, tx, 3, `INSERT INTO effects (id, workspace_id, effect_type, idempotency_key, fingerprint, state,
 			lease_seconds, created_by_key_id, created_at, updated_at, group_id)
 		SELECT 'eff_p' || k, 'ws_p' || k % 20, 'email.send', 'k' || k, 'f', 'succeeded', 30, 'key_p',
 			$1::timestamptz - interval '200 days', $1::timestamptz - interval '200 days', 'grp_' || (k % $2 + 1)
-		FROM generate_series(1, $2 * $3::int) k`,
-		`INSERT INTO effect_attempts (effect_id, attempt, workspace_id, lease_token_hash, probe, started_at,
-			lease_expires_at, outcome, began_by_key_id)
-		SELECT id, 1, workspace_id, '\x00', false, created_at, created_at, 'succeeded', 'key_p' FROM effects`,
-		`INSERT INTO approvals (id, workspace_id, effect_id, effect_type, state, reason, created_at)
-		SELECT 'apr_' || id, workspace_id, id, effect_type, 'approved', 'r', created_at FROM effects
-		WHERE hashtext(id) % 3 = 0`,
-		`ANALYZE effects`, `ANALYZE effect_attempts`, `ANALYZE approvals`,
-	} {
-		var args []any
-		if i == 0 {
-			args = []any{now, groups, steps}
-		}
-		_, err := tx.Exec(ctx, s, args...)
-		require.NoError(t, err, "%.40s", s)
-	}
+		FROM generate_series(1, $2 * $3::int) k`, now, groups, steps)
 	for _, mode := range testpg.PlanCacheModes {
 		for _, n := range []int{10, 100} {
 			batch := make([]string, n)
@@ -181,5 +152,31 @@ func TestRetentionDeletesABatchOfGroupsStepsByTheirGroups(t *testing.T) {
 					mode, n, table, n, testpg.Reads(nodes, table))
 			}
 		}
+	}
+}
+
+// seedEffects runs effects (an insert of effects, with args) in tx, gives
+// each effect an attempt and one in approvalsEvery (by its id's hash) an
+// approval, and ANALYZEs the three tables.
+func seedEffects(ctx context.Context, t *testing.T, tx pgx.Tx, approvalsEvery int, effects string, args ...any) {
+	t.Helper()
+	for i, s := range []string{effects,
+		`INSERT INTO effect_attempts (effect_id, attempt, workspace_id, lease_token_hash, probe, started_at,
+			lease_expires_at, outcome, began_by_key_id)
+		SELECT id, 1, workspace_id, '\x00', false, created_at, created_at, 'succeeded', 'key_p' FROM effects`,
+		`INSERT INTO approvals (id, workspace_id, effect_id, effect_type, state, reason, created_at)
+		SELECT 'apr_' || id, workspace_id, id, effect_type, 'approved', 'r', created_at FROM effects
+		WHERE hashtext(id) % $1 = 0`,
+		`ANALYZE effects`, `ANALYZE effect_attempts`, `ANALYZE approvals`,
+	} {
+		var sargs []any
+		switch i {
+		case 0:
+			sargs = args
+		case 2:
+			sargs = []any{approvalsEvery}
+		}
+		_, err := tx.Exec(ctx, s, sargs...)
+		require.NoError(t, err, "%.40s", s)
 	}
 }

@@ -66,7 +66,8 @@ type Task struct {
 	// process only, never what the task's correctness rests on: the cron
 	// route, the Lambda schedule and other processes' loops run it
 	// whenever they pass, and a restart forgets it. RunOnce, a pass a
-	// minute, runs it each time. 0: every pass.
+	// minute, runs it each time, and so does Loop a Detached task. 0:
+	// every pass.
 	Every time.Duration
 }
 

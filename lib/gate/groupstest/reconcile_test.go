@@ -386,11 +386,7 @@ func TestReconciliationReminders(t *testing.T) {
 	start := f.clock.Now()
 	f.must(http.StatusOK, "PUT", "/api/v1/policies/payment.charge", map[string]any{"reconcile_every_hours": 24})
 	f.must(http.StatusOK, "PUT", "/api/v1/policies/email.send", map[string]any{"mode": "allow"}) // no reminders
-	sweep := func() {
-		r := f.env.Do("GET", "/api/cron/sweep", "test-cron-secret", nil)
-		require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
-		require.Empty(t, r.JSON()["errors"])
-	}
+	sweep := f.sweep
 	type reminder struct{ subject, dedupe, due string }
 	reminders := func() []reminder {
 		rows, err := f.env.App.Pool.Query(context.Background(), `SELECT subject_id, dedupe_key, data->>'due_at'
@@ -499,20 +495,8 @@ func TestPolicyShowsWhenItsTypeWasLastReconciled(t *testing.T) {
 func TestReconciliationRemindersStartWhenTurnedOn(t *testing.T) {
 	f := setupAt(t, time.Date(1992, 6, 1, 12, 0, 0, 0, time.UTC))
 	const typ = "payment.charge" // a starter policy, written at signup
-	sweep := func() {
-		r := f.env.Do("GET", "/api/cron/sweep", "test-cron-secret", nil)
-		require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
-		require.Empty(t, r.JSON()["errors"])
-	}
-	reminders := func() []time.Time {
-		rows, err := f.env.App.Pool.Query(context.Background(), `SELECT (data->>'due_at')::timestamptz
-			FROM events WHERE workspace_id = $1 AND type = 'reconciliation.due' AND subject_id = $2 ORDER BY id`,
-			f.ws.ID, typ)
-		require.NoError(t, err)
-		out, err := pgx.CollectRows(rows, pgx.RowTo[time.Time])
-		require.NoError(t, err)
-		return out
-	}
+	sweep := f.sweep
+	reminders := func() []time.Time { return f.reminders(typ) }
 	put := func(body map[string]any) {
 		f.must(http.StatusOK, "PUT", "/api/v1/policies/"+typ, body)
 	}
@@ -706,6 +690,27 @@ func TestAReconcileEndsItsRollbacksThoughItsKeyIsRevokedOnceItsResolutionsCommit
 	require.Equal(t, "unwound", f.stored(g))
 }
 
+// sweep runs a cron pass, which must not fail a task.
+func (f *fx) sweep() {
+	f.t.Helper()
+	r := f.env.Do("GET", "/api/cron/sweep", "test-cron-secret", nil)
+	require.Equal(f.t, http.StatusOK, r.Status, "%s", r.Body)
+	require.Empty(f.t, r.JSON()["errors"])
+}
+
+// reminders answers the due times of typ's reconciliation reminders, in
+// the order they were recorded.
+func (f *fx) reminders(typ string) []time.Time {
+	f.t.Helper()
+	rows, err := f.env.App.Pool.Query(context.Background(), `SELECT (data->>'due_at')::timestamptz
+		FROM events WHERE workspace_id = $1 AND type = 'reconciliation.due' AND subject_id = $2 ORDER BY id`,
+		f.ws.ID, typ)
+	require.NoError(f.t, err)
+	out, err := pgx.CollectRows(rows, pgx.RowTo[time.Time])
+	require.NoError(f.t, err)
+	return out
+}
+
 // A period changed while its type is overdue reminds it no sooner than
 // the new period's next due time after its last reminder: a period is
 // reminded once, whichever calendar was on when its reminder went out
@@ -716,17 +721,9 @@ func TestAReconcileEndsItsRollbacksThoughItsKeyIsRevokedOnceItsResolutionsCommit
 func TestReconciliationRemindersOncePerPeriodWhenThePeriodChanges(t *testing.T) {
 	f := setupAt(t, time.Date(1996, 6, 1, 12, 0, 0, 0, time.UTC))
 	const typ = "payment.charge"
-	reminders := func() []time.Time {
-		r := f.env.Do("GET", "/api/cron/sweep", "test-cron-secret", nil)
-		require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
-		require.Empty(t, r.JSON()["errors"])
-		rows, err := f.env.App.Pool.Query(context.Background(), `SELECT (data->>'due_at')::timestamptz
-			FROM events WHERE workspace_id = $1 AND type = 'reconciliation.due' AND subject_id = $2 ORDER BY id`,
-			f.ws.ID, typ)
-		require.NoError(t, err)
-		out, err := pgx.CollectRows(rows, pgx.RowTo[time.Time])
-		require.NoError(t, err)
-		return out
+	reminders := func() []time.Time { // after a pass
+		f.sweep()
+		return f.reminders(typ)
 	}
 	period := func(hours int) {
 		f.must(http.StatusOK, "PUT", "/api/v1/policies/"+typ, map[string]any{"reconcile_every_hours": hours})
