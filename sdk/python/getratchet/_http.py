@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import http.client
 import math
+import os
 import random
 import secrets
 import select
@@ -14,6 +15,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+import weakref
 from datetime import datetime
 from email.utils import parsedate_to_datetime
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Type
@@ -182,8 +184,43 @@ def _shut(sock: Optional[socket.socket]) -> None:
         pass  # already closed: nothing left to cut
 
 
+# Every Transport of this process, for _after_fork.
+_TRANSPORTS: "weakref.WeakSet[Transport]" = weakref.WeakSet()
+
+
+def _after_fork() -> None:
+    """In a child process made by fork (gunicorn's --preload, a
+    multiprocessing or Celery prefork pool) of a process whose client had
+    made a call: each Transport forgets the connections it kept, whose
+    sockets the child shares with its parent and its siblings (two processes
+    reading one socket read each other's answers: a begin answered another
+    process's execute, its lease token with it), and draws its jitter afresh
+    (the children drew the same backoffs, coming back to a server at the
+    same moments). Its locks are made anew: one held by a thread of the
+    parent at the fork stays held for ever in the child, whose only thread
+    is the one that forked. Closing a kept connection here closes the
+    child's copy of its socket only: the parent's stays open, and no TLS
+    close_notify is sent."""
+    for transport in list(_TRANSPORTS):
+        transport._idle_lock = threading.Lock()
+        transport._jitter_lock = threading.Lock()
+        transport._jitter.seed()
+        idle, transport._idle = transport._idle, []
+        for connection in idle:
+            try:
+                connection.close()
+            except OSError:
+                pass
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which does not fork
+    os.register_at_fork(after_in_child=_after_fork)
+
+
 class Transport:
-    """Sends calls to one API base URL with one key. Thread-safe."""
+    """Sends calls to one API base URL with one key. Thread-safe, and
+    safe to use in a child process that forked after it made calls (the
+    child opens connections of its own)."""
 
     def __init__(self, base_url: Optional[str], api_key: str, timeout: float = 60.0,
                  max_retries: int = 3, user_agent: str = "",
@@ -247,6 +284,7 @@ class Transport:
         self._idle: List[http.client.HTTPConnection] = []
         self._idle_lock = threading.Lock()
         self._closed = False
+        _TRANSPORTS.add(self)  # its kept connections are not a forked child's (_after_fork)
 
     def call(self, method: str, path: str, body: Any = None, *, safe: bool,
              idempotency_key: Optional[str] = None, timeout: Optional[float] = None,

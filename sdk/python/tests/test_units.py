@@ -17,6 +17,7 @@ import threading
 import time
 import typing
 import unittest
+import warnings
 from datetime import datetime, timedelta, timezone, tzinfo
 from email.utils import format_datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -484,6 +485,39 @@ class KeepAliveTest(unittest.TestCase):
         self.assertEqual(len(server.seen), 12 * 15)
         self.assertLessEqual(server.connections, 12 + 12)  # at most one per thread, and a few replaced
         self.assertLessEqual(len(t._idle), _http.MAX_IDLE_CONNECTIONS)
+
+    @unittest.skipUnless(hasattr(os, "fork"), "fork is POSIX's")
+    def test_a_forked_child_keeps_no_connection_of_its_parent(self) -> None:
+        # A client made at import and used once before the fork (gunicorn's
+        # --preload, a multiprocessing pool): the child shared its parent's
+        # kept connection, and two processes reading one socket read each
+        # other's answers (a begin answered another process's execute).
+        t, server, _ = self.transport(self.echo)
+        t.call("GET", "/runs/r", safe=True)
+        self.assertEqual((server.connections, len(t._idle)), (1, 1))
+        read, write = os.pipe()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # 3.12: fork with threads running (the server's)
+            pid = os.fork()
+        if pid == 0:  # the child: it reports through the pipe, and never returns into the tests
+            try:
+                kept = len(t._idle)
+                answer = t.call("GET", "/runs/child", safe=True)
+                os.write(write, json.dumps([kept, answer, t.backoff(10)]).encode())
+            finally:
+                os._exit(0)
+        os.close(write)
+        _, status = os.waitpid(pid, 0)
+        with os.fdopen(read) as pipe:
+            kept, answer, child_backoff = json.loads(pipe.read())
+        self.assertEqual(status, 0)
+        self.assertEqual((kept, answer), (0, {"path": "/api/v1/runs/child"}))
+        self.assertEqual(server.connections, 2)  # the child's own
+        # The parent's kept connection is still its own, and open.
+        self.assertEqual(t.call("GET", "/runs/parent", safe=True), {"path": "/api/v1/runs/parent"})
+        self.assertEqual(server.connections, 2)
+        # The child drew its jitter afresh, not the parent's next draws.
+        self.assertNotEqual(child_backoff, t.backoff(10))
 
     def test_close_closes_the_kept_connections(self) -> None:
         server = FakeServer(self.echo)
