@@ -39,7 +39,7 @@ type Policy struct {
 // declares and by count (nil: no bound). A policy answers both fields. In
 // an update (PolicyUpdate{"dimension_limits": map[string]DimensionLimit{...}})
 // either may be nil, sent as null, as the server takes a field left out or
-// null; not both (400 validation_failed at dimension_limits.<name>: it would
+// null; not both (400 invalid_request at dimension_limits.<name>: it would
 // limit nothing). DailyMicros is 0 to 10^18, DailyCount at least 1.
 type DimensionLimit struct {
 	DailyMicros *int64 `json:"daily_micros"`

@@ -524,7 +524,7 @@ export interface DimensionLimit {
 
 /** A dimension's daily ceilings as updateEffectPolicy sends them, as the
  * server takes them: either field may be left out or null (no bound), not
- * both (400 validation_failed at dimension_limits.<name>: it would limit
+ * both (400 invalid_request at dimension_limits.<name>: it would limit
  * nothing); daily_micros 0 to 10^18, daily_count at least 1, no other field.
  * A DimensionLimit read from a policy with either field set is one. */
 export type DimensionLimitUpdate =
