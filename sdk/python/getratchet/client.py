@@ -513,27 +513,39 @@ class Ratchet:
                               **begin_options: Any) -> EffectOutcome:
         """do_effect for asyncio code: the action (an async def, or a plain
         function, whose awaitable result is awaited) runs on the calling
-        event loop; begin, the in-flight waits and the report run on
-        threads (asyncio.to_thread), so the loop is never blocked. Outcomes
-        and exceptions are do_effect's. Cancelled while the action runs,
+        event loop; each begin and the report run on threads
+        (asyncio.to_thread), so the loop is never blocked, and the in-flight
+        waits on the loop (asyncio.sleep), so that callers waiting for a
+        holder never take the threads its report needs. Outcomes and
+        exceptions are do_effect's. Cancelled while the action runs,
         nothing is reported (it may have acted: the lease lapses,
         indeterminate); cancelled before it was called, the begin already
         sent is awaited but not retried, and a lease granted meanwhile is
         reported failed (the action surely did not run)."""
         _check_action(action, "do_effect_async", False)
         begin_options.setdefault("request_id", new_request_id())
-        handed = _Handover()
-        try:
-            decided = await asyncio.to_thread(self._lease_or_answer, effect_type, idempotency_key, payload,
-                                              in_flight_timeout, begin_options, handed)
-        except asyncio.CancelledError:
-            unclaimed = handed.abandon()
-            if unclaimed is not None:
-                # The lease came back as the task was cancelled: the action
-                # never ran, so the attempt is released for the next caller.
-                threading.Thread(target=self._release_unrun, args=unclaimed,
-                                 name="ratchet-effect-release", daemon=True).start()
-            raise
+        asking = _Asking(in_flight_timeout)
+        while True:
+            handed = _Handover()
+            try:
+                decided = await asyncio.to_thread(self._decide, effect_type, idempotency_key, payload,
+                                                  begin_options, asking, handed)
+            except asyncio.CancelledError:
+                unclaimed = handed.abandon()
+                if unclaimed is not None:
+                    # The lease came back as the task was cancelled: the action
+                    # never ran, so the attempt is released for the next caller.
+                    threading.Thread(target=self._release_unrun, args=unclaimed,
+                                     name="ratchet-effect-release", daemon=True).start()
+                raise
+            if not isinstance(decided, _InFlight):
+                break
+            # Waited on the loop, not on the thread: the default executor's
+            # few threads (min(32, CPUs + 4)) each held by a caller waiting
+            # out in_flight left none for the holder's report, in this same
+            # process, whose lease its heartbeats kept live: every one of
+            # them waited for ever (sdk QA).
+            await asyncio.sleep(decided.pause)
         if isinstance(decided, EffectOutcome):
             return decided
         held = self._hold(*decided)
@@ -554,60 +566,65 @@ class Ratchet:
                 held.stop.set()
 
     def _lease_or_answer(self, effect_type: str, idempotency_key: str, payload: Any,
-                         in_flight_timeout: Optional[float], begin_options: Dict[str, Any],
-                         handed: Optional["_Handover"] = None) -> Any:
+                         in_flight_timeout: Optional[float], begin_options: Dict[str, Any]) -> Any:
         """Begins until the gate decides: (answer, lease_end) for an
         execute, an EffectOutcome for a duplicate; raises for the others.
-        handed, for do_effect_async, cuts the in-flight waits of a call its
-        task abandoned and keeps a lease granted after that from being lost
-        unreported."""
-        give_up = None if in_flight_timeout is None else time.monotonic() + in_flight_timeout
-        wait = _FIRST_IN_FLIGHT_WAIT
+        in_flight is waited out on this thread."""
+        asking = _Asking(in_flight_timeout)
         while True:
-            sent = time.monotonic()
-            answer, lease_seconds, request_id = self._begin_answered(
-                self._begin_body(effect_type, idempotency_key, payload, **begin_options), handed)
-            decision = answer.get("decision")
-            effect_id = answer.get("effect_id", "")
-            if decision == "execute":
-                leased = (answer, sent + lease_seconds)
-                if handed is not None and not handed.give(leased):
-                    self._release_unrun(*leased)  # its task was cancelled meanwhile: the action never runs
-                    return None
-                return leased
-            if decision == "duplicate":
-                recorded = answer.get("result")
-                reason = _placeholder_reason(recorded)
-                if reason is not None:
-                    # The attempt that acted could not record its result.
-                    raise ResultNotStored(effect_id, reason, None)
-                return EffectOutcome(effect_id, answer.get("attempt", 0), recorded, True)
-            if decision == "in_flight":
-                pause = min(wait, max(answer.get("retry_after_seconds") or 1, 1))
-                wait = min(2 * wait, _MAX_IN_FLIGHT_WAIT)
-                if give_up is not None:
-                    # The last pause ends at the timeout, which asks once
-                    # more (QA: a pause that would pass it gave up at once,
-                    # up to 5 s early, with the holder about to report).
-                    left = give_up - time.monotonic()
-                    if left <= 0:
-                        raise EffectInFlight(effect_id)
-                    pause = min(pause, left)
-                if handed is None:
-                    time.sleep(pause)
-                elif handed.abandoned.wait(pause):
-                    return None  # its task was cancelled: nobody waits for the answer
-                continue
-            if decision == "blocked":
-                raise EffectBlocked(effect_id, answer.get("prior_attempt"))
-            if decision == "approval_required":
-                raise ApprovalRequired(effect_id, answer.get("approval_id", ""))
-            if decision == "denied":
-                error = answer.get("error") or {}
-                raise EffectDenied(effect_id, RatchetError(403, str(error.get("code", "")),
-                                                           str(error.get("message", "")),
-                                                           error.get("detail") or {}, request_id, answer))
-            raise RatchetError(200, "unknown_decision", f"unknown begin decision {decision!r}")
+            decided = self._decide(effect_type, idempotency_key, payload, begin_options, asking)
+            if not isinstance(decided, _InFlight):
+                return decided
+            time.sleep(decided.pause)
+
+    def _decide(self, effect_type: str, idempotency_key: str, payload: Any, begin_options: Dict[str, Any],
+                asking: "_Asking", handed: Optional["_Handover"] = None) -> Any:
+        """One begin (with its retries, _begin_answered) and what it
+        decided: (answer, lease_end) for an execute, an EffectOutcome for a
+        duplicate, an _InFlight naming the pause before asking again; raises
+        for the others, and EffectInFlight once asking's time is up. handed,
+        for do_effect_async, keeps a lease granted after its task was
+        cancelled from being lost unreported (None is then answered)."""
+        sent = time.monotonic()
+        answer, lease_seconds, request_id = self._begin_answered(
+            self._begin_body(effect_type, idempotency_key, payload, **begin_options), handed)
+        decision = answer.get("decision")
+        effect_id = answer.get("effect_id", "")
+        if decision == "execute":
+            leased = (answer, sent + lease_seconds)
+            if handed is not None and not handed.give(leased):
+                self._release_unrun(*leased)  # its task was cancelled meanwhile: the action never runs
+                return None
+            return leased
+        if decision == "duplicate":
+            recorded = answer.get("result")
+            reason = _placeholder_reason(recorded)
+            if reason is not None:
+                # The attempt that acted could not record its result.
+                raise ResultNotStored(effect_id, reason, None)
+            return EffectOutcome(effect_id, answer.get("attempt", 0), recorded, True)
+        if decision == "in_flight":
+            pause = min(asking.wait, max(answer.get("retry_after_seconds") or 1, 1))
+            asking.wait = min(2 * asking.wait, _MAX_IN_FLIGHT_WAIT)
+            if asking.give_up is not None:
+                # The last pause ends at the timeout, which asks once
+                # more (QA: a pause that would pass it gave up at once,
+                # up to 5 s early, with the holder about to report).
+                left = asking.give_up - time.monotonic()
+                if left <= 0:
+                    raise EffectInFlight(effect_id)
+                pause = min(pause, left)
+            return _InFlight(pause)
+        if decision == "blocked":
+            raise EffectBlocked(effect_id, answer.get("prior_attempt"))
+        if decision == "approval_required":
+            raise ApprovalRequired(effect_id, answer.get("approval_id", ""))
+        if decision == "denied":
+            error = answer.get("error") or {}
+            raise EffectDenied(effect_id, RatchetError(403, str(error.get("code", "")),
+                                                       str(error.get("message", "")),
+                                                       error.get("detail") or {}, request_id, answer))
+        raise RatchetError(200, "unknown_decision", f"unknown begin decision {decision!r}")
 
     def _begin_answered(self, body: Dict[str, Any],
                         handed: Optional["_Handover"] = None) -> Tuple[Dict[str, Any], float, str]:
@@ -1388,6 +1405,22 @@ class _Held:
     lease: Lease
     state: Dict[str, float]  # "end": the lease's end by this process's clock, as last extended
     stop: threading.Event
+
+
+class _Asking:
+    """do_effect's asking again while another caller holds the lease: the
+    next pause (from _FIRST_IN_FLIGHT_WAIT, doubling to _MAX_IN_FLIGHT_WAIT)
+    and when it gives up (time.monotonic(); None: never)."""
+
+    def __init__(self, in_flight_timeout: Optional[float]) -> None:
+        self.wait = _FIRST_IN_FLIGHT_WAIT
+        self.give_up = None if in_flight_timeout is None else time.monotonic() + in_flight_timeout
+
+
+@dataclass(frozen=True)
+class _InFlight:
+    """A begin answered in_flight: ask again after pause seconds."""
+    pause: float
 
 
 class _Handover:

@@ -3477,6 +3477,57 @@ class GateLeaseTest(unittest.TestCase):
         reports = [body["outcome"] for path, body in calls if path.endswith("/report")]
         self.assertEqual(reports, ["succeeded", "succeeded", "succeeded", "failed"])
 
+    def test_do_effect_async_callers_waiting_in_flight_leave_the_threads_to_the_holders_report(self) -> None:
+        # Tasks of one process wait for a key another of its tasks holds
+        # (an agent's repeated tool call): as many as the default executor
+        # has threads (min(32, CPUs + 4); 2 here) held each thread in their
+        # in_flight waits, so the holder's report never got one, its
+        # heartbeats kept its lease live, and every one of them waited for
+        # ever (here: until in_flight_timeout, then EffectInFlight).
+        import asyncio
+        import concurrent.futures
+        state = {"leased": False, "reported": False}
+        begins = []
+
+        def respond(method, path, body):
+            if path.endswith("/begin"):
+                begins.append(body["request_id"])
+                if state["reported"]:
+                    return 200, {"decision": "duplicate", "effect_id": "eff_1", "state": "succeeded", "attempt": 1,
+                                 "result": {"sent": True}}, {}
+                if state["leased"]:
+                    return 200, {"decision": "in_flight", "effect_id": "eff_1", "state": "leased", "attempt": 1,
+                                 "retry_after_seconds": 1}, {}
+                state["leased"] = True
+            if path.endswith("/report"):
+                state["reported"] = True
+                return 200, {"id": "eff_1", "state": body["outcome"]}, {}
+            return self.leased(path)
+
+        client, _ = self.client_of(respond)
+
+        async def main():
+            asyncio.get_running_loop().set_default_executor(concurrent.futures.ThreadPoolExecutor(max_workers=2))
+            acting, act = asyncio.Event(), asyncio.Event()
+
+            async def send(lease):
+                acting.set()
+                await act.wait()
+                return {"sent": True}
+
+            holder = asyncio.ensure_future(client.do_effect_async("email.send", "k", send, {}))
+            await acting.wait()
+            waiters = [asyncio.ensure_future(client.do_effect_async("email.send", "k", send, {},
+                                                                    in_flight_timeout=20)) for _ in range(2)]
+            while len(set(begins)) < 3:  # both waiters were told in_flight
+                await asyncio.sleep(0.01)
+            act.set()
+            return await asyncio.gather(holder, *waiters, return_exceptions=True)
+
+        outcomes = asyncio.run(main())
+        self.assertEqual([(o.result, o.duplicate) if isinstance(o, getratchet.EffectOutcome) else o for o in outcomes],
+                         [({"sent": True}, False), ({"sent": True}, True), ({"sent": True}, True)])
+
     def test_do_effect_async_cancelled_during_begin_releases_the_lease(self) -> None:
         # The task is cancelled while its begin is on a thread; the lease
         # that begin then brings back is reported failed (the action surely
