@@ -29,6 +29,12 @@ const MAX_RESULT_BYTES = 1024 * 1024 - 1024;
 // were all lost, from its first failure (as Go's DoEffect).
 export const gateTimes = { reportTimeoutMs: 30_000, beginPatienceMs: 30_000, firstInFlightWaitMs: 250 };
 
+// The clock doEffect measures its leases and waits by: monotonic, as the
+// worker's (a wall clock stepped back during a heartbeat read the lease as
+// minutes longer, and the next heartbeat came a minute later, after a
+// short lease had lapsed under the action).
+const now = () => performance.now();
+
 /** Returns a Ratchet client: createRatchet({ baseUrl, apiKey }). */
 export function createRatchet(options) {
   return new Ratchet(options);
@@ -713,11 +719,11 @@ export class Ratchet {
     // One request id for the whole call: a begin whose answer was lost is
     // answered again by the next, whichever retry asks.
     const req = { ...request, requestId: request.requestId ?? newRequestId() };
-    const giveUp = inFlightTimeoutMs === undefined ? Infinity : Date.now() + inFlightTimeoutMs;
+    const giveUp = inFlightTimeoutMs === undefined ? Infinity : now() + inFlightTimeoutMs;
     let wait = gateTimes.firstInFlightWaitMs;
     for (;;) {
       signal?.throwIfAborted();
-      const sent = Date.now();
+      const sent = now();
       const [answer, leaseMs, requestId] = await this.#beginAnswered(req, signal);
       const effectId = answer.effect_id ?? '';
       switch (answer.decision) {
@@ -743,7 +749,7 @@ export class Ratchet {
         case 'in_flight': {
           // The last pause ends at the timeout, which asks once more (QA: a
           // pause that would pass it gave up at once, up to 5 s early).
-          const left = giveUp - Date.now();
+          const left = giveUp - now();
           if (left <= 0) throw new EffectInFlightError(effectId);
           const pause = Math.min(wait, Math.max(answer.retry_after_seconds || 1, 1) * 1000, left);
           wait = Math.min(2 * wait, MAX_IN_FLIGHT_WAIT_MS);
@@ -799,8 +805,8 @@ export class Ratchet {
         } else {
           throw err; // an error of ours
         }
-        giveUp ??= Date.now() + gateTimes.beginPatienceMs;
-        if (Date.now() + wait >= giveUp) throw err;
+        giveUp ??= now() + gateTimes.beginPatienceMs;
+        if (now() + wait >= giveUp) throw err;
         try {
           await this.#transport.sleep(wait, signal);
         } catch {
@@ -876,11 +882,11 @@ export class Ratchet {
   /** Reports, repeating through lost answers and server failures while the
    * lease stands (the heartbeats keep it). */
   #reportEffect(effectId, token, outcome, result, state) {
-    const giveUp = Date.now() + gateTimes.reportTimeoutMs;
+    const giveUp = now() + gateTimes.reportTimeoutMs;
     return this.#transport.callUntil('POST', `/effects/${pathId(effectId)}/report`, effectReport(token, outcome, result),
       // Each attempt within the give-up time too (review: one that hung took
       // the transport's 60 s, where Go's is cut at its 30 s).
-      { mayWait: (wait) => Date.now() + wait < Math.min(state.end, giveUp),
+      { mayWait: (wait) => now() + wait < Math.min(state.end, giveUp),
         timeoutMs: Math.min(this.#transport.timeoutMs, gateTimes.reportTimeoutMs) }).catch((err) => {
       // An earlier send of this report landed (its answer was lost) and a
       // newer attempt began before the retry: lease_lost names the outcome
@@ -899,7 +905,7 @@ export class Ratchet {
     let tried = false; // a heartbeat was sent since the lease was last extended
     let extended = false; // a heartbeat has extended the lease
     for (;;) {
-      const left = state.end - Date.now();
+      const left = state.end - now();
       let pause = Math.min(Math.max(left / 3, 1_000), 60_000, Math.max(left - 1_000, 0));
       // Just extended: not a beat in a loop on a short estimate.
       if (extended && !tried) pause = Math.max(pause, 1_000);
@@ -908,7 +914,7 @@ export class Ratchet {
       } catch {
         return; // the outcome was reported
       }
-      if (tried && Date.now() >= state.end - 1_000) {
+      if (tried && now() >= state.end - 1_000) {
         lost.abort(new Error('ratchet: the lease lapsed while heartbeats failed'));
         return;
       }
@@ -916,7 +922,7 @@ export class Ratchet {
       // past the point the action must be told.
       const floor = tried ? 100 : 1_000;
       tried = true;
-      const sent = Date.now();
+      const sent = now();
       try {
         const [beat, date] = await this.#transport.call('POST', `/effects/${pathId(effectId)}/heartbeat`, { lease_token: token },
           // No retries inside the call (a 429's wait could outlast the lease):

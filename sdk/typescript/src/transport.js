@@ -166,7 +166,7 @@ export class Transport {
     if (callTimeoutMs !== undefined && !(Number.isFinite(callTimeoutMs) && callTimeoutMs > 0)) {
       throw new TypeError('ratchet: timeoutMs must be a positive number of milliseconds');
     }
-    const deadline = callTimeoutMs === undefined ? null : Date.now() + callTimeoutMs;
+    const deadline = callTimeoutMs === undefined ? null : performance.now() + callTimeoutMs;
     let attempt = 0;
     let held = 0;
     let unsure = false; // an attempt may have been applied
@@ -175,7 +175,7 @@ export class Transport {
       let wait;
       let polled = false; // a wait for a held key, not a retry
       try {
-        const attemptMs = deadline === null ? timeoutMs ?? this.timeoutMs : timerMs(deadline - Date.now());
+        const attemptMs = deadline === null ? timeoutMs ?? this.timeoutMs : timerMs(deadline - performance.now());
         const [answer, date] = await this.#once(method, path, data, idempotencyKey, attemptMs, signal, read);
         return withDate ? [answer, date] : answer;
       } catch (err) {
@@ -205,7 +205,7 @@ export class Transport {
       }
       // Waiting would outlive the call's bound: its last failure now, as
       // Go's (a serverless caller gets its time back instead of a sleep).
-      if (deadline !== null && Date.now() + wait >= deadline) {
+      if (deadline !== null && performance.now() + wait >= deadline) {
         throw unsure && failure instanceof RatchetError ? markUnconfirmed(failure) : failure;
       }
       // A wait for a held key is no retry, but ends as a retry's wait does:

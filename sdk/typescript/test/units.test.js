@@ -2433,6 +2433,46 @@ test('a short lease is heartbeated before it is given up', async (t) => {
   assert.deepEqual(out.result, { sent: true });
 });
 
+// doEffect measured its lease by the wall clock (Date.now): one stepped
+// back during a heartbeat (NTP, a VM resumed) read the lease as ten minutes
+// longer, and the next heartbeat came a minute later, long after this 3 s
+// lease had lapsed under the action (sdk QA). It is measured on a
+// monotonic clock, as the worker's and the Python and Go SDKs' are.
+test('a wall clock stepped back during a heartbeat does not hold the next one past the lease', async (t) => {
+  const wall = Date.now;
+  let beats = 0;
+  let beatTwice;
+  const beatenTwice = new Promise((r) => { beatTwice = r; });
+  const server = await fakeServer(t, (method, path, body) => {
+    const at = wall.call(Date);
+    const leased = { lease_expires_at: new Date(at + 3_000).toISOString() };
+    const dated = { Date: new Date(at).toUTCString() };
+    if (path.endsWith('/begin')) {
+      return [200, { decision: 'execute', effect_id: 'eff_1', state: 'leased', attempt: 1, lease_token: 'tok', ...leased }, dated];
+    }
+    if (path.endsWith('/heartbeat')) {
+      beats++;
+      if (beats === 1) t.mock.method(Date, 'now', () => wall.call(Date) - 600_000); // stepped back as it is answered
+      if (beats === 2) beatTwice();
+      return [200, { effect_id: 'eff_1', ...leased }, dated];
+    }
+    return [200, { id: 'eff_1', state: body.outcome }];
+  });
+  const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
+  const out = await client.doEffect({ effectType: 'email.send', idempotencyKey: 'k', payload: {} }, async (lease) => {
+    let timer;
+    const seen = await Promise.race([
+      beatenTwice.then(() => 'beat'),
+      new Promise((r) => lease.signal.addEventListener('abort', () => r('given up'), { once: true })),
+      new Promise((r) => { timer = setTimeout(() => r('no heartbeat within the lease'), 10_000); }),
+    ]);
+    clearTimeout(timer);
+    assert.equal(seen, 'beat');
+    return { sent: true };
+  });
+  assert.deepEqual(out.result, { sent: true });
+});
+
 test('an unknown worker id registers again', async (t) => {
   const claims = [];
   await serve(t, (method, path) => {
@@ -3197,6 +3237,24 @@ test("a method's timeoutMs bounds the whole call, its retries' waits included", 
   quickBackoff(t); // the retry's wait, 25 to 50 ms, well inside the bound
   await assert.rejects(d.getStep('s', { timeoutMs: 2_000 }), (err) => err instanceof ConnectionLostError && /timed out/.test(err.message));
   assert.equal(hangs.seen.length, 2);
+});
+
+// The bound is measured on a monotonic clock: a wall clock stepped an hour
+// ahead during the first attempt (NTP, a VM resumed) read the bound as
+// passed, and the call gave up at its first 503 instead of waiting its
+// retry's few milliseconds (sdk QA).
+test("a method's timeoutMs is not cut by a wall clock stepped ahead", async (t) => {
+  const wall = Date.now;
+  let n = 0;
+  const server = await fakeServer(t, () => {
+    if (++n > 1) return [200, { id: 'run_1' }];
+    t.mock.method(Date, 'now', () => wall.call(Date) + 3_600_000);
+    return [503, error('unavailable')];
+  });
+  const c = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test', timeoutMs: 60_000 });
+  quickBackoff(t); // the retry's wait, 25 to 50 ms, well inside the bound
+  assert.deepEqual(await c.getRun('run_1', { timeoutMs: 10_000 }), { id: 'run_1' });
+  assert.equal(server.seen.length, 2);
 });
 
 // Registers tool t@1 on client, its handler ignoring its cancellation
