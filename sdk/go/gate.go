@@ -509,7 +509,7 @@ func reportEffect(ctx context.Context, c *Client, b *BeginResponse, outcome stri
 			return nil
 		}
 		unsure = unsure || mayHaveApplied(err)
-		wait, retry := c.retryDelay(err, attempt, idempotent)
+		wait, retry := effectReportDelay(c, err, attempt)
 		last := horizon
 		if exp := expiry.get(); !exp.IsZero() && exp.Before(last) {
 			last = exp // a report after the lapse would be refused
@@ -518,6 +518,22 @@ func reportEffect(ctx context.Context, c *Client, b *BeginResponse, outcome stri
 			return unconfirmedIf(unsure, err)
 		}
 	}
+}
+
+// effectReportDelay is the client's answer for an effect report, and a bare
+// 4xx (notRatchets: a proxy's, a load balancer's or a platform's answer
+// during a deploy or a misroute, a 404, a 408) is retried too, as a job's
+// report is (reporter.retryDelay): it says nothing of the report (sdk QA:
+// given up at once, the lease lapsed and the performed action read
+// indeterminate); but not a bare 413, a body the proxy refuses for good
+// (unrecordableResult).
+func effectReportDelay(c *Client, err error, attempt int) (time.Duration, bool) {
+	var apiErr *Error
+	if notRatchets(err) && errors.As(err, &apiErr) && apiErr.StatusCode >= 400 && apiErr.StatusCode < 500 &&
+		apiErr.StatusCode != http.StatusRequestEntityTooLarge {
+		return c.backoff(attempt), true
+	}
+	return c.retryDelay(err, attempt, idempotent)
 }
 
 // reportLanded says whether a report's refusal says an earlier send of the
@@ -631,10 +647,15 @@ func heartbeatEffect(ctx context.Context, c *Client, id, token string, expiry *l
 // (lease_expired, lease_lost, invalid_state: the lease lapsed, a newer
 // attempt exists, or the attempt was reported) or a 404 (the effect no
 // longer exists; sdk QA: the Go SDK alone took it for a failed heartbeat
-// and let the action run on until the lease lapsed).
+// and let the action run on until the lease lapsed), in Ratchet's error
+// envelope. A bare one (notRatchets: a proxy's, a load balancer's or a
+// platform's answer during a deploy or a misroute) says nothing of the
+// lease, as for a job's heartbeat, and is tried again (sdk QA: it
+// cancelled the action and ended the heartbeats, so the lease then lapsed
+// for real).
 func effectLeaseGone(err error) bool {
 	var apiErr *Error
-	return errors.As(err, &apiErr) &&
+	return errors.As(err, &apiErr) && !notRatchets(err) &&
 		(apiErr.StatusCode == http.StatusNotFound || apiErr.StatusCode == http.StatusConflict)
 }
 

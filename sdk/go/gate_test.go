@@ -425,6 +425,63 @@ func TestDoEffectCancelsTheActionBeforeAnUnextendedLeaseLapses(t *testing.T) {
 // A success report that meets more 5xx than the client's own retries is
 // sent again while the lease stands: dropping it would turn a performed
 // effect into an indeterminate one.
+// A 404 or 409 without Ratchet's error envelope (a proxy's, a load
+// balancer's or a platform's, during a deploy or a misroute) cancelled the
+// action and ended the heartbeats (the lease then lapsed for real), and gave
+// a report up at once (the performed action read indeterminate): as for a
+// job's heartbeat and report, and as in the Python and TypeScript SDKs, it
+// is a failure that may pass, tried again within the lease.
+func TestDoEffectABare4xxSaysNothingOfTheLeaseOrTheReport(t *testing.T) {
+	t.Parallel()
+	for _, status := range []int{http.StatusNotFound, http.StatusConflict} {
+		t.Run(http.StatusText(status), func(t *testing.T) {
+			t.Parallel()
+			bare := func(w http.ResponseWriter) {
+				w.WriteHeader(status)
+				_, _ = io.WriteString(w, "<html>Not here</html>")
+			}
+			g := &fakeGate{answers: []func(http.ResponseWriter){decision(200, map[string]any{"decision": "execute",
+				"effect_id": "eff_1", "state": "leased", "attempt": 1, "lease_token": "lt_1",
+				"lease_expires_at": time.Now().Add(6 * time.Second)})}}
+			beatAgain := make(chan struct{})
+			g.heartbeat = func(w http.ResponseWriter) {
+				if g.heartbeats == 1 {
+					bare(w)
+					return
+				}
+				if g.heartbeats == 2 {
+					close(beatAgain)
+				}
+				writeJSON(w, 200, map[string]any{"effect_id": "eff_1", "lease_expires_at": time.Now().Add(6 * time.Second)})
+			}
+			g.report = func(w http.ResponseWriter) {
+				if len(g.reports) == 1 {
+					bare(w)
+					return
+				}
+				writeJSON(w, 200, map[string]any{"id": "eff_1", "state": "succeeded"})
+			}
+			c, _ := testClient(t, g)
+			out, err := DoEffect(context.Background(), c, beginReq, func(ctx context.Context, _ Lease) (sendResult, error) {
+				select {
+				case <-beatAgain:
+				case <-ctx.Done():
+					return sendResult{}, context.Cause(ctx)
+				}
+				return sendResult{MessageID: "msg_1"}, nil
+			})
+			if err != nil || out == nil || out.Result.MessageID != "msg_1" {
+				t.Fatalf("out %+v err %v", out, err)
+			}
+			g.mu.Lock()
+			defer g.mu.Unlock()
+			if len(g.reports) != 2 {
+				t.Fatalf("%d reports, want 2", len(g.reports))
+			}
+		})
+	}
+}
+
 func TestDoEffectRetriesTheReportThroughAnOutage(t *testing.T) {
 	t.Parallel()
 	g := &fakeGate{answers: []func(http.ResponseWriter){execute()}}

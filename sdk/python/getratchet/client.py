@@ -744,7 +744,12 @@ class Ratchet:
             self._transport.call_until("POST", "/effects/" + path_id(effect_id) + "/report",
                                        _effect_report(token, outcome, result),
                                        may_wait=lambda wait: time.monotonic() + wait < min(state["end"], give_up),
-                                       timeout=min(self._transport.timeout, _REPORT_TIMEOUT))
+                                       timeout=min(self._transport.timeout, _REPORT_TIMEOUT),
+                                       # A bare 4xx (a proxy's during a deploy) says nothing of the
+                                       # report, as for a job's (sdk QA: given up at once, the lease
+                                       # lapsed and the performed action read indeterminate); a bare
+                                       # 413 is a body refused for good (_unrecordable_result).
+                                       bare_may_pass=True)
         except RatchetError as err:
             # An earlier send of this report landed (its answer was lost) and
             # a newer attempt began before the retry: lease_lost names the
@@ -789,10 +794,17 @@ class Ratchet:
                                                   timeout=min(self._transport.timeout, 10.0,
                                                               max(state["end"] - 1.0 - sent, floor)))
             except RatchetError as err:
-                if err.status in (404, 409):
+                if err.status in (404, 409) and err.code:
                     lost.set()
                     return
-                continue  # a server failure: the next beat tries again
+                # A server failure, or a bare 4xx without Ratchet's error
+                # envelope (a proxy's, a load balancer's or a platform's
+                # answer during a deploy or a misroute), which says nothing
+                # of the lease, as the worker reads a job's heartbeat (sdk
+                # QA: a bare 404 told the action its lease was lost and
+                # ended the heartbeats, so the lease then lapsed for real):
+                # the next beat tries again.
+                continue
             except ConnectionLost:
                 continue
             seconds = _lease_seconds(beat.get("lease_expires_at"), date)

@@ -3477,6 +3477,39 @@ class GateLeaseTest(unittest.TestCase):
         reports = [body["outcome"] for path, body in calls if path.endswith("/report")]
         self.assertEqual(reports, ["succeeded", "succeeded", "succeeded", "failed"])
 
+    def test_a_bare_4xx_says_nothing_of_the_lease_or_the_report(self) -> None:
+        # A proxy's, a load balancer's or a platform's 404 or 409 without
+        # Ratchet's error envelope (a deploy, a misroute) told the action its
+        # lease was lost and ended the heartbeats (the lease then lapsed for
+        # real), and gave a report up at once (the performed action read
+        # indeterminate): as for a job's heartbeat and report, it is a
+        # failure that may pass, tried again within the lease.
+        for status in (404, 409):
+            with self.subTest(status=status):
+                calls: List[str] = []
+                bare = {"heartbeat": 1, "report": 1}
+
+                def respond(method, path, body, calls=calls, bare=bare, status=status):
+                    calls.append(path)
+                    for route in bare:
+                        if path.endswith("/" + route) and bare[route]:
+                            bare[route] -= 1
+                            return status, b"<html>Not here</html>", {}
+                    return self.leased(path, seconds=6) or (200, {"id": "eff_1", "state": body["outcome"]}, {})
+
+                client, _ = self.client_of(respond)
+                client._transport.sleep = lambda seconds: time.sleep(min(seconds, 0.05))
+
+                def send(lease):
+                    # Until a heartbeat has extended the lease after the bare one.
+                    wait_until(lambda: calls.count("/api/v1/effects/eff_1/heartbeat") >= 2 or lease.lost.is_set())
+                    self.assertFalse(lease.lost.is_set())
+                    return {"sent": True}
+
+                outcome = client.do_effect("email.send", "k", send, {})
+                self.assertEqual((outcome.result, outcome.duplicate), ({"sent": True}, False))
+                self.assertEqual(calls.count("/api/v1/effects/eff_1/report"), 2)
+
     def test_do_effect_async_callers_waiting_in_flight_leave_the_threads_to_the_holders_report(self) -> None:
         # Tasks of one process wait for a key another of its tasks holds
         # (an agent's repeated tool call): as many as the default executor

@@ -887,7 +887,12 @@ export class Ratchet {
       // Each attempt within the give-up time too (review: one that hung took
       // the transport's 60 s, where Go's is cut at its 30 s).
       { mayWait: (wait) => now() + wait < Math.min(state.end, giveUp),
-        timeoutMs: Math.min(this.#transport.timeoutMs, gateTimes.reportTimeoutMs) }).catch((err) => {
+        timeoutMs: Math.min(this.#transport.timeoutMs, gateTimes.reportTimeoutMs),
+        // A bare 4xx (a proxy's during a deploy) says nothing of the report,
+        // as for a job's (sdk QA: given up at once, the lease lapsed and the
+        // performed action read indeterminate); a bare 413 is a body refused
+        // for good (unrecordableResult).
+        bareMayPass: true }).catch((err) => {
       // An earlier send of this report landed (its answer was lost) and a
       // newer attempt began before the retry: lease_lost names the outcome
       // it recorded (QA: said not recorded), as Go's reads it.
@@ -937,12 +942,17 @@ export class Ratchet {
         tried = false;
         extended = true;
       } catch (err) {
-        if (err instanceof RatchetError && (err.status === 404 || err.status === 409)) {
+        if (err instanceof RatchetError && (err.status === 404 || err.status === 409) && err.code) {
           lost.abort(err);
           return;
         }
         if (signal.aborted) return;
-        // A lost answer or a server failure: the next beat tries again.
+        // A lost answer, a server failure, or a bare 4xx without Ratchet's
+        // error envelope (a proxy's, a load balancer's or a platform's
+        // answer during a deploy or a misroute), which says nothing of the
+        // lease, as the worker reads a job's heartbeat (sdk QA: a bare 404
+        // aborted lease.signal and ended the heartbeats, so the lease then
+        // lapsed for real): the next beat tries again.
       }
     }
   }

@@ -2473,6 +2473,48 @@ test('a wall clock stepped back during a heartbeat does not hold the next one pa
   assert.deepEqual(out.result, { sent: true });
 });
 
+// A proxy's, a load balancer's or a platform's 404 or 409 without Ratchet's
+// error envelope (a deploy, a misroute) aborted lease.signal and ended the
+// heartbeats (the lease then lapsed for real), and gave a report up at once
+// (the performed action read indeterminate): as for a job's heartbeat and
+// report, it is a failure that may pass, tried again within the lease.
+test('a bare 4xx says nothing of a gate lease or its report', async (t) => {
+  quickBackoff(t);
+  for (const status of [404, 409]) {
+    await t.test(String(status), async (t) => {
+      const calls = [];
+      const bare = { heartbeat: 1, report: 1 };
+      let beatAgain;
+      const beatenAgain = new Promise((r) => { beatAgain = r; });
+      const server = await fakeServer(t, (method, path, body) => {
+        calls.push(path);
+        for (const route of Object.keys(bare)) {
+          if (path.endsWith(`/${route}`) && bare[route] > 0) {
+            bare[route]--;
+            return [status, Buffer.from('<html>Not here</html>')];
+          }
+        }
+        const leased = { lease_expires_at: new Date(Date.now() + 6_000).toISOString() };
+        if (path.endsWith('/begin')) return [200, { decision: 'execute', effect_id: 'eff_1', state: 'leased', attempt: 1, lease_token: 'tok', ...leased }];
+        if (path.endsWith('/heartbeat')) {
+          beatAgain();
+          return [200, { effect_id: 'eff_1', ...leased }];
+        }
+        return [200, { id: 'eff_1', state: body.outcome }];
+      });
+      const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
+      const out = await client.doEffect({ effectType: 'email.send', idempotencyKey: 'k', payload: {} }, async (lease) => {
+        const seen = await Promise.race([beatenAgain.then(() => 'beat'),
+          new Promise((r) => lease.signal.addEventListener('abort', () => r('given up'), { once: true }))]);
+        assert.equal(seen, 'beat');
+        return { sent: true };
+      });
+      assert.deepEqual([out.result, out.duplicate], [{ sent: true }, false]);
+      assert.equal(calls.filter((p) => p.endsWith('/report')).length, 2);
+    });
+  }
+});
+
 test('an unknown worker id registers again', async (t) => {
   const claims = [];
   await serve(t, (method, path) => {
