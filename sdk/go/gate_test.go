@@ -454,13 +454,7 @@ func TestDoEffectABare4xxSaysNothingOfTheLeaseOrTheReport(t *testing.T) {
 				}
 				writeJSON(w, 200, map[string]any{"effect_id": "eff_1", "lease_expires_at": time.Now().Add(6 * time.Second)})
 			}
-			g.report = func(w http.ResponseWriter) {
-				if len(g.reports) == 1 {
-					bare(w)
-					return
-				}
-				writeJSON(w, 200, map[string]any{"id": "eff_1", "state": "succeeded"})
-			}
+			refuseFirstReport(g, bare)
 			c, _ := testClient(t, g)
 			out, err := DoEffect(context.Background(), c, beginReq, func(ctx context.Context, _ Lease) (sendResult, error) {
 				select {
@@ -479,6 +473,18 @@ func TestDoEffectABare4xxSaysNothingOfTheLeaseOrTheReport(t *testing.T) {
 				t.Fatalf("%d reports, want 2", len(g.reports))
 			}
 		})
+	}
+}
+
+// refuseFirstReport has g answer its first report with refuse, and those
+// after it as recorded successes.
+func refuseFirstReport(g *fakeGate, refuse func(http.ResponseWriter)) {
+	g.report = func(w http.ResponseWriter) {
+		if len(g.reports) == 1 {
+			refuse(w)
+			return
+		}
+		writeJSON(w, 200, map[string]any{"id": "eff_1", "state": "succeeded"})
 	}
 }
 
@@ -636,13 +642,7 @@ func TestDoEffectReportsAPlaceholderForARefusedResult(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			g := &fakeGate{answers: []func(http.ResponseWriter){execute()}}
-			g.report = func(w http.ResponseWriter) {
-				if len(g.reports) == 1 {
-					refuse(w)
-					return
-				}
-				writeJSON(w, 200, map[string]any{"id": "eff_1", "state": "succeeded"})
-			}
+			refuseFirstReport(g, refuse)
 			c, _ := testClient(t, g)
 			out, err := DoEffect(context.Background(), c, beginReq, func(context.Context, Lease) (sendResult, error) {
 				return sendResult{MessageID: "msg_1"}, nil
