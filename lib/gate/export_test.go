@@ -115,6 +115,14 @@ var (
 // SQLPruneSpend is SweepSpend's statement, for a test of its plan.
 const SQLPruneSpend = sqlPruneSpend
 
+// SQLReconcileDue is SweepReconcileDue's statement ($1 now, $2 limit, $3
+// EventIDsAt(now, limit)), for a test of its plan and one of two sweeps
+// overlapping.
+var SQLReconcileDue = sqlReconcileDue
+
+// EventIDsAt answers n event ids made at now, as a sweep records events.
+func EventIDsAt(now time.Time, n int) []string { return eventIDsAt(now, n) }
+
 // SQLReconcileEffects is the statement a reconciliation reads its effects
 // with, for a test of how it is sent.
 const SQLReconcileEffects = sqlReconcileEffects

@@ -977,18 +977,32 @@ WHERE reconciliations.last_reconciled_at <= $3`
 // last reconciliation and the time reminders were turned on for it
 // (reconcile_since; QA: from the policy's creation, a type whose policy was
 // older than a period was due the moment reminders were turned on); left
-// overdue it is reminded again each further period. The period's due time
-// is the event's dedupe key, so concurrent sweeps record it once. A type
-// reminded since its current period fell due (a reminder recorded at or
-// after that time, whatever period it was for) is not picked again, so a
-// period is reminded once, and the LIMIT reaches the others: known by its
-// dedupe key alone, a period changed while the type was overdue was
-// reminded again at once (review: lengthened from 5 h to 24 h just after
-// the reminder due at 25 h, the period due at 24 h, reminded at 26 h, had
-// a second reminder). A reminder's created_at is its sweep's now ($1),
-// within the period it was for. The type's latest reminder outlives event
-// retention (webhooks.Service.PurgeDelivered). The pass takes turns among
-// the workspaces with types due, each one's longest due first (as
+// overdue it is reminded again each further period. A type reminded since
+// its current period fell due (last_reminded_at at or after that time,
+// whatever period that reminder was for) is not picked again, so a period
+// is reminded once, and the LIMIT reaches the others: known by its dedupe
+// key alone, a period changed while the type was overdue was reminded
+// again at once (review: lengthened from 5 h to 24 h just after the
+// reminder due at 25 h, the period due at 24 h, reminded at 26 h, had a
+// second reminder). When a type was last reminded is read from
+// reconciliation_reminders (migration 0086), which this statement writes
+// with each reminder: probing events for a reminder since the period fell
+// due cost an index probe for every type overdue and reminded, every pass
+// (scale QA: 100,000 such types, some 800,000 buffers and 1.2 to 1.7 s a
+// pass; some 4,000 buffers and 0.2 s reading the table). The reminder's
+// row is written first, and only a type whose row it wrote is reminded:
+// its conflict path rereads the row at its latest version, so of two
+// sweeps overlapping a policy write that changes the period (each reading
+// its own period, with its own dedupe key), the second waits for the
+// first's row and, reminded since its period fell due, records nothing
+// (review: both found no reminder and recorded one each). Rows are written
+// in key order, one order for every sweep. The period's due time is still
+// the event's dedupe key: a reminder of the previous release, which does
+// not write the table, is not recorded again during the deploy. A
+// reminder's created_at is its sweep's now ($1), within the period it was
+// for. The type's latest reminder outlives event retention
+// (webhooks.Service.PurgeDelivered). The pass takes turns among the
+// workspaces with types due, each one's longest due first (as
 // db.RoundRobin orders): in due order alone, with 500 a pass, a workspace
 // with 100,000 types overdue held another's reminder back for 200 passes
 // (multi-tenant QA). It reads every type with reminders on in any case
@@ -996,11 +1010,12 @@ WHERE reconciliations.last_reconciled_at <= $3`
 // now, $2 limit, $3 event ids (one per row).
 var sqlReconcileDue = `
 WITH due AS (
-    SELECT p.workspace_id, p.effect_type, p.reconcile_every_hours AS h, r.last_reconciled_at,
+    SELECT p.workspace_id, p.effect_type, p.reconcile_every_hours AS h, r.last_reconciled_at, m.last_reminded_at,
         greatest(r.last_reconciled_at, coalesce(p.reconcile_since, p.created_at))
             + make_interval(hours => p.reconcile_every_hours) AS first_due
     FROM gate_policies p
     LEFT JOIN reconciliations r ON r.workspace_id = p.workspace_id AND r.effect_type = p.effect_type
+    LEFT JOIN reconciliation_reminders m ON m.workspace_id = p.workspace_id AND m.effect_type = p.effect_type
     WHERE p.reconcile_every_hours IS NOT NULL
 ), per AS (
     SELECT d.*, d.first_due + make_interval(hours => d.h *
@@ -1008,21 +1023,25 @@ WITH due AS (
     FROM due d WHERE d.first_due <= $1
 ), pick AS (
     SELECT per.*, to_char(per.period_due AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS dedupe
-    FROM per
+    FROM per WHERE per.last_reminded_at IS NULL OR per.last_reminded_at < per.period_due
 ), n AS (
     SELECT pick.*, row_number() OVER (ORDER BY pick.workspace_id, pick.effect_type) AS i
     FROM (SELECT pick.*, row_number() OVER (PARTITION BY pick.workspace_id ORDER BY pick.period_due, pick.effect_type) AS turn
-        FROM pick WHERE NOT EXISTS (
-        SELECT 1 FROM events ev WHERE ev.workspace_id = pick.workspace_id
-          AND ev.type = '` + events.ReconciliationDue + `' AND ev.subject_id = pick.effect_type
-          AND ev.created_at >= pick.period_due)
+        FROM pick
         ORDER BY turn, pick.period_due, pick.workspace_id, pick.effect_type LIMIT $2) pick
+), reminded AS (
+    INSERT INTO reconciliation_reminders AS m (workspace_id, effect_type, last_reminded_at, last_due_at)
+    SELECT n.workspace_id, n.effect_type, $1, n.period_due FROM n ORDER BY n.workspace_id, n.effect_type
+    ON CONFLICT (workspace_id, effect_type) DO UPDATE
+    SET last_reminded_at = excluded.last_reminded_at, last_due_at = excluded.last_due_at
+    WHERE m.last_reminded_at < excluded.last_due_at
+    RETURNING m.workspace_id, m.effect_type
 ), ins AS (
     INSERT INTO events (id, workspace_id, type, subject_id, data, created_at, dedupe_key)
     SELECT ($3::text[])[n.i], n.workspace_id, '` + events.ReconciliationDue + `', n.effect_type,
         jsonb_build_object('effect_type', n.effect_type, 'reconcile_every_hours', n.h,
                            'last_reconciled_at', n.last_reconciled_at, 'due_at', n.period_due), $1, n.dedupe
-    FROM n
+    FROM n JOIN reminded ON reminded.workspace_id = n.workspace_id AND reminded.effect_type = n.effect_type
     ON CONFLICT (workspace_id, type, subject_id, dedupe_key) DO NOTHING
     RETURNING 1
 )

@@ -9,10 +9,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/gate"
 	"github.com/getratchet/ratchet/lib/ids"
+	"github.com/getratchet/ratchet/migrations"
 )
 
 // TestSweeperAndLapseRaces, the retention tests (in 1980, 1985 and 1990,
@@ -278,6 +281,107 @@ func TestReconciliationRemindersTakeTurnsAmongWorkspaces(t *testing.T) {
 	require.Equal(t, 1, reminded(noisy.ws.ID))
 	passes(t, batch, 2, 1, 0)
 	require.Equal(t, 4, reminded(noisy.ws.ID))
+}
+
+// Two sweeps overlapping a policy write that changes the period record
+// one reminder: each reads its own period, with its own dedupe key, but
+// the second waits for the first's row of reconciliation_reminders and,
+// the type reminded since its period fell due, records none (review: each
+// found no reminder in its snapshot and recorded one). Not parallel, in
+// its own era (1947): the sweep reminds every workspace.
+func TestOverlappingSweepsRemindOnceAcrossAPeriodChange(t *testing.T) {
+	b, _ := inEra(t, 1947)
+	c, ctx, env := b.clock, context.Background(), b.env
+	const typ = "payment.charge"
+	on := c.Now()
+	b.putPolicy(typ, map[string]any{"reconcile_every_hours": 5})
+	c.Add(26 * time.Hour) // the period due at 25 h
+	reminders := func(q interface {
+		Query(context.Context, string, ...any) (pgx.Rows, error)
+	}) []time.Time {
+		rows, err := q.Query(ctx, `SELECT (data->>'due_at')::timestamptz FROM events
+			WHERE workspace_id = $1 AND type = 'reconciliation.due' AND subject_id = $2 ORDER BY id`, b.ws.ID, typ)
+		require.NoError(t, err)
+		due, err := pgx.CollectRows(rows, pgx.RowTo[time.Time])
+		require.NoError(t, err)
+		return due
+	}
+
+	// The first sweep, held open (500 a pass reaches every type the
+	// package's other tests left with reminders on).
+	first, err := env.App.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = first.Rollback(ctx) }()
+	var n int
+	require.NoError(t, first.QueryRow(ctx, gate.SQLReconcileDue, c.Now(), 500, gate.EventIDsAt(c.Now(), 500)).Scan(&n))
+	require.Len(t, reminders(first), 1, "the period due at 25 h")
+	pid := apitest.BackendPID(t, first)
+
+	b.putPolicy(typ, map[string]any{"reconcile_every_hours": 24}) // due at 24 h, not reminded in the second's snapshot
+	done := make(chan struct{})
+	var second error
+	go func() {
+		defer close(done)
+		_, second = env.App.Server.Gate.SweepReconcileDue(ctx, c.Now(), 500)
+	}()
+	apitest.WaitDoneOrBlockedBy(t, env.App.Pool, pid, done, "the second sweep answered or waits for the first")
+	require.NoError(t, first.Commit(ctx))
+	<-done
+	require.NoError(t, second)
+	got := reminders(env.App.Pool)
+	require.Len(t, got, 1, "one reminder: %v", got)
+	require.True(t, got[0].Equal(on.Add(25*time.Hour)), "%s", got[0])
+
+	// The 24-hour calendar goes on from there: its next period is due at 48 h.
+	c.Add(21 * time.Hour) // 47 h
+	_, err = env.App.Server.Gate.SweepReconcileDue(ctx, c.Now(), 500)
+	require.NoError(t, err)
+	require.Len(t, reminders(env.App.Pool), 1)
+	c.Add(2 * time.Hour) // 49 h
+	_, err = env.App.Server.Gate.SweepReconcileDue(ctx, c.Now(), 500)
+	require.NoError(t, err)
+	got = reminders(env.App.Pool)
+	require.Len(t, got, 2)
+	require.True(t, got[1].Equal(on.Add(48*time.Hour)), "%s", got[1])
+}
+
+// Migration 0086 records when each type was last reminded from the
+// reminders recorded before it, so no type is reminded twice across the
+// upgrade: here one the previous release reminded for its current period
+// (no reconciliation_reminders row) whose period then changed, which its
+// new period's dedupe key alone would remind again. Not parallel, in its
+// own era (1951): the sweep reminds every workspace.
+func TestReconciliationRemindersAcrossTheUpgradeTo0086(t *testing.T) {
+	b, _ := inEra(t, 1951)
+	c, ctx, env := b.clock, context.Background(), b.env
+	const typ = "payment.charge"
+	sweep := func() {
+		_, err := env.App.Server.Gate.SweepReconcileDue(ctx, c.Now(), 500)
+		require.NoError(t, err)
+	}
+	reminded := func() (n int) {
+		require.NoError(t, env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM events
+			WHERE workspace_id = $1 AND type = 'reconciliation.due' AND subject_id = $2`, b.ws.ID, typ).Scan(&n))
+		return n
+	}
+	b.putPolicy(typ, map[string]any{"reconcile_every_hours": 24})
+	c.Add(26 * time.Hour)
+	sweep()
+	require.Equal(t, 1, reminded(), "the period due at 24 h")
+	// As the previous release recorded it, and upgraded.
+	_, err := env.App.Pool.Exec(ctx, `DELETE FROM reconciliation_reminders WHERE workspace_id = $1`, b.ws.ID)
+	require.NoError(t, err)
+	upgrade, err := migrations.FS.ReadFile("0086_reconciliation_reminders.sql")
+	require.NoError(t, err)
+	_, err = env.App.Pool.Exec(ctx, string(upgrade))
+	require.NoError(t, err)
+
+	b.putPolicy(typ, map[string]any{"reconcile_every_hours": 5}) // due at 25 h, a period reminded at 26 h
+	sweep()
+	require.Equal(t, 1, reminded())
+	c.Add(4 * time.Hour) // 30 h
+	sweep()
+	require.Equal(t, 2, reminded())
 }
 
 // Cooled breakers are closed taking turns among workspaces: another

@@ -268,10 +268,12 @@ const sqlPurgeDelivered = `
 // rechecks each row it meets at its newest version, and the event goes
 // only with every delivery it had (review: a retry answered pending, and
 // the delivery was deleted). The
-// latest reconciliation.due of each effect type stays: its row is what
-// tells the sweeper the current period was reminded (a period can last up
-// to a year), so deleting it sent the same reminder again. It answers how
-// many events it deleted.
+// latest reconciliation.due of each effect type stays: its row told the
+// sweeper the current period was reminded (a period can last up to a
+// year), so deleting it sent the same reminder again; the sweeper reads
+// reconciliation_reminders now, which migration 0086 filled from these
+// rows, and a release before it, serving during a deploy or after a
+// rollback, still reads them. It answers how many events it deleted.
 func (s *Service) PurgeDelivered(ctx context.Context, cutoff time.Time, limit int) (int, error) {
 	tag, err := s.pool.Exec(ctx, sqlPurgeDelivered, cutoff, limit)
 	if err != nil {
