@@ -26,32 +26,27 @@ func TestReconciliationRemindersReadNoEvents(t *testing.T) {
 	// every hundredth's: within ANALYZE's sample, so its statistics are the
 	// same on every run.
 	const types = 5000
-	for i, s := range []string{`INSERT INTO gate_policies (workspace_id, effect_type, version, mode, on_indeterminate,
+	seed := func(s string, args ...any) {
+		_, err := tx.Exec(ctx, s, args...)
+		require.NoError(t, err, "%.40s", s)
+	}
+	seed(`INSERT INTO gate_policies (workspace_id, effect_type, version, mode, on_indeterminate,
 			lease_seconds, max_attempts, reconcile_every_hours, require_cost, required_dimensions, dimension_limits,
 			surge_action, surge_cooldown_seconds, retention_days, created_at, updated_at, reconcile_since)
 		SELECT 'ws_p' || k % 50, 'type.' || k, 1, 'allow', 'block', 30, 3, 24, false, '{}', '{}', 'monitor', 300, 90,
 			$1::timestamptz - interval '10 days' + make_interval(secs => k), $1::timestamptz - interval '10 days',
 			$1::timestamptz - interval '10 days' + make_interval(secs => k)
-		FROM generate_series(1, $2::int) k`,
-		`INSERT INTO events (id, workspace_id, type, subject_id, data, created_at, dedupe_key, dispatched_at)
+		FROM generate_series(1, $2::int) k`, now, types)
+	seed(`INSERT INTO events (id, workspace_id, type, subject_id, data, created_at, dedupe_key, dispatched_at)
 		SELECT 'evt_p' || p.effect_type || '.' || j, p.workspace_id, 'reconciliation.due', p.effect_type, '{}',
 			p.reconcile_since + make_interval(days => 9 - j, mins => 1), 'd' || j, $1::timestamptz
 		FROM gate_policies p, generate_series(0, 4) j
-		WHERE j > 0 OR hashtext(p.effect_type) % 100 <> 0`,
-		`INSERT INTO reconciliation_reminders (workspace_id, effect_type, last_reminded_at, last_due_at)
+		WHERE j > 0 OR hashtext(p.effect_type) % 100 <> 0`, now)
+	seed(`INSERT INTO reconciliation_reminders (workspace_id, effect_type, last_reminded_at, last_due_at)
 		SELECT workspace_id, subject_id, max(created_at), max(created_at) - interval '1 minute' FROM events
-		GROUP BY workspace_id, subject_id`,
-		`ANALYZE gate_policies`, `ANALYZE events`, `ANALYZE reconciliation_reminders`,
-	} {
-		var args []any
-		switch i {
-		case 0:
-			args = []any{now, types}
-		case 1:
-			args = []any{now}
-		}
-		_, err := tx.Exec(ctx, s, args...)
-		require.NoError(t, err, "%.40s", s)
+		GROUP BY workspace_id, subject_id`)
+	for _, table := range []string{"gate_policies", "events", "reconciliation_reminders"} {
+		seed(`ANALYZE ` + table)
 	}
 	for _, mode := range testpg.PlanCacheModes {
 		for _, limit := range []int{10, 500} {
