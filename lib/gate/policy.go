@@ -209,6 +209,13 @@ func (r *PutPolicyRequest) merge(p *Policy) error {
 	return nil
 }
 
+// setsThresholdAndCeiling says whether the request sends both
+// approval_above_micros and max_cost_micros, neither null: whether they
+// break their rule is then the request's alone, whatever is stored.
+func (r *PutPolicyRequest) setsThresholdAndCeiling() bool {
+	return r.ApprovalAboveMicros.Ptr() != nil && r.MaxCostMicros.Ptr() != nil
+}
+
 // decodeDimensionLimit reads {"daily_micros": n|null, "daily_count": n|null}
 // strictly: an unknown field is a typo that would silently lift a ceiling.
 // sub is the offending inner field's path suffix (".bogus"), so the problem
@@ -461,8 +468,12 @@ func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string,
 		// lease_seconds 0 answered version_conflict); one that breaks a
 		// rule only with the stored fields it did not read (an approval
 		// threshold above a ceiling set since) is stale (review).
+		// A threshold above a ceiling the request sends with it is
+		// invalid whatever the version (QA: it answered version_conflict,
+		// and the PUT sent again at the fresh version was then refused).
 		stale := req.ExpectedVersion != nil && *req.ExpectedVersion != p.Version
-		if err := req.merge(&p); err != nil && !(stale && apierr.HasCode(err, apierr.CodeApprovalAboveCeiling)) {
+		if err := req.merge(&p); err != nil &&
+			!(stale && apierr.HasCode(err, apierr.CodeApprovalAboveCeiling) && !req.setsThresholdAndCeiling()) {
 			return err
 		}
 		if stale {

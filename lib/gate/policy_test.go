@@ -334,6 +334,12 @@ func TestPolicyPutStaleAgainstALaterCeilingIsAConflict(t *testing.T) {
 		"approval_above_micros": 500}), http.StatusConflict, "version_conflict")
 	errCode(t, b.env.Do("PUT", "/api/v1/policies/sms.send", b.ws.Key, map[string]any{"expected_version": 2,
 		"approval_above_micros": 500}), http.StatusBadRequest, "approval_threshold_above_ceiling")
+	// A threshold above a ceiling sent beside it is invalid whatever the
+	// version: refused as such, not as stale, so a client that re-reads and
+	// sends it again is not refused for another reason the second time.
+	errCode(t, b.env.Do("PUT", "/api/v1/policies/sms.send", b.ws.Key, map[string]any{"expected_version": 1,
+		"approval_above_micros": 500, "max_cost_micros": 400}), http.StatusBadRequest,
+		"approval_threshold_above_ceiling")
 }
 
 // A policy PUT's body re-encodes as it was read: a dimension's limit is
