@@ -424,7 +424,9 @@ func (r *CreateKeyRequest) resolve(creator *Principal) (scopes, tools []string, 
 		pr.Add("daily_spend_ceiling_micros", money.Rule)
 	}
 	if r.RateLimitPerMinute != nil && (*r.RateLimitPerMinute < 1 || *r.RateLimitPerMinute > 1_000_000) {
-		pr.Add("rate_limit_per_minute", "must be 1-1000000")
+		// In the words 1.5 is told (lib/jsonstrict), as a policy's bounded
+		// integers are (QA: 0 read "must be 1-1000000").
+		pr.Add("rate_limit_per_minute", "%s", apierr.IntegerRule(1, 1_000_000))
 	}
 	if err := pr.Err(); err != nil {
 		return nil, nil, err
