@@ -374,10 +374,12 @@ type CreateKeyRequest struct {
 	Scopes []string `json:"scopes,omitempty" openapi:"itemEnum=effects:begin|effects:report|effects:read|effects:resolve|policies:read|policies:write|approvals:write|keys:write|runs:write|runs:read|jobs:work|steps:replay|endpoints:write|contracts:write|webhooks:write|reconcile:write|billing:write"`
 	// Preset is optional, but one sent must be a preset: "" is refused, not
 	// read as omitted (conformance QA), and so is null.
-	Preset                  jsonx.Optional[string] `json:"preset" openapi:"enum=OPERATOR|AGENT|INGEST|WORKER,notNull"`
-	Tools                   []string               `json:"tools,omitempty" openapi:"maxItems=100"` // toolname.MaxPairs
-	DailySpendCeilingMicros *int64                 `json:"daily_spend_ceiling_micros,omitempty" openapi:"min=0,max=1000000000000000000"`
-	RateLimitPerMinute      *int                   `json:"rate_limit_per_minute,omitempty" openapi:"min=1,max=1000000"`
+	Preset jsonx.Optional[string] `json:"preset" openapi:"enum=OPERATOR|AGENT|INGEST|WORKER,notNull"`
+	// Each a name@version pair (toolname.RefRule): one '@' between a name
+	// and a version of at most toolname.MaxName and MaxVersion characters.
+	Tools                   []string `json:"tools,omitempty" openapi:"maxItems=100,itemPattern=^[^@]+@[^@]+$,itemMaxLength=301"` // toolname.MaxPairs
+	DailySpendCeilingMicros *int64   `json:"daily_spend_ceiling_micros,omitempty" openapi:"min=0,max=1000000000000000000"`
+	RateLimitPerMinute      *int     `json:"rate_limit_per_minute,omitempty" openapi:"min=1,max=1000000"`
 }
 
 // resolve validates the request against the creator's own powers and returns

@@ -7,12 +7,16 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"reflect"
+	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
 
@@ -22,7 +26,9 @@ import (
 	"github.com/getratchet/ratchet/lib/config"
 	"github.com/getratchet/ratchet/lib/httpapi"
 	"github.com/getratchet/ratchet/lib/jsonx"
+	"github.com/getratchet/ratchet/lib/schematags"
 	"github.com/getratchet/ratchet/lib/sweep"
+	"github.com/getratchet/ratchet/lib/toolname"
 )
 
 func readAll(t *testing.T, res *http.Response) string {
@@ -1128,5 +1134,44 @@ func TestAKeyNamesItsMinterAndTheKeysItMintedAreListed(t *testing.T) {
 	for _, id := range children {
 		k := env.Must(http.StatusOK, "DELETE", "/api/v1/keys/"+id, ws.Key, nil).JSON()
 		require.Equal(t, minterID, k["created_by_key_id"], "DELETE /keys/{id}")
+	}
+}
+
+// A key's tools list states in the document the shape of each pair its
+// handler checks, name@version within toolname's lengths (the document
+// stated only how many pairs: a client generated from it sent "send_email",
+// or a pair of 400 characters, and learnt of the rule from a 400). Every
+// pair the tags refuse is refused; the longest pairs taken are tagged.
+func TestAKeysToolsTagsAgreeWithTheHandler(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	f, ok := reflect.TypeFor[auth.CreateKeyRequest]().FieldByName("Tools")
+	require.True(t, ok)
+	rules := schematags.Rules(f)
+	most, err := strconv.Atoi(rules["itemMaxLength"])
+	require.NoError(t, err, "tools states each pair's length: %v", rules)
+	require.NotEmpty(t, rules["itemPattern"], "tools states each pair's shape")
+	pattern := regexp.MustCompile(rules["itemPattern"])
+	tagged := func(ref string) bool { return pattern.MatchString(ref) && utf8.RuneCountInString(ref) <= most }
+	accepted := func(ref string) bool {
+		r := env.Do("POST", "/api/v1/keys", ws.Key, map[string]any{"name": "tools", "preset": "WORKER",
+			"tools": []string{ref}})
+		if r.Status == http.StatusCreated {
+			return true
+		}
+		require.Equal(t, http.StatusBadRequest, r.Status, "%q: %s", ref, r.Body)
+		require.Contains(t, string(r.Body), `"field":"tools.0"`, "%q", ref)
+		return false
+	}
+	longest := strings.Repeat("é", toolname.MaxName) + "@" + strings.Repeat("é", toolname.MaxVersion)
+	for _, ref := range []string{"send_email", "@1", "send_email@", "a@b@c", "@", "", "a@" + longest,
+		longest + "é", "é" + longest} {
+		require.False(t, tagged(ref), "%q: the tags take it", ref)
+		require.False(t, accepted(ref), "%q: the tags refuse it", ref)
+	}
+	for _, ref := range []string{"send_email@1", longest} {
+		require.True(t, tagged(ref), "%q", ref)
+		require.True(t, accepted(ref), "%q", ref)
 	}
 }
