@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 
@@ -381,4 +382,32 @@ func TestLoweringMaxAttemptsEndsTheRollbacksItSpent(t *testing.T) {
 		require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
 		require.Equal(t, "unwind_failed", stored(g), "ended by the write, before any read")
 	}
+}
+
+// A PUT's required_dimensions and dimension_limits replace the stored ones
+// whole, not key by key: a dimension left out of dimension_limits loses its
+// limit. The document says so (review: it said only "omitted fields keep
+// their value", which a client reading it as a JSON merge patch took to
+// keep the limits it did not send, and a ceiling was lifted unseen).
+func TestAPutsDimensionListsReplaceTheStoredOnesWhole(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("sms.limits", map[string]any{"required_dimensions": []string{"recipient", "sender"},
+		"dimension_limits": map[string]any{"recipient": map[string]any{"daily_count": 3},
+			"sender": map[string]any{"daily_micros": 500}}})
+	p := b.putPolicy("sms.limits", map[string]any{"required_dimensions": []string{"sender"},
+		"dimension_limits": map[string]any{"recipient": map[string]any{"daily_count": 4}}})
+	require.Equal(t, []any{"sender"}, p["required_dimensions"])
+	require.Equal(t, map[string]any{"recipient": map[string]any{"daily_micros": nil, "daily_count": 4.0}},
+		p["dimension_limits"], "the sender's limit, left out, is gone")
+
+	var doc struct {
+		Paths map[string]map[string]struct {
+			Summary string `json:"summary"`
+		} `json:"paths"`
+	}
+	require.NoError(t, json.Unmarshal(b.env.Must(http.StatusOK, "GET", "/api/v1/openapi.json", "", nil).Body, &doc))
+	summary := doc.Paths["/api/v1/policies/{effect_type}"]["put"].Summary
+	require.True(t, strings.Contains(summary, "(required_dimensions, dimension_limits) replaces the one stored whole"),
+		"the PUT's summary says how its lists and maps merge: %s", summary)
 }

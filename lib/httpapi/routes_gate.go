@@ -125,7 +125,9 @@ func (s *Server) gateRoutes() []Route {
 			Method: "PUT", Pattern: "/api/v1/policies/{effect_type}", Name: "policies.put", Tag: "policies",
 			Scopes: []string{auth.ScopePoliciesWrite}, Idempotent: true,
 			Summary: "Merge fields into an effect type's policy: omitted fields keep their value, null clears a " +
-				"nullable one; expected_version, when sent, must equal the current version. A daily ceiling " +
+				"nullable one; a list or map sent (required_dimensions, dimension_limits) replaces the one stored " +
+				"whole, so a dimension left out of dimension_limits loses its limit: send every limit to keep. " +
+				"expected_version, when sent, must equal the current version. A daily ceiling " +
 				"set during the day counts the type's earlier grants of that UTC day. reconcile_every_hours turned " +
 				"on (from null) starts its reminders' calendar: the first reconciliation.due comes one period " +
 				"after the later of that and the type's last reconciliation; changing the period keeps that start. " +
