@@ -120,8 +120,10 @@ func (c *Client) GetPolicyStructuring(ctx context.Context, effectType string) (*
 }
 
 // UpdateEffectPolicy merges update (by the API's snake_case names: "mode",
-// "max_cost_micros", ...; nil clears a nullable field) into effectType's
-// policy and returns it (policies:write). With expectedVersion set it
+// "max_cost_micros", ...; nil clears a nullable field; a list or map sent,
+// required_dimensions or dimension_limits, replaces the stored one whole: a
+// dimension left out of dimension_limits loses its limit) into
+// effectType's policy and returns it (policies:write). With expectedVersion set it
 // merges only while that is still the policy's version (0 for a type still
 // on the safe default; otherwise *Error code version_conflict); nil merges
 // whatever the version. It is retried under an Idempotency-Key of its own,

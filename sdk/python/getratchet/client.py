@@ -949,11 +949,13 @@ class Ratchet:
                              timeout: Optional[float] = None, **fields: Any) -> EffectPolicy:
         """Merges the fields of update and the keyword fields (the API's
         snake_case names: mode, max_cost_micros, ...; None clears a nullable
-        one, fields left out keep their values) into effect_type's policy
-        and returns it. With expected_version it merges only while that is
-        still the policy's version (0 for a type on the safe default;
-        otherwise RatchetError code version_conflict: read it again and
-        decide again). Retried under an Idempotency-Key of its own (or
+        one, fields left out keep their values; a list or map sent,
+        required_dimensions or dimension_limits, replaces the stored one
+        whole: a dimension left out of dimension_limits loses its limit)
+        into effect_type's policy and returns it. With expected_version it
+        merges only while that is still the policy's version (0 for a type
+        on the safe default; otherwise RatchetError code version_conflict:
+        read it again and decide again). Retried under an Idempotency-Key of its own (or
         idempotency_key, the caller's), so a retry after a lost answer is
         answered the first answer and never writes over another operator's
         update made since. A dimension limit (dimension_limits={"recipient":

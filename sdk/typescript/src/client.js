@@ -321,8 +321,10 @@ export class Ratchet {
   }
 
   /** Merges update (the API's snake_case fields: mode, max_cost_micros, …;
-   * null clears a nullable one) into an effect type's policy (scope
-   * policies:write). With expectedVersion it merges only while that is
+   * null clears a nullable one; a list or map sent, required_dimensions or
+   * dimension_limits, replaces the stored one whole: a dimension left out
+   * of dimension_limits loses its limit) into an effect type's policy
+   * (scope policies:write). With expectedVersion it merges only while that is
    * still the policy's version (0 for the safe default), otherwise 409
    * version_conflict. Retried under an Idempotency-Key of its own (#action),
    * so a retry after a lost answer never writes over another operator's

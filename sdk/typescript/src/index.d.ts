@@ -580,8 +580,9 @@ export interface EffectPolicy {
 }
 
 /** What updateEffectPolicy merges into a policy (the API's snake_case fields): a field left
- * out is kept, null clears a nullable one (required_dimensions and dimension_limits included).
- * effect_type, version, updated_at and last_reconciled_at are not fields of an update: the
+ * out is kept, null clears a nullable one (required_dimensions and dimension_limits included),
+ * and a list or map sent, required_dimensions or dimension_limits, replaces the stored one whole:
+ * a dimension left out of dimension_limits loses its limit. effect_type, version, updated_at and last_reconciled_at are not fields of an update: the
  * server refuses a body naming one. */
 export type EffectPolicyUpdate = Partial<Omit<EffectPolicy,
   'effect_type' | 'version' | 'updated_at' | 'last_reconciled_at' | 'required_dimensions' | 'dimension_limits'>> & {
