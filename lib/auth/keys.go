@@ -947,11 +947,13 @@ type Workspace struct {
 type Seeder func(ctx context.Context, tx pgx.Tx, workspaceID string) error
 
 // CheckWorkspaceName refuses a workspace name Signup would not take (1 to
-// 100 characters once trimmed), for a caller to check before it spends
-// anything on the request (the signup rate).
+// 100 characters as sent, not blank; stored trimmed), for a caller to
+// check before it spends anything on the request (the signup rate). The
+// length is the one sent, as the OpenAPI document's maxLength reads it: a
+// name of 100 characters between spaces was taken though the document
+// refused it (review).
 func CheckWorkspaceName(name string) error {
-	name = strings.TrimSpace(name)
-	if name == "" || utf8.RuneCountInString(name) > 100 {
+	if strings.TrimSpace(name) == "" || utf8.RuneCountInString(name) > 100 {
 		return apierr.InvalidField("name", "must be 1-100 characters")
 	}
 	return nil

@@ -45,6 +45,20 @@ func TestSignupReturnsOperatorKeyOnce(t *testing.T) {
 	}
 }
 
+// A workspace name is 1 to 100 characters as sent, as the OpenAPI
+// document's maxLength reads it, and not blank; it is stored trimmed.
+func TestSignupNameIsBoundAsSent(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	for _, name := range []string{" " + strings.Repeat("n", 100) + " ", strings.Repeat("é", 101), " \t", ""} {
+		r := env.Do("POST", "/api/v1/workspaces", "", map[string]any{"name": name})
+		require.Equal(t, http.StatusBadRequest, r.Status, "%q", name)
+		require.Contains(t, string(r.Body), "must be 1-100 characters")
+	}
+	r := env.Must(http.StatusCreated, "POST", "/api/v1/workspaces", "", map[string]any{"name": " " + strings.Repeat("é", 98) + " "})
+	require.Equal(t, strings.Repeat("é", 98), r.JSON()["name"], "stored trimmed")
+}
+
 func toStrings(xs []any) []string {
 	out := make([]string, len(xs))
 	for i, x := range xs {
