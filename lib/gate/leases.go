@@ -370,7 +370,8 @@ func (s *Service) Resolve(ctx context.Context, p *auth.Principal, id string, req
 		pr.Add("note", "must be at most %d characters", maxNoteRunes)
 	}
 	if req.Attempt != nil && *req.Attempt < 1 {
-		pr.Add("attempt", "must be an integer of at least 1")
+		// the decoder's words for 1.5 or 2^63 (its openapi tag min=1)
+		pr.Add("attempt", "%s", apierr.IntegerRule(1, "2^63-1"))
 	}
 	if err := pr.Err(); err != nil {
 		return Effect{}, err

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apierr"
 )
 
 // stored is what a refused resolve must leave as it was: the effect's stored
@@ -114,7 +116,10 @@ func TestAResolveNamesTheLatestUnknownAttempt(t *testing.T) {
 	require.Equal(t, "succeeded", e["state"])
 }
 
-// attempt is an integer of at least 1; a refusal changes nothing.
+// attempt is an integer of at least 1; a refusal changes nothing. A
+// number is told one rule, whether the decoder refuses it (1.5, 2^63) or
+// the handler (0, -1), as a bounded integer of the jobs routes is (QA: 0
+// read "must be an integer of at least 1", 1.5 "from 1 to 2^63-1").
 func TestAResolvesAttemptIsValidated(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -129,6 +134,11 @@ func TestAResolvesAttemptIsValidated(t *testing.T) {
 			fields = append(fields, str(v.(map[string]any)["field"]))
 		}
 		require.Equal(t, []string{"attempt"}, fields, "%s: %v", bad, e)
+	}
+	for _, bad := range []string{`0`, `-1`, `1.5`, `9223372036854775808`} {
+		r := b.env.Do("POST", "/api/v1/effects/"+id+"/resolve", b.ws.Key, `{"outcome":"failed","attempt":`+bad+`}`)
+		require.Equal(t, []any{map[string]any{"field": "attempt", "message": apierr.IntegerRule(1, "2^63-1")}},
+			errCode(t, r, http.StatusBadRequest, "invalid_request")["detail"].(map[string]any)["validation"], bad)
 	}
 	require.Equal(t, stored, b.stored(id))
 	// null is not sent, as for every optional field.
