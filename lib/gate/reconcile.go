@@ -109,13 +109,23 @@ type Reconciliation struct {
 
 // parseInstant reads an RFC 3339 timestamp. RFC 3339 (§5.6) lets "T" and
 // "Z" be lower case, which Go's layout does not; no other letter is valid,
-// so upper-casing the whole value changes nothing else.
+// so upper-casing the whole value changes nothing else. Go takes an offset
+// of 24 hours or more, which RFC 3339's time-hour (00-23) does not. The
+// instant, in UTC, must be one the answer can write back (its four-digit
+// years): 0000-01-01 at +01:00 was refused at to as an answer "that would
+// hold 9223372036854775807 bytes", once every effect of the window was
+// read (QA).
 func parseInstant(pr *apierr.Problems, field, v string) time.Time {
 	t, err := time.Parse(time.RFC3339Nano, strings.ToUpper(v))
-	if err != nil {
+	if _, offset := t.Zone(); err != nil || offset <= -24*60*60 || offset >= 24*60*60 {
 		pr.Add(field, "must be an RFC 3339 timestamp")
+		return time.Time{}
 	}
-	return t.UTC().Truncate(time.Microsecond)
+	t = t.UTC().Truncate(time.Microsecond)
+	if t.Year() < 0 || t.Year() > 9999 {
+		pr.Add(field, "must be an RFC 3339 timestamp from 0000-01-01T00:00:00Z to 9999-12-31T23:59:59.999999Z")
+	}
+	return t
 }
 
 func validateReconcile(req ReconcileRequest) (from, to time.Time, err error) {

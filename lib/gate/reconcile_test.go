@@ -347,3 +347,38 @@ func TestReconcileEndsTheRollbacksAfterOneThatFailed(t *testing.T) {
 	require.Equal(t, "unwinding", stored(groups[0]), "its settle met the held row")
 	require.Equal(t, "unwound", stored(groups[1]), "ended though the one before failed")
 }
+
+// from and to are RFC 3339 timestamps whose instant, in UTC, the answer can
+// write back (RFC 3339's four-digit years): one whose offset takes it out
+// of 0000-9999, or whose offset is 24 hours or more (RFC 3339's time-hour is
+// 00-23), is refused at its field, before any effect is read (QA: 0000-01-01
+// at +01:00 was refused at to, an answer "that would hold
+// 9223372036854775807 bytes", the effects of two thousand years read first).
+func TestAReconciliationWindowTheAnswerCannotWriteIsRefusedAtItsField(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const typ = "qa.reconcile.window"
+	k := key("window")
+	unknown := b.mustBegin("execute", map[string]any{"effect_type": typ, "idempotency_key": k})
+	b.clock.Add(2 * time.Minute) // its lease lapses: indeterminate
+	records := []map[string]any{{"idempotency_key": k, "status": "succeeded"}}
+	for _, c := range []struct{ from, to, field, message string }{
+		{"0000-01-01T00:30:00+01:00", "9999-01-01T00:00:00Z", "from", "must be an RFC 3339 timestamp from " +
+			"0000-01-01T00:00:00Z to 9999-12-31T23:59:59.999999Z"},
+		{"0000-01-01T00:00:00Z", "9999-12-31T23:59:59-01:00", "to", "must be an RFC 3339 timestamp from " +
+			"0000-01-01T00:00:00Z to 9999-12-31T23:59:59.999999Z"},
+		{"2026-01-01T00:00:00+24:00", "9999-01-01T00:00:00Z", "from", "must be an RFC 3339 timestamp"},
+		{"0000-01-01T00:00:00Z", "9999-01-01T00:00:00-99:59", "to", "must be an RFC 3339 timestamp"},
+	} {
+		r := b.env.Do("POST", "/api/v1/reconcile", b.ws.Key, map[string]any{"effect_type": typ, "from": c.from,
+			"to": c.to, "records": records})
+		require.Equal(t, http.StatusBadRequest, r.Status, "%s", r.Body)
+		require.Equal(t, []any{map[string]any{"field": c.field, "message": c.message}},
+			r.JSON()["error"].(map[string]any)["detail"].(map[string]any)["validation"], "%s %s", c.from, c.to)
+		require.Equal(t, "indeterminate", b.get(unknown["effect_id"].(string))["state"], "nothing resolved")
+	}
+	// The widest window the answer writes is taken, and resolves it.
+	out := b.env.Must(http.StatusOK, "POST", "/api/v1/reconcile", b.ws.Key, map[string]any{"effect_type": typ,
+		"from": "0000-01-01T00:00:00Z", "to": "9999-12-31T23:59:59.999999Z", "records": records}).JSON()
+	require.Len(t, out["resolved"], 1)
+}
