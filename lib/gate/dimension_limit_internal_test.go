@@ -31,7 +31,7 @@ func TestDimensionLimitNamesItsBounds(t *testing.T) {
 // A policy's bounded integer out of its bounds is told them in the words
 // a number that is no integer is (lib/jsonstrict: "must be an integer
 // from 5 to 3600"): it read "must be from 5 to 3600", and a daily_count of
-// 0 "must be at least 1".
+// 0 "must be at least 1" (and then without the decoder's ", or null").
 func TestPolicyBoundsAreWordedAsTheDecoders(t *testing.T) {
 	t.Parallel()
 	zero := int64(0)
@@ -42,6 +42,6 @@ func TestPolicyBoundsAreWordedAsTheDecoders(t *testing.T) {
 	p.validate(&pr)
 	require.Equal(t, apierr.Problems{
 		{Field: "lease_seconds", Message: "must be an integer from 5 to 3600"},
-		{Field: "dimension_limits.vendor.daily_count", Message: "must be an integer of at least 1"},
+		{Field: "dimension_limits.vendor.daily_count", Message: "must be an integer of at least 1, or null"},
 	}, pr)
 }

@@ -342,7 +342,7 @@ func (p *Policy) validate(pr *apierr.Problems) {
 			pr.Add("dimension_limits."+name, "must set daily_micros or daily_count")
 		}
 		if lim.DailyCount != nil && *lim.DailyCount < 1 {
-			pr.Add("dimension_limits."+name+".daily_count", "must be an integer of at least 1")
+			pr.Add("dimension_limits."+name+".daily_count", "must be an integer of at least 1, or null")
 		}
 	}
 }
