@@ -1263,3 +1263,61 @@ func TestToolNamesArePrintable(t *testing.T) {
 	}
 	e.Must(http.StatusOK, "GET", "/api/v1/tools/"+url.PathEscape("émail.send-v2_x")+"/contracts", e.ws.Key, nil)
 }
+
+// The document refuses what the job routes' handlers refuse of these
+// fields (contract QA): an enqueue's endpoint is held to the rule POST
+// /api/v1/endpoints states for the same name (printable), a replay's
+// expectedHandlerVersion to a handler version's length, and a lease token
+// may not be empty; a client generated from the document sent each and
+// learnt the rule from a 400. Every body the handler refuses at the field
+// the document refuses too, and the bodies it takes the document takes.
+func TestJobRequestTagsRefuseWhatTheHandlersRefuse(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t)
+	runID := e.run()
+	step := e.enqueue(runID, map[string]any{"name": "send_email", "version": "1", "maxAttempts": 1})
+	claimed := e.Must(http.StatusOK, "POST", "/api/v1/workers/"+e.register("send_email@1")+"/claim", e.worker,
+		map[string]any{}).JSON()["jobs"].([]any)[0].(map[string]any)
+	jobID, token := claimed["jobId"].(string), claimed["leaseToken"].(string)
+	stepID := step["stepId"].(string)
+	type probe struct {
+		pattern, path, key, field string
+		body                      map[string]any
+	}
+	enqueue := func(endpoint string) probe {
+		return probe{"/api/v1/runs/{id}/steps", "/api/v1/runs/" + runID + "/steps", e.ingest, "endpoint",
+			map[string]any{"name": "send_email", "version": "1", "endpoint": endpoint}}
+	}
+	replay := func(version string) probe {
+		return probe{"/api/v1/steps/{id}/replay", "/api/v1/steps/" + stepID + "/replay", e.ws.Key,
+			"expectedHandlerVersion", map[string]any{"acknowledgeDuplicateRisk": true, "expectedHandlerVersion": version}}
+	}
+	refused := []probe{
+		enqueue("Stripe\u200bAPI"), enqueue("Stripe\u00a0API"), enqueue("a\x01b"),
+		replay(""), replay(strings.Repeat("1", toolname.MaxVersion+1)),
+		{"/api/v1/jobs/{id}/heartbeat", "/api/v1/jobs/" + jobID + "/heartbeat", e.worker, "leaseToken",
+			map[string]any{"leaseToken": ""}},
+		{"/api/v1/jobs/{id}/report", "/api/v1/jobs/" + jobID + "/report", e.worker, "leaseToken",
+			map[string]any{"leaseToken": "", "status": "FAILED"}},
+	}
+	for _, p := range refused {
+		raw, err := json.Marshal(p.body)
+		require.NoError(t, err)
+		require.Equal(t, []string{p.field}, validationFields(t, e.Do("POST", p.path, p.key, raw)), "%s %s", p.pattern, raw)
+		require.False(t, apitest.RequestBodyFits(t, "POST", p.pattern, raw), "%s %s: the document takes it", p.pattern, raw)
+	}
+	for _, p := range []probe{
+		enqueue("Stripe API"),
+		{"/api/v1/jobs/{id}/heartbeat", "/api/v1/jobs/" + jobID + "/heartbeat", e.worker, "",
+			map[string]any{"leaseToken": token}},
+		{"/api/v1/jobs/{id}/report", "/api/v1/jobs/" + jobID + "/report", e.worker, "",
+			map[string]any{"leaseToken": token, "status": "FAILED", "error": map[string]any{"retryable": false}}},
+		replay("1"),
+	} {
+		raw, err := json.Marshal(p.body)
+		require.NoError(t, err)
+		require.True(t, apitest.RequestBodyFits(t, "POST", p.pattern, raw), "%s %s", p.pattern, raw)
+		r := e.Do("POST", p.path, p.key, raw)
+		require.Contains(t, []int{http.StatusOK, http.StatusCreated}, r.Status, "%s %s: %s", p.pattern, raw, r.Body)
+	}
+}

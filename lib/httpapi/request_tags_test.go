@@ -15,6 +15,7 @@ import (
 	"github.com/getratchet/ratchet/lib/httpapi"
 	"github.com/getratchet/ratchet/lib/jobs"
 	"github.com/getratchet/ratchet/lib/schematags"
+	"github.com/getratchet/ratchet/lib/toolname"
 )
 
 // customPolicy is a complete CUSTOM retry policy whose delays leave every
@@ -183,18 +184,20 @@ func TestReplayTagsAgreeWithTheHandler(t *testing.T) {
 	runID := e.run()
 	checked := apitest.CheckRequestTags(t, apitest.TagProbe{
 		Type: reflect.TypeFor[jobs.ReplayRequest](),
-		Base: func(string) map[string]any {
-			step := e.enqueue(runID, map[string]any{"name": "send_email", "version": "1",
-				"input": map[string]any{"n": apitest.Unique("")}})
-			e.Must(http.StatusOK, "POST", "/api/v1/steps/"+step["stepId"].(string)+"/cancel", e.ws.Key, nil)
-			return map[string]any{"acknowledgeDuplicateRisk": true, "step": step["stepId"]}
-		},
+		Base: func(string) map[string]any { return map[string]any{"acknowledgeDuplicateRisk": true} },
 		Send: func(body map[string]any) *apitest.Response {
-			step := body["step"].(string)
-			delete(body, "step")
 			if body["targetContractVersion"] != nil {
 				body["expectedHandlerVersion"], body["acknowledgeVersionChange"] = "1", true
 			}
+			// The step's handler version is the expectedHandlerVersion
+			// sent, when it can be one: its length's bounds are probed.
+			version := "1"
+			if v, ok := body["expectedHandlerVersion"].(string); ok && toolname.ValidVersion(v) {
+				version = v
+			}
+			step := e.enqueue(runID, map[string]any{"name": "send_email", "version": version,
+				"input": map[string]any{"n": apitest.Unique("")}})["stepId"].(string)
+			e.Must(http.StatusOK, "POST", "/api/v1/steps/"+step+"/cancel", e.ws.Key, nil)
 			return e.Do("POST", "/api/v1/steps/"+step+"/replay", e.ws.Key, body)
 		},
 	})

@@ -198,7 +198,7 @@ type EnqueueRequest struct {
 	Name            string          `json:"name" openapi:"minLength=1,maxLength=200"`
 	Version         string          `json:"version" openapi:"minLength=1,maxLength=100"`
 	Input           json.RawMessage `json:"input,omitempty"`
-	Endpoint        *string         `json:"endpoint,omitempty" openapi:"minLength=1,maxLength=200"`
+	Endpoint        *string         `json:"endpoint,omitempty" openapi:"minLength=1,maxLength=200,printable"` // validEndpointName, as POST /endpoints states it
 	IdempotencyKey  *string         `json:"idempotencyKey,omitempty" openapi:"minLength=1,maxLength=255,printable"`
 	TimeoutMs       *int64          `json:"timeoutMs,omitempty" openapi:"min=1000,max=86400000"`
 	MaxAttempts     *int64          `json:"maxAttempts,omitempty" openapi:"min=1,max=10"`

@@ -408,7 +408,7 @@ var errClaimKeyRevoked = errors.New("claim: key revoked")
 
 // HeartbeatRequest is the body of POST /api/v1/jobs/{id}/heartbeat.
 type HeartbeatRequest struct {
-	LeaseToken string `json:"leaseToken"`
+	LeaseToken string `json:"leaseToken" openapi:"minLength=1"`
 }
 
 // HeartbeatResult answers a heartbeat.
@@ -570,7 +570,7 @@ func errLeaseLost() *apierr.Error {
 
 // ReportRequest is the body of POST /api/v1/jobs/{id}/report.
 type ReportRequest struct {
-	LeaseToken string          `json:"leaseToken"`
+	LeaseToken string          `json:"leaseToken" openapi:"minLength=1"`
 	Status     string          `json:"status" openapi:"enum=SUCCEEDED|FAILED"`
 	Output     json.RawMessage `json:"output,omitempty"`
 	Error      *ReportError    `json:"error,omitempty"`
