@@ -1266,9 +1266,10 @@ func TestToolNamesArePrintable(t *testing.T) {
 
 // The document refuses what the job routes' handlers refuse of these
 // fields (contract QA): an enqueue's endpoint is held to the rule POST
-// /api/v1/endpoints states for the same name (printable), a replay's
-// expectedHandlerVersion to a handler version's length, and a lease token
-// may not be empty; a client generated from the document sent each and
+// /api/v1/endpoints states for the same name (printable), a tool's name
+// and version, wherever sent, to toolname's characters (no space, no '@'),
+// a replay's expectedHandlerVersion to a handler version's length, and a
+// lease token may not be empty; a client generated from the document sent each and
 // learnt the rule from a 400. Every body the handler refuses at the field
 // the document refuses too, and the bodies it takes the document takes.
 func TestJobRequestTagsRefuseWhatTheHandlersRefuse(t *testing.T) {
@@ -1292,8 +1293,24 @@ func TestJobRequestTagsRefuseWhatTheHandlersRefuse(t *testing.T) {
 		return probe{"/api/v1/steps/{id}/replay", "/api/v1/steps/" + stepID + "/replay", e.ws.Key,
 			"expectedHandlerVersion", map[string]any{"acknowledgeDuplicateRisk": true, "expectedHandlerVersion": version}}
 	}
+	named := func(name, version string) probe {
+		field := "name"
+		if version != "1" {
+			field = "version"
+		}
+		return probe{"/api/v1/runs/{id}/steps", "/api/v1/runs/" + runID + "/steps", e.ingest, field,
+			map[string]any{"name": name, "version": version}}
+	}
 	refused := []probe{
 		enqueue("Stripe\u200bAPI"), enqueue("Stripe\u00a0API"), enqueue("a\x01b"),
+		named("send email", "1"), named("send@email", "1"), named("send_email", "1 0"), named("send_email", "v\u200b1"),
+		{"/api/v1/workers/register", "/api/v1/workers/register", e.worker, "tools.0.name",
+			map[string]any{"tools": []any{map[string]any{"name": "send email", "version": "1"}}}},
+		{"/api/v1/tools/{name}/contracts", "/api/v1/tools/send_email/contracts", e.ws.Key, "handlerVersion",
+			map[string]any{"handlerVersion": "1@2", "inputSchema": true}},
+		{"/api/v1/tools/{name}/test", "/api/v1/tools/send_email/test", e.ws.Key, "version",
+			map[string]any{"version": "1\t"}},
+		replay("1 0"),
 		replay(""), replay(strings.Repeat("1", toolname.MaxVersion+1)),
 		{"/api/v1/jobs/{id}/heartbeat", "/api/v1/jobs/" + jobID + "/heartbeat", e.worker, "leaseToken",
 			map[string]any{"leaseToken": ""}},
@@ -1307,7 +1324,7 @@ func TestJobRequestTagsRefuseWhatTheHandlersRefuse(t *testing.T) {
 		require.False(t, apitest.RequestBodyFits(t, "POST", p.pattern, raw), "%s %s: the document takes it", p.pattern, raw)
 	}
 	for _, p := range []probe{
-		enqueue("Stripe API"),
+		enqueue("Stripe API"), named("émail.send-v2", "1"), named("send_email", "2026-12-07.1"),
 		{"/api/v1/jobs/{id}/heartbeat", "/api/v1/jobs/" + jobID + "/heartbeat", e.worker, "",
 			map[string]any{"leaseToken": token}},
 		{"/api/v1/jobs/{id}/report", "/api/v1/jobs/" + jobID + "/report", e.worker, "",

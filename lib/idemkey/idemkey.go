@@ -6,6 +6,7 @@
 package idemkey
 
 import (
+	"fmt"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -26,14 +27,24 @@ const Rule = "must be 1-255 printable characters"
 // validator's dialect reads it alike; a character that is unassigned, or a
 // format or private-use one beyond that plane, passes it and is still
 // refused.
-var Pattern = pattern()
+var Pattern = ClassPattern(func(r rune) bool {
+	return r != ' ' && unicode.In(r, unicode.Cc, unicode.Cf, unicode.Co, unicode.Zs, unicode.Zl, unicode.Zp)
+})
 
-func pattern() string {
-	refused := func(r rune) bool {
-		return r != ' ' && unicode.In(r, unicode.Cc, unicode.Cf, unicode.Co, unicode.Zs, unicode.Zl, unicode.Zp)
-	}
+// ClassPattern is the JSON Schema pattern of the strings holding no
+// character refused refuses, written as Pattern is: the ASCII and C1
+// controls (always refused) and any other ASCII character refused as
+// \xHH, the Basic Multilingual Plane's others as themselves. A refused
+// character beyond that plane passes it. A tool's name and version state
+// their rule with it (lib/toolname).
+func ClassPattern(refused func(rune) bool) string {
 	var b strings.Builder
 	b.WriteString(`^[^\x00-\x1f\x7f-\x9f`)
+	for r := rune(0x20); r < 0x7f; r++ {
+		if refused(r) {
+			fmt.Fprintf(&b, `\x%02x`, r)
+		}
+	}
 	for lo := rune(0xa0); lo <= 0xffff; lo++ {
 		if !refused(lo) {
 			continue

@@ -96,7 +96,7 @@ type ContractRetryPolicy struct {
 // outputSchema to true (any output: a tool whose results are not checked;
 // its input is what a replay is checked against, so that one is required).
 type PublishContractRequest struct {
-	HandlerVersion string               `json:"handlerVersion" openapi:"minLength=1,maxLength=100"`
+	HandlerVersion string               `json:"handlerVersion" openapi:"minLength=1,maxLength=100,toolname"`
 	InputSchema    json.RawMessage      `json:"inputSchema" openapi:"required"`
 	OutputSchema   json.RawMessage      `json:"outputSchema,omitempty"`
 	TimeoutMs      *int64               `json:"timeoutMs,omitempty" openapi:"min=1000,max=86400000"`

@@ -35,11 +35,17 @@ func TestWorkerOpenAPITagsAreTheHandlersBounds(t *testing.T) {
 	// built from the document learnt them only from a 400.
 	require.Equal(t, map[string]string{"required": "", "minItems": "1", "maxItems": fmt.Sprint(jobs.MaxTools)},
 		rules(jobs.RegisterRequest{}, "Tools"))
-	require.Equal(t, map[string]string{"minLength": "1", "maxLength": fmt.Sprint(toolname.MaxName)},
+	// A name's and a version's characters are toolname's (contract QA:
+	// "send email" passed the schema).
+	require.Equal(t, map[string]string{"minLength": "1", "maxLength": fmt.Sprint(toolname.MaxName), "toolname": ""},
 		rules(jobs.Tool{}, "Name"))
-	version := map[string]string{"minLength": "1", "maxLength": fmt.Sprint(toolname.MaxVersion)}
+	require.Equal(t, rules(jobs.Tool{}, "Name"), rules(jobs.EnqueueRequest{}, "Name"))
+	version := map[string]string{"minLength": "1", "maxLength": fmt.Sprint(toolname.MaxVersion), "toolname": ""}
 	require.Equal(t, version, rules(jobs.Tool{}, "Version"))
 	require.Equal(t, version, rules(jobs.ToolTestRequest{}, "Version"))
+	require.Equal(t, version, rules(jobs.EnqueueRequest{}, "Version"))
+	require.Equal(t, version, rules(jobs.PublishContractRequest{}, "HandlerVersion"))
+	require.Equal(t, version, rules(jobs.ReplayRequest{}, "ExpectedHandlerVersion"))
 	require.Equal(t, map[string]string{"maxLength": fmt.Sprint(jobs.MaxErrorMessage)}, rules(jobs.ReportError{}, "Message"))
 	require.Equal(t, map[string]string{"required": "", "minItems": "1", "maxItems": fmt.Sprint(jobs.MaxBatchReports)},
 		rules(jobs.BatchReportRequest{}, "Reports"))

@@ -200,7 +200,7 @@ type ReplayRequest struct {
 	MaxAttempts              *int64  `json:"maxAttempts,omitempty" openapi:"min=1,max=10"`
 	Reason                   *string `json:"reason,omitempty" openapi:"maxLength=1000"`
 	TargetContractVersion    *int64  `json:"targetContractVersion,omitempty" openapi:"min=1"`
-	ExpectedHandlerVersion   *string `json:"expectedHandlerVersion,omitempty" openapi:"minLength=1,maxLength=100"` // toolname.ValidVersion
+	ExpectedHandlerVersion   *string `json:"expectedHandlerVersion,omitempty" openapi:"minLength=1,maxLength=100,toolname"` // toolname.ValidVersion
 	AcknowledgeVersionChange *bool   `json:"acknowledgeVersionChange,omitempty"`
 	// ExpectedAttempt is the step's attempt as the preview showed it: a
 	// replay whose step has run since (the retry of a replay that landed,

@@ -195,8 +195,8 @@ type CreateRunRequest struct {
 
 // EnqueueRequest is the body of POST /api/v1/runs/{id}/steps.
 type EnqueueRequest struct {
-	Name            string          `json:"name" openapi:"minLength=1,maxLength=200"`
-	Version         string          `json:"version" openapi:"minLength=1,maxLength=100"`
+	Name            string          `json:"name" openapi:"minLength=1,maxLength=200,toolname"`
+	Version         string          `json:"version" openapi:"minLength=1,maxLength=100,toolname"`
 	Input           json.RawMessage `json:"input,omitempty"`
 	Endpoint        *string         `json:"endpoint,omitempty" openapi:"minLength=1,maxLength=200,printable"` // validEndpointName, as POST /endpoints states it
 	IdempotencyKey  *string         `json:"idempotencyKey,omitempty" openapi:"minLength=1,maxLength=255,printable"`

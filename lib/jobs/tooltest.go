@@ -15,7 +15,7 @@ import (
 
 // ToolTestRequest is the body of POST /api/v1/tools/{name}/test.
 type ToolTestRequest struct {
-	Version string          `json:"version" openapi:"minLength=1,maxLength=100"`
+	Version string          `json:"version" openapi:"minLength=1,maxLength=100,toolname"`
 	Input   json.RawMessage `json:"input,omitempty"`
 }
 

@@ -25,8 +25,8 @@ import (
 
 // Tool is an exact handler a worker serves.
 type Tool struct {
-	Name    string `json:"name" openapi:"minLength=1,maxLength=200"`
-	Version string `json:"version" openapi:"minLength=1,maxLength=100"`
+	Name    string `json:"name" openapi:"minLength=1,maxLength=200,toolname"`
+	Version string `json:"version" openapi:"minLength=1,maxLength=100,toolname"`
 }
 
 // RegisterRequest is the body of POST /api/v1/workers/register.

@@ -1,6 +1,6 @@
 // Package schematags reads the openapi struct tags that state the bounds a
 // handler checks (enum=a|b, min=N, max=N, minLength=N, maxLength=N,
-// pattern=RE, printable (lib/idemkey's rule), format=F, default=JSON, required, notNull; for a map, maxProperties=N, keyPattern=RE,
+// pattern=RE, printable (lib/idemkey's rule), toolname (lib/toolname's characters), format=F, default=JSON, required, notNull; for a map, maxProperties=N, keyPattern=RE,
 // keyMaxLength=N, valueMinLength=N, valueMaxLength=N, valueNotNull; for an array,
 // minItems=N, maxItems=N, itemEnum=a|b, itemPattern=RE, itemMaxLength=N,
 // uniqueItems) and adds them to a JSON Schema inferred from the
@@ -20,6 +20,7 @@ import (
 	"github.com/google/jsonschema-go/jsonschema"
 
 	"github.com/getratchet/ratchet/lib/idemkey"
+	"github.com/getratchet/ratchet/lib/toolname"
 )
 
 // Constrain adds to s what the openapi tags of t's fields say of their
@@ -128,6 +129,8 @@ func applyRule(s *jsonschema.Schema, key, val string) {
 		part(s, key).Pattern = val
 	case "printable": // lib/idemkey's rule (agent QA: a key's newline passed the schema)
 		s.Pattern = idemkey.Pattern
+	case "toolname": // a tool's name or version (lib/toolname): "send email" passed the schema
+		s.Pattern = toolname.Pattern
 	case "format":
 		s.Format = val
 	case "default":

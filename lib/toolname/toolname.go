@@ -17,6 +17,8 @@ import (
 	"strings"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/getratchet/ratchet/lib/idemkey"
 )
 
 // MaxPairs is the most name@version pairs one worker registers, and so the
@@ -61,9 +63,19 @@ func valid(s string, maxLen int) bool {
 		return false
 	}
 	for _, r := range s {
-		if r == '@' || unicode.IsSpace(r) || unicode.IsControl(r) || unicode.Is(unicode.Cf, r) {
+		if refused(r) {
 			return false
 		}
 	}
 	return true
 }
+
+// refused is a character no name or version may hold.
+func refused(r rune) bool {
+	return r == '@' || unicode.IsSpace(r) || unicode.IsControl(r) || unicode.Is(unicode.Cf, r)
+}
+
+// Pattern states the characters of a name or a version to a client (the
+// openapi tag rule toolname), as lib/idemkey.Pattern does a key's: none
+// refused; the length and a name's ., .. and / are stated or told apart.
+var Pattern = idemkey.ClassPattern(refused)
