@@ -559,3 +559,36 @@ func TestContractListPagesStayWithinAnAnswersBudget(t *testing.T) {
 	require.Len(t, rest["data"], 2)
 	require.Nil(t, rest["nextCursor"])
 }
+
+// A count a schema states (a length, a number of items, properties or
+// contained items) that an int64 cannot hold is refused at publication:
+// the compiler kept its low 64 bits, so {"maxLength": 1e300} refused every
+// string as "at most 0 characters" and {"minLength": 2^64} took the empty
+// string (contract QA). The largest count an int64 holds still works.
+func TestContractCountsBeyondAnInt64AreRefused(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t)
+	runID := e.run()
+	for _, schema := range []string{
+		`{"maxLength":1e300}`, `{"minLength":18446744073709551616}`, `{"maxLength":9223372036854775808}`,
+		`{"properties":{"a":{"items":{"maxItems":1e20}}}}`, `{"$defs":{"x":{"minProperties":1e19}},"$ref":"#/$defs/x"}`,
+		`{"contains":true,"maxContains":36893488147419103232}`,
+	} {
+		require.Equal(t, []string{"inputSchema"}, validationFields(t, e.Do("POST",
+			"/api/v1/tools/send_email/contracts", e.ws.Key, `{"handlerVersion":"1","inputSchema":`+schema+`}`)),
+			"%s", schema)
+	}
+	require.Empty(t, e.Must(http.StatusOK, "GET", "/api/v1/tools/send_email/contracts", e.ws.Key, nil).JSON()["data"])
+	// A count no schema part applies (a constant's data) is not one.
+	for _, schema := range []string{`{"maxLength":9223372036854775807,"minItems":9.2e18}`,
+		`{"const":{"maxLength":1e300}}`} {
+		c := e.Must(http.StatusCreated, "POST", "/api/v1/tools/send_email/contracts", e.ws.Key,
+			`{"handlerVersion":"1","inputSchema":`+schema+`}`).JSON()
+		input := `"a string"`
+		if strings.Contains(schema, "const") {
+			input = `{"maxLength":1e300}`
+		}
+		e.Must(http.StatusCreated, "POST", "/api/v1/runs/"+runID+"/steps", e.ingest,
+			fmt.Sprintf(`{"name":"send_email","version":"1","contractVersion":%v,"input":%s}`, c["contractVersion"], input))
+	}
+}

@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"cmp"
 	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"math/big"
+	"net/url"
 	"regexp"
 	"slices"
 	"strconv"
@@ -91,6 +94,9 @@ func publishableSchema(doc []byte) error {
 			"anyOf, oneOf reaching the same parts again and again): share fewer parts, or flatten them",
 			MaxSchemaEvaluations)
 	}
+	if err := countBeyondInt(s, doc); err != nil {
+		return err
+	}
 	state := map[*jsonschema.Schema]int{}
 	if slices.ContainsFunc(reachable(s), func(part *jsonschema.Schema) bool { return appliesItself(part, state) }) {
 		return errors.New("a $ref loop applies a part of it to the same value it is checking (through $ref, " +
@@ -98,6 +104,67 @@ func publishableSchema(doc []byte) error {
 			"go through properties or items")
 	}
 	return nil
+}
+
+// countKeywords state a count: a length, or a number of items, properties
+// or contained items.
+var countKeywords = []string{"minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties",
+	"minContains", "maxContains"}
+
+// countBeyondInt refuses a count keyword of a part of s (schema document
+// doc, each part read at its location) whose integer an int64 does not
+// hold: the compiler keeps a count in an int, reading a larger integer as
+// its low 64 bits (contract QA: {"maxLength": 1e300} refused every string
+// as longer than 0 characters, {"minLength": 18446744073709551616} took
+// the empty string). The metaschema has checked each is an integer of at
+// least 0; a count no part applies (a constant's data) is not read.
+func countBeyondInt(s *jsonschema.Schema, doc []byte) error {
+	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(doc))
+	if err != nil {
+		return fmt.Errorf("not JSON: %w", err)
+	}
+	for _, part := range reachable(s) {
+		_, frag, _ := strings.Cut(part.Location, "#")
+		ptr, err := url.PathUnescape(frag)
+		if err != nil {
+			continue
+		}
+		obj, _ := atPointer(v, ptr).(map[string]any)
+		for _, k := range countKeywords {
+			n, ok := obj[k].(json.Number)
+			if !ok {
+				continue
+			}
+			if r, ok := new(big.Rat).SetString(string(n)); ok && r.IsInt() && !r.Num().IsInt64() {
+				return fmt.Errorf("%s at %q is %s: a count must be at most %d", k, "#"+ptr, n, math.MaxInt64)
+			}
+		}
+	}
+	return nil
+}
+
+// atPointer is the value at JSON pointer ptr in v (RFC 6901), nil when
+// there is none.
+func atPointer(v any, ptr string) any {
+	if ptr == "" {
+		return v
+	}
+	for _, tok := range strings.Split(strings.TrimPrefix(ptr, "/"), "/") {
+		tok = strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~")
+		switch x := v.(type) {
+		case map[string]any:
+			v = x[tok]
+		case []any:
+			i, err := strconv.Atoi(tok)
+			if err != nil || i < 0 || i >= len(x) {
+				return nil
+			}
+			v = x[i]
+		default:
+			return nil
+		}
+	}
+	return v
 }
 
 // sameValue lists the subschemas s applies to the value s checks itself.
