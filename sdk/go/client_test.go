@@ -283,8 +283,44 @@ func TestRateLimitedWaitsRetryAfter(t *testing.T) {
 	if err != nil || run.ID != "run_1" {
 		t.Fatalf("run %+v err %v", run, err)
 	}
-	if got := log.all(); len(got) != 1 || got[0] != 7*time.Second {
-		t.Fatalf("sleeps %v", got)
+	// Seven seconds and a tenth of them more: the jitter drawn (0.5) of
+	// the fifth the wait may be lengthened by.
+	if got := log.all(); len(got) != 1 || got[0] != 7700*time.Millisecond {
+		t.Fatalf("sleeps %v, want 7.7s", got)
+	}
+}
+
+// A 429's wait is the server's and up to a fifth more, drawn at random, never
+// less: every client the limiter refused in one window is told to come back
+// at its end, and waiting exactly that long brought them all back at the
+// same instant, most to be refused again (sdk QA).
+func TestRateLimitWaitIsSpreadNeverShortened(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		secs   int
+		jitter float64
+		want   time.Duration
+	}{
+		{7, 0, 7 * time.Second},
+		{7, 0.25, 7350 * time.Millisecond},
+		{10, 0.999, 11998 * time.Millisecond},
+		{1, 0.5, 1100 * time.Millisecond},
+		{3600, 0.5, 66 * time.Second}, // the minute's cap, then the spread
+	} {
+		seq := &sequence{steps: []func(http.ResponseWriter, *http.Request){
+			func(w http.ResponseWriter, r *http.Request) {
+				apiError(w, 429, CodeRateLimited, map[string]any{"retry_after_seconds": tc.secs})
+			},
+			func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, map[string]any{"id": "run_1"}) },
+		}}
+		c, log := testClient(t, seq)
+		c.jitter = func() float64 { return tc.jitter }
+		if _, err := c.GetRun(context.Background(), "run_1"); err != nil {
+			t.Fatal(err)
+		}
+		if got := log.all(); len(got) != 1 || got[0] != tc.want {
+			t.Errorf("retry_after_seconds %d, jitter %v: sleeps %v, want %v", tc.secs, tc.jitter, got, tc.want)
+		}
 	}
 }
 
@@ -301,8 +337,8 @@ func TestRateLimitedRetryAfterHeader(t *testing.T) {
 	if _, err := c.GetRun(context.Background(), "run_1"); err != nil {
 		t.Fatal(err)
 	}
-	if got := log.all(); len(got) != 1 || got[0] != 3*time.Second {
-		t.Fatalf("sleeps %v", got)
+	if got := log.all(); len(got) != 1 || got[0] != 3300*time.Millisecond {
+		t.Fatalf("sleeps %v, want 3.3s", got)
 	}
 }
 
@@ -326,8 +362,8 @@ func TestRetryAfterDateAndServiceUnavailable(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := log.all()
-	if len(got) != 2 || got[0] < 4*time.Second || got[0] > 6*time.Second || got[1] != 6*time.Second {
-		t.Fatalf("sleeps %v, want about 5s then 6s", got)
+	if len(got) != 2 || got[0] < 4400*time.Millisecond || got[0] > 6600*time.Millisecond || got[1] != 6*time.Second {
+		t.Fatalf("sleeps %v, want about 5.5s then 6s", got)
 	}
 }
 
@@ -395,7 +431,7 @@ func TestRateLimitWaitIsCappedAtAMinute(t *testing.T) {
 		if _, err := c.GetRun(context.Background(), "run_1"); err != nil {
 			t.Fatal(err)
 		}
-		if got := log.all(); len(got) != 1 || got[0] != time.Minute {
+		if got := log.all(); len(got) != 1 || got[0] != 66*time.Second { // a minute, and its spread drawn (0.5)
 			t.Fatalf("retry_after_seconds %v: sleeps %v", secs, got)
 		}
 	}
