@@ -38,6 +38,12 @@ BACKOFF_BASE = 0.5
 BACKOFF_CAP = 8.0
 # A 429's wait is cut to the rate windows' minute.
 MAX_RATE_LIMIT_WAIT = 60
+# ... and lengthened by up to a fifth of it, drawn at random (never
+# shortened), as the Go SDK's rateLimitSpread: the limiter tells every client
+# it refused in one of its one-minute windows to come back at that window's
+# end, and waiting exactly that long brought them all back at the same
+# instant, most to be refused again.
+RATE_LIMIT_SPREAD = 5
 # How often a call sent under an Idempotency-Key waits while the server
 # still holds the key for an earlier attempt (409 retry_request).
 MAX_KEY_HELD_WAITS = 40
@@ -461,7 +467,7 @@ class Transport:
         (after attempt repeats), or None when it must not be repeated."""
         if err.status == 429:
             # The limiter refused before acting: any call may repeat.
-            return float(min(max(err.retry_after_seconds, 1), MAX_RATE_LIMIT_WAIT))
+            return self.rate_limit_wait(float(min(max(err.retry_after_seconds, 1), MAX_RATE_LIMIT_WAIT)))
         if err.code == RETRY_REQUEST:
             return float(err.retry_after_seconds)
         if err.code == REQUEST_TIMEOUT or (err.code == DATABASE_UNAVAILABLE
@@ -472,6 +478,12 @@ class Transport:
             # heartbeat does not sleep its lease away.
             return max(self.backoff(attempt), min(float(err.retry_after_seconds), BACKOFF_CAP))
         return None
+
+    def rate_limit_wait(self, seconds: float) -> float:
+        """The wait after a 429 that asked for seconds: never less, and up
+        to a fifth more, drawn at random."""
+        with self._jitter_lock:
+            return seconds + self._jitter.random() * seconds / RATE_LIMIT_SPREAD
 
     def backoff(self, attempt: int) -> float:
         """Capped exponential backoff, half fixed and half random."""

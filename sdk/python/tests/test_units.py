@@ -154,11 +154,33 @@ class TransportTest(unittest.TestCase):
         t, server, waits = self.transport([(429, error("rate_limited", retry_after_seconds=7), {}),
                                            (201, {"id": "run_1"}, {})])
         self.assertEqual(t.call("POST", "/runs", {"name": "x"}, safe=False), {"id": "run_1"})
-        self.assertEqual(waits, [7.0])
+        self.assertEqual(len(waits), 1)
+        self.assertTrue(7.0 <= waits[0] < 8.4, waits)  # and up to a fifth more, drawn at random
         self.assertEqual(len(server.seen), 2)
         method, path, headers, body = server.seen[0]
         self.assertEqual((method, path, headers["Authorization"], body), ("POST", "/api/v1/runs", "Bearer rk_test",
                                                                           {"name": "x"}))
+
+    def test_a_429s_wait_is_spread_never_shortened(self) -> None:
+        # The server's wait and up to a fifth more, drawn at random, never
+        # less: every client the limiter refused in one window is told to
+        # come back at its end, and waiting exactly that long brought them
+        # all back at the same instant, most to be refused again (sdk QA).
+        class Drawn:
+            def __init__(self, value: float) -> None:
+                self.value = value
+
+            def random(self) -> float:
+                return self.value
+
+        for seconds, drawn, want in [(7, 0.0, 7.0), (7, 0.25, 7.35), (10, 0.999, 11.998), (1, 0.5, 1.1),
+                                     (3600, 0.5, 66.0)]:  # the minute's cap, then the spread
+            t, server, waits = self.transport([(429, error("rate_limited", retry_after_seconds=seconds), {}),
+                                               (200, {"id": "run_1"}, {})])
+            t._jitter = Drawn(drawn)  # type: ignore[assignment]
+            self.assertEqual(t.call("GET", "/runs/run_1", safe=True), {"id": "run_1"})
+            self.assertEqual(len(waits), 1)
+            self.assertAlmostEqual(waits[0], want, places=9, msg=(seconds, drawn))
 
     def test_a_5xx_is_repeated_only_for_a_safe_call(self) -> None:
         t, server, waits = self.transport([(500, error("internal_error"), {}), (200, {"ok": 1}, {})])
