@@ -13,8 +13,14 @@ export const DEFAULT_BASE_URL = 'https://getratchet.app';
 // baseMs, doubled, to capMs. An object so that tests can shorten them; not
 // exported by the package.
 export const backoffTimes = { baseMs: 500, capMs: 8_000 };
-// A 429's wait is cut to the rate windows' minute.
+// A 429's wait is cut to the rate windows' minute, and lengthened by up to a
+// fifth of it, drawn at random (never shortened), as the Go SDK's
+// rateLimitSpread: the limiter tells every client it refused in one of its
+// one-minute windows to come back at that window's end, and waiting exactly
+// that long brought them all back at the same instant, most to be refused
+// again.
 const MAX_RATE_LIMIT_WAIT_S = 60;
+const RATE_LIMIT_SPREAD = 5;
 // How often a call sent under an Idempotency-Key waits while the server
 // still holds the key for an earlier attempt (409 retry_request).
 const MAX_KEY_HELD_WAITS = 40;
@@ -118,6 +124,8 @@ export class Transport {
     this.userAgent = (userAgent ? userAgent + ' ' : '') + `getratchet-node/${VERSION}`;
     this.fetch = fetchImpl ?? globalThis.fetch;
     this.sleep = sleepImpl ?? sleep;
+    // Draws a backoff's and a 429's random part, in [0, 1) (a test's seam).
+    this.jitter = Math.random;
     this.#key = apiKey;
   }
 
@@ -277,7 +285,7 @@ export class Transport {
   /** How long to wait (ms) before repeating a call that failed with err,
    * or null when it must not be repeated. */
   retryDelay(err, attempt, safe) {
-    if (err.status === 429) return Math.min(Math.max(err.retryAfterSeconds, 1), MAX_RATE_LIMIT_WAIT_S) * 1000;
+    if (err.status === 429) return this.rateLimitWait(Math.min(Math.max(err.retryAfterSeconds, 1), MAX_RATE_LIMIT_WAIT_S) * 1000);
     if (err.code === 'retry_request') return err.retryAfterSeconds * 1000;
     if (err.code === 'request_timeout' || (err.code === 'database_unavailable' && err.detail.outcome === 'not_applied')) {
       return this.backoff(attempt);
@@ -290,10 +298,16 @@ export class Transport {
     return null;
   }
 
+  /** The wait (ms) after a 429 that asked for ms: never less, and up to a
+   * fifth more, drawn at random. */
+  rateLimitWait(ms) {
+    return ms + this.jitter() * (ms / RATE_LIMIT_SPREAD);
+  }
+
   /** Capped exponential backoff (ms), half fixed and half random. */
   backoff(attempt) {
     const step = Math.min(backoffTimes.baseMs * 2 ** Math.min(attempt, 10), backoffTimes.capMs);
-    return step / 2 + Math.random() * (step / 2);
+    return step / 2 + this.jitter() * (step / 2);
   }
 
   async #once(method, path, data, idempotencyKey, timeoutMs, signal, read) {

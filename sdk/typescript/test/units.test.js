@@ -72,10 +72,26 @@ async function transport(t, script) {
 test('a 429 is repeated after the server\'s wait for any call', async (t) => {
   const { t: tr, server, waits } = await transport(t, [[429, error('rate_limited', { retry_after_seconds: 7 })], [201, { id: 'run_1' }]]);
   assert.deepEqual(await tr.call('POST', '/runs', { name: 'x' }, { safe: false }), { id: 'run_1' });
-  assert.deepEqual(waits, [7000]);
+  assert.equal(waits.length, 1);
+  assert.ok(waits[0] >= 7000 && waits[0] < 8400, `${waits}`); // and up to a fifth more, drawn at random
   assert.equal(server.seen.length, 2);
   const first = server.seen[0];
   assert.deepEqual([first.method, first.path, first.headers.authorization, first.body], ['POST', '/api/v1/runs', 'Bearer rk_test', { name: 'x' }]);
+});
+
+// The server's wait and up to a fifth more, drawn at random, never less:
+// every client the limiter refused in one window is told to come back at its
+// end, and waiting exactly that long brought them all back at the same
+// instant, most to be refused again (sdk QA).
+test('a 429\'s wait is spread, never shortened', async (t) => {
+  for (const [seconds, drawn, want] of [[7, 0, 7000], [7, 0.25, 7350], [10, 0.999, 11_998], [1, 0.5, 1100],
+    [3600, 0.5, 66_000]]) { // the minute's cap, then the spread
+    const { t: tr, waits } = await transport(t, [[429, error('rate_limited', { retry_after_seconds: seconds })], [200, { id: 'run_1' }]]);
+    tr.jitter = () => drawn;
+    assert.deepEqual(await tr.call('GET', '/runs/run_1', undefined, { safe: true }), { id: 'run_1' });
+    assert.equal(waits.length, 1);
+    assert.ok(Math.abs(waits[0] - want) < 1e-6, `${seconds} s, drawn ${drawn}: waited ${waits}, want ${want}`);
+  }
 });
 
 test('a 5xx is repeated only for a safe call', async (t) => {
