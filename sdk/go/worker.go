@@ -88,7 +88,8 @@ type StartOptions struct {
 	// nth failure in a row the worker waits PollInterval doubled n-1 times,
 	// at most a minute (or PollInterval when that is longer), half of it
 	// jittered, and never less than the server's Retry-After
-	// (detail.retry_after_seconds) within the same cap. Only a refusal no
+	// (detail.retry_after_seconds) within the same cap (a 429's and up to
+	// a fifth of it more, drawn at random). Only a refusal no
 	// retry mends stops it (see Worker.Done). Calls are made in order on a goroutine of the
 	// worker's own, never on the poll loop, a heartbeat or the reporter, so
 	// a slow OnError holds up no work (up to 256 notices wait for it; more
@@ -399,7 +400,8 @@ func (w *Worker) register(ctx context.Context, stopping chan struct{}, refs []To
 // jitter), so that a fleet of workers neither hammers a server that is down
 // nor comes back all at once; and at least the server's Retry-After
 // (detail.retry_after_seconds, or the header of a 429 or 503) when err has
-// one, within the same cap, so that a long one cannot park the worker.
+// one, within the same cap, so that a long one cannot park the worker (a
+// 429's lengthened by up to a fifth, drawn by jitter: retryAfter).
 func failureWait(pollInterval time.Duration, n int, err error, jitter func() float64) time.Duration {
 	limit := max(pollInterval, maxFailureWait)
 	d := pollInterval
@@ -408,12 +410,16 @@ func failureWait(pollInterval time.Duration, n int, err error, jitter func() flo
 	}
 	d = min(d, limit)
 	d = d/2 + time.Duration(jitter()*float64(d/2))
-	return max(d, retryAfter(err, limit))
+	return max(d, retryAfter(err, limit, jitter))
 }
 
 // retryAfter is err's Retry-After (an API error's detail.retry_after_seconds,
-// or a 429's or 503's header) up to limit; 0 when it has none.
-func retryAfter(err error, limit time.Duration) time.Duration {
+// or a 429's or 503's header) up to limit; 0 when it has none. A 429's is
+// then lengthened by up to a fifth, drawn by jitter, as the client's own
+// retry of one is (rateLimitWait): the workers of a fleet that the limiter
+// refused in one window were all told to come back at its end, and came
+// back together, most to be refused again.
+func retryAfter(err error, limit time.Duration, jitter func() float64) time.Duration {
 	var apiErr *Error
 	if !errors.As(err, &apiErr) {
 		return 0
@@ -422,10 +428,14 @@ func retryAfter(err error, limit time.Duration) time.Duration {
 	if secs <= 0 {
 		return 0
 	}
-	if secs >= int(limit/time.Second) {
-		return limit
+	d := limit
+	if secs < int(limit/time.Second) {
+		d = time.Duration(secs) * time.Second
 	}
-	return time.Duration(secs) * time.Second
+	if apiErr.StatusCode == http.StatusTooManyRequests {
+		return rateLimitWait(d, jitter)
+	}
+	return d
 }
 
 // keyRefused says whether a call's failure says the worker's key no longer
@@ -925,7 +935,7 @@ func (w *Worker) loop(ctx, pollCtx, jobsCtx context.Context) {
 			// while the worker waited its 30 s); not before the server's
 			// Retry-After, though.
 			lost++
-			if !w.pause(ctx, max(min(w.c.backoff(lost), w.opts.PollInterval), retryAfter(err, maxFailureWait))) {
+			if !w.pause(ctx, max(min(w.c.backoff(lost), w.opts.PollInterval), retryAfter(err, maxFailureWait, w.jitter))) {
 				return
 			}
 			continue
@@ -1579,7 +1589,8 @@ func (w *Worker) heartbeatEvery(end time.Time, j ClaimedJob) time.Duration {
 // failureWait's backoff from minHeartbeat, as after failed claims: 1, 2, 4,
 // 8 s... (doubled n-1 times), half of it drawn by jitter, so that the
 // workers of a fleet do not all try again at the same marks after an
-// outage, and at least the server's Retry-After (a 429's, a 503's); either
+// outage, and at least the server's Retry-After (a 429's, and up to a fifth
+// more drawn by jitter, a 503's); either
 // never past every, a third of the lease left, so that at least two more
 // tries fit before it lapses. The Python and TypeScript workers pace theirs
 // the same (sdk QA: Go retried inside its client, 0.5-8 s apart, and then

@@ -2713,15 +2713,17 @@ func TestWorkerAsksAgainForALostClaimAfterItsRetryAfter(t *testing.T) {
 	must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "t", Version: "1",
 		Handler: func(context.Context, welcomeIn, JobContext) (welcomeOut, error) { return welcomeOut{}, nil }}))
 	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	clk := &fakeClock{now: start, end: start.Add(31 * time.Second), done: make(chan struct{})}
+	clk := &fakeClock{now: start, end: start.Add(34 * time.Second), done: make(chan struct{})}
 	w.clock = clk
+	w.jitter = func() float64 { return 0.5 }
 	must(t, w.Start(context.Background(), StartOptions{PollInterval: time.Minute, OnError: func(error) {}}))
 	<-clk.done
 	_ = stopWithin(t, w, context.Background())
 	clk.mu.Lock()
 	defer clk.mu.Unlock()
-	if len(clk.waits) != 1 || clk.waits[0] != 30*time.Second {
-		t.Fatalf("waits %v, want the Retry-After's 30s", clk.waits)
+	// The Retry-After's 30 s and the spread drawn: half of a fifth more.
+	if len(clk.waits) != 1 || clk.waits[0] != 33*time.Second {
+		t.Fatalf("waits %v, want the Retry-After's 30s and 3s of spread", clk.waits)
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -2803,7 +2805,8 @@ func TestWorkerHeartbeatHonoursRetryAfterWithinTheLease(t *testing.T) {
 		return 0, ""
 	}
 	waits := heartbeatWaits(t, f, id, func(beats, _ int) bool { return beats >= 4 })
-	want := []time.Duration{20 * time.Second, 5 * time.Second, 20 * time.Second, 20 * time.Second}
+	// The first Retry-After's 5 s and half of its fifth drawn as spread.
+	want := []time.Duration{20 * time.Second, 5500 * time.Millisecond, 20 * time.Second, 20 * time.Second}
 	if len(waits) < len(want) || !slices.Equal(waits[:len(want)], want) {
 		t.Fatalf("heartbeat waits %v, want %v first", waits, want)
 	}
@@ -2922,6 +2925,8 @@ func TestHeartbeatWait(t *testing.T) {
 		{time.Minute, down, 60, 1, time.Minute},          // no overflow
 		{20 * time.Second, limited, 1, 0, 20 * time.Second},
 		{time.Minute, limited, 1, 0, 30 * time.Second},
+		{time.Minute, limited, 1, 0.5, 33 * time.Second}, // and up to a fifth more, drawn
+		{20 * time.Second, limited, 1, 1, 20 * time.Second},
 	}
 	for _, c := range cases {
 		if got := heartbeatWait(c.every, c.failed, c.failures, func() float64 { return c.drawn }); got != c.want {

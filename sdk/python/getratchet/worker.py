@@ -17,7 +17,7 @@ from typing import Any, Callable, Deque, Dict, Hashable, List, Optional, Set, Tu
 from . import _json
 from ._aio import await_alone
 from ._failurelog import LOGGER, FailureLog
-from ._http import Abort, Transport, new_request_id, path_id
+from ._http import RATE_LIMIT_SPREAD, Abort, Transport, new_request_id, path_id
 from ._secrets import hide_secrets
 from ._time import lease_seconds
 from .errors import (FORBIDDEN, INVALID_REQUEST, INVALID_STATE, LEASE_EXPIRED, LEASE_LOST, MAX_RETRY_AFTER_MS,
@@ -580,7 +580,8 @@ class Worker:
         runs: after the nth failure in a row the worker waits poll_interval
         doubled n-1 times, at most a minute (or poll_interval when longer),
         half of it jittered, and never less than the server's Retry-After
-        (detail.retry_after_seconds) within that cap. So start() waits out
+        (detail.retry_after_seconds) within that cap (a 429's and up to a
+        fifth of it more, drawn at random). So start() waits out
         an outage before it registers (under one Idempotency-Key), until
         Ratchet's own refusal (401, 403, 400 in its error envelope: raised at
         once; a proxy's bare 400, 401 or 404 is waited out as a 5xx is), a
@@ -1805,10 +1806,17 @@ def _failure_wait(poll_interval: float, n: int, err: BaseException) -> float:
 
 def _retry_after(err: BaseException, limit: float) -> float:
     """err's Retry-After (detail.retry_after_seconds, or a 429's or 503's
-    header) in seconds, up to limit; 0 when it has none."""
+    header) in seconds, up to limit; 0 when it has none. A 429's is then
+    lengthened by up to a fifth, drawn at random, as the transport's own
+    retry of one is (the Go SDK's retryAfter): the workers of a fleet that
+    the limiter refused in one window were all told to come back at its end,
+    and came back together, most to be refused again."""
     if not isinstance(err, RatchetError):
         return 0.0
-    return float(min(err.retry_after_seconds, limit))
+    wait = float(min(err.retry_after_seconds, limit))
+    if err.status == 429:
+        wait += random.random() * wait / RATE_LIMIT_SPREAD
+    return wait
 
 
 def _key_refused(err: BaseException) -> bool:

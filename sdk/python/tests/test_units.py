@@ -1301,7 +1301,8 @@ class OutageTest(unittest.TestCase):
         self.addCleanup(client.worker.stop, 5)
         wait_until(lambda: len(waits) >= 9)
         self.assertTrue(client.worker.stop(5))
-        self.assertEqual(waits[:9], [1.0, 2.0, 4.0, 40.0, 16.0, 32.0, 60.0, 60.0, 60.0])
+        # The 429's 40 s and its spread, all of it drawn (a fifth more).
+        self.assertEqual(waits[:9], [1.0, 2.0, 4.0, 48.0, 16.0, 32.0, 60.0, 60.0, 60.0])
         self.assertGreaterEqual(len(errors), 9)
         self.assertEqual(len(set(claims)), len(claims))
 
@@ -1322,7 +1323,7 @@ class OutageTest(unittest.TestCase):
         self.addCleanup(client.worker.stop, 5)
         wait_until(lambda: len(waits) >= 1)
         self.assertTrue(client.worker.stop(5))
-        self.assertEqual(waits[0], 30.0)
+        self.assertEqual(waits[0], 36.0)  # the Retry-After's 30 s and its spread, all of it drawn
         self.assertEqual(claims[2], claims[0])  # asked again under its id
 
     def test_a_claim_or_registration_refused_403_stops_the_worker(self) -> None:
@@ -2273,7 +2274,8 @@ class WorkerRulesTest(unittest.TestCase):
         client, _ = self.serve(respond, handler)
         wait_until(lambda: seen["beats"] >= 4)
         self.assertTrue(client.worker.stop(5))
-        self.assertEqual([round(w) for w in waits[:4]], [20, 5, 20, 20])
+        # The first Retry-After's 5 s and half of its fifth drawn as spread.
+        self.assertEqual([round(w * 4) / 4 for w in waits[:4]], [20, 5.5, 20, 20])
 
     def test_a_stop_sends_a_returned_handlers_report_until_twice_the_grace(self) -> None:
         # One rule in the three SDKs: every report is sent until the stop's
@@ -2409,7 +2411,9 @@ class WorkerRulesTest(unittest.TestCase):
         cases = [(20.0, None, 0, 0.0, 20.0), (20.0, down, 1, 1.0, 1.0), (20.0, down, 1, 0.0, 0.5),
                  (20.0, ConnectionLost("lost"), 2, 1.0, 2.0), (20.0, ConnectionLost("lost"), 2, 0.5, 1.5),
                  (20.0, down, 4, 0.0, 4.0), (10.0, down, 5, 1.0, 10.0), (3.0, down, 3, 1.0, 3.0),
-                 (60.0, down, 60, 1.0, 60.0), (20.0, limited, 1, 0.0, 20.0), (60.0, limited, 1, 0.0, 30.0)]
+                 (60.0, down, 60, 1.0, 60.0), (20.0, limited, 1, 0.0, 20.0), (60.0, limited, 1, 0.0, 30.0),
+                 (60.0, limited, 1, 0.5, 33.0),  # and up to a fifth more, drawn
+                 (20.0, limited, 1, 1.0, 20.0)]
         for every, failed, failures, drawn, want in cases:
             with mock.patch("getratchet.worker.random.random", return_value=drawn):
                 self.assertEqual(_beat_wait(every, failed, failures), want, (every, failed, failures, drawn))

@@ -20,7 +20,7 @@ export const backoffTimes = { baseMs: 500, capMs: 8_000 };
 // that long brought them all back at the same instant, most to be refused
 // again.
 const MAX_RATE_LIMIT_WAIT_S = 60;
-const RATE_LIMIT_SPREAD = 5;
+export const RATE_LIMIT_SPREAD = 5;
 // How often a call sent under an Idempotency-Key waits while the server
 // still holds the key for an earlier attempt (409 retry_request).
 const MAX_KEY_HELD_WAITS = 40;
@@ -124,8 +124,9 @@ export class Transport {
     this.userAgent = (userAgent ? userAgent + ' ' : '') + `getratchet-node/${VERSION}`;
     this.fetch = fetchImpl ?? globalThis.fetch;
     this.sleep = sleepImpl ?? sleep;
-    // Draws a backoff's and a 429's random part, in [0, 1) (a test's seam).
-    this.jitter = Math.random;
+    // Draws a backoff's and a 429's random part, in [0, 1) (a test's seam;
+    // Math.random read at each draw, as a test may mock it).
+    this.jitter = () => Math.random();
     this.#key = apiKey;
   }
 

@@ -7,7 +7,7 @@ import {
 import { FailureLog } from './failurelog.js';
 import { stringify, stringifyFinite } from './json.js';
 import { redactMessage } from './redact.js';
-import { newRequestId, pathId, sleep, timerMs } from './transport.js';
+import { RATE_LIMIT_SPREAD, newRequestId, pathId, sleep, timerMs } from './transport.js';
 
 /** Whether fn is a generator function (function* or async function*), whose
  * body does not run when it is called. */
@@ -84,9 +84,15 @@ export class CancelledError extends Error {
 const jittered = (ms) => ms * (0.9 + Math.random() * 0.2);
 
 /** err's Retry-After (detail.retry_after_seconds, or a 429's or 503's
- * header) in ms, up to limitMs; 0 when it has none. */
+ * header) in ms, up to limitMs; 0 when it has none. A 429's is then
+ * lengthened by up to a fifth, drawn at random, as the transport's own retry
+ * of one is (the Go SDK's retryAfter): the workers of a fleet that the
+ * limiter refused in one window were all told to come back at its end, and
+ * came back together, most to be refused again. */
 function retryAfterMs(err, limitMs) {
-  return err instanceof RatchetError ? Math.min(err.retryAfterSeconds * 1000, limitMs) : 0;
+  if (!(err instanceof RatchetError)) return 0;
+  const ms = Math.min(err.retryAfterSeconds * 1000, limitMs);
+  return err.status === 429 ? ms + Math.random() * (ms / RATE_LIMIT_SPREAD) : ms;
 }
 
 /** The wait after the nth failure in a row (from 1) of the worker's
@@ -429,8 +435,8 @@ export class Worker {
    * out) goes to onError and is tried again for as long as the worker runs:
    * after the nth failure in a row the worker waits pollIntervalMs doubled
    * n-1 times, at most a minute (or pollIntervalMs when longer), half of it
-   * jittered, and never less than the server's Retry-After within that cap;
-   * so the registration waits out an outage (under one Idempotency-Key),
+   * jittered, and never less than the server's Retry-After within that cap
+   * (a 429's and up to a fifth of it more, drawn at random); so the registration waits out an outage (under one Idempotency-Key),
    * and a stop meanwhile resolves start() having run nothing. stopGraceMs
    * (10 000 by default, as the Go and Python workers') is how long, once a
    * stop's deadline passed, aborted handlers have to return and be

@@ -881,7 +881,8 @@ test('claims that keep failing back off and heed Retry-After', async (t) => {
   after(t, () => stopWorker(worker, started, 1000));
   await until(() => waits.length >= 9);
   assert.equal(await stopWorker(worker, started, 1000), true);
-  assert.deepEqual(waits.slice(0, 9), [1_000, 2_000, 4_000, 40_000, 16_000, 32_000, 60_000, 60_000, 60_000]);
+  // The 429's 40 s and its spread, all of it drawn (a fifth more).
+  assert.deepEqual(waits.slice(0, 9), [1_000, 2_000, 4_000, 48_000, 16_000, 32_000, 60_000, 60_000, 60_000]);
   assert.ok(errors.length >= 9, String(errors.length));
   assert.equal(new Set(claims).size, claims.length);
 });
@@ -899,7 +900,7 @@ test('a lost claim is asked again no sooner than its Retry-After', async (t) => 
   await until(() => claims.length >= 3);
   assert.equal(await stopWorker(worker, started, 1000), true);
   // The transport's wait after the 500, then the worker's after the 429.
-  assert.equal(waits[1], 30_000, waits.join());
+  assert.equal(waits[1], 36_000, waits.join()); // the Retry-After's 30 s and its spread, all of it drawn
   assert.equal(claims[2], claims[0]); // asked again under its id
 });
 
@@ -1416,6 +1417,7 @@ async function leaseReadFromExpiry(t, skewMs) {
 // usual third of the lease left when it would not (sdk QA: Go waited out the
 // whole Retry-After, this SDK ignored it).
 test('a rate-limited heartbeat heeds Retry-After within the lease', async (t) => {
+  t.mock.method(Math, 'random', () => 0.5);
   const seen = { claims: 0, beats: 0 };
   const waits = quickBeats(t);
   await serve(t, (method, path) => {
@@ -1436,7 +1438,8 @@ test('a rate-limited heartbeat heeds Retry-After within the lease', async (t) =>
     return { ok: true };
   });
   await until(() => seen.beats >= 4);
-  assert.deepEqual(waits.slice(0, 4).map(Math.round), [20_000, 5_000, 20_000, 20_000]);
+  // The first Retry-After's 5 s and half of its fifth drawn as spread.
+  assert.deepEqual(waits.slice(0, 4).map(Math.round), [20_000, 5_500, 20_000, 20_000]);
 });
 
 // As in Go and Python: a heartbeat that failed (a 5xx, a lost answer) is
@@ -1482,7 +1485,9 @@ test('the heartbeat backoff is jittered and never waits past a third of the leas
   const cases = [[20_000, null, 0, 0, 20_000], [20_000, down, 1, 1, 1_000], [20_000, down, 1, 0, 500],
     [20_000, lost, 2, 1, 2_000], [20_000, lost, 2, 0.5, 1_500], [20_000, down, 4, 0, 4_000],
     [10_000, down, 5, 1, 10_000], [3_000, down, 3, 1, 3_000], [60_000, down, 60, 1, 60_000],
-    [20_000, limited, 1, 0, 20_000], [60_000, limited, 1, 0, 30_000]];
+    [20_000, limited, 1, 0, 20_000], [60_000, limited, 1, 0, 30_000],
+    [60_000, limited, 1, 0.5, 33_000], // and up to a fifth more, drawn
+    [20_000, limited, 1, 1, 20_000]];
   for (const [every, failed, failures, drawn, want] of cases) {
     t.mock.method(Math, 'random', () => drawn);
     assert.equal(beatWait(every, failed, failures), want, `${every} ${failed} ${failures} ${drawn}`);
