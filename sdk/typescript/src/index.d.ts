@@ -552,7 +552,10 @@ export interface Structuring {
 }
 
 /** An effect type's policy (snake_case, as on the wire); version 0 and
- * updated_at null for a type still on the safe default. */
+ * updated_at null for a type still on the safe default. An amount (the
+ * *_micros fields, up to 10^18) above 2^53 micros is read as JSON.parse reads
+ * any number, rounded to the nearest double (by up to 64 micros): send
+ * updateEffectPolicy only the fields you change, not the policy read back. */
 export interface EffectPolicy {
   effect_type: string;
   version: number;
