@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,9 +20,11 @@ import (
 // The OpenAPI document is generated from the route table, and the answers
 // from the handlers: nothing but a check of one against the other keeps
 // them in step. Every answer a test reads through Env.Do is checked against
-// the document: its status must be one the route documents, and a JSON body
-// must match that status's schema. So every API test is a conformance test
-// of the document too.
+// the document: its status must be one the route documents, a JSON body
+// must match that status's schema, and an error's code must be one the
+// route lists for that status (x-error-codes: the route's own codes and
+// those any route of its kind may answer, which the document folds into
+// every list). So every API test is a conformance test of the document too.
 
 // openapiURL names the document as a schema resource; its response schemas
 // are compiled by JSON pointer and resolve their $refs within it.
@@ -117,6 +120,9 @@ func (c *openapiChecker) check(req *http.Request, status int, header http.Header
 		return fmt.Sprintf("%s %s answered %d, which the OpenAPI document does not list (%s)", method, path,
 			status, strings.TrimSpace(string(body)))
 	}
+	if msg := c.checkErrorCode(method, path, status, resp, header, body); msg != "" {
+		return msg
+	}
 	content, _ := resp["content"].(map[string]any)
 	if _, isJSON := content["application/json"]; !isJSON || !strings.HasPrefix(header.Get("Content-Type"), "application/json") {
 		return ""
@@ -136,6 +142,34 @@ func (c *openapiChecker) check(req *http.Request, status int, header http.Header
 			status, err, body)
 	}
 	return ""
+}
+
+// checkErrorCode says so when an error answer's code (a string
+// error.code: a protocol body of a route's own, as MCP's JSON-RPC error
+// with its numeric code, is left to the schema) is not one resp, the
+// route's response at status, lists in x-error-codes.
+func (c *openapiChecker) checkErrorCode(method, path string, status int, resp map[string]any, header http.Header, body []byte) string {
+	if status < 400 || !strings.HasPrefix(header.Get("Content-Type"), "application/json") {
+		return ""
+	}
+	var answer struct {
+		Error struct {
+			Code any `json:"code"`
+		} `json:"error"`
+	}
+	if json.Unmarshal(body, &answer) != nil {
+		return "" // not JSON: the schema's check says so
+	}
+	code, ok := answer.Error.Code.(string)
+	if !ok {
+		return ""
+	}
+	listed, _ := resp["x-error-codes"].([]any)
+	if slices.Contains(listed, any(code)) {
+		return ""
+	}
+	return fmt.Sprintf("%s %s answered %d %s, which the OpenAPI document does not list for it (x-error-codes %v): %s",
+		method, path, status, code, listed, strings.TrimSpace(string(body)))
 }
 
 func (c *openapiChecker) schema(ptr string) (*jsonschema.Schema, error) {

@@ -24,6 +24,16 @@ func TestOpenAPICheckFindsDisagreements(t *testing.T) {
 		"does not match the OpenAPI document")
 	require.Empty(t, c.check(get, http.StatusNotFound, jsonHeader,
 		[]byte(`{"error":{"code":"not_found","message":"No such effect in this workspace.","detail":{}}}`)))
+	// An error's code must be one the route lists for its status: its
+	// own (not_found here) and those any authenticated route may answer.
+	require.Empty(t, c.check(get, http.StatusUnauthorized, jsonHeader,
+		[]byte(`{"error":{"code":"unauthorized","message":"No key.","detail":{}}}`)))
+	require.Contains(t, c.check(get, http.StatusNotFound, jsonHeader,
+		[]byte(`{"error":{"code":"method_not_allowed","message":"No.","detail":{}}}`)),
+		"answered 404 method_not_allowed, which the OpenAPI document does not list for it")
+	require.Contains(t, c.check(get, http.StatusConflict, jsonHeader,
+		[]byte(`{"error":{"code":"invalid_state","message":"No.","detail":{}}}`)),
+		"answered 409, which the OpenAPI document does not list")
 	// Every timestamp is RFC 3339 in UTC (API.md §0).
 	effect := func(at string) []byte {
 		return []byte(`{"id":"eff_01m8kjt9g002extbwvcndh4bkd","effect_type":"a.b","idempotency_key":"k","state":"leased",` +
