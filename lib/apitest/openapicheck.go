@@ -105,9 +105,19 @@ func pointerPart(s string) string {
 }
 
 // check says what of the answer disagrees with the document ("" when
-// nothing does). A request to no route (a /v1 alias, an unknown path) is
-// not checked: the router's own tests cover those.
+// nothing does). A request on the legacy /v1 alias is checked as the route
+// it is served by (Server.ServeHTTP). A request to no route (an unknown
+// path or method, a console page) is not checked: the router's own tests
+// cover those.
 func (c *openapiChecker) check(req *http.Request, status int, header http.Header, body []byte) string {
+	if strings.HasPrefix(req.URL.Path, "/v1/") {
+		alias := req.Clone(req.Context())
+		alias.URL.Path = "/api" + req.URL.Path
+		if req.URL.RawPath != "" {
+			alias.URL.RawPath = "/api" + req.URL.RawPath
+		}
+		req = alias
+	}
 	_, pattern := c.mux.Handler(req)
 	method, path, ok := strings.Cut(pattern, " ")
 	if !ok || req.Method == http.MethodHead {

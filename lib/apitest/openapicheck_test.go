@@ -34,6 +34,9 @@ func TestOpenAPICheckFindsDisagreements(t *testing.T) {
 	require.Contains(t, c.check(get, http.StatusConflict, jsonHeader,
 		[]byte(`{"error":{"code":"invalid_state","message":"No.","detail":{}}}`)),
 		"answered 409, which the OpenAPI document does not list")
+	// The legacy alias is checked as the route it serves.
+	require.Contains(t, c.check(httptest.NewRequest("GET", "/v1/effects/eff_01m8kjt9g002extbwvcndh4bkd", nil),
+		http.StatusConflict, jsonHeader, []byte(`{}`)), "GET /api/v1/effects/{id} answered 409")
 	// Every timestamp is RFC 3339 in UTC (API.md §0).
 	effect := func(at string) []byte {
 		return []byte(`{"id":"eff_01m8kjt9g002extbwvcndh4bkd","effect_type":"a.b","idempotency_key":"k","state":"leased",` +
