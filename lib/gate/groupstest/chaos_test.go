@@ -317,9 +317,8 @@ func (c *chaos) check(t *testing.T) {
 		irreversible[id] = true
 	}
 	rows, err := f.env.App.Pool.Query(ctx, `SELECT e.id, e.state, e.compensation IS NOT NULL,
-		(SELECT count(*) FROM effects c WHERE c.compensates_effect_id = e.id),
-		(SELECT count(*) FROM effects c JOIN effect_attempts a ON a.effect_id = c.id
-		  WHERE c.compensates_effect_id = e.id AND a.outcome = 'succeeded')
+		(SELECT count(*) FROM effects c WHERE c.compensates_effect_id = e.id), `+compensationSuccesses+`,
+		`+compensationBegunAfterSuccess+`
 		FROM effects e WHERE e.group_id = $1 AND e.compensates_effect_id IS NULL`, c.group)
 	require.NoError(t, err)
 	defer rows.Close()
@@ -329,11 +328,13 @@ func (c *chaos) check(t *testing.T) {
 			id, state     string
 			hasComp       bool
 			comps, compOK int
+			begunAfter    bool
 		)
-		require.NoError(t, rows.Scan(&id, &state, &hasComp, &comps, &compOK))
+		require.NoError(t, rows.Scan(&id, &state, &hasComp, &comps, &compOK, &begunAfter))
 		steps++
 		require.LessOrEqual(t, comps, 1, id)
 		require.LessOrEqual(t, compOK, 1, "%s compensated more than once", id)
+		require.False(t, begunAfter, "%s: its compensation was begun again after its success was recorded", id)
 		switch {
 		case state != "succeeded":
 			require.False(t, reversed[id] || irreversible[id], "%s is %s", id, state)
@@ -362,4 +363,76 @@ func (c *chaos) check(t *testing.T) {
 	require.Zero(t, unannounced, "an approval decided unannounced")
 	require.Zero(t, twice, "an approval announced decided twice")
 	require.Zero(t, asked, "an approval not announced requested once")
+}
+
+// compensationSuccesses counts the times the compensation of forward step
+// e (an SQL row alias) is known to have succeeded: each attempt reported
+// succeeded, and one for a resolution to succeeded, however many attempts
+// it settled. Under on_indeterminate retry a compensation whose attempt
+// lapsed unreported may be retried (the documented risk), and that retry
+// may lapse too; a resolve (or a reconciliation) to succeeded then settles
+// every unknown attempt at once (README, gate_unknown_attempts, migration
+// 0026), so two attempts read succeeded with no execute granted after a
+// known success: the operator said the compensation happened, once. Only
+// one resolution can settle an effect succeeded (it is no longer
+// indeterminate after it), and a report needs a live lease, which no
+// settled effect grants again.
+const compensationSuccesses = `(SELECT count(*) FILTER (WHERE a.outcome = 'succeeded' AND a.resolved_at IS NULL)
+		  + CASE WHEN bool_or(a.outcome = 'succeeded' AND a.resolved_at IS NOT NULL) THEN 1 ELSE 0 END
+		FROM effects c JOIN effect_attempts a ON a.effect_id = c.id WHERE c.compensates_effect_id = e.id)`
+
+// compensationBegunAfterSuccess is true when an attempt of step e's
+// compensation started after a success of that compensation was recorded
+// (reported or resolved): what the gate must never grant. Strictly after:
+// with a frozen clock a same-instant record tells no order (the begin's own
+// check orders those).
+const compensationBegunAfterSuccess = `EXISTS (SELECT 1 FROM effects c
+		  JOIN effect_attempts s ON s.effect_id = c.id AND s.outcome = 'succeeded'
+		  JOIN effect_attempts l ON l.effect_id = c.id AND l.attempt > s.attempt
+		    AND l.started_at > coalesce(s.reported_at, s.resolved_at)
+		WHERE c.compensates_effect_id = e.id)`
+
+// TestGroupChaos failed once with "compensated more than once": a
+// compensation's attempt lapsed unreported, an unwind answered before the
+// lapse begun it again (a retry, under on_indeterminate retry), that lapsed
+// too, and one resolve to succeeded settled both unknown attempts. Its
+// check counts that resolution once, and still catches an attempt begun
+// after a recorded success.
+func TestChaosCountsOneResolutionOfACompensationOnce(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	f.must(http.StatusOK, "PUT", "/api/v1/policies/payment.refund", map[string]any{"lease_seconds": 5,
+		"max_attempts": 3, "on_indeterminate": "retry"})
+	g := f.group()
+	a := f.done(g, true)
+	item := f.unwind(g)["plan"].([]any)[0].(map[string]any)
+	comp := f.compensate(item, "")
+	f.clock.Add(6 * time.Second) // attempt 1 lapses unreported
+	require.Equal(t, comp, f.compensate(item, ""), "the retry is attempt 2 of the same compensation")
+	f.clock.Add(6 * time.Second) // attempt 2 lapses too
+	e := f.must(http.StatusOK, "POST", "/api/v1/effects/"+comp+"/resolve", map[string]any{"outcome": "succeeded"})
+	for i, att := range e["attempts"].([]any) {
+		require.Equal(t, "succeeded", att.(map[string]any)["outcome"], "attempt %d: one resolve settles both", i+1)
+	}
+	u := f.unwind(g)
+	require.Equal(t, "unwound", u["state"])
+	require.Equal(t, []string{a}, strs(u["reversed"]))
+
+	ctx := context.Background()
+	counted := func() (n int, begunAfter bool) {
+		require.NoError(t, f.env.App.Pool.QueryRow(ctx, `SELECT `+compensationSuccesses+`, `+
+			compensationBegunAfterSuccess+` FROM effects e WHERE e.id = $1`, a).Scan(&n, &begunAfter))
+		return n, begunAfter
+	}
+	n, begunAfter := counted()
+	require.Equal(t, 1, n, "one resolution is one known success")
+	require.False(t, begunAfter)
+
+	// Had attempt 1's success been recorded before attempt 2 began, the
+	// check says so.
+	_, err := f.env.App.Pool.Exec(ctx, `UPDATE effect_attempts a SET resolved_at = b.started_at - interval '1 second'
+		FROM effect_attempts b WHERE a.effect_id = $1 AND a.attempt = 1 AND b.effect_id = $1 AND b.attempt = 2`, comp)
+	require.NoError(t, err)
+	_, begunAfter = counted()
+	require.True(t, begunAfter, "attempt 2 began after attempt 1's recorded success")
 }
