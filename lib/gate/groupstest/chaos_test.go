@@ -401,8 +401,7 @@ const compensationBegunAfterSuccess = `EXISTS (SELECT 1 FROM effects c
 func TestChaosCountsOneResolutionOfACompensationOnce(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
-	f.must(http.StatusOK, "PUT", "/api/v1/policies/payment.refund", map[string]any{"lease_seconds": 5,
-		"max_attempts": 3, "on_indeterminate": "retry"})
+	f.retryRefunds(3)
 	g := f.group()
 	a := f.done(g, true)
 	item := f.unwind(g)["plan"].([]any)[0].(map[string]any)

@@ -372,8 +372,7 @@ func TestUnwindStopsAtUnknownOutcome(t *testing.T) {
 func TestARetriedCompensationWaitsForALaterMaybe(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
-	f.must(http.StatusOK, "PUT", "/api/v1/policies/payment.refund", map[string]any{"lease_seconds": 5,
-		"max_attempts": 3, "on_indeterminate": "retry"})
+	f.retryRefunds(3)
 	g := f.group()
 	a := f.done(g, true)
 	b := f.done(g, true)

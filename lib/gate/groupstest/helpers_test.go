@@ -129,6 +129,14 @@ func strs(v any) []string {
 	return out
 }
 
+// retryRefunds lets the compensations' type (payment.refund) be retried
+// after an unknown outcome, up to maxAttempts attempts of 5 s leases.
+func (f *fx) retryRefunds(maxAttempts int) {
+	f.t.Helper()
+	f.must(http.StatusOK, "PUT", "/api/v1/policies/payment.refund", map[string]any{"lease_seconds": 5,
+		"max_attempts": maxAttempts, "on_indeterminate": "retry"})
+}
+
 // compensate performs one plan item: begin it as the plan says, and report
 // outcome (nothing when outcome is "").
 func (f *fx) compensate(item map[string]any, outcome string) string {
