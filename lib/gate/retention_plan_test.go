@@ -44,11 +44,8 @@ func TestRetentionDeletesABatchOfEffectsByTheirIDs(t *testing.T) {
 			require.NoError(t, err, "%s, limit %d", mode, limit)
 			// The batch's effects read (after a probe a pair), for their
 			// runs' spend, and deleted; their attempts twice.
-			for table, most := range map[string]int{"effects": 4 * limit, "effect_attempts": 2 * limit,
-				"approvals": limit} {
-				require.LessOrEqual(t, read[table], most, "%s, limit %d: rows of %s read for a batch of %d effects: %v",
-					mode, limit, table, limit, testpg.Reads(nodes, table))
-			}
+			testpg.ReadsAtMost(t, read, nodes, map[string]int{"effects": 4 * limit, "effect_attempts": 2 * limit,
+				"approvals": limit}, fmt.Sprintf("%s: a batch of %d effects", mode, limit))
 		}
 	}
 }
@@ -105,11 +102,8 @@ func TestRetentionReadsABatchOfGroupsByTheirIDs(t *testing.T) {
 			// The batch's groups twice (read, deleted), its steps six
 			// times (counted, locked, and twice each for their approvals'
 			// ids and groups), their approvals twice.
-			for table, most := range map[string]int{"effect_groups": 2 * limit, "effects": 6 * steps * limit,
-				"approvals": 2 * steps * limit} {
-				require.LessOrEqual(t, read[table], most, "%s, limit %d: rows of %s read for a batch of %d groups: %v",
-					mode, limit, table, limit, testpg.Reads(nodes, table))
-			}
+			testpg.ReadsAtMost(t, read, nodes, map[string]int{"effect_groups": 2 * limit, "effects": 6 * steps * limit,
+				"approvals": 2 * steps * limit}, fmt.Sprintf("%s: a batch of %d groups", mode, limit))
 		}
 	}
 }
@@ -146,11 +140,8 @@ func TestRetentionDeletesABatchOfGroupsStepsByTheirGroups(t *testing.T) {
 			require.NoError(t, err, "%s, %d groups", mode, n)
 			// The steps read, for their runs' spend, and deleted; their
 			// attempts twice.
-			for table, most := range map[string]int{"effects": 3 * steps * n, "effect_attempts": 2 * steps * n,
-				"approvals": steps * n} {
-				require.LessOrEqual(t, read[table], most, "%s, %d groups: rows of %s read for a batch of %d groups: %v",
-					mode, n, table, n, testpg.Reads(nodes, table))
-			}
+			testpg.ReadsAtMost(t, read, nodes, map[string]int{"effects": 3 * steps * n, "effect_attempts": 2 * steps * n,
+				"approvals": steps * n}, fmt.Sprintf("%s: the steps of a batch of %d groups", mode, n))
 		}
 	}
 }

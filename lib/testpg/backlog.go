@@ -86,6 +86,21 @@ func RowsRead(ctx context.Context, tx pgx.Tx, mode, sql string, args ...any) (ma
 	return read, nodes, nil
 }
 
+// ReadsAtMost fails t for each relation in most of which the plan (RowsRead's
+// read and nodes) read more rows than its bound, naming how it read it; of
+// says what the statement ran on ("force_generic_plan, limit 100: a batch of
+// 100 runs"). The bounds are a few times a batch: a statement that reads its
+// table whole, or a backlog, is far over them.
+func ReadsAtMost(t testing.TB, read map[string]int, nodes []PlanNode, most map[string]int, of string) {
+	t.Helper()
+	for relation, bound := range most {
+		if read[relation] > bound {
+			t.Errorf("%s: %d rows of %s read, at most %d expected: %v", of, read[relation], relation, bound,
+				Reads(nodes, relation))
+		}
+	}
+}
+
 // rowsRead is how many rows a scan read over all its loops (EXPLAIN
 // ANALYZE's counts are each loop's average): those it returned and those
 // it removed by filter or recheck.
