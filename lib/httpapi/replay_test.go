@@ -678,3 +678,36 @@ func TestAReplayPreviewStaysWithinOneAnswer(t *testing.T) {
 		require.Equal(t, whole.JSON()["upgrades"].([]any)[0].(map[string]any)["validation"].([]any)[0], v[0])
 	}
 }
+
+// A page of a step's replays after a cursor naming none of its replays
+// (another step's replay) is refused, 400 naming cursor, as a cursor not
+// from the list is: it read after nothing and answered an empty last page,
+// so a walk handed the wrong cursor ended there with the step's replays
+// unread (QA). The step's own last replay still ends the walk, empty.
+func TestAStepsReplaysRefuseAnotherStepsReplayAsCursor(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t)
+	wid := e.register("send_email@1")
+	_, first := e.exhausted(wid, 1, 1)
+	_, second := e.exhausted(wid, 2, 1)
+	e.Must(http.StatusOK, "POST", "/api/v1/steps/"+first+"/replay", e.ws.Key, ack)
+	e.Must(http.StatusOK, "POST", "/api/v1/steps/"+second+"/replay", e.ws.Key, ack)
+	replayOf := func(stepID string) string {
+		data := e.Must(http.StatusOK, "GET", "/api/v1/steps/"+stepID+"/replays", e.ingest, nil).JSON()["data"].([]any)
+		require.Len(t, data, 1)
+		return data[0].(map[string]any)["id"].(string)
+	}
+	own, others := replayOf(first), replayOf(second)
+
+	end := e.Must(http.StatusOK, "GET", "/api/v1/steps/"+first+"/replays?cursor="+own, e.ingest, nil).JSON()
+	require.Empty(t, end["data"])
+	require.Nil(t, end["nextCursor"])
+	r := e.Do("GET", "/api/v1/steps/"+first+"/replays?cursor="+others, e.ingest, nil)
+	require.Equal(t, []string{"cursor"}, validationFields(t, r), "%s", r.Body)
+	require.Equal(t, "The request is invalid: cursor is not a cursor from this API.",
+		r.JSON()["error"].(map[string]any)["message"])
+	// Another workspace's step is still not found, whatever the cursor.
+	stranger := e.Signup()
+	require.Equal(t, http.StatusNotFound, e.Do("GET", "/api/v1/steps/"+first+"/replays?cursor="+others, stranger.Key,
+		nil).Status)
+}

@@ -93,8 +93,9 @@ func (s *Server) jobsRoutes() []Route {
 		{
 			Method: "GET", Pattern: "/api/v1/steps/{id}/replays", Name: "steps.replays", Tag: "jobs",
 			Scopes: runsRead,
-			Summary: "Page every replay of a step's durable job oldest first (the replay audit), where a step's " +
-				"reads answer its last 50 (replaysTruncated).",
+			Summary: "Page every replay of a step's durable job oldest first (the replay audit; cursor: the last " +
+				"replay's id, another step's being 400 invalid_request), where a step's reads answer its last 50 " +
+				"(replaysTruncated).",
 			Query: camelListParams, Response: CamelPage[jobs.Replay]{}, Status: 200,
 			Cursor: jobs.ValidReplayCursor,
 			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeNotFound}, Handle: s.listStepReplays,

@@ -1119,12 +1119,19 @@ func (s *Service) ListStepReplays(ctx context.Context, workspaceID, stepID, curs
 	if len(out) > 0 {
 		return out, nil
 	}
-	var exists bool
-	if err := s.pool.QueryRow(ctx, sqlStepExists, stepID, workspaceID).Scan(&exists); err != nil {
+	// An empty page: the step's last, or no step of the workspace, or a
+	// cursor naming none of the step's replays (another step's), which
+	// the page reads after nothing: it answered an empty last page, and a
+	// walk handed the wrong cursor ended there, its replays unread (QA).
+	var exists, known bool
+	if err := s.pool.QueryRow(ctx, sqlStepReplayCursor, stepID, workspaceID, cursor).Scan(&exists, &known); err != nil {
 		return nil, fmt.Errorf("step replays: %w", err)
 	}
 	if !exists {
 		return nil, apierr.NotFound("step")
+	}
+	if !known {
+		return nil, apierr.InvalidField("cursor", "is not a cursor from this API")
 	}
 	return []Replay{}, nil
 }

@@ -224,8 +224,11 @@ const sqlStepAttemptsPage = `SELECT ` + attemptColumns + ` FROM jobs j JOIN job_
 WHERE j.step_id = $1::text AND j.workspace_id = $2::text AND x.attempt > $3::int
 ORDER BY x.attempt LIMIT $4::int`
 
-// sqlStepExists says whether step $1 is workspace $2's.
-const sqlStepExists = `SELECT EXISTS (SELECT 1 FROM jobs WHERE step_id = $1::text AND workspace_id = $2::text)`
+// sqlStepReplayCursor says whether step $1 is workspace $2's, and whether
+// $3 is a replay of it (true for an empty $3, the first page's cursor).
+const sqlStepReplayCursor = `SELECT EXISTS (SELECT 1 FROM jobs WHERE step_id = $1::text AND workspace_id = $2::text),
+    $3::text = '' OR EXISTS (SELECT 1 FROM jobs j JOIN job_replays r ON r.job_id = j.id
+        WHERE j.step_id = $1::text AND j.workspace_id = $2::text AND r.id = $3::text)`
 
 var sqlStepByID = `SELECT ` + stepColumns + ` FROM jobs j JOIN job_endpoints e ON e.id = j.endpoint_id
 WHERE j.step_id = $1::text AND j.workspace_id = $2::text`
