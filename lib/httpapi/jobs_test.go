@@ -1338,3 +1338,67 @@ func TestJobRequestTagsRefuseWhatTheHandlersRefuse(t *testing.T) {
 		require.Contains(t, []int{http.StatusOK, http.StatusCreated}, r.Status, "%s %s: %s", p.pattern, raw, r.Body)
 	}
 }
+
+// Walking the runs list and a run's steps a page at a time while runs and
+// steps are added, all in one millisecond (the frozen clock: ids then order
+// by their random part alone), reads every run and step that existed
+// before the walk exactly once and none twice, whatever lands between the
+// pages; the walk ends on a null cursor.
+func TestListWalksAreStableUnderConcurrentInserts(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t)
+	runID := e.run()
+	before := map[string]bool{runID: true}
+	steps := map[string]bool{}
+	for n := range 40 {
+		before[e.run()] = true
+		steps[e.enqueue(runID, map[string]any{"name": "send_email", "version": "1", "input": n})["stepId"].(string)] = true
+	}
+	walk := func(path string) []string {
+		var seen []string
+		cursor := ""
+		for pages := 0; ; pages++ {
+			require.Less(t, pages, 100)
+			page := e.Must(http.StatusOK, "GET", path+"?limit=3&cursor="+cursor, e.ingest, nil).JSON()
+			for _, it := range page["data"].([]any) {
+				seen = append(seen, it.(map[string]any)["id"].(string))
+			}
+			next, ok := page["nextCursor"].(string)
+			if !ok {
+				return seen
+			}
+			cursor = next
+		}
+	}
+	var runsSeen, stepsSeen []string
+	apitest.StartTogether(4, func(i int) {
+		switch i {
+		case 0:
+			runsSeen = walk("/api/v1/runs")
+		case 1:
+			stepsSeen = walk("/api/v1/runs/" + runID + "/steps")
+		case 2:
+			for range 20 {
+				e.run()
+			}
+		case 3:
+			for n := range 20 {
+				e.enqueue(runID, map[string]any{"name": "send_email", "version": "1", "input": 100 + n})
+			}
+		}
+	})
+	for what, got := range map[string][]string{"runs": runsSeen, "steps": stepsSeen} {
+		want := before
+		if what == "steps" {
+			want = steps
+		}
+		counts := map[string]int{}
+		for _, id := range got {
+			counts[id]++
+			require.Equal(t, 1, counts[id], "%s: %s read twice", what, id)
+		}
+		for id := range want {
+			require.Equal(t, 1, counts[id], "%s: %s, there before the walk, not read", what, id)
+		}
+	}
+}
