@@ -103,8 +103,13 @@ func TestContractPublicationAndList(t *testing.T) {
 	require.Len(t, page["data"], 1)
 	require.Nil(t, page["nextCursor"])
 	require.Empty(t, e.contracts("unknown_tool"))
-	require.Equal(t, []string{"cursor"}, validationFields(t, e.Do("GET",
-		"/api/v1/tools/send_email/contracts?cursor=99999999999", e.ws.Key, nil)))
+	// A cursor is a version as the API writes it: another spelling of one
+	// is a mistyped cursor, refused as any other (QA: "+2" and "02" read
+	// the page after 2, "0" the first).
+	for _, cursor := range []string{"99999999999", "0", "02", "%2B2", "-1", "x"} {
+		require.Equal(t, []string{"cursor"}, validationFields(t, e.Do("GET",
+			"/api/v1/tools/send_email/contracts?cursor="+cursor, e.ws.Key, nil)), cursor)
+	}
 
 	// Without an outputSchema (or with null) any output is accepted: true.
 	for _, out := range []any{nil, "omit"} {

@@ -3,6 +3,7 @@ package httpapi_test
 import (
 	"net/http"
 	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -92,6 +93,11 @@ func TestAnEndpointsAttemptsAreReadNewestFirst(t *testing.T) {
 		"?outcome=LOST": "outcome", "?cursor=yesterday": "cursor", "?cursor=1:job_nope:1": "cursor", "?limit=0": "limit",
 		"?cursor=" + url.QueryEscape(cursor[:len(cursor)-1]+"0"):                  "cursor",
 		"?cursor=" + url.QueryEscape("1:"+email["jobId"].(string)+":99999999999"): "cursor", // no integer's attempt
+		// Another spelling of the cursor it answered is a mistyped one.
+		"?cursor=" + url.QueryEscape("+"+cursor):                                     "cursor",
+		"?cursor=" + url.QueryEscape("0"+cursor):                                     "cursor",
+		"?cursor=" + url.QueryEscape(strings.Replace(cursor, ":job_", ":+job_", 1)):  "cursor",
+		"?cursor=" + url.QueryEscape(cursor[:strings.LastIndex(cursor, ":")+1]+"01"): "cursor",
 	} {
 		r := e.Do("GET", path+query, e.ingest, nil)
 		require.Equal(t, http.StatusBadRequest, r.Status, "%s: %s", query, r.Body)

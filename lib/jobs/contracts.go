@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -230,8 +229,8 @@ func contractsCursor(cursor string) (int, bool) {
 	if cursor == "" {
 		return 0, true
 	}
-	n, err := strconv.Atoi(cursor)
-	return n, err == nil && n >= 0 && n <= math.MaxInt32
+	n, ok := cursorNumber(cursor, 1, math.MaxInt32)
+	return int(n), ok
 }
 
 // ListContracts pages through a tool's contracts by ascending

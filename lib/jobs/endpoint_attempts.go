@@ -3,6 +3,7 @@ package jobs
 import (
 	"context"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -63,12 +64,12 @@ func parseAttemptsCursor(cursor string) (attemptsAfter, error) {
 	if len(parts) != 3 || !ids.Valid(ids.Job, parts[1]) {
 		return attemptsAfter{}, bad
 	}
-	micros, err := strconv.ParseInt(parts[0], 10, 64)
-	if err != nil || micros < 0 {
+	micros, ok := cursorNumber(parts[0], 0, math.MaxInt64)
+	if !ok {
 		return attemptsAfter{}, bad
 	}
-	attempt, err := strconv.ParseInt(parts[2], 10, 32) // the column's integer
-	if err != nil || attempt < 1 {
+	attempt, ok := cursorNumber(parts[2], 1, math.MaxInt32) // the column's integer
+	if !ok {
 		return attemptsAfter{}, bad
 	}
 	started := time.UnixMicro(micros).UTC()

@@ -1088,11 +1088,16 @@ func AttemptCursor(a Attempt) string { return strconv.Itoa(a.Attempt) }
 
 // ParseAttemptCursor reads an AttemptCursor (ok false for anything else).
 func ParseAttemptCursor(cursor string) (after int, ok bool) {
-	n, err := strconv.ParseInt(cursor, 10, 32) // the column's integer
-	if err != nil || n < 1 || strconv.FormatInt(n, 10) != cursor {
-		return 0, false
-	}
-	return int(n), true
+	n, ok := cursorNumber(cursor, 1, math.MaxInt32) // the column's integer
+	return int(n), ok
+}
+
+// cursorNumber reads a cursor's number from min to max as the API writes
+// it, in decimal without sign or leading zeros: each page has one cursor,
+// so "007" or "+7" is no cursor from this API but a mistyped one.
+func cursorNumber(s string, min, max int64) (int64, bool) {
+	n, err := strconv.ParseInt(s, 10, 64)
+	return n, err == nil && n >= min && n <= max && strconv.FormatInt(n, 10) == s
 }
 
 // ListStepReplays pages a step's replays oldest first, after replay id
