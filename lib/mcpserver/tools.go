@@ -368,18 +368,22 @@ func withoutNulls(args json.RawMessage, object map[string]json.RawMessage) (json
 	return json.Marshal(object)
 }
 
-// BeginInput mirrors POST /api/v1/effects/begin.
+// BeginInput mirrors POST /api/v1/effects/begin. An integer field carries
+// its REST field's openapi bounds: the decoder words a refusal of 1.5 or
+// 2^64 from them (jsonstrict), as REST words it (MCP review: the tool said
+// "must be an integer" where REST names the bounds). The tool's schema
+// takes the REST body's own (like).
 type BeginInput struct {
 	EffectType          string             `json:"effect_type" jsonschema:"what kind of effect, e.g. email.send or payment.charge"`
 	IdempotencyKey      string             `json:"idempotency_key" jsonschema:"derived from the work, deterministically (refund:order_551:full), never random"`
 	Payload             any                `json:"payload,omitempty" jsonschema:"the arguments of the action; the same key with other arguments is refused"`
-	CostMicros          *int64             `json:"cost_micros,omitempty" jsonschema:"declared cost in micros of USD"`
+	CostMicros          *int64             `json:"cost_micros,omitempty" jsonschema:"declared cost in micros of USD" openapi:"min=0,max=1000000000000000000"`
 	Dimensions          map[string]string  `json:"dimensions,omitempty" jsonschema:"counterparties such as recipient, for per-destination ceilings"`
 	RunID               *string            `json:"run_id,omitempty"`
 	GroupID             *string            `json:"group_id,omitempty"`
 	Compensation        *CompensationInput `json:"compensation,omitempty" jsonschema:"how to undo it, should the effect's group be rolled back (needs group_id)"`
 	CompensatesEffectID *string            `json:"compensates_effect_id,omitempty"`
-	LeaseSeconds        *int               `json:"lease_seconds,omitempty"`
+	LeaseSeconds        *int               `json:"lease_seconds,omitempty" openapi:"min=1"`
 	RequestID           *string            `json:"request_id,omitempty" jsonschema:"16-255 random printable characters (a UUID) naming this call: send the same one when retrying a call whose answer was lost, and a lease still running is answered again"`
 }
 
@@ -403,13 +407,14 @@ type HeartbeatInput struct {
 	LeaseToken string `json:"lease_token"`
 }
 
-// ResolveInput mirrors POST /api/v1/effects/{id}/resolve.
+// ResolveInput mirrors POST /api/v1/effects/{id}/resolve (its attempt's
+// bounds as BeginInput's lease_seconds).
 type ResolveInput struct {
 	EffectID string `json:"effect_id" mcp:"url"`
 	Outcome  string `json:"outcome" jsonschema:"what the vendor's own record shows: succeeded or failed"`
 	Result   any    `json:"result,omitempty" jsonschema:"what the vendor's record shows the action returned (any JSON)"`
 	Note     string `json:"note,omitempty"`
-	Attempt  *int   `json:"attempt,omitempty" jsonschema:"the attempt you verified (the effect's latest unknown attempt, as ratchet_get_effect shows it); send it: the resolve then applies only to that attempt, so a retried resolve can never settle a later one (409 invalid_state names the attempt unresolved now)"`
+	Attempt  *int   `json:"attempt,omitempty" openapi:"min=1" jsonschema:"the attempt you verified (the effect's latest unknown attempt, as ratchet_get_effect shows it); send it: the resolve then applies only to that attempt, so a retried resolve can never settle a later one (409 invalid_state names the attempt unresolved now)"`
 }
 
 // EffectInput names one effect.

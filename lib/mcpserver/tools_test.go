@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -12,7 +14,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/gate"
 	"github.com/getratchet/ratchet/lib/mcpserver"
+	"github.com/getratchet/ratchet/lib/schematags"
 )
 
 // callRaw calls a tool with arguments exactly as written.
@@ -446,4 +450,68 @@ func TestARepeatedResolveWithoutAttemptSettlesALaterAttempt(t *testing.T) {
 		}
 	}
 	t.Fatal("ratchet_resolve is not listed")
+}
+
+// An integer argument the decoder refuses (1.5, 1e0, 2^64) is refused in
+// the words REST answers the same body field with, which name the bounds
+// its openapi tag gives it: the tool answered "lease_seconds must be an
+// integer" (and 2^64 "from -2^63 to 2^63-1") where REST answers "must be
+// an integer from 1 to 2^63-1", since the decoder words a refusal from the
+// tags of the type it decodes into, and the tool's input lacked them (MCP
+// review). Every integer field a tool's input shares with its REST body
+// carries the same bounds.
+func TestAnIntegerArgumentIsRefusedInRESTsWords(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	cs := connect(t, mcpserver.New(mcpserver.HandlerCaller{Handler: env.App.Server}, "Bearer "+ws.Key))
+	eff := env.Must(http.StatusOK, "POST", "/api/v1/effects/begin", ws.Key,
+		map[string]any{"effect_type": "m.x", "idempotency_key": "integer-words"}).JSON()["effect_id"].(string)
+	for _, c := range []struct{ tool, args, path, body string }{
+		{"ratchet_begin", `{"effect_type":"m.x","idempotency_key":"k","lease_seconds":1.5}`,
+			"/api/v1/effects/begin", `{"effect_type":"m.x","idempotency_key":"k","lease_seconds":1.5}`},
+		{"ratchet_begin", `{"effect_type":"m.x","idempotency_key":"k","lease_seconds":1e0}`,
+			"/api/v1/effects/begin", `{"effect_type":"m.x","idempotency_key":"k","lease_seconds":1e0}`},
+		{"ratchet_begin", `{"effect_type":"m.x","idempotency_key":"k","lease_seconds":18446744073709551616}`,
+			"/api/v1/effects/begin", `{"effect_type":"m.x","idempotency_key":"k","lease_seconds":18446744073709551616}`},
+		{"ratchet_resolve", `{"effect_id":"` + eff + `","outcome":"failed","attempt":1.5}`,
+			"/api/v1/effects/" + eff + "/resolve", `{"outcome":"failed","attempt":1.5}`},
+		{"ratchet_resolve", `{"effect_id":"` + eff + `","outcome":"failed","attempt":18446744073709551616}`,
+			"/api/v1/effects/" + eff + "/resolve", `{"outcome":"failed","attempt":18446744073709551616}`},
+	} {
+		text, isErr := callRaw(t, cs, c.tool, c.args)
+		require.True(t, isErr, "%s %s: %s", c.tool, c.args, text)
+		rest := env.Do("POST", c.path, ws.Key, c.body)
+		require.Equal(t, http.StatusBadRequest, rest.Status, "%s: %s", c.path, rest.Body)
+		var got map[string]any
+		require.NoError(t, json.Unmarshal([]byte(text), &got))
+		require.Equal(t, rest.JSON()["error"], got["error"], "%s %s", c.tool, c.args)
+	}
+
+	for _, pair := range [][2]reflect.Type{
+		{reflect.TypeFor[mcpserver.BeginInput](), reflect.TypeFor[gate.BeginRequest]()},
+		{reflect.TypeFor[mcpserver.CompensationInput](), reflect.TypeFor[gate.Compensation]()},
+		{reflect.TypeFor[mcpserver.ReportInput](), reflect.TypeFor[gate.ReportRequest]()},
+		{reflect.TypeFor[mcpserver.HeartbeatInput](), reflect.TypeFor[gate.HeartbeatRequest]()},
+		{reflect.TypeFor[mcpserver.ResolveInput](), reflect.TypeFor[gate.ResolveRequest]()},
+		{reflect.TypeFor[mcpserver.DecideInput](), reflect.TypeFor[gate.DecideRequest]()},
+	} {
+		tool, rest := pair[0], pair[1]
+		for f := range rest.Fields() {
+			ft := f.Type
+			if ft.Kind() == reflect.Pointer {
+				ft = ft.Elem()
+			}
+			if ft.Kind() < reflect.Int || ft.Kind() > reflect.Uint64 {
+				continue
+			}
+			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+			i := slices.IndexFunc(reflect.VisibleFields(tool), func(g reflect.StructField) bool {
+				n, _, _ := strings.Cut(g.Tag.Get("json"), ",")
+				return n == name
+			})
+			require.GreaterOrEqual(t, i, 0, "%s.%s", tool, name)
+			require.Equal(t, schematags.Rules(f), schematags.Rules(reflect.VisibleFields(tool)[i]), "%s.%s", tool, name)
+		}
+	}
 }
