@@ -344,6 +344,16 @@ func sentRequestIDs(t *testing.T, ready []byte) []string {
 	return ids
 }
 
+// holdingPipes are test pipes that hold a cancelled begin's lease for an
+// hour, and send each result they give back to released.
+func holdingPipes() (_ *drainingPipes, released chan string) {
+	d := newTestPipes(&bytes.Buffer{})
+	d.maxHold = time.Hour
+	released = make(chan string, 4)
+	d.release = func(result json.RawMessage) { released <- string(result) }
+	return d, released
+}
+
 // A begin without a request_id is sent under one of the binary's own, and
 // the lease of one cancelled after the server granted it is held for the
 // client's next begin of the same key, sent under the same request_id, so
@@ -352,11 +362,7 @@ func sentRequestIDs(t *testing.T, ready []byte) []string {
 // max_attempts 1 the key was then refused for good, though nothing acted).
 // A begin of another key gets a request_id of its own.
 func TestACancelledBeginsLeaseIsHeldForTheNextBeginOfItsKey(t *testing.T) {
-	var out bytes.Buffer
-	d := newTestPipes(&out)
-	d.maxHold = time.Hour
-	released := make(chan string, 4)
-	d.release = func(result json.RawMessage) { released <- string(result) }
+	d, released := holdingPipes()
 	d.read([]byte(keyedBegin("5", "k1")+"\n"+cancelLine("5")+"\n"), false)
 	require.Empty(t, d.wrote([]byte(keyedGrant("5"))), "a cancelled request was answered")
 	d.read([]byte(keyedBegin("6", "k1")+"\n"+keyedBegin("7", "k2")+"\n"), false)
@@ -385,6 +391,71 @@ func TestACancelledBeginsLeaseIsHeldForTheNextBeginOfItsKey(t *testing.T) {
 	case r := <-released:
 		t.Fatalf("a lease was given back: %s", r)
 	default:
+	}
+}
+
+// A begin sent to rejoin a held lease that is answered without it (a
+// tool error such as rate_limited, a JSON-RPC error; the begin itself
+// cancelled too) rejoined nothing: the lease, whose token no one holds, is
+// held again, so the next begin of its key still rejoins it, and is given
+// back at stdin's end (MCP review: it was dropped on the rejoin's sending,
+// and lapsed, the key answering in_flight, then blocked until an operator
+// resolved it). Whether the cancelled begin's answer came before the
+// rejoin was sent, while it was in flight or after it was refused does not
+// matter.
+func TestARefusedRejoinLeavesTheLeaseHeld(t *testing.T) {
+	refused := map[string]func(id string) string{
+		"tool error": func(id string) string {
+			return `{"jsonrpc":"2.0","id":` + id + `,"result":{"isError":true,"structuredContent":` +
+				`{"error":{"code":"rate_limited"}}}}` + "\n"
+		},
+		"JSON-RPC error": func(id string) string {
+			return `{"jsonrpc":"2.0","id":` + id + `,"error":{"code":-32603,"message":"Internal error"}}` + "\n"
+		},
+	}
+	const before, during, after = "before the rejoin", "while the rejoin was in flight", "after the rejoin was refused"
+	for name, refusal := range refused {
+		for _, grant := range []string{before, during, after} {
+			for _, cancelled := range []bool{false, true} {
+				what := fmt.Sprintf("%s, granted %s, rejoin cancelled %v", name, grant, cancelled)
+				d, released := holdingPipes()
+				d.read([]byte(keyedBegin("5", "k1")+"\n"+cancelLine("5")+"\n"), false)
+				if grant == before {
+					require.Empty(t, d.wrote([]byte(keyedGrant("5"))))
+				}
+				d.read([]byte(keyedBegin("6", "k1")+"\n"), false)
+				if cancelled {
+					d.read([]byte(cancelLine("6")+"\n"), false)
+				}
+				if grant == during {
+					require.Empty(t, d.wrote([]byte(keyedGrant("5"))))
+				}
+				require.Equal(t, cancelled, d.wrote([]byte(refusal("6"))) == nil, what)
+				if grant == after {
+					require.Empty(t, d.wrote([]byte(keyedGrant("5"))))
+				}
+				d.mu.Lock()
+				releasing := d.releasing
+				d.mu.Unlock()
+				require.Zero(t, releasing, "%s: given back before its hold ended", what)
+				require.Empty(t, released, "%s: given back before its hold ended", what)
+
+				d.read([]byte(keyedBegin("7", "k1")+"\n"), false)
+				ids := sentRequestIDs(t, d.ready)
+				require.Len(t, ids, 3)
+				require.Equal(t, ids[0], ids[2], "%s: the next begin of the key was not sent to rejoin the held lease", what)
+				require.NotEmpty(t, d.wrote([]byte(refusal("7"))))
+
+				d.read(nil, true)
+				go d.waitAnswered()
+				select {
+				case r := <-released:
+					require.Contains(t, r, `"lease_token":"tok"`, what)
+				case <-time.After(30 * time.Second):
+					t.Fatalf("%s: the lease was never given back", what)
+				}
+			}
+		}
 	}
 }
 

@@ -79,6 +79,7 @@ type request struct {
 	key       beginKey   // its effect type and idempotency key, when it was sent under requestID
 	requestID string     // the request_id it was sent under, the binary's own ("" when none)
 	held      *heldLease // its lease, held for a begin of its key once it was cancelled
+	rejoins   *heldLease // the held lease it was sent to rejoin (hold.go), if any
 	cancelled bool       // the client cancelled it: its answer is not written
 }
 
@@ -368,6 +369,9 @@ func (d *drainingPipes) wrote(b []byte) []byte {
 		if id, result, ok := answer(line); ok {
 			r := d.pending[id]
 			delete(d.pending, id)
+			if r != nil && r.rejoins != nil {
+				d.rejoinAnswered(r, result)
+			}
 			if r != nil && r.cancelled {
 				if r.begin && result != nil {
 					d.dropped(r, result)

@@ -43,6 +43,10 @@ type heldLease struct {
 	result    json.RawMessage // the dropped tool result, for release; nil until it came
 	timer     *time.Timer     // ends the hold once result came
 	taken     bool            // rejoined, or given back (mu)
+	// rejoining is set while a begin sent to rejoin it (request.rejoins)
+	// is unanswered: refused, that begin leaves the lease held again
+	// (rejoinAnswered).
+	rejoining bool
 }
 
 // underRequestID is line, a tools/call of ratchet_begin without a
@@ -83,15 +87,52 @@ func (d *drainingPipes) underRequestID(line []byte, params json.RawMessage, r *r
 	if !ok {
 		return line
 	}
-	if h != nil { // rejoined: this begin's answer holds the lease
-		h.taken = true
+	if h != nil { // rejoined: this begin's answer holds the lease, unless it is refused (rejoinAnswered)
+		h.taken, h.rejoining = true, true
 		if h.timer != nil {
 			h.timer.Stop()
 		}
 		delete(d.held, key)
+		r.rejoins = h
 	}
 	r.key, r.requestID = key, id
 	return out
+}
+
+// rejoinAnswered settles the held lease r was sent to rejoin (underRequestID)
+// now that r is answered with result (nil for a JSON-RPC error). An execute
+// holds the key's lease: the held one, or a later one once it ended. Any
+// other answer (rate_limited, database_unavailable, server_unreachable, an
+// argument refused) rejoined nothing, and the lease, whose token no one
+// holds, is held again for the next begin of its key and given back when
+// the hold ends, as before r came (MCP review: it was dropped, and lapsed,
+// the key answering in_flight, then blocked until an operator resolved it).
+// Another begin of the key holding its place, or stdin's end, gives it back
+// at once. mu is held.
+func (d *drainingPipes) rejoinAnswered(r *request, result json.RawMessage) {
+	h := r.rejoins
+	h.rejoining = false
+	if _, ok := mcpserver.GrantOf(result); ok {
+		return
+	}
+	if own := r.held; own != nil && d.held[r.key] == own {
+		// r was cancelled too: its own hold holds nothing, its answer
+		// granting nothing.
+		own.taken = true
+		delete(d.held, r.key)
+	}
+	h.taken = false
+	if d.ended || d.held[r.key] != nil {
+		if h.result != nil {
+			h.taken = true
+			d.releaseUnseen(h.result)
+		}
+		return // its result still to come: given back then (dropped)
+	}
+	d.held[r.key] = h
+	if h.result != nil {
+		d.keep(h, r.key)
+	}
 }
 
 // withRequestID is line, a tools/call message, with request_id set among
@@ -150,21 +191,34 @@ func (d *drainingPipes) holdFrom(r *request) {
 // rejoining begin's. mu is held.
 func (d *drainingPipes) dropped(r *request, result json.RawMessage) {
 	h := r.held
+	if h != nil && h.rejoining {
+		// A begin of its key went to rejoin it and is not yet answered:
+		// refused, it leaves the lease held again (rejoinAnswered).
+		if _, ok := mcpserver.GrantOf(result); ok {
+			h.result = result
+		}
+		return
+	}
 	if h == nil || d.ended || d.held[r.key] != h {
 		if h == nil || !h.taken {
 			d.releaseUnseen(result)
 		}
 		return
 	}
-	grant, ok := mcpserver.GrantOf(result)
-	if !ok {
+	if _, ok := mcpserver.GrantOf(result); !ok {
 		// No lease to give back; but a begin of the key still goes under
 		// its request_id, which rejoins a lease granted to a call whose
 		// answer was lost (server_unreachable, outcome unknown).
 		return
 	}
 	h.result = result
-	key := r.key
+	d.keep(h, r.key)
+}
+
+// keep ends the hold of h, held for key with its result, after holdFor:
+// unless a begin rejoined it, it is given back then. mu is held.
+func (d *drainingPipes) keep(h *heldLease, key beginKey) {
+	grant, _ := mcpserver.GrantOf(h.result)
 	h.timer = time.AfterFunc(d.holdFor(grant), func() {
 		d.mu.Lock()
 		defer d.mu.Unlock()
