@@ -19,6 +19,7 @@ import (
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/gate"
 	"github.com/getratchet/ratchet/lib/jsonstrict"
+	"github.com/getratchet/ratchet/lib/jsonx"
 	"github.com/getratchet/ratchet/lib/schematags"
 )
 
@@ -313,7 +314,18 @@ func decodeArguments[In any](args json.RawMessage, resolved, urlOnly *jsonschema
 		return in, err
 	}
 	if err := jsonstrict.DecodeNumbers(args, &in); err != nil {
-		return in, limitWording(err, urlOnly)
+		page, ok := any(&in).(limitRefuser)
+		if !ok {
+			return in, err
+		}
+		if args, err = withoutRefusedLimit(err, urlOnly, object); err != nil {
+			return in, err
+		}
+		in = *new(In) // what the refused decode left in it
+		if err := jsonstrict.DecodeNumbers(args, &in); err != nil {
+			return in, err
+		}
+		page.refuseLimit()
 	}
 	var check map[string]any // the schema validates plain values
 	if err := json.Unmarshal(args, &check); err != nil {
@@ -330,20 +342,32 @@ func decodeArguments[In any](args json.RawMessage, resolved, urlOnly *jsonschema
 	return in, nil
 }
 
-// limitWording is err, except that a limit argument of the URL (urlOnly's)
-// that the decoder refuses (1.5, "5", 2^63) is refused in the words REST
-// answers its ?limit= with (apierr.LimitRule), the same code and field: it
-// was told only "must be an integer", without the bounds REST names (QA).
-func limitWording(err error, urlOnly *jsonschema.Resolved) error {
+// withoutRefusedLimit answers err, the decoder's refusal of the arguments
+// (whose members are object's), unless the decoder refused a list's limit
+// (urlOnly's) alone (1.5, "5", 2^63): then it answers the arguments without
+// it, to be sent with a limit REST refuses (refuseLimit), so that REST
+// answers it in its words for ?limit= (apierr.LimitRule) together with the
+// call's other problems (MCP review: a bad cursor or state beside it went
+// unnamed, and before that it was told only "must be an integer").
+func withoutRefusedLimit(err error, urlOnly *jsonschema.Resolved, object map[string]json.RawMessage) (json.RawMessage, error) {
 	e, ok := apierr.As(err)
 	if !ok || urlOnly.Schema().Properties["limit"] == nil {
-		return err
+		return nil, err
 	}
-	if problems, _ := e.Detail["validation"].([]apierr.FieldError); len(problems) == 1 && problems[0].Field == "limit" {
-		return apierr.InvalidField("limit", "%s", apierr.LimitRule)
+	if problems, _ := e.Detail["validation"].([]apierr.FieldError); len(problems) != 1 || problems[0].Field != "limit" {
+		return nil, err
 	}
-	return err
+	delete(object, "limit")
+	args, merr := jsonx.Marshal(object)
+	if merr != nil {
+		return nil, err
+	}
+	return args, nil
 }
+
+// limitRefuser is a list tool's input (Page's), whose limit the decoder
+// refused.
+type limitRefuser interface{ refuseLimit() }
 
 // withoutNulls is args (whose members are object's) without its members
 // that are null: a tool's optional arguments are nullable in its schema
@@ -434,11 +458,25 @@ type ListEffectsInput struct {
 type Page struct {
 	Limit  *int   `json:"limit,omitempty" jsonschema:"rows per page, 1-200 (default 50); a page ends early, with next_cursor, when its rows would pass what one answer holds" mcp:"url"`
 	Cursor string `json:"cursor,omitempty" jsonschema:"the previous page's next_cursor" mcp:"url"`
+	// refused is set when the decoder refused the limit (not an integer
+	// of Go's int): it is sent as a value REST refuses, as it refuses
+	// that one, in the same words (withoutRefusedLimit).
+	refused bool
 }
+
+// notALimit is the limit sent for one the decoder refused: REST answers
+// every value that is not an integer from 1 to 200 in the same words, and
+// never quotes it.
+const notALimit = "not-an-integer"
+
+func (p *Page) refuseLimit() { p.refused = true }
 
 func (p Page) params() map[string]string {
 	out := map[string]string{"cursor": p.Cursor}
-	if p.Limit != nil {
+	switch {
+	case p.refused:
+		out["limit"] = notALimit
+	case p.Limit != nil:
 		out["limit"] = strconv.Itoa(*p.Limit) // out of range: the API's 400
 	}
 	return out

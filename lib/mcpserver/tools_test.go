@@ -373,6 +373,10 @@ func TestURLArgumentsAreRefusedAsRESTRefusesThem(t *testing.T) {
 		{"ratchet_list_effects", map[string]any{"state": "bogus", "effect_type": "a b", "limit": -1},
 			"/api/v1/effects?state=bogus&effect_type=a+b&limit=-1"},
 		{"ratchet_list_approvals", map[string]any{"state": "bogus", "limit": 500}, "/api/v1/approvals?state=bogus&limit=500"},
+		// A limit the decoder refuses is listed with the call's other
+		// problems, as REST lists them (MCP review: it was answered alone).
+		{"ratchet_list_effects", map[string]any{"state": "bogus", "limit": 1.5}, "/api/v1/effects?state=bogus&limit=1.5"},
+		{"ratchet_list_approvals", map[string]any{"cursor": "zzz", "limit": "5"}, "/api/v1/approvals?cursor=zzz&limit=%225%22"},
 		{"ratchet_get_policy", map[string]any{"effect_type": "a b"}, "/api/v1/policies/a%20b"},
 		{"ratchet_get_policy", map[string]any{"effect_type": strings.Repeat("x", 101)}, "/api/v1/policies/" + strings.Repeat("x", 101)},
 		// A dot segment is sent escaped: it would name no route.
