@@ -175,12 +175,7 @@ func call(ctx context.Context, c Caller, req *mcp.CallToolRequest, defaultAuth, 
 	if method == http.MethodPost && path == beginPath {
 		tool = beginTool
 	}
-	auth := defaultAuth
-	if req != nil && req.Extra != nil && req.Extra.Header != nil {
-		if h := req.Extra.Header.Get("Authorization"); h != "" {
-			auth = h
-		}
-	}
+	auth := authOf(req, defaultAuth)
 	// Unescaped (jsonx.Marshal): json.Marshal wrote each <, > and & as six
 	// bytes, so a result within the API's limit through REST was refused
 	// payload_too_large through MCP, after the agent had acted (QA).
@@ -205,17 +200,7 @@ func call(ctx context.Context, c Caller, req *mcp.CallToolRequest, defaultAuth, 
 	if ctx.Err() != nil {
 		resp = saidStopped(ctx, resp)
 	}
-	// Only a 2xx is the tool's success; a redirect (which no route answers
-	// on purpose) is an error too.
-	res := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: string(resp)}},
-		IsError: status < 200 || status >= 300}
-	// Numbers stay as the API wrote them (json.Number), not float64s.
-	var structured map[string]any
-	dec := json.NewDecoder(bytes.NewReader(resp))
-	dec.UseNumber()
-	if !nestsDeeperThan(resp, MaxAnswerNesting-structuredLevels) && dec.Decode(&structured) == nil {
-		res.StructuredContent = structured
-	}
+	res := resultOf(status, resp)
 	var undo func(context.Context)
 	if b, ok := body.(BeginInput); ok && b.RequestID == nil && path == beginPath {
 		// A lease only this answer would have told of: given back, as
@@ -228,6 +213,33 @@ func call(ctx context.Context, c Caller, req *mcp.CallToolRequest, defaultAuth, 
 		}
 	}
 	return fit(ctx, tool, res, undo, readsOutcome(method, path, tool, res))
+}
+
+// authOf is the Authorization a tool call's REST call is sent with: the
+// header of the HTTP request that carried it, else defaultAuth.
+func authOf(req *mcp.CallToolRequest, defaultAuth string) string {
+	if req != nil && req.Extra != nil && req.Extra.Header != nil {
+		if h := req.Extra.Header.Get("Authorization"); h != "" {
+			return h
+		}
+	}
+	return defaultAuth
+}
+
+// resultOf is the tool result of resp, the API's answer with status: its
+// JSON as text and as structured content, numbers as the API wrote them
+// (json.Number), not float64s. Only a 2xx is the tool's success; a
+// redirect (which no route answers on purpose) is an error too.
+func resultOf(status int, resp []byte) *mcp.CallToolResult {
+	res := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: string(resp)}},
+		IsError: status < 200 || status >= 300}
+	var structured map[string]any
+	dec := json.NewDecoder(bytes.NewReader(resp))
+	dec.UseNumber()
+	if !nestsDeeperThan(resp, MaxAnswerNesting-structuredLevels) && dec.Decode(&structured) == nil {
+		res.StructuredContent = structured
+	}
+	return res
 }
 
 // readsOutcome names the tool that reads what a call changed, when it

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"net/url"
 	"reflect"
 	"regexp"
@@ -93,7 +94,11 @@ func define[In any](name, description, needs string, route func(In) (method, pat
 				defer stop()
 				in, err := decodeArguments[In](req.Params.Arguments, resolved, urlOnly)
 				if err != nil {
-					return fit(ctx, name, argumentsError(err), nil, "")
+					res := refusedBeforeItsBody(ctx, c, authOf(req, defaultAuth), route, req.Params.Arguments, urlOnly, err)
+					if res == nil {
+						res = argumentsError(err)
+					}
+					return fit(ctx, name, res, nil, "")
 				}
 				method, path, body := route(in)
 				return call(ctx, c, req, defaultAuth, method, path, body)
@@ -280,6 +285,65 @@ func urlArguments(schema *jsonschema.Schema, t reflect.Type) *jsonschema.Schema 
 	}
 	walk(t)
 	return out
+}
+
+// bodyProbe is the body sent to learn whether a REST route refuses a call
+// before it reads its body (refusedBeforeItsBody): one no route takes.
+const bodyProbe = "[]"
+
+// refusedBeforeItsBody is the REST route's answer to a call whose
+// arguments the tool refused (err, the decoder's refusal of body
+// arguments only), when the route refuses that call before it reads a
+// body: 401 or 403 for the key (forbidden with detail.required for a scope
+// it lacks), 429, 404 for an id that names nothing. REST checks those
+// first, so the same body sent to it is answered so (MCP review: a key
+// without effects:resolve sending attempt "1" was told invalid_request,
+// where REST answers forbidden). The route is sent the URL the arguments
+// name and a body it refuses unread (bodyProbe), so nothing acts; nil
+// when it reads that body (the tool's refusal is then REST's own, in its
+// words), when a URL argument is at fault or the route is not a write.
+func refusedBeforeItsBody[In any](ctx context.Context, c Caller, auth string, route func(In) (string, string, any),
+	args json.RawMessage, urlOnly *jsonschema.Resolved, err error) *mcp.CallToolResult {
+	e, ok := apierr.As(err)
+	if !ok {
+		return nil
+	}
+	inURL := urlOnly.Schema().Properties
+	problems, _ := e.Detail["validation"].([]apierr.FieldError)
+	if len(problems) == 0 {
+		return nil
+	}
+	for _, p := range problems {
+		if top, _, _ := strings.Cut(p.Field, "."); inURL[top] != nil {
+			return nil
+		}
+	}
+	var object map[string]json.RawMessage
+	if json.Unmarshal(args, &object) != nil {
+		return nil
+	}
+	urlArgs := map[string]json.RawMessage{}
+	for name, v := range object {
+		if inURL[name] != nil && string(bytes.TrimSpace(v)) != "null" {
+			urlArgs[name] = v
+		}
+	}
+	raw, merr := jsonx.Marshal(urlArgs)
+	var in In
+	var check map[string]any
+	if merr != nil || jsonstrict.DecodeNumbers(raw, &in) != nil || json.Unmarshal(raw, &check) != nil ||
+		urlOnly.Validate(&check) != nil {
+		return nil
+	}
+	method, path, _ := route(in)
+	if method != http.MethodPost {
+		return nil
+	}
+	status, resp, cerr := c.Call(ctx, method, path, auth, []byte(bodyProbe))
+	if cerr != nil || status == http.StatusBadRequest || (status >= 200 && status < 300) || !fromAPI(status, resp) {
+		return nil
+	}
+	return resultOf(status, resp)
 }
 
 // errorResult is a tool's failure, {"error": wire}, as text and structured.

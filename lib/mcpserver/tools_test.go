@@ -483,13 +483,7 @@ func TestAnIntegerArgumentIsRefusedInRESTsWords(t *testing.T) {
 		{"ratchet_resolve", `{"effect_id":"` + eff + `","outcome":"failed","attempt":18446744073709551616}`,
 			"/api/v1/effects/" + eff + "/resolve", `{"outcome":"failed","attempt":18446744073709551616}`},
 	} {
-		text, isErr := callRaw(t, cs, c.tool, c.args)
-		require.True(t, isErr, "%s %s: %s", c.tool, c.args, text)
-		rest := env.Do("POST", c.path, ws.Key, c.body)
-		require.Equal(t, http.StatusBadRequest, rest.Status, "%s: %s", c.path, rest.Body)
-		var got map[string]any
-		require.NoError(t, json.Unmarshal([]byte(text), &got))
-		require.Equal(t, rest.JSON()["error"], got["error"], "%s %s", c.tool, c.args)
+		refusedAsREST(t, env, cs, ws.Key, c.tool, c.args, c.path, c.body, http.StatusBadRequest)
 	}
 
 	for _, pair := range [][2]reflect.Type{
@@ -518,4 +512,57 @@ func TestAnIntegerArgumentIsRefusedInRESTsWords(t *testing.T) {
 			require.Equal(t, schematags.Rules(f), schematags.Rules(reflect.VisibleFields(tool)[i]), "%s.%s", tool, name)
 		}
 	}
+}
+
+// Arguments the tool refuses as REST refuses the body are answered as REST
+// answers the same call, which checks the key's scopes (and an id's form)
+// before it reads a body: a key without the route's scope is told
+// forbidden with detail.required, not invalid_request (MCP review: an
+// AGENT key sending a resolve's attempt "1" was told to fix the argument,
+// then, fixed, that it may not resolve). Nothing acts.
+func TestARefusedBodyIsAnsweredInRESTsOrder(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	agent := env.Key(ws, map[string]any{"name": "agent", "preset": "AGENT"})
+	reader := env.Key(ws, map[string]any{"name": "reader", "scopes": []string{"effects:read"}})
+	eff := env.Must(http.StatusOK, "POST", "/api/v1/effects/begin", ws.Key,
+		map[string]any{"effect_type": "m.x", "idempotency_key": "refused-order"}).JSON()["effect_id"].(string)
+	const approval = "apr_01m98xta8528fpczwrkkvckkbm"
+	for _, c := range []struct {
+		key, tool, args, path, body string
+		status                      int
+	}{
+		{agent, "ratchet_resolve", `{"effect_id":"` + eff + `","outcome":"failed","attempt":"1"}`,
+			"/api/v1/effects/" + eff + "/resolve", `{"outcome":"failed","attempt":"1"}`, http.StatusForbidden},
+		{agent, "ratchet_decide_approval", `{"approval_id":"` + approval + `","decision":"approve","note":5}`,
+			"/api/v1/approvals/" + approval + "/approve", `{"note":5}`, http.StatusForbidden},
+		{reader, "ratchet_begin", `{"effect_type":"m.x","idempotency_key":"k","lease_seconds":"5"}`,
+			"/api/v1/effects/begin", `{"effect_type":"m.x","idempotency_key":"k","lease_seconds":"5"}`, http.StatusForbidden},
+		{agent, "ratchet_report", `{"effect_id":"eff_x","lease_token":5,"outcome":"failed"}`,
+			"/api/v1/effects/eff_x/report", `{"lease_token":5,"outcome":"failed"}`, http.StatusNotFound},
+		// A key that may call the route is told what REST tells it of the body.
+		{agent, "ratchet_report", `{"effect_id":"` + eff + `","lease_token":5,"outcome":"failed","result":null}`,
+			"/api/v1/effects/" + eff + "/report", `{"lease_token":5,"outcome":"failed"}`, http.StatusBadRequest},
+	} {
+		cs := connect(t, mcpserver.New(mcpserver.HandlerCaller{Handler: env.App.Server}, "Bearer "+c.key))
+		refusedAsREST(t, env, cs, c.key, c.tool, c.args, c.path, c.body, c.status)
+	}
+	effects := env.Must(http.StatusOK, "GET", "/api/v1/effects", ws.Key, nil).JSON()["data"].([]any)
+	require.Len(t, effects, 1)
+	require.Equal(t, "leased", effects[0].(map[string]any)["state"])
+}
+
+// refusedAsREST requires tool, called with args (as written) through cs,
+// to be refused with the error POST path answers body under key, which
+// answers status.
+func refusedAsREST(t *testing.T, env *apitest.Env, cs *mcp.ClientSession, key, tool, args, path, body string, status int) {
+	t.Helper()
+	text, isErr := callRaw(t, cs, tool, args)
+	require.True(t, isErr, "%s %s: %s", tool, args, text)
+	rest := env.Do("POST", path, key, body)
+	require.Equal(t, status, rest.Status, "%s: %s", path, rest.Body)
+	var got map[string]any
+	require.NoError(t, json.Unmarshal([]byte(text), &got))
+	require.Equal(t, rest.JSON()["error"], got["error"], "%s %s", tool, args)
 }
