@@ -153,7 +153,8 @@ func customOrDefault(custom bool) string {
 // Retry-After, up to a minute) and up to a fifth of it more, drawn at random
 // so that clients refused together do not all come back at once, a 409 retry_request at once, a 503 database_unavailable that
 // changed nothing with backoff, and one whose outcome is unknown, other 5xx
-// responses (a 503's Retry-After heeded up to 8 s) and lost answers (network
+// responses (a 503's Retry-After heeded up to 8 s, and up to a fifth of it
+// more, drawn at random, as a 429's) and lost answers (network
 // errors, the HTTP client's Timeout) with capped exponential backoff and
 // jitter, but only for calls that are idempotent (every effect-gate and job
 // call is, by idempotency key, Idempotency-Key header or lease token;
@@ -305,22 +306,25 @@ const outcomeNotApplied = "not_applied"
 // limits count per minute.
 const maxRateLimitWaitSeconds = 60
 
-// rateLimitSpread bounds how much a 429's wait is lengthened at random, as
-// a divisor of the wait the server asked for: up to a fifth more (12 s on a
-// whole minute, 0.2 s on one second). The limiter counts fixed one-minute
-// windows and tells every client it refused in one to come back at that
-// window's end: waiting exactly that long brought them all back at the same
-// instant, where the first few spent the new window's allowance and the
-// rest were refused again (sdk QA). A spread in proportion to the wait, as
-// gRPC's backoff jitter is, scatters a herd refused early in a window over
-// a fifth of the next one; a few seconds' wait is lengthened by less than a
-// second. The Python and TypeScript SDKs spread theirs the same.
-const rateLimitSpread = 5
+// retryAfterSpread bounds how much a 429's or a 503's Retry-After is
+// lengthened at random, as a divisor of the wait the server asked for: up
+// to a fifth more (12 s on a whole minute, 0.2 s on one second). The
+// limiter counts fixed one-minute windows and tells every client it refused
+// in one to come back at that window's end: waiting exactly that long
+// brought them all back at the same instant, where the first few spent the
+// new window's allowance and the rest were refused again (sdk QA); a 503's
+// (a proxy's maintenance page, a host shedding load) told every client it
+// turned away the same instant too, and was waited exactly. A spread in
+// proportion to the wait, as gRPC's backoff jitter is, scatters a herd
+// refused early in a window over a fifth of the next one; a few seconds'
+// wait is lengthened by less than a second. The Python and TypeScript SDKs
+// spread theirs the same.
+const retryAfterSpread = 5
 
-// rateLimitWait is the wait after a 429 that asked for d: never less than
-// d, and up to a fifth more, drawn by jitter (in [0, 1)).
-func rateLimitWait(d time.Duration, jitter func() float64) time.Duration {
-	return d + time.Duration(jitter()*float64(d/rateLimitSpread))
+// retryAfterWait is the wait after a 429 or a 503 that asked for d: never
+// less than d, and up to a fifth more, drawn by jitter (in [0, 1)).
+func retryAfterWait(d time.Duration, jitter func() float64) time.Duration {
+	return d + time.Duration(jitter()*float64(d/retryAfterSpread))
 }
 
 // Backoff bounds for 5xx and network errors.
@@ -466,7 +470,7 @@ func (c *Client) retryDelay(err error, attempt int, safe idempotency) (time.Dura
 			// cut to that, so a heartbeat does not sleep its lease away and
 			// a huge header cannot overflow into no wait at all (review).
 			secs := min(max(apiErr.RetryAfterSeconds(), 1), maxRateLimitWaitSeconds)
-			return rateLimitWait(time.Duration(secs)*time.Second, c.jitter), true
+			return retryAfterWait(time.Duration(secs)*time.Second, c.jitter), true
 		case apiErr.Code == CodeRetryRequest:
 			// At once after a lost race (begin); after the pause the server
 			// asks for while the first request under an Idempotency-Key is
@@ -487,9 +491,9 @@ func (c *Client) retryDelay(err error, attempt int, safe idempotency) (time.Dura
 			// load) is the earliest the server wants to see us again, up
 			// to the backoff's cap: a heartbeat or a report that slept a
 			// maintenance page's two minutes would let its lease lapse
-			// (review).
+			// (review). It is then spread as a 429's is.
 			wait := min(time.Duration(apiErr.RetryAfterSeconds())*time.Second, backoffCap)
-			return max(c.backoff(attempt), wait), bool(safe)
+			return max(c.backoff(attempt), retryAfterWait(wait, c.jitter)), bool(safe)
 		case apiErr.StatusCode >= 500:
 			return c.backoff(attempt), bool(safe)
 		}

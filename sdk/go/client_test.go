@@ -324,6 +324,44 @@ func TestRateLimitWaitIsSpreadNeverShortened(t *testing.T) {
 	}
 }
 
+// A 503's Retry-After (a proxy's maintenance page, a host shedding load),
+// heeded up to the backoff's cap, is spread as a 429's is: waited exactly,
+// it brought every client it turned away back at one instant.
+func TestServiceUnavailableRetryAfterIsSpreadNeverShortened(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		detail bool // in the envelope's detail, not (a proxy's bare 503) the header
+		secs   int
+		jitter float64
+		want   time.Duration
+	}{
+		{true, 5, 0, 5 * time.Second},
+		{true, 5, 0.5, 5500 * time.Millisecond},
+		{false, 5, 0.999, 5999 * time.Millisecond},
+		{false, 3600, 0.5, 8800 * time.Millisecond}, // the backoff's cap, then the spread
+	} {
+		seq := &sequence{steps: []func(http.ResponseWriter, *http.Request){
+			func(w http.ResponseWriter, r *http.Request) {
+				if tc.detail {
+					apiError(w, http.StatusServiceUnavailable, "unavailable", map[string]any{"retry_after_seconds": tc.secs})
+					return
+				}
+				w.Header().Set("Retry-After", fmt.Sprint(tc.secs))
+				w.WriteHeader(http.StatusServiceUnavailable)
+			},
+			func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, map[string]any{"id": "run_1"}) },
+		}}
+		c, log := testClient(t, seq)
+		c.jitter = func() float64 { return tc.jitter } // the backoff's draw too: at most 0.5 s, below the Retry-After
+		if _, err := c.GetRun(context.Background(), "run_1"); err != nil {
+			t.Fatal(err)
+		}
+		if got := log.all(); len(got) != 1 || got[0] != tc.want {
+			t.Errorf("Retry-After %d (detail %v), jitter %v: sleeps %v, want %v", tc.secs, tc.detail, tc.jitter, got, tc.want)
+		}
+	}
+}
+
 func TestRateLimitedRetryAfterHeader(t *testing.T) {
 	t.Parallel()
 	seq := &sequence{steps: []func(http.ResponseWriter, *http.Request){
@@ -362,8 +400,9 @@ func TestRetryAfterDateAndServiceUnavailable(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := log.all()
-	if len(got) != 2 || got[0] < 4400*time.Millisecond || got[0] > 6600*time.Millisecond || got[1] != 6*time.Second {
-		t.Fatalf("sleeps %v, want about 5.5s then 6s", got)
+	// The 503's 6 s and half its fifth (the test client draws 0.5).
+	if len(got) != 2 || got[0] < 4400*time.Millisecond || got[0] > 6600*time.Millisecond || got[1] != 6600*time.Millisecond {
+		t.Fatalf("sleeps %v, want about 5.5s then 6.6s", got)
 	}
 }
 
@@ -390,8 +429,9 @@ func TestRequestTimeoutIsSentAgain(t *testing.T) {
 }
 
 // A 503's Retry-After is heeded up to the backoff's cap (a heartbeat that
-// slept a maintenance page's two minutes would lose its lease), and a call
-// that is not idempotent is not repeated after a 503 whatever it says.
+// slept a maintenance page's two minutes would lose its lease), then spread
+// (TestServiceUnavailableRetryAfterIsSpreadNeverShortened), and a call that
+// is not idempotent is not repeated after a 503 whatever it says.
 func TestServiceUnavailableRetryAfterIsCapped(t *testing.T) {
 	t.Parallel()
 	unavailable := func(w http.ResponseWriter, r *http.Request) {
@@ -405,8 +445,8 @@ func TestServiceUnavailableRetryAfterIsCapped(t *testing.T) {
 	if _, err := c.GetRun(context.Background(), "run_1"); err != nil {
 		t.Fatal(err)
 	}
-	if got := log.all(); len(got) != 1 || got[0] != backoffCap {
-		t.Fatalf("sleeps %v, want %v", got, backoffCap)
+	if got, want := log.all(), backoffCap+backoffCap/10; len(got) != 1 || got[0] != want { // half the spread drawn
+		t.Fatalf("sleeps %v, want %v", got, want)
 	}
 	once := &sequence{steps: []func(http.ResponseWriter, *http.Request){unavailable}}
 	c, log = testClient(t, once)

@@ -88,8 +88,8 @@ type StartOptions struct {
 	// nth failure in a row the worker waits PollInterval doubled n-1 times,
 	// at most a minute (or PollInterval when that is longer), half of it
 	// jittered, and never less than the server's Retry-After
-	// (detail.retry_after_seconds) within the same cap (a 429's and up to
-	// a fifth of it more, drawn at random). Only a refusal no
+	// (detail.retry_after_seconds) within the same cap (and up to a fifth
+	// of it more, drawn at random, as after a 429 or a 503). Only a refusal no
 	// retry mends stops it (see Worker.Done). Calls are made in order on a goroutine of the
 	// worker's own, never on the poll loop, a heartbeat or the reporter, so
 	// a slow OnError holds up no work (up to 256 notices wait for it; more
@@ -400,8 +400,8 @@ func (w *Worker) register(ctx context.Context, stopping chan struct{}, refs []To
 // jitter), so that a fleet of workers neither hammers a server that is down
 // nor comes back all at once; and at least the server's Retry-After
 // (detail.retry_after_seconds, or the header of a 429 or 503) when err has
-// one, within the same cap, so that a long one cannot park the worker (a
-// 429's lengthened by up to a fifth, drawn by jitter: retryAfter).
+// one, within the same cap, so that a long one cannot park the worker
+// (lengthened by up to a fifth, drawn by jitter: retryAfter).
 func failureWait(pollInterval time.Duration, n int, err error, jitter func() float64) time.Duration {
 	limit := max(pollInterval, maxFailureWait)
 	d := pollInterval
@@ -414,11 +414,11 @@ func failureWait(pollInterval time.Duration, n int, err error, jitter func() flo
 }
 
 // retryAfter is err's Retry-After (an API error's detail.retry_after_seconds,
-// or a 429's or 503's header) up to limit; 0 when it has none. A 429's is
-// then lengthened by up to a fifth, drawn by jitter, as the client's own
-// retry of one is (rateLimitWait): the workers of a fleet that the limiter
-// refused in one window were all told to come back at its end, and came
-// back together, most to be refused again.
+// or a 429's or 503's header) up to limit, then lengthened by up to a
+// fifth, drawn by jitter, as the client's own retry of a 429 or a 503 is
+// (retryAfterWait): the workers of a fleet that the limiter (or a proxy's
+// 503) refused together were all told to come back at one instant, and came
+// back together, most to be refused again; 0 when it has none.
 func retryAfter(err error, limit time.Duration, jitter func() float64) time.Duration {
 	var apiErr *Error
 	if !errors.As(err, &apiErr) {
@@ -432,10 +432,7 @@ func retryAfter(err error, limit time.Duration, jitter func() float64) time.Dura
 	if secs < int(limit/time.Second) {
 		d = time.Duration(secs) * time.Second
 	}
-	if apiErr.StatusCode == http.StatusTooManyRequests {
-		return rateLimitWait(d, jitter)
-	}
-	return d
+	return retryAfterWait(d, jitter)
 }
 
 // keyRefused says whether a call's failure says the worker's key no longer
@@ -1589,8 +1586,8 @@ func (w *Worker) heartbeatEvery(end time.Time, j ClaimedJob) time.Duration {
 // failureWait's backoff from minHeartbeat, as after failed claims: 1, 2, 4,
 // 8 s... (doubled n-1 times), half of it drawn by jitter, so that the
 // workers of a fleet do not all try again at the same marks after an
-// outage, and at least the server's Retry-After (a 429's, and up to a fifth
-// more drawn by jitter, a 503's); either
+// outage, and at least the server's Retry-After (a 429's or a 503's, and up
+// to a fifth more drawn by jitter); either
 // never past every, a third of the lease left, so that at least two more
 // tries fit before it lapses. The Python and TypeScript workers pace theirs
 // the same (sdk QA: Go retried inside its client, 0.5-8 s apart, and then

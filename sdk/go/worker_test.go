@@ -2906,6 +2906,8 @@ func TestHeartbeatWait(t *testing.T) {
 	down := &Error{StatusCode: http.StatusServiceUnavailable, Code: "service_unavailable"}
 	limited := &Error{StatusCode: http.StatusTooManyRequests, Code: CodeRateLimited,
 		Detail: map[string]any{"retry_after_seconds": 30}}
+	unavailable := &Error{StatusCode: http.StatusServiceUnavailable, // a proxy's Retry-After
+		Detail: map[string]any{"retry_after_seconds": 30}}
 	lost := &netError{err: io.ErrUnexpectedEOF}
 	cases := []struct {
 		every    time.Duration
@@ -2927,6 +2929,8 @@ func TestHeartbeatWait(t *testing.T) {
 		{time.Minute, limited, 1, 0, 30 * time.Second},
 		{time.Minute, limited, 1, 0.5, 33 * time.Second}, // and up to a fifth more, drawn
 		{20 * time.Second, limited, 1, 1, 20 * time.Second},
+		{time.Minute, unavailable, 1, 0, 30 * time.Second},
+		{time.Minute, unavailable, 1, 0.5, 33 * time.Second}, // a 503's spread alike
 	}
 	for _, c := range cases {
 		if got := heartbeatWait(c.every, c.failed, c.failures, func() float64 { return c.drawn }); got != c.want {

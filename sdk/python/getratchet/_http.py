@@ -39,11 +39,20 @@ BACKOFF_CAP = 8.0
 # A 429's wait is cut to the rate windows' minute.
 MAX_RATE_LIMIT_WAIT = 60
 # ... and lengthened by up to a fifth of it, drawn at random (never
-# shortened), as the Go SDK's rateLimitSpread: the limiter tells every client
+# shortened), as the Go SDK's retryAfterSpread: the limiter tells every client
 # it refused in one of its one-minute windows to come back at that window's
 # end, and waiting exactly that long brought them all back at the same
-# instant, most to be refused again.
-RATE_LIMIT_SPREAD = 5
+# instant, most to be refused again. A 503's Retry-After (a proxy's
+# maintenance page, a host shedding load) is spread the same: every client it
+# turned away was told the same instant (it was waited exactly).
+_RETRY_AFTER_SPREAD = 5
+
+
+def spread_retry_after(seconds: float, drawn: float) -> float:
+    """The wait after a Retry-After that asked for seconds (a 429's or a
+    503's): never less, and up to a fifth more, drawn (in [0, 1)). The
+    transport's retries and the worker's waits spread theirs alike."""
+    return seconds + drawn * seconds / _RETRY_AFTER_SPREAD
 # How often a call sent under an Idempotency-Key waits while the server
 # still holds the key for an earlier attempt (409 retry_request).
 MAX_KEY_HELD_WAITS = 40
@@ -467,7 +476,7 @@ class Transport:
         (after attempt repeats), or None when it must not be repeated."""
         if err.status == 429:
             # The limiter refused before acting: any call may repeat.
-            return self.rate_limit_wait(float(min(max(err.retry_after_seconds, 1), MAX_RATE_LIMIT_WAIT)))
+            return self.retry_after_wait(float(min(max(err.retry_after_seconds, 1), MAX_RATE_LIMIT_WAIT)))
         if err.code == RETRY_REQUEST:
             return float(err.retry_after_seconds)
         if err.code == REQUEST_TIMEOUT or (err.code == DATABASE_UNAVAILABLE
@@ -475,15 +484,17 @@ class Transport:
             return self.backoff(attempt)
         if err.status >= 500 and safe:
             # A 503's Retry-After is heeded up to the backoff's cap, so a
-            # heartbeat does not sleep its lease away.
-            return max(self.backoff(attempt), min(float(err.retry_after_seconds), BACKOFF_CAP))
+            # heartbeat does not sleep its lease away, and then spread as a
+            # 429's is.
+            return max(self.backoff(attempt), self.retry_after_wait(min(float(err.retry_after_seconds), BACKOFF_CAP)))
         return None
 
-    def rate_limit_wait(self, seconds: float) -> float:
-        """The wait after a 429 that asked for seconds: never less, and up
-        to a fifth more, drawn at random."""
+    def retry_after_wait(self, seconds: float) -> float:
+        """The wait after a 429 or a 503 that asked for seconds: never
+        less, and up to a fifth more, drawn at random (spread_retry_after)."""
         with self._jitter_lock:
-            return seconds + self._jitter.random() * seconds / RATE_LIMIT_SPREAD
+            drawn = self._jitter.random()
+        return spread_retry_after(seconds, drawn)
 
     def backoff(self, attempt: int) -> float:
         """Capped exponential backoff, half fixed and half random."""

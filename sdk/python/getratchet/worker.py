@@ -17,7 +17,7 @@ from typing import Any, Callable, Deque, Dict, Hashable, List, Optional, Set, Tu
 from . import _json
 from ._aio import await_alone
 from ._failurelog import LOGGER, FailureLog
-from ._http import RATE_LIMIT_SPREAD, Abort, Transport, new_request_id, path_id
+from ._http import Abort, Transport, new_request_id, path_id, spread_retry_after
 from ._secrets import hide_secrets
 from ._time import lease_seconds
 from .errors import (FORBIDDEN, INVALID_REQUEST, INVALID_STATE, LEASE_EXPIRED, LEASE_LOST, MAX_RETRY_AFTER_MS,
@@ -580,8 +580,8 @@ class Worker:
         runs: after the nth failure in a row the worker waits poll_interval
         doubled n-1 times, at most a minute (or poll_interval when longer),
         half of it jittered, and never less than the server's Retry-After
-        (detail.retry_after_seconds) within that cap (a 429's and up to a
-        fifth of it more, drawn at random). So start() waits out
+        (detail.retry_after_seconds) within that cap (and up to a fifth of
+        it more, drawn at random, as after a 429 or a 503). So start() waits out
         an outage before it registers (under one Idempotency-Key), until
         Ratchet's own refusal (401, 403, 400 in its error envelope: raised at
         once; a proxy's bare 400, 401 or 404 is waited out as a 5xx is), a
@@ -1806,17 +1806,14 @@ def _failure_wait(poll_interval: float, n: int, err: BaseException) -> float:
 
 def _retry_after(err: BaseException, limit: float) -> float:
     """err's Retry-After (detail.retry_after_seconds, or a 429's or 503's
-    header) in seconds, up to limit; 0 when it has none. A 429's is then
-    lengthened by up to a fifth, drawn at random, as the transport's own
-    retry of one is (the Go SDK's retryAfter): the workers of a fleet that
-    the limiter refused in one window were all told to come back at its end,
-    and came back together, most to be refused again."""
+    header) in seconds, up to limit, then lengthened by up to a fifth, drawn
+    at random, as the transport's own retry of a 429 or a 503 is (the Go
+    SDK's retryAfter): the workers of a fleet that the limiter (or a proxy's
+    503) refused together were all told to come back at one instant, and
+    came back together, most to be refused again; 0 when it has none."""
     if not isinstance(err, RatchetError):
         return 0.0
-    wait = float(min(err.retry_after_seconds, limit))
-    if err.status == 429:
-        wait += random.random() * wait / RATE_LIMIT_SPREAD
-    return wait
+    return spread_retry_after(float(min(err.retry_after_seconds, limit)), random.random())
 
 
 def _key_refused(err: BaseException) -> bool:
@@ -1858,7 +1855,8 @@ def _beat_wait(every: float, failed: Optional[BaseException], failures: int) -> 
     row _failure_wait's backoff from _MIN_HEARTBEAT, as after failed claims:
     1, 2, 4, 8 s... (doubled n-1 times), half of it drawn at random, so that
     the workers of a fleet do not all try again at the same marks after an
-    outage, and at least the server's Retry-After (a 429's, a 503's); either
+    outage, and at least the server's Retry-After (a 429's, a 503's, and up
+    to a fifth of it more, drawn at random); either
     never past every, a third of the lease left, so that at least two more
     tries fit before it lapses (sdk QA: this SDK waited a third of the lease
     left at once, Go retried inside its client; the backoff had no

@@ -166,21 +166,35 @@ class TransportTest(unittest.TestCase):
         # less: every client the limiter refused in one window is told to
         # come back at its end, and waiting exactly that long brought them
         # all back at the same instant, most to be refused again (sdk QA).
-        class Drawn:
-            def __init__(self, value: float) -> None:
-                self.value = value
-
-            def random(self) -> float:
-                return self.value
-
         for seconds, drawn, want in [(7, 0.0, 7.0), (7, 0.25, 7.35), (10, 0.999, 11.998), (1, 0.5, 1.1),
                                      (3600, 0.5, 66.0)]:  # the minute's cap, then the spread
-            t, server, waits = self.transport([(429, error("rate_limited", retry_after_seconds=seconds), {}),
-                                               (200, {"id": "run_1"}, {})])
-            t._jitter = Drawn(drawn)  # type: ignore[assignment]
-            self.assertEqual(t.call("GET", "/runs/run_1", safe=True), {"id": "run_1"})
-            self.assertEqual(len(waits), 1)
-            self.assertAlmostEqual(waits[0], want, places=9, msg=(seconds, drawn))
+            self.assert_waited_once((429, error("rate_limited", retry_after_seconds=seconds), {}), drawn, want)
+
+    def test_a_503s_retry_after_is_spread_never_shortened(self) -> None:
+        # A 503's Retry-After (a proxy's maintenance page, a host shedding
+        # load), heeded up to the backoff's 8 s cap, is spread as a 429's
+        # is: waited exactly, it brought every client it turned away back at
+        # one instant.
+        for answer, drawn, want in [
+                ((503, error("unavailable", retry_after_seconds=5), {}), 0.0, 5.0),
+                ((503, error("unavailable", retry_after_seconds=5), {}), 0.5, 5.5),
+                ((503, None, {"Retry-After": "5"}), 0.999, 5.999),  # a proxy's bare 503
+                ((503, None, {"Retry-After": "3600"}), 0.5, 8.8)]:  # the backoff's cap, then the spread
+            # The backoff's draw too: at most 0.5 s, below the Retry-After.
+            self.assert_waited_once(answer, drawn, want)
+
+    def assert_waited_once(self, answer, drawn: float, want: float) -> None:
+        """A safe call answered answer, then 200, waits once: want seconds,
+        the transport's jitter drawing drawn."""
+        class Drawn:
+            def random(self) -> float:
+                return drawn
+
+        t, server, waits = self.transport([answer, (200, {"id": "run_1"}, {})])
+        t._jitter = Drawn()  # type: ignore[assignment]
+        self.assertEqual(t.call("GET", "/runs/run_1", safe=True), {"id": "run_1"})
+        self.assertEqual(len(waits), 1)
+        self.assertAlmostEqual(waits[0], want, places=9, msg=(answer, drawn))
 
     def test_a_5xx_is_repeated_only_for_a_safe_call(self) -> None:
         t, server, waits = self.transport([(500, error("internal_error"), {}), (200, {"ok": 1}, {})])
@@ -2408,12 +2422,14 @@ class WorkerRulesTest(unittest.TestCase):
         # the lease left, nor is a Retry-After, which is honoured within it.
         down = RatchetError(503, "service_unavailable", "down")
         limited = RatchetError(429, "rate_limited", "slow down", {"retry_after_seconds": 30})
+        unavailable = RatchetError(503, "", "Service Unavailable", {"retry_after_seconds": 30})  # a proxy's Retry-After
         cases = [(20.0, None, 0, 0.0, 20.0), (20.0, down, 1, 1.0, 1.0), (20.0, down, 1, 0.0, 0.5),
                  (20.0, ConnectionLost("lost"), 2, 1.0, 2.0), (20.0, ConnectionLost("lost"), 2, 0.5, 1.5),
                  (20.0, down, 4, 0.0, 4.0), (10.0, down, 5, 1.0, 10.0), (3.0, down, 3, 1.0, 3.0),
                  (60.0, down, 60, 1.0, 60.0), (20.0, limited, 1, 0.0, 20.0), (60.0, limited, 1, 0.0, 30.0),
                  (60.0, limited, 1, 0.5, 33.0),  # and up to a fifth more, drawn
-                 (20.0, limited, 1, 1.0, 20.0)]
+                 (20.0, limited, 1, 1.0, 20.0),
+                 (60.0, unavailable, 1, 0.0, 30.0), (60.0, unavailable, 1, 0.5, 33.0)]  # a 503's spread alike
         for every, failed, failures, drawn, want in cases:
             with mock.patch("getratchet.worker.random.random", return_value=drawn):
                 self.assertEqual(_beat_wait(every, failed, failures), want, (every, failed, failures, drawn))

@@ -15,12 +15,21 @@ export const DEFAULT_BASE_URL = 'https://getratchet.app';
 export const backoffTimes = { baseMs: 500, capMs: 8_000 };
 // A 429's wait is cut to the rate windows' minute, and lengthened by up to a
 // fifth of it, drawn at random (never shortened), as the Go SDK's
-// rateLimitSpread: the limiter tells every client it refused in one of its
+// retryAfterSpread: the limiter tells every client it refused in one of its
 // one-minute windows to come back at that window's end, and waiting exactly
 // that long brought them all back at the same instant, most to be refused
-// again.
+// again. A 503's Retry-After (a proxy's maintenance page, a host shedding
+// load) is spread the same: every client it turned away was told the same
+// instant (it was waited exactly).
 const MAX_RATE_LIMIT_WAIT_S = 60;
-export const RATE_LIMIT_SPREAD = 5;
+const RETRY_AFTER_SPREAD = 5;
+
+/** The wait (ms) after a Retry-After that asked for ms (a 429's or a
+ * 503's): never less, and up to a fifth more, drawn (in [0, 1)). The
+ * transport's retries and the worker's waits spread theirs alike. */
+export function spreadRetryAfter(ms, drawn) {
+  return ms + drawn * (ms / RETRY_AFTER_SPREAD);
+}
 // How often a call sent under an Idempotency-Key waits while the server
 // still holds the key for an earlier attempt (409 retry_request).
 const MAX_KEY_HELD_WAITS = 40;
@@ -286,23 +295,24 @@ export class Transport {
   /** How long to wait (ms) before repeating a call that failed with err,
    * or null when it must not be repeated. */
   retryDelay(err, attempt, safe) {
-    if (err.status === 429) return this.rateLimitWait(Math.min(Math.max(err.retryAfterSeconds, 1), MAX_RATE_LIMIT_WAIT_S) * 1000);
+    if (err.status === 429) return this.retryAfterWait(Math.min(Math.max(err.retryAfterSeconds, 1), MAX_RATE_LIMIT_WAIT_S) * 1000);
     if (err.code === 'retry_request') return err.retryAfterSeconds * 1000;
     if (err.code === 'request_timeout' || (err.code === 'database_unavailable' && err.detail.outcome === 'not_applied')) {
       return this.backoff(attempt);
     }
     if (err.status >= 500 && safe) {
       // A 503's Retry-After is heeded up to the backoff's cap, so a
-      // heartbeat does not sleep its lease away.
-      return Math.max(this.backoff(attempt), Math.min(err.retryAfterSeconds * 1000, backoffTimes.capMs));
+      // heartbeat does not sleep its lease away, and then spread as a
+      // 429's is.
+      return Math.max(this.backoff(attempt), this.retryAfterWait(Math.min(err.retryAfterSeconds * 1000, backoffTimes.capMs)));
     }
     return null;
   }
 
-  /** The wait (ms) after a 429 that asked for ms: never less, and up to a
-   * fifth more, drawn at random. */
-  rateLimitWait(ms) {
-    return ms + this.jitter() * (ms / RATE_LIMIT_SPREAD);
+  /** The wait (ms) after a 429 or a 503 that asked for ms: never less, and
+   * up to a fifth more, drawn at random (spreadRetryAfter). */
+  retryAfterWait(ms) {
+    return spreadRetryAfter(ms, this.jitter());
   }
 
   /** Capped exponential backoff (ms), half fixed and half random. */

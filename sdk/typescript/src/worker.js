@@ -7,7 +7,7 @@ import {
 import { FailureLog } from './failurelog.js';
 import { stringify, stringifyFinite } from './json.js';
 import { redactMessage } from './redact.js';
-import { RATE_LIMIT_SPREAD, newRequestId, pathId, sleep, timerMs } from './transport.js';
+import { newRequestId, pathId, sleep, spreadRetryAfter, timerMs } from './transport.js';
 
 /** Whether fn is a generator function (function* or async function*), whose
  * body does not run when it is called. */
@@ -84,15 +84,14 @@ export class CancelledError extends Error {
 const jittered = (ms) => ms * (0.9 + Math.random() * 0.2);
 
 /** err's Retry-After (detail.retry_after_seconds, or a 429's or 503's
- * header) in ms, up to limitMs; 0 when it has none. A 429's is then
- * lengthened by up to a fifth, drawn at random, as the transport's own retry
- * of one is (the Go SDK's retryAfter): the workers of a fleet that the
- * limiter refused in one window were all told to come back at its end, and
- * came back together, most to be refused again. */
+ * header) in ms, up to limitMs, then lengthened by up to a fifth, drawn at
+ * random, as the transport's own retry of a 429 or a 503 is (the Go SDK's
+ * retryAfter): the workers of a fleet that the limiter (or a proxy's 503)
+ * refused together were all told to come back at one instant, and came back
+ * together, most to be refused again; 0 when it has none. */
 function retryAfterMs(err, limitMs) {
   if (!(err instanceof RatchetError)) return 0;
-  const ms = Math.min(err.retryAfterSeconds * 1000, limitMs);
-  return err.status === 429 ? ms + Math.random() * (ms / RATE_LIMIT_SPREAD) : ms;
+  return spreadRetryAfter(Math.min(err.retryAfterSeconds * 1000, limitMs), Math.random());
 }
 
 /** The wait after the nth failure in a row (from 1) of the worker's
@@ -436,7 +435,7 @@ export class Worker {
    * after the nth failure in a row the worker waits pollIntervalMs doubled
    * n-1 times, at most a minute (or pollIntervalMs when longer), half of it
    * jittered, and never less than the server's Retry-After within that cap
-   * (a 429's and up to a fifth of it more, drawn at random); so the registration waits out an outage (under one Idempotency-Key),
+   * (and up to a fifth of it more, drawn at random, as after a 429 or a 503); so the registration waits out an outage (under one Idempotency-Key),
    * and a stop meanwhile resolves start() having run nothing. stopGraceMs
    * (10 000 by default, as the Go and Python workers') is how long, once a
    * stop's deadline passed, aborted handlers have to return and be
@@ -1255,7 +1254,8 @@ function beatEvery(leaseEnd, timeoutMs) {
  * failureWait's backoff from MIN_HEARTBEAT_MS, as after failed claims: 1, 2,
  * 4, 8 s... (doubled n-1 times), half of it drawn at random, so that the
  * workers of a fleet do not all try again at the same marks after an
- * outage, and at least the server's Retry-After (a 429's, a 503's); either
+ * outage, and at least the server's Retry-After (a 429's, a 503's, and up
+ * to a fifth of it more, drawn at random); either
  * never past every, a third of the lease left, so that at least two more
  * tries fit before it lapses (sdk QA: this SDK waited a third of the lease
  * left at once, Go retried inside its client; the backoff had no jitter). */

@@ -94,6 +94,23 @@ test('a 429\'s wait is spread, never shortened', async (t) => {
   }
 });
 
+// A 503's Retry-After (a proxy's maintenance page, a host shedding load),
+// heeded up to the backoff's 8 s cap, is spread as a 429's is: waited
+// exactly, it brought every client it turned away back at one instant.
+test('a 503\'s Retry-After is spread, never shortened', async (t) => {
+  for (const [answer, drawn, want] of [
+    [[503, error('unavailable', { retry_after_seconds: 5 })], 0, 5000],
+    [[503, error('unavailable', { retry_after_seconds: 5 })], 0.5, 5500],
+    [[503, null, { 'Retry-After': '5' }], 0.999, 5999], // a proxy's bare 503
+    [[503, null, { 'Retry-After': '3600' }], 0.5, 8800]]) { // the backoff's cap, then the spread
+    const { t: tr, waits } = await transport(t, [answer, [200, { id: 'run_1' }]]);
+    tr.jitter = () => drawn; // the backoff's draw too: at most 0.5 s, below the Retry-After
+    assert.deepEqual(await tr.call('GET', '/runs/run_1', undefined, { safe: true }), { id: 'run_1' });
+    assert.equal(waits.length, 1);
+    assert.ok(Math.abs(waits[0] - want) < 1e-6, `${JSON.stringify(answer)}, drawn ${drawn}: waited ${waits}, want ${want}`);
+  }
+});
+
 test('a 5xx is repeated only for a safe call', async (t) => {
   let { t: tr, waits } = await transport(t, [[500, error('internal_error')], [200, { ok: 1 }]]);
   assert.deepEqual(await tr.call('POST', '/jobs/j/report', {}, { safe: true }), { ok: 1 });
@@ -1481,13 +1498,15 @@ test('a failed heartbeat backs off within the lease', async (t) => {
 test('the heartbeat backoff is jittered and never waits past a third of the lease left', (t) => {
   const down = new RatchetError(503, 'service_unavailable', 'down');
   const limited = new RatchetError(429, 'rate_limited', 'slow down', { retry_after_seconds: 30 });
+  const unavailable = new RatchetError(503, '', 'Service Unavailable', { retry_after_seconds: 30 }); // a proxy's Retry-After
   const lost = new ConnectionLostError('lost');
   const cases = [[20_000, null, 0, 0, 20_000], [20_000, down, 1, 1, 1_000], [20_000, down, 1, 0, 500],
     [20_000, lost, 2, 1, 2_000], [20_000, lost, 2, 0.5, 1_500], [20_000, down, 4, 0, 4_000],
     [10_000, down, 5, 1, 10_000], [3_000, down, 3, 1, 3_000], [60_000, down, 60, 1, 60_000],
     [20_000, limited, 1, 0, 20_000], [60_000, limited, 1, 0, 30_000],
     [60_000, limited, 1, 0.5, 33_000], // and up to a fifth more, drawn
-    [20_000, limited, 1, 1, 20_000]];
+    [20_000, limited, 1, 1, 20_000],
+    [60_000, unavailable, 1, 0, 30_000], [60_000, unavailable, 1, 0.5, 33_000]]; // a 503's spread alike
   for (const [every, failed, failures, drawn, want] of cases) {
     t.mock.method(Math, 'random', () => drawn);
     assert.equal(beatWait(every, failed, failures), want, `${every} ${failed} ${failures} ${drawn}`);
