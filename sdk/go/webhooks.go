@@ -302,7 +302,9 @@ const (
 )
 
 // VerifyWebhook checks a delivery's Ratchet-Signature header (signature)
-// over its raw body with the subscription's secret, refuses a signed time
+// over its raw body with the subscription's secret (without the ASCII white
+// space around it: a secret read from a file with its line end verifies),
+// refuses a signed time
 // more than DefaultWebhookTolerance from now, and decodes the event. Read
 // body whole and unmodified before calling it (no re-encoding: the
 // signature is over the bytes sent). A verified body is read as the Python
@@ -320,9 +322,18 @@ func VerifyWebhook(secret, signature string, body []byte) (*WebhookEvent, error)
 	return VerifyWebhookAt(secret, signature, body, DefaultWebhookTolerance, time.Now())
 }
 
+// webhookSecretSpace is the white space read off the ends of a secret:
+// ASCII's, none of which a secret the server makes holds (whsec_ and hex
+// digits).
+const webhookSecretSpace = " \t\n\v\f\r"
+
 // VerifyWebhookAt is VerifyWebhook at now, with a tolerance of its own
 // (DefaultWebhookTolerance when 0).
 func VerifyWebhookAt(secret, signature string, body []byte, tolerance time.Duration, now time.Time) (*WebhookEvent, error) {
+	// A secret read from a file with its line end, or pasted with spaces
+	// around it, verified no delivery at all: its ASCII white space is not
+	// the secret's, as in the Python and TypeScript SDKs.
+	secret = strings.Trim(secret, webhookSecretSpace)
 	if secret == "" {
 		return nil, ErrNoWebhookSecret
 	}
@@ -394,10 +405,10 @@ const maxWebhookBody = 1 << 20
 // WebhookHandler is an http.Handler for a webhook receiver: it reads the
 // delivery (up to 1 MiB), verifies it with secret (VerifyWebhook) and calls
 // handle with the event. It answers 401 to a delivery that does not verify
-// (and to every one while secret is empty), 400 to an unreadable one, 500
-// when handle fails, so that Ratchet sends it again later, and 204 when
-// handle succeeds. Delivery is at least once: handle should deduplicate by
-// the event's ID.
+// (and to every one while secret is empty or white space), 400 to an
+// unreadable one, 500 when handle fails, so that Ratchet sends it again
+// later, and 204 when handle succeeds. Delivery is at least once: handle
+// should deduplicate by the event's ID.
 func WebhookHandler(secret string, handle func(ctx context.Context, ev *WebhookEvent) error) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost {

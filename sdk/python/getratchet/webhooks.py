@@ -34,6 +34,9 @@ _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 # str.strip()'s set: a part is trimmed exactly as the Go SDK trims it.
 _SPACE = "\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a" \
          "\u2028\u2029\u202f\u205f\u3000"
+# The white space read off the ends of a secret: ASCII's, none of which a
+# secret the server makes holds (whsec_ and hex digits).
+_SECRET_SPACE = "\t\n\v\f\r "
 _DECIMAL = re.compile(r"[+-]?[0-9]+")
 _HEX = re.compile(r"(?:[0-9a-fA-F]{2})*")
 
@@ -44,8 +47,9 @@ def verify_webhook(secret: Optional[str], signature: Union[None, str, Sequence[s
                    tolerance: float = DEFAULT_WEBHOOK_TOLERANCE,
                    now: Union[None, float, datetime] = None) -> WebhookEvent:
     """Checks a delivery's ``Ratchet-Signature`` header (``signature``) over
-    its raw ``body`` with the subscription's ``secret``, refuses a signed
-    time more than ``tolerance`` seconds (5 minutes; the default too when 0
+    its raw ``body`` with the subscription's ``secret`` (without the ASCII
+    white space around it: one read from a file with its line end
+    verifies), refuses a signed time more than ``tolerance`` seconds (5 minutes; the default too when 0
     or less) from ``now`` (the clock when None; seconds since 1970 or an
     aware datetime: a naive one, such as ``datetime.utcnow()``'s, raises
     ValueError, as every datetime the SDK takes), and returns the decoded event:
@@ -60,7 +64,7 @@ def verify_webhook(secret: Optional[str], signature: Union[None, str, Sequence[s
 
     Raises WebhookSignatureError for a delivery whose signature is missing,
     malformed, wrong or outside the tolerance (answer it 401), and
-    NoWebhookSecretError when ``secret`` is empty or None (nothing is
+    NoWebhookSecretError when ``secret`` is empty, white space or None (nothing is
     accepted with no key; a misconfiguration, not a forgery). A verified
     body that is not an event as the three SDKs read one, strictly (one
     JSON object in UTF-8, no name twice, no number beyond float64, nesting
@@ -98,6 +102,12 @@ def verify_webhook(secret: Optional[str], signature: Union[None, str, Sequence[s
     else:
         raise TypeError("ratchet: verify_webhook's now is seconds since 1970 or a datetime")
 
+    # A secret read from a file with its line end, or pasted with spaces
+    # around it, verified no delivery at all: its ASCII white space is not
+    # the secret's (none is in one the server makes: whsec_ and hex digits),
+    # as in the Go and TypeScript SDKs.
+    if secret:
+        secret = secret.strip(_SECRET_SPACE)
     if not secret:
         raise NoWebhookSecretError()
     if tolerance <= 0:

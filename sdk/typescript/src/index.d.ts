@@ -1115,7 +1115,9 @@ export interface VerifyWebhookOptions {
 
 /**
  * Checks a delivery's Ratchet-Signature header over its raw body with the
- * subscription's secret, refuses a signed time beyond the tolerance, and
+ * subscription's secret (read without the ASCII white space around it: one
+ * read from a file with its line end verifies), refuses a signed time
+ * beyond the tolerance, and
  * returns the decoded event. `body` is the bytes received, or as a string
  * the raw body text exactly as received (never JSON.stringify of a parsed
  * body). Throws WebhookSignatureError (forged, malformed, stale) or

@@ -21,13 +21,18 @@ const INT64_MAX = 2n ** 63n - 1n;
 // String.prototype.trim's set: a part is trimmed exactly as the Go SDK trims it.
 const SPACE = '[\\t\\n\\v\\f\\r \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]';
 const TRIM = new RegExp(`^${SPACE}+|${SPACE}+$`, 'g');
+// The white space read off the ends of a secret: ASCII's, none of which a
+// secret the server makes holds (whsec_ and hex digits).
+const SECRET_EDGES = /^[\t\n\v\f\r ]+|[\t\n\v\f\r ]+$/g;
 const DECIMAL = /^[+-]?[0-9]+$/;
 const HEX = /^(?:[0-9a-fA-F]{2})*$/;
 const MALFORMED = 'malformed Ratchet-Signature';
 
 /**
  * Checks a delivery's `Ratchet-Signature` header (`signature`) over its raw
- * `body` with the subscription's `secret`, refuses a signed time more than
+ * `body` with the subscription's `secret` (without the ASCII white space
+ * around it: one read from a file with its line end verifies), refuses a
+ * signed time more than
  * `toleranceSeconds` (300; the default too when 0 or less) from `now` (a
  * Date or milliseconds since 1970; the clock by default), and returns the
  * decoded event `{ id, type, created_at, workspace_id, subject_id, data }`.
@@ -39,7 +44,7 @@ const MALFORMED = 'malformed Ratchet-Signature';
  *
  * Throws WebhookSignatureError for a delivery whose signature is missing,
  * malformed, wrong or outside the tolerance (answer it 401), and
- * NoWebhookSecretError when `secret` is empty or missing (nothing is
+ * NoWebhookSecretError when `secret` is empty, white space or missing (nothing is
  * accepted with no key: a misconfiguration, not a forgery). A verified body
  * that is not an event as the three SDKs read one, strictly (one JSON object
  * in UTF-8, no name twice, no number beyond float64, nesting at most 64
@@ -68,7 +73,11 @@ export function verifyWebhook(secret, signature, body, { toleranceSeconds = DEFA
     throw new TypeError('ratchet: verifyWebhook\'s now is a Date or milliseconds since 1970');
   }
 
-  if (!secret) throw new NoWebhookSecretError();
+  // A secret read from a file with its line end, or pasted with spaces
+  // around it, verified no delivery at all: its ASCII white space is not
+  // the secret's, as in the Go and Python SDKs.
+  const key = secret ? secret.replace(SECRET_EDGES, '') : '';
+  if (!key) throw new NoWebhookSecretError();
   const tolerance = toleranceSeconds > 0 ? toleranceSeconds : DEFAULT_TOLERANCE_SECONDS;
   // Bounded as the Go SDK bounds it: by its UTF-8 length.
   if (header.length > MAX_SIGNATURE_HEADER || Buffer.byteLength(header, 'utf8') > MAX_SIGNATURE_HEADER) {
@@ -104,7 +113,7 @@ export function verifyWebhook(secret, signature, body, { toleranceSeconds = DEFA
   if (age < -tolerance) {
     throw new WebhookSignatureError(`signed ${goDuration(roundSeconds(-age))} in the future, beyond ${goDuration(tolerance)}`);
   }
-  const want = createHmac('sha256', Buffer.from(secret, 'utf8')).update(`${ts}.`).update(bytes).digest();
+  const want = createHmac('sha256', Buffer.from(key, 'utf8')).update(`${ts}.`).update(bytes).digest();
   for (const mac of signed) {
     // timingSafeEqual throws on a length mismatch: a v1 of another length matches nothing.
     if (mac.length === want.length && timingSafeEqual(mac, want)) return decodeEvent(bytes);
