@@ -170,6 +170,7 @@ type Worker struct {
 	stragglers int                     // handler calls still in progress after their timeout was reported (mu)
 	settled    int                     // of running, handlers cancelled for a lost lease or a cancelled job (mu)
 	givenUp    int                     // of settled, those no longer waited for: their stop grace passed (mu)
+	unreported int                     // handlers left running unreported once their stop grace passed (mu)
 	returned   chan struct{}           // signalled (buffered, 1) when running drops
 	cancelJobs context.CancelCauseFunc // ends every handler's context
 	reporter   *reporter               // batches the handlers' reports
@@ -531,7 +532,10 @@ func closed(ch chan struct{}) bool {
 // Stop called during Start's registration makes Start give up without
 // polling; Stop then returns nil once Start has returned (or, at ctx's end,
 // cuts the registration off). Stop called after Start's context ended
-// returns an error matching ErrWorkerStopped when that cut handlers off.
+// returns an error matching ErrWorkerStopped when that cut handlers off; a
+// handler that ignored that cancellation (or a refusal's, see Done) past
+// StopGrace was left unreported then (OnError was told) and is not waited
+// for, whether ctx has a deadline or not: the error counts it.
 //
 // OnError notices still queued or being delivered when Stop is done are
 // waited for up to a second, so that those its error refers to have been
@@ -608,11 +612,23 @@ func (w *Worker) stop(ctx context.Context) error {
 		lost := w.reporter.lostReports()
 		w.mu.Lock()
 		cut, left := w.cutByStart, w.settled // left: given up after their stop grace, still running
+		unreported := w.unreported
 		w.mu.Unlock()
 		if !sent || abandoned {
 			return stopDeadlineError(stopState{sent: sent, lost: lost, abandoned: abandoned, settled: left}, ctx.Err())
 		}
 		err := finishedError(lost, cut)
+		if unreported > 0 {
+			// Cancelled by an immediate stop (Start's context ended, a
+			// refusal), they ignored it past the stop grace.
+			gone := fmt.Errorf("ratchet: %d handler(s) ignored cancellation past the stop grace (%v) and were left unreported "+
+				"(see OnError); their leases lapse and the jobs run again: %w", unreported, w.stopGraceOr(), ErrWorkerStopped)
+			if err == nil {
+				err = gone
+			} else {
+				err = fmt.Errorf("%w; %w", gone, err)
+			}
+		}
 		if left > 0 {
 			// Stop returns rather than wait for handlers that ignore a
 			// cancellation with nothing left to report (sdk QA: a Stop
@@ -1271,7 +1287,7 @@ func (w *Worker) execute(ctx, jobsCtx context.Context, rt *registeredTool, j Cla
 	// Under mu: the handler returned; its timeout was reported while it
 	// ran; its lease was lost or its job cancelled by the server while it
 	// ran (counted in settled while it runs on).
-	var returned, straggler, settled, givenUp bool
+	var returned, straggler, settled, givenUp, abandoned bool
 	settle := func(cause error) {
 		w.mu.Lock()
 		if !returned && !settled {
@@ -1298,9 +1314,10 @@ func (w *Worker) execute(ctx, jobsCtx context.Context, rt *registeredTool, j Cla
 			if settled {
 				w.settled--
 			}
-			if givenUp {
+			switch {
+			case givenUp:
 				w.givenUp--
-			} else {
+			case !abandoned:
 				w.handlers.Done()
 			}
 			if straggler {
@@ -1381,7 +1398,17 @@ func (w *Worker) execute(ctx, jobsCtx context.Context, rt *registeredTool, j Cla
 		default:
 			// Its lease lapses and the job runs again elsewhere: OnError
 			// is told, naming the job (QA: only Stop's count said so, and
-			// not which job would run again).
+			// not which job would run again). Stop no longer waits for it
+			// either: after an immediate stop (Start's context ended, a
+			// refusal) a Stop without a deadline waited for it for ever
+			// (review), though it had been given up.
+			w.mu.Lock()
+			w.unreported++
+			if !returned {
+				abandoned = true
+				w.handlers.Done()
+			}
+			w.mu.Unlock()
 			w.opts.OnError(&ReportNotRecordedError{What: "not_recorded", JobID: j.JobID, Attempt: j.Attempt,
 				Err: fmt.Errorf("left unreported, its handler still running when the stop grace (%v) ended; "+
 					"its lease lapses and the job runs again: %w", w.stopGraceOr(), ErrWorkerStopped)})

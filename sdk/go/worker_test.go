@@ -2310,6 +2310,70 @@ func TestStopAfterStartContextCancelKeepsItsOwnDeadline(t *testing.T) {
 	}
 }
 
+// After an immediate stop (Start's context ended, or the key refused 401)
+// a handler that ignores its cancellation past the stop grace is left
+// unreported (OnError is told, naming its job); a Stop without a deadline
+// called then returns, saying so, instead of waiting for that handler for
+// ever (review: it never returned, waiting for a handler already given up).
+// The handler stays blocked on a channel until the test ends.
+func TestStopWithoutADeadlineAfterAnImmediateStopReturns(t *testing.T) {
+	t.Parallel()
+	for _, by := range []string{"Start's context", "a refusal"} {
+		t.Run(by, func(t *testing.T) {
+			t.Parallel()
+			f := newFakeJobs()
+			if by == "a refusal" {
+				f.leaseFor = 3 * time.Second // a heartbeat after a second
+				f.heartbeat = func(string) (int, string) { return http.StatusUnauthorized, CodeUnauthorized }
+			}
+			id := f.add("stuck", "1", welcomeIn{}, 0)
+			c, _ := testClient(t, f)
+			w := NewWorker(c)
+			started, release := make(chan struct{}), make(chan struct{})
+			t.Cleanup(func() { close(release) })
+			must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "stuck", Version: "1",
+				Handler: func(context.Context, welcomeIn, JobContext) (welcomeOut, error) {
+					close(started)
+					<-release // ignores its cancellation
+					return welcomeOut{Sent: true}, nil
+				}}))
+			sink := &errSink{}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			must(t, w.Start(ctx, StartOptions{PollInterval: 10 * time.Millisecond, OnError: sink.add,
+				StopGrace: 20 * time.Millisecond}))
+			awaitWithin(t, started, "the handler's start")
+			if by == "Start's context" {
+				cancel()
+			}
+			guard := time.After(hangGuard)
+			for told := false; !told; {
+				for _, err := range sink.delivered(w) {
+					var n *ReportNotRecordedError
+					told = told || errors.As(err, &n) && n.JobID == id && errors.Is(n, ErrWorkerStopped)
+				}
+				select {
+				case <-guard:
+					t.Fatalf("hang guard: OnError was told %v", sink.list())
+				case <-time.After(10 * time.Millisecond):
+				}
+			}
+			err := stopWithin(t, w, context.Background())
+			if !errors.Is(err, ErrWorkerStopped) || !strings.Contains(err.Error(), "1 handler(s) ignored cancellation") {
+				t.Fatalf("Stop = %v", err)
+			}
+			if by == "a refusal" && !IsCode(err, CodeUnauthorized) {
+				t.Fatalf("Stop = %v, not the refusal", err)
+			}
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			if len(f.reports) != 0 {
+				t.Fatalf("reported %v", f.reports)
+			}
+		})
+	}
+}
+
 // cancelStartWhileRunning starts a worker (stop grace 200 ms) for f's
 // "long"@"1" jobs, whose handler runs until its context ends, and cancels
 // Start's context once a handler runs.
