@@ -1332,19 +1332,32 @@ func (w *Worker) execute(ctx, jobsCtx context.Context, rt *registeredTool, j Cla
 			w.mu.Unlock()
 			close(handlerReturned)
 		}()
-		out, err := rt.invoke(hctx, j.Input, job)
-		// Why it was cancelled, if it was, as it returned: a timeout, a
-		// cancel request or a stop landing after that does not change how
-		// its result is judged, as in the TypeScript and Python workers
-		// (sdk QA: Go read it once awaited, so an ordinary error returned
-		// just before a stop was reported as the stop's). Heartbeat answers
-		// from then on are ignored.
-		var cause error
-		if hctx.Err() != nil {
-			cause = context.Cause(hctx)
-		}
-		stopHeartbeat()
-		done <- handlerResult{out, err, cause}
+		var res handlerResult
+		exited := true // until invoke returns: runtime.Goexit ends the goroutine without returning
+		defer func() {
+			if exited {
+				// A handler that ends its goroutine with runtime.Goexit
+				// (t.FailNow or t.Fatal in a handler under test) fails as a
+				// panicking one does: its result was waited for with no
+				// bound, and the job, heartbeated on, never reported, its
+				// slot held for good (review).
+				res.err = &PanicError{Where: "handler " + rt.ref.Name + "@" + rt.ref.Version,
+					Value: "runtime.Goexit: the handler's goroutine exited without returning (t.FailNow or t.Fatal in a handler?)"}
+			}
+			// Why it was cancelled, if it was, as it returned: a timeout, a
+			// cancel request or a stop landing after that does not change
+			// how its result is judged, as in the TypeScript and Python
+			// workers (sdk QA: Go read it once awaited, so an ordinary
+			// error returned just before a stop was reported as the
+			// stop's). Heartbeat answers from then on are ignored.
+			if hctx.Err() != nil {
+				res.cause = context.Cause(hctx)
+			}
+			stopHeartbeat()
+			done <- res
+		}()
+		res.out, res.err = rt.invoke(hctx, j.Input, job)
+		exited = false
 	}()
 	res, finished := w.await(hctx, jobsCtx, done)
 	stopHeartbeat()

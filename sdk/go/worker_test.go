@@ -2105,6 +2105,39 @@ func TestWorkerSurvivesAHandlerErrorThatPanics(t *testing.T) {
 	}
 }
 
+// A handler that ends its goroutine with runtime.Goexit (t.FailNow, t.Fatal
+// or t.SkipNow called in a handler under test) is reported as a panicking
+// one is, a retryable failure with OnError told, and its slot is freed: its
+// result was waited for with no bound, so the job, heartbeated on, was
+// never reported, and with Concurrency 1 the worker ran nothing more
+// (review).
+func TestWorkerReportsAHandlerThatCallsGoexit(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	exits := f.add("exits", "1", welcomeIn{}, 0)
+	next := f.add("exits", "1", welcomeIn{CustomerID: "ok"}, 0)
+	worker, sink := startWorker(t, f, func(w *Worker) {
+		must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "exits", Version: "1",
+			Handler: func(_ context.Context, in welcomeIn, _ JobContext) (welcomeOut, error) {
+				if in.CustomerID == "" {
+					runtime.Goexit()
+				}
+				return welcomeOut{Sent: true}, nil
+			}}))
+	}, StartOptions{Concurrency: 1})
+	e := f.waitReport(t, exits)["error"].(map[string]any)
+	if e["retryable"] != true || e["message"] != "handler panicked" {
+		t.Fatalf("report %v", e)
+	}
+	if r := f.waitReport(t, next); r["status"] != ReportSucceeded {
+		t.Fatalf("the next job's report %v", r)
+	}
+	var pe *PanicError
+	if errs := sink.delivered(worker); len(errs) == 0 || !errors.As(errs[0], &pe) || !strings.Contains(pe.Error(), "Goexit") {
+		t.Fatalf("OnError %v", errs)
+	}
+}
+
 // stopRequested reports whether Stop has closed the worker's stopping
 // channel.
 func stopRequested(w *Worker) bool {
