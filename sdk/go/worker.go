@@ -1538,7 +1538,8 @@ func (w *Worker) report(j ClaimedJob, expires time.Time, r JobReport) {
 // heartbeat extends the lease well before it lapses until ctx ends, and
 // cancels the handler when the server asks or the lease is gone: refused
 // (see leaseGone), or its end passed by this process's clock while
-// heartbeats failed, as the Python and TypeScript workers do (sdk QA: the
+// heartbeats failed (one at least tried since the lease was granted or last
+// extended), as the Python and TypeScript workers do (sdk QA: the
 // handler ran on past the lapse, while another worker could reclaim the
 // job). Each heartbeat is one try (singleTry), cut off by heartbeatCutoff;
 // a failed one is tried again by this loop, paced by heartbeatWait as the
@@ -1548,6 +1549,7 @@ func (w *Worker) heartbeat(ctx context.Context, j ClaimedJob, cancel context.Can
 	end := j.leaseEnd
 	var failed error // the last heartbeat's failure, nil after one that worked
 	failures := 0    // heartbeats failed in a row
+	tried := false   // a heartbeat was sent since the lease was granted or last extended
 	for {
 		fire, stop := w.clock.Timer(heartbeatWait(w.heartbeatEvery(end, j), failed, failures, w.jitter))
 		select {
@@ -1557,7 +1559,13 @@ func (w *Worker) heartbeat(ctx context.Context, j ClaimedJob, cancel context.Can
 		case <-fire:
 		}
 		sent := time.Now()
-		if !sent.Before(end) {
+		if !sent.Before(end) && tried {
+			// Not before one heartbeat was tried, as DoEffect tries one: a
+			// lease measured from a long-polling claim's sending runs from
+			// when the server answered it, up to WaitSeconds later, and may
+			// look lapsed before the handler starts (review: a 1 s timeout's
+			// lease, 11 s, under WaitSeconds 20, was cancelled as lost a
+			// second in, never heartbeated, and its job ran again).
 			cancel(&jobLeaseLostError{})
 			w.opts.OnError(&LeaseLostError{JobID: j.JobID, Attempt: j.Attempt, Tool: ToolRef{Name: j.Name, Version: j.Version}})
 			return end
@@ -1565,6 +1573,7 @@ func (w *Worker) heartbeat(ctx context.Context, j ClaimedJob, cancel context.Can
 		hctx, cancelBeat := context.WithTimeout(singleTry(ctx), heartbeatCutoff(end.Sub(sent)))
 		hb, date, err := w.c.heartbeatJob(hctx, j.JobID, j.LeaseToken)
 		cancelBeat()
+		tried = true
 		if ctx.Err() != nil {
 			return end
 		}
@@ -1590,7 +1599,7 @@ func (w *Worker) heartbeat(ctx context.Context, j ClaimedJob, cancel context.Can
 			cancel(ErrCancelRequested)
 			return end
 		}
-		failures = 0
+		failures, tried = 0, false
 		end = leaseEndFrom(sent, j, hb.LeaseExpiresAt, date)
 	}
 }

@@ -357,6 +357,58 @@ func TestWorkerMeasuresTheLeaseByItsLength(t *testing.T) {
 	}
 }
 
+// A long-polling claim is answered when a job becomes due, up to
+// WaitSeconds after it was sent, and the job's lease runs from then: a lease
+// shorter than the claim's wait (a 1 s timeout and the server's 10 s grace,
+// under WaitSeconds 20) read from the claim's sending looks lapsed before
+// the handler starts. A heartbeat is tried before the worker takes the
+// lease for lost, as DoEffect tries one: the job was cancelled as its lease
+// lost a second in, never heartbeated, its outcome dropped and the job run
+// again once its real lease lapsed (review). Here the claim is answered
+// 700 ms after it was sent, with a lease of 500 ms.
+func TestWorkerHeartbeatsALeaseThatALongPollMadeLookLapsed(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	f.leaseMs = 500                                // shorter than the wait
+	id := f.add("quick", "1", welcomeIn{}, 60_000) // a timeout well past the first heartbeat
+	beat := make(chan struct{})
+	var once sync.Once
+	f.heartbeat = func(string) (int, string) {
+		once.Do(func() { close(beat) })
+		return 0, ""
+	}
+	var held atomic.Bool
+	slowFirstClaim := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/claim") && held.CompareAndSwap(false, true) {
+			time.Sleep(700 * time.Millisecond) // the long poll waited; not a timing assertion
+		}
+		f.ServeHTTP(w, r)
+	})
+	c, _ := testClient(t, slowFirstClaim)
+	w := NewWorker(c)
+	must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "quick", Version: "1",
+		Handler: func(ctx context.Context, _ welcomeIn, _ JobContext) (welcomeOut, error) {
+			select {
+			case <-beat: // the server extended the lease
+				return welcomeOut{Sent: true}, nil
+			case <-ctx.Done():
+				return welcomeOut{}, context.Cause(ctx)
+			}
+		}}))
+	sink := &errSink{}
+	must(t, w.Start(context.Background(), StartOptions{PollInterval: 20 * time.Millisecond, WaitSeconds: 20, OnError: sink.add}))
+	t.Cleanup(func() { _ = stopWithin(t, w, context.Background()) })
+	if rep := f.waitReport(t, id); rep["status"] != ReportSucceeded {
+		t.Fatalf("report %v", rep)
+	}
+	for _, err := range sink.delivered(w) {
+		var lost *LeaseLostError
+		if errors.As(err, &lost) {
+			t.Fatalf("OnError was told %v", err)
+		}
+	}
+}
+
 // A heartbeat's expiry is read by its answer's Date too: a server an hour
 // ahead extends the lease by 30 s, not by an hour and 30 s.
 func TestAHeartbeatsExpiryIsReadByItsDate(t *testing.T) {
