@@ -594,7 +594,8 @@ func (r *reporter) signalSettled() {
 // holding says whether the reporter holds a report whose job a claim made
 // now could be handed back: one whose delivery has met a failure (the
 // server is down or refusing reports for now), or whose lease, as last
-// extended, lapses within reportLeaseMargin. The worker claims nothing
+// extended, lapses within reportLeaseMargin of horizon (now, or when a
+// long-polling claim made now is surely answered). The worker claims nothing
 // while it does, so it never runs a job again whose outcome it is holding
 // (a claim would meet the same outage anyway); settled signals when that
 // may have changed.
@@ -603,14 +604,14 @@ func (r *reporter) signalSettled() {
 // others, and fails on this one, a batch split for it, see splitsBatch)
 // does not hold the worker: pausing the worker would not mend it. It is
 // still retried until close gives up.
-func (r *reporter) holding(now time.Time) bool {
+func (r *reporter) holding(horizon time.Time) bool {
 	r.pmu.Lock()
 	defer r.pmu.Unlock()
 	for _, p := range r.pending {
 		if p.ownFailure {
 			continue // see above
 		}
-		if p.failing || (!p.expires.IsZero() && !now.Before(p.expires.Add(-reportLeaseMargin))) {
+		if p.failing || (!p.expires.IsZero() && !horizon.Before(p.expires.Add(-reportLeaseMargin))) {
 			return true
 		}
 	}

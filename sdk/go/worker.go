@@ -1092,11 +1092,13 @@ func (w *Worker) pause(ctx context.Context, d time.Duration) bool {
 }
 
 // awaitReports waits while the reporter holds a report that is failing or
-// whose lease is about to lapse (see reporter.holding): a claim now could
-// hand this worker back a job whose outcome it is still trying to report,
-// and run it again. False means stop.
+// whose lease is about to lapse (see reporter.holding), within the claim's
+// long poll too (WaitSeconds), as the Python and TypeScript workers look
+// ahead (review: Go looked no further than the margin, so a long poll could
+// wait out the lapse): a claim now could hand this worker back a job whose
+// outcome it is still trying to report, and run it again. False means stop.
 func (w *Worker) awaitReports(ctx context.Context) bool {
-	for w.reporter.holding(time.Now()) {
+	for w.reporter.holding(time.Now().Add(time.Duration(w.opts.WaitSeconds) * time.Second)) {
 		select {
 		case <-w.reporter.settled:
 		case <-w.stopping:

@@ -409,6 +409,49 @@ func TestWorkerHeartbeatsALeaseThatALongPollMadeLookLapsed(t *testing.T) {
 	}
 }
 
+// A long-polling worker claims nothing while a report not yet recorded
+// holds a lease that lapses within the margin and the claim's wait, as the
+// Python and TypeScript workers hold theirs: the lease could lapse while the
+// claim waits, and the claim hand the worker back the job whose outcome it
+// is still reporting, to run it again (review: Go looked only as far as the
+// margin). Here the lease is 10 s, past the 5 s margin but within it and
+// WaitSeconds 20: the report is held by the server until a claim arrives
+// (the defect), or for 2 s; no claim may come while it is held.
+func TestALongPollingWorkerHoldsItsClaimsForAReportWhoseLeaseLapsesWithinTheWait(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	f.leaseMs = 10_000
+	id := f.add("quick", "1", welcomeIn{}, 60_000)
+	claimed := make(chan struct{}, 100) // a claim arrived
+	f.onClaim = func(int, int) {
+		select {
+		case claimed <- struct{}{}:
+		default: // already told
+		}
+	}
+	var during atomic.Int64 // claims that arrived while the report was held
+	f.reportError = func(json.RawMessage) (int, string) {
+		for len(claimed) > 0 { // those before the report
+			<-claimed
+		}
+		select {
+		case <-claimed:
+			during.Add(1)
+		case <-time.After(2 * time.Second): // the server is slow; not a timing assertion
+		}
+		return 0, ""
+	}
+	startWorker(t, f, func(w *Worker) {
+		must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "quick", Version: "1", Handler: noWork}))
+	}, StartOptions{Concurrency: 1, WaitSeconds: 20})
+	if rep := f.waitReport(t, id); rep["status"] != ReportSucceeded {
+		t.Fatalf("report %v", rep)
+	}
+	if n := during.Load(); n != 0 {
+		t.Fatalf("%d claim(s) sent while the report of a lease lapsing within the wait was unanswered", n)
+	}
+}
+
 // A heartbeat's expiry is read by its answer's Date too: a server an hour
 // ahead extends the lease by 30 s, not by an hour and 30 s.
 func TestAHeartbeatsExpiryIsReadByItsDate(t *testing.T) {
