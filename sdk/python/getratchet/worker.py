@@ -1289,20 +1289,29 @@ class Worker:
         """Extends the lease well before it lapses until the handler is
         done, and cancels the handler when the server asks or the lease is
         gone (a refusal, or its end passing by this process's clock while
-        heartbeats fail)."""
+        heartbeats fail, one at least tried since the lease was granted or
+        last extended, as the Go and TypeScript workers do)."""
         context = active.context
         failed: Optional[BaseException] = None  # the last heartbeat's failure
         failures = 0  # heartbeats failed in a row
+        tried = False  # a heartbeat was sent since the lease was granted or last extended
         while not self._beat_pause(active, _beat_wait(_beat_every(active.lease_end, context), failed, failures)):
             failed = None
-            if time.monotonic() >= active.lease_end:
+            if time.monotonic() >= active.lease_end and tried:
+                # Not before one heartbeat was tried, as do_effect tries one:
+                # a lease measured from a long-polling claim's sending runs
+                # from when the server answered it, up to wait_seconds later,
+                # and may look lapsed before the handler starts (review: a
+                # 1 s timeout's lease, 11 s, under wait_seconds 20, was
+                # cancelled as lost a second in, never heartbeated, and its
+                # job ran again).
                 active.lost_code, active.settled_elsewhere = "", True
                 context._cancel("lease_lost")
                 active.wake.set()
                 self._notify(LeaseLost(job_id=context.job_id, attempt=context.attempt,
                                        tool=f"{context.name}@{context.version}"))
                 return
-            sent = time.monotonic()
+            sent, tried = time.monotonic(), True
             try:
                 beat = self._transport.call("POST", "/jobs/" + path_id(context.job_id) + "/heartbeat",
                                             {"leaseToken": context._lease_token}, safe=True, max_retries=0,
@@ -1343,7 +1352,7 @@ class Worker:
                 self._notify(err)
                 failed, failures = err, failures + 1
                 continue
-            failures = 0
+            failures, tried = 0, False
             if active.beats_done.is_set():
                 return  # the handler is done (above)
             if beat.get("cancelRequested"):

@@ -2184,6 +2184,46 @@ class WorkerRulesTest(unittest.TestCase):
                 self.assertIsNone(lost[0].__cause__)
                 self.assertIn("before it lapsed", str(lost[0]))
 
+    def test_a_lease_a_long_poll_made_look_lapsed_is_heartbeated(self) -> None:
+        # A long-polling claim is answered when a job falls due, up to
+        # wait_seconds after it was sent, and the job's lease runs from then:
+        # a lease shorter than the wait (a 1 s timeout and the server's 10 s
+        # grace, under wait_seconds 20), read from the claim's sending, looks
+        # lapsed before the handler starts. A heartbeat is tried before the
+        # lease is taken for lost, as in Go and TypeScript (review: the
+        # handler was cancelled as lease lost a second in, never
+        # heartbeated, and its job ran again once its real lease lapsed).
+        # Here the claim is answered 700 ms after it was sent, with a lease
+        # of 500 ms.
+        respond, seen = self.one_job_beats(
+            500, lambda n: (200, {"leaseExpiresAt": "2099-01-01T00:00:00Z", "cancelRequested": False}, {}))
+        held = threading.Event()
+
+        def slow_first_claim(method, path, body):
+            if path.endswith("/claim") and not held.is_set():
+                held.set()
+                time.sleep(0.7)  # the long poll waited; not a timing assertion
+            return respond(method, path, body)
+
+        server = FakeServer(slow_first_claim)
+        self.addCleanup(server.close)
+        client = getratchet.Ratchet(server.url, "rk_test")
+        reasons: List[Optional[str]] = []
+
+        def handler(input, context):
+            wait_until(lambda: seen["beats"] >= 1 or context.cancelled.is_set(), timeout=15)
+            reasons.append(context.cancel_reason)
+            return {"ok": True}
+
+        client.register_tool("t", "1", handler)
+        told: List[BaseException] = []
+        client.worker.start(1, poll_interval=0.05, wait_seconds=20, block=False, on_error=told.append)
+        self.addCleanup(client.worker.stop, 5)
+        wait_until(lambda: seen["reports"], timeout=15)
+        self.assertEqual(reasons, [None])
+        self.assertEqual([r["status"] for r in seen["reports"]], ["SUCCEEDED"])
+        self.assertEqual([e for e in told if isinstance(e, getratchet.LeaseLost)], [])
+
     def test_a_heartbeat_refused_once_the_handler_is_done_tells_no_lost_lease(self) -> None:
         # A heartbeat in flight when the handler returns, answered 409
         # invalid_state once the report landed, lost nothing: the report
