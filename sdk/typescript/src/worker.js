@@ -998,10 +998,13 @@ export class Worker {
   /** Extends the lease well before it lapses until `done` aborts, and
    * cancels the handler when the server asks or the lease is gone (a
    * refusal, or its end passing by this process's clock while heartbeats
-   * fail). Never delays the supervisor's own timing. */
+   * fail, one at least tried since the lease was granted or last extended,
+   * as the Go and Python workers do). Never delays the supervisor's own
+   * timing. */
   async #heartbeats(label, ref, record, leaseMs, timeoutMs, done) {
     let failed = null; // the last heartbeat's failure
     let failures = 0; // heartbeats failed in a row
+    let tried = false; // a heartbeat was sent since the lease was granted or last extended
     for (;;) {
       try {
         await heartbeatTimes.pause(beatWait(beatEvery(record.leaseEnd, timeoutMs), failed, failures), done);
@@ -1009,17 +1012,25 @@ export class Worker {
         return;
       }
       failed = null;
-      if (now() >= record.leaseEnd) {
+      if (now() >= record.leaseEnd && tried) {
+        // Not before one heartbeat was tried, as doEffect tries one: a
+        // lease measured from a long-polling claim's sending runs from when
+        // the server answered it, up to waitSeconds later, and may look
+        // lapsed before the handler starts (review: a 1 s timeout's lease,
+        // 11 s, under waitSeconds 20, was aborted as lost a second in, never
+        // heartbeated, and its job ran again).
         record.lostCode = '';
         record.cancel('lease_lost');
         this.#notify(new LeaseLostError({ jobId: label.jobId, attempt: label.attempt, tool: ref }));
         return;
       }
       const beatSent = now();
+      tried = true;
       try {
         const beat = await this.#transport.call('POST', `/jobs/${pathId(label.jobId)}/heartbeat`, { leaseToken: label.token },
           { safe: true, maxRetries: 0, timeoutMs: Math.min(this.#transport.timeoutMs, beatCutoff(record.leaseEnd - beatSent)), signal: done });
         failures = 0;
+        tried = false;
         if (beat?.cancelRequested) {
           record.cancel('cancelled'); // the lease is not extended for a cancelled job
           return;

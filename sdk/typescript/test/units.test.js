@@ -1347,6 +1347,42 @@ test('a bare heartbeat refusal is a failure that may pass', async (t) => {
   }
 });
 
+// A long-polling claim is answered when a job falls due, up to waitSeconds
+// after it was sent, and the job's lease runs from then: a lease shorter
+// than the wait (a 1 s timeout and the server's 10 s grace, under
+// waitSeconds 20), read from the claim's sending, looks lapsed before the
+// handler starts. A heartbeat is tried before the lease is taken for lost,
+// as in Go and Python (review: the handler was aborted as lease lost a
+// second in, never heartbeated, and its job ran again once its real lease
+// lapsed). Here the claim is answered 700 ms after it was sent, with a
+// lease of 500 ms.
+test('a lease a long poll made look lapsed is heartbeated', async (t) => {
+  const seen = { claims: 0, reports: [], beats: 0 };
+  const respond = oneJobBeats(seen, 500, () => [200, { leaseExpiresAt: '2099-01-01T00:00:00Z', cancelRequested: false }]);
+  let held = false;
+  const server = await fakeServer(t, async (method, path, body) => {
+    if (path.endsWith('/claim') && !held) {
+      held = true;
+      await new Promise((r) => setTimeout(r, 700)); // the long poll waited; not a timing assertion
+    }
+    return respond(method, path, body);
+  });
+  const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
+  const reasons = [];
+  client.registerTool({ name: 't', version: '1', handler: async (input, ctx) => {
+    await until(() => seen.beats >= 1 || ctx.signal.aborted, 15_000);
+    reasons.push(ctx.cancelReason);
+    return { ok: true };
+  } });
+  const told = [];
+  const started = client.worker.start({ pollIntervalMs: 50, waitSeconds: 20, onError: (err) => told.push(err) });
+  after(t, () => stopWorker(client.worker, started, 5000));
+  await until(() => seen.reports.length > 0, 15_000);
+  assert.deepEqual(reasons, [null]);
+  assert.deepEqual(seen.reports.map((r) => r.status), ['SUCCEEDED']);
+  assert.deepEqual(told.filter((e) => e instanceof LeaseLostError), []);
+});
+
 // As in Go and Python: the handler aborted as lease_lost, onError is told a
 // LeaseLostError naming the attempt, with the heartbeat's refusal as its
 // cause, or none when the lease lapsed while heartbeats failed (it was told
