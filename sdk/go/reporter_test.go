@@ -944,3 +944,48 @@ func TestReporterReportsAFailureForAnOutputAProxyRefusesForItsSize(t *testing.T)
 		t.Fatalf("%d counted lost", r.lostReports())
 	}
 }
+
+// A close whose context had already ended (a refusal's bound that passed
+// before Stop was called) with nothing queued has given nothing up: it
+// says every report was sent. Both the flusher's end and the context's
+// were ready at once, and close answered whichever its select chose (CI:
+// a Stop with no report at all said reports had gone to OnError, one run
+// in five). Many reporters, so that a random choice cannot pass them all.
+func TestReporterCloseWithNothingQueuedAfterItsContextEnded(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	c, _ := testClient(t, f)
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	for i := range 100 {
+		r := newReporter(context.Background(), c, func(err error) { t.Error(err) }, time.Hour)
+		if !closeWithin(t, r, ended) {
+			t.Fatalf("close %d: reports not sent, though none was queued", i)
+		}
+		if n := r.lostReports(); n != 0 {
+			t.Fatalf("close %d: %d reports lost", i, n)
+		}
+	}
+}
+
+// Stop's answer when a refusal, not a deadline of its own, ended the last
+// reports says so and still matches ErrWorkerStopped, counting the
+// handlers left unreported (it said "stop deadline passed" and ended in
+// "%!w(<nil>)", Stop's context having no error to wrap).
+func TestStopDeadlineErrorWithoutADeadline(t *testing.T) {
+	err := stopDeadlineError(stopState{running: 1, left: 1, sent: false, lost: 1}, nil)
+	msg := err.Error()
+	if strings.Contains(msg, "%!") || strings.Contains(msg, "deadline") {
+		t.Fatalf("error %q", msg)
+	}
+	if !errors.Is(err, ErrWorkerStopped) || !errors.Is(err, ErrReportsNotRecorded) {
+		t.Fatalf("error %q matches neither ErrWorkerStopped nor ErrReportsNotRecorded", msg)
+	}
+	if !strings.Contains(msg, "1 handler(s) ignored cancellation") || !strings.Contains(msg, "1 report(s) were not recorded") {
+		t.Fatalf("error %q", msg)
+	}
+	if err := stopDeadlineError(stopState{sent: true}, context.DeadlineExceeded); !errors.Is(err, context.DeadlineExceeded) ||
+		!strings.HasPrefix(err.Error(), "ratchet: stop deadline passed; no handler was running") {
+		t.Fatalf("error %q", err)
+	}
+}

@@ -615,7 +615,8 @@ func (w *Worker) stop(ctx context.Context) error {
 		unreported := w.unreported
 		w.mu.Unlock()
 		if !sent || abandoned {
-			return stopDeadlineError(stopState{sent: sent, lost: lost, abandoned: abandoned, settled: left}, ctx.Err())
+			return stopDeadlineError(stopState{running: unreported + left, left: unreported, settled: left, sent: sent,
+				lost: lost, abandoned: abandoned}, ctx.Err())
 		}
 		err := finishedError(lost, cut)
 		if unreported > 0 {
@@ -783,9 +784,16 @@ type stopState struct {
 
 // stopDeadlineError is Stop's answer when its deadline passed: what became
 // of the handlers running then, of the reports, and of a claim in flight.
+// err is the deadline's; nil when Stop had none and a refusal's bound
+// (boundByRefusal) ended the last reports instead.
 func stopDeadlineError(st stopState, err error) error {
 	var b strings.Builder
-	b.WriteString("ratchet: stop deadline passed; ")
+	if err == nil {
+		b.WriteString("ratchet: stop grace after the refusal passed; ")
+		err = ErrWorkerStopped
+	} else {
+		b.WriteString("ratchet: stop deadline passed; ")
+	}
 	returned := st.running - st.left - st.settled
 	switch {
 	case st.left > 0:
