@@ -425,10 +425,7 @@ class Transport:
             elif _wait_either(wait, abort, retry_cutoff):
                 # Cut while waiting (a claim's 429 at a stop): the caller
                 # learns whether anything may have been applied.
-                if unsure and not isinstance(failure, ConnectionLost):
-                    raise self._called(ConnectionLost(f"ratchet: {method} {path.split('?')[0]}: given up"),
-                                       method, path, "given up") from None
-                raise failure
+                raise self._cut_while_waiting(failure, unsure, method, path)
 
     def call_until(self, method: str, path: str, body: Any, *, may_wait: Callable[[float], bool],
                    on_retry: Callable[[], None] = lambda: None,
@@ -440,18 +437,22 @@ class Transport:
         """Sends a call that is safe to repeat (a report), repeating it
         through every failure worth repeating for as long as may_wait(wait)
         allows the next wait (seconds) and abort has not fired; on_attempt
-        runs before each attempt is sent, on_retry before each wait. Raises the last failure: a refusal, one
-        may_wait gave up on, the abort's ConnectionLost, or a failure worth
-        repeating (a RatchetError, a ConnectionLost) that stop_on(failure),
-        told of each, says to hand back. read as call's. bare_may_pass
-        repeats a 4xx without Ratchet's error envelope (no code: a proxy's or
-        a load balancer's answer during a deploy or a misroute, a 404, a 408)
-        as a 5xx, but a bare 413 (a body refused for good): a job's report
-        (the Go SDK's reporter.retryDelay)."""
+        runs before each attempt is sent, on_retry before each wait. Raises
+        the last failure: a refusal, one may_wait gave up on, the abort's
+        ConnectionLost, or a failure worth repeating (a RatchetError, a
+        ConnectionLost) that stop_on(failure), told of each, says to hand
+        back. An abort that fires while it waits between attempts ends the
+        wait, as call's does: its last failure is raised (a ConnectionLost
+        once an attempt may have been applied). read as call's.
+        bare_may_pass repeats a 4xx without Ratchet's error envelope (no
+        code: a proxy's or a load balancer's answer during a deploy or a
+        misroute, a 404, a 408) as a 5xx, but a bare 413 (a body refused
+        for good): a job's report (the Go SDK's reporter.retryDelay)."""
         attempt = 0
         unsure = False  # an attempt may have been applied
         while True:
             on_attempt()
+            failure: Exception
             try:
                 return self.call(method, path, body, safe=True, max_retries=0, timeout=timeout, abort=abort, read=read)
             except RatchetError as err:
@@ -462,14 +463,31 @@ class Transport:
                 if wait is None or stop_on(err) or not may_wait(wait) or (abort is not None and abort.fired):
                     err._unconfirmed = err._unconfirmed or unsure
                     raise
+                failure = err
             except ConnectionLost as lost:
                 unsure = True
                 wait = self.backoff(attempt)
                 if (abort is not None and abort.fired) or stop_on(lost) or not may_wait(wait):
                     raise
+                failure = lost
             on_retry()
             attempt += 1
-            self.sleep(wait)
+            if abort is None:
+                self.sleep(wait)
+            elif _wait_either(wait, abort):
+                # The abort ends the wait as it cuts an attempt in flight (a
+                # worker's report waiting out a 429's minute when the stop
+                # gave up slept it out, the stop's bound passed: review).
+                raise self._cut_while_waiting(failure, unsure, method, path)
+
+    def _cut_while_waiting(self, failure: Exception, unsure: bool, method: str, path: str) -> Exception:
+        """What a call an abort cut while it waited between attempts raises:
+        its last failure, or a ConnectionLost when an attempt may have been
+        applied (unsure) and the last failure does not say so."""
+        if unsure and not isinstance(failure, ConnectionLost):
+            return self._called(ConnectionLost(f"ratchet: {method} {path.split('?')[0]}: given up"),
+                                method, path, "given up")
+        return failure
 
     def retry_delay(self, err: RatchetError, attempt: int, safe: bool) -> Optional[float]:
         """How long to wait before repeating a call that failed with err

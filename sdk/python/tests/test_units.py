@@ -2582,6 +2582,38 @@ class WorkerRulesTest(unittest.TestCase):
         reports = [seen for seen in server.seen if seen[1].endswith("/report")]
         self.assertEqual(len(reports), 1, "not sent again after the cut")
 
+    def test_a_stop_ends_a_reports_wait_between_attempts_at_its_give_up_time(self) -> None:
+        # Review: a report waiting out a 429's Retry-After (a minute and up
+        # to a fifth more) when the stop came slept it out whole: the give-up
+        # time cut a delivery in flight but not the wait between two, so
+        # stop() returned at its bound with the worker not done, on_error
+        # told of the loss only a minute later, and a blocking start() held
+        # that long past its deadline and twice the grace.
+        def respond(method, path, body):
+            if path.endswith("/register"):
+                return 200, {"workerId": "wkr_1"}, {}
+            if path.endswith("/claim"):
+                first = not any(seen[1].endswith("/claim") for seen in server.seen[:-1])
+                return 200, {"jobs": [self.job(1)] if first else []}, {}
+            return 429, error("rate_limited"), {"Retry-After": "60"}
+
+        server = FakeServer(respond)
+        self.addCleanup(server.close)
+        errors: List[BaseException] = []
+        client = getratchet.Ratchet(server.url, "rk_test", timeout=5)
+        self.addCleanup(client.close)
+        client.register_tool("t", "1", lambda input, context: {"ok": True})
+        client.worker.start(1, poll_interval=0.05, block=False, on_error=errors.append, stop_grace=0.25)
+        # The report was refused once and is waiting to be sent again (its
+        # on_retry runs once the wait was allowed, just before it begins).
+        wait_until(lambda: client.worker._failing)
+        self.assertFalse(client.worker.stop(0.2), "a report was not recorded")
+        self.assertTrue(client.worker._done.is_set(), "the report's wait outlasted the stop's give-up time")
+        self.assertTrue(any(isinstance(e, getratchet.ReportNotRecorded) and "job_1" in str(e) for e in errors),
+                        errors)
+        reports = [seen for seen in server.seen if seen[1].endswith("/report")]
+        self.assertEqual(len(reports), 1, "not sent again after the give-up time")
+
     def test_no_claim_while_a_report_in_flight_nears_its_lease_end(self) -> None:
         # QA: a report whose answer hangs (a black-holed connection) was
         # not "failing" until its 60 s timeout, so the worker kept claiming,
