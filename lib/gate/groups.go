@@ -173,6 +173,18 @@ var errGroupGone = errors.New("the key's group was deleted meanwhile")
 
 // createGroup is one try of CreateGroup.
 func (s *Service) createGroup(ctx context.Context, p *auth.Principal, name string, key *string) (Group, error) {
+	inRequest := key != nil && db.InRequest(ctx)
+	if inRequest {
+		// Under an Idempotency-Key (db.BeginRequest) the insert begins the
+		// request's transaction, which would then hold the read of the
+		// group the key names (GetGroup settles an unwinding one, in a
+		// transaction of its own, not the request's): read first, outside
+		// it, while it has not begun.
+		g, err := s.groupOfKey(db.OutsideRequest(ctx), p, name, *key)
+		if !errors.Is(err, errGroupGone) {
+			return g, err
+		}
+	}
 	now := s.clock()
 	g, err := scanGroup(db.Writer(ctx, s.pool).QueryRow(ctx, sqlCreateGroup, ids.NewAt(ids.Group, now), p.WorkspaceID, name,
 		p.KeyID, now, key))
@@ -184,11 +196,25 @@ func (s *Service) createGroup(ctx context.Context, p *auth.Principal, name strin
 	if !errors.Is(err, pgx.ErrNoRows) || key == nil {
 		return Group{}, fmt.Errorf("create group: %w", err) // only a key's conflict answers no row
 	}
+	if inRequest {
+		// Opened since the read above: the retry, its transaction not
+		// begun, reads it.
+		return Group{}, apierr.Conflict(apierr.CodeRetryRequest,
+			"The group this key named was opened concurrently; retry at once.")
+	}
+	return s.groupOfKey(ctx, p, name, *key)
+}
+
+// groupOfKey is the group p's workspace opened under idempotency key key,
+// deduplicated; errGroupGone when there is none; 409
+// idempotency_key_reuse when it was opened with another name, or p may not
+// act on it.
+func (s *Service) groupOfKey(ctx context.Context, p *auth.Principal, name, key string) (Group, error) {
 	var (
 		id, opened string
 		visible    bool
 	)
-	err = s.pool.QueryRow(ctx, sqlGroupByKey, p.WorkspaceID, *key, groupOwner(p)).Scan(&id, &opened, &visible)
+	err := db.Conn(ctx, s.pool).QueryRow(ctx, sqlGroupByKey, p.WorkspaceID, key, groupOwner(p)).Scan(&id, &opened, &visible)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Group{}, errGroupGone
 	}
@@ -200,7 +226,7 @@ func (s *Service) createGroup(ctx context.Context, p *auth.Principal, name strin
 		return Group{}, apierr.Conflict(apierr.CodeIdempotencyKeyReuse,
 			"This idempotency key opened another group; choose a key of your own.")
 	}
-	g, err = s.GetGroup(ctx, p, id)
+	g, err := s.GetGroup(ctx, p, id)
 	if e, ok := apierr.As(err); ok && e.Code == apierr.CodeNotFound {
 		return Group{}, errGroupGone
 	}

@@ -179,12 +179,13 @@ hex(hmac_sha256(your_secret, key))[:32].
 
 Creates without a key field (keys, webhooks, a webhook's secret rotation and
 delivery retry, contract publish, tool test, worker registration, step replay,
-reconciliation) and the actions whose repeat would undo what another actor
-changed since (a policy update without expected_version, a circuit's open
+reconciliation), a run's start and a group's open (with their body key or
+without: the header keeps the 201 or the deduplicated 200), and the actions
+whose repeat would undo what another actor changed since (a policy update without expected_version, a circuit's open
 and close, the emergency stop and its release, a step's cancel, an endpoint's
 pause, resume and circuit close, a webhook's update), all marked [Idempotency-Key] below, take an Idempotency-Key header:
 send the same request again under it, the body byte for byte, and get the
-first answer, not a second key, webhook or replay, nor a close of a breaker
+first answer, not a second key, webhook, run, group or replay, nor a close of a breaker
 that tripped again since or a cancel of a step replayed since. The
 key names one intended create for 24 hours (replay:<step>:<attempt>, not
 replay:<step>: a later replay under it gets the old answer). 409

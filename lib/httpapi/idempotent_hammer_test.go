@@ -23,6 +23,8 @@ var keyedEffects = map[string]string{
 	"tools.test":        `SELECT count(*) FROM job_runs WHERE workspace_id = $1`,
 	"workers.register":  `SELECT count(*) FROM job_workers WHERE workspace_id = $1`,
 	"steps.replay":      `SELECT count(*) FROM job_replays WHERE workspace_id = $1`,
+	"runs.create":       `SELECT count(*) FROM job_runs WHERE workspace_id = $1`,
+	"groups.create":     `SELECT count(*) FROM effect_groups WHERE workspace_id = $1`,
 }
 
 // Racers released together on two instances, each sending one request of

@@ -160,7 +160,7 @@ func TestToolTestUnderAnIdempotencyKeyRunsOnce(t *testing.T) {
 }
 
 // The routes that take the header are the creates without a key of their
-// own and the actions a repeat of which would undo another actor's change;
+// own or with an optional one and the actions a repeat of which would undo another actor's change;
 // each answers JSON (what is kept and given again), and acts within
 // idempotency.ActingTime (its time and the answer's recording), which a
 // claim outlives, so it lapses only when its request is gone.
@@ -182,6 +182,9 @@ func TestIdempotentRoutes(t *testing.T) {
 	require.Less(t, idempotency.ActingTime, idempotency.ClaimTTL)
 	require.ElementsMatch(t, []string{"keys.create", "webhooks.create", "contracts.publish", "tools.test",
 		"workers.register", "steps.replay", "webhooks.deliveries.retry", "webhooks.rotate_secret", "reconcile",
+		// The creates whose body key is optional: the header keeps their
+		// answer without one (TestIdempotencyKeyAnswersARetriedRunOrGroupCreateOnce).
+		"runs.create", "groups.create",
 		// The actions whose repeat would undo another actor's change
 		// (TestARetriedActionUndoesNoChangeMadeSince).
 		"circuits.open", "circuits.close", "circuits.stop", "circuits.release", "steps.cancel",
@@ -569,6 +572,9 @@ func idempotentCalls(e *jobsEnv, wid string) map[string]keyedCall {
 		"webhooks.deliveries.retry": {"/api/v1/webhooks/" + hook + "/deliveries/retry", e.ws.Key,
 			map[string]any{"delivery_ids": []string{deliveries.Data[0].ID}}},
 		"webhooks.rotate_secret": {"/api/v1/webhooks/" + hook + "/rotate-secret", e.ws.Key, map[string]any{}},
+		// The creates with a key of their own, without one and with one.
+		"runs.create":   {"/api/v1/runs", e.ws.Key, map[string]any{"name": "keyed run"}},
+		"groups.create": {"/api/v1/groups", e.ws.Key, map[string]any{"name": "keyed group", "idempotency_key": "g"}},
 		"reconcile": {"/api/v1/reconcile", e.ws.Key, map[string]any{"effect_type": "payment.charge",
 			"from": e.clock.Now().Add(-time.Hour).Format(time.RFC3339), "to": e.clock.Now().Format(time.RFC3339),
 			"records": []any{map[string]any{"idempotency_key": "k", "status": "succeeded"}}}},

@@ -38,10 +38,12 @@ func (s *Server) groupRoutes() []Route {
 				"{effect_type, payload}; then commit, or unwind to get the compensation plan. With idempotency_key " +
 				"a retry answers the group it opened (200, deduplicated: true, its steps cut to fit as " +
 				"GET /api/v1/groups/{id} cuts them) until retention deletes it; the same key with another name is " +
-				"409 idempotency_key_reuse. A group takes at most " + strconv.Itoa(gate.MaxGroupSteps) + " forward steps " +
+				"409 idempotency_key_reuse; under an Idempotency-Key header, with idempotency_key or without, the " +
+				"same request sent again is answered the first answer again. A group takes at most " +
+				strconv.Itoa(gate.MaxGroupSteps) + " forward steps " +
 				"(limits.group_steps_max): a begin that would add another is 409 invalid_state (detail.group_steps_max), " +
 				"nothing kept; new attempts at its steps, its commit and its rollback's compensations still work.",
-			Request: gate.CreateGroupRequest{}, Response: gate.Group{}, Status: 201, DedupOK: true,
+			Request: gate.CreateGroupRequest{}, Response: gate.Group{}, Status: 201, DedupOK: true, Idempotent: true,
 			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeIdempotencyKeyReuse},
 			Handle: func(ctx context.Context, c *Call) (any, error) {
 				var req gate.CreateGroupRequest

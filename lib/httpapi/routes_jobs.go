@@ -24,10 +24,11 @@ func (s *Server) jobsRoutes() []Route {
 			Summary: "Start a run (status RUNNING) to which durable steps are enqueued; budgetMicros gives it " +
 				"its own wallet, charged by every effect begun with its run_id (403 run_budget_exceeded beyond it). " +
 				"With idempotencyKey a retry answers the run it started (200, deduplicated: true); the same key " +
-				"with another name or budget is 409 idempotency_key_reuse.",
+				"with another name or budget is 409 idempotency_key_reuse. Under an Idempotency-Key header, with " +
+				"idempotencyKey or without, the same request sent again is answered the first answer again.",
 			Request: jobs.CreateRunRequest{}, Response: jobs.Run{}, Status: 201,
 			Errors:  []string{apierr.CodeInvalidRequest, apierr.CodeIdempotencyKeyReuse, apierr.CodeRetryRequest},
-			DedupOK: true, Handle: s.createRun,
+			DedupOK: true, Idempotent: true, Handle: s.createRun,
 		},
 		{
 			Method: "GET", Pattern: "/api/v1/runs", Name: "runs.list", Tag: "jobs", Scopes: runsRead,

@@ -291,7 +291,19 @@ func (s *Service) CreateRun(ctx context.Context, workspaceID string, req CreateR
 	}
 	// Twice at most: a run the key named may be deleted (retention) between
 	// the insert that met it and the reads.
+	inRequest := db.InRequest(ctx)
 	for range 2 {
+		if inRequest {
+			// Under an Idempotency-Key (db.BeginRequest) the insert begins
+			// the request's transaction, which would then hold the read of
+			// the run the key names (GetRun settles lapsed leases, in
+			// transactions of their own, not the request's): read first,
+			// outside it, while it has not begun.
+			existing, found, err := s.runOfKey(db.OutsideRequest(ctx), workspaceID, *req.IdempotencyKey, hash)
+			if found || err != nil {
+				return existing, err
+			}
+		}
 		tag, err := db.Writer(ctx, s.pool).Exec(ctx, sqlInsertKeyedRun, r.ID, workspaceID, r.Name, now, req.BudgetMicros,
 			*req.IdempotencyKey, hash)
 		if err != nil {
@@ -300,30 +312,43 @@ func (s *Service) CreateRun(ctx context.Context, workspaceID string, req CreateR
 		if tag.RowsAffected() == 1 {
 			return r, nil
 		}
-		var id, started string
-		err = s.pool.QueryRow(ctx, sqlRunByKey, workspaceID, *req.IdempotencyKey).Scan(&id, &started)
-		if errors.Is(err, pgx.ErrNoRows) {
-			continue
+		if inRequest {
+			break // started since the read above: the retry, its transaction not begun, reads it
 		}
-		if err != nil {
-			return Run{}, fmt.Errorf("create run: read by key: %w", err)
+		existing, found, err := s.runOfKey(ctx, workspaceID, *req.IdempotencyKey, hash)
+		if found || err != nil {
+			return existing, err
 		}
-		if started != hash {
-			return Run{}, apierr.Conflict(apierr.CodeIdempotencyKeyReuse,
-				"This idempotency key started a run with another name or budget.")
-		}
-		existing, err := s.GetRun(ctx, workspaceID, id)
-		if e, ok := apierr.As(err); ok && e.Code == apierr.CodeNotFound {
-			continue // deleted since the read: start it afresh
-		}
-		if err != nil {
-			return Run{}, err
-		}
-		dup := true
-		existing.Deduplicated = &dup
-		return existing, nil
 	}
 	return Run{}, apierr.Conflict(apierr.CodeRetryRequest, "The run this key named changed concurrently; retry at once.")
+}
+
+// runOfKey is the run workspaceID started under idempotency key key,
+// deduplicated (found), when there is one; 409 idempotency_key_reuse when
+// it was started with another name or budget (hash, not its).
+func (s *Service) runOfKey(ctx context.Context, workspaceID, key, hash string) (Run, bool, error) {
+	var id, started string
+	err := db.Conn(ctx, s.pool).QueryRow(ctx, sqlRunByKey, workspaceID, key).Scan(&id, &started)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Run{}, false, nil
+	}
+	if err != nil {
+		return Run{}, false, fmt.Errorf("create run: read by key: %w", err)
+	}
+	if started != hash {
+		return Run{}, false, apierr.Conflict(apierr.CodeIdempotencyKeyReuse,
+			"This idempotency key started a run with another name or budget.")
+	}
+	existing, err := s.GetRun(ctx, workspaceID, id)
+	if e, ok := apierr.As(err); ok && e.Code == apierr.CodeNotFound {
+		return Run{}, false, nil // deleted since the read: start it afresh
+	}
+	if err != nil {
+		return Run{}, false, err
+	}
+	dup := true
+	existing.Deduplicated = &dup
+	return existing, true, nil
 }
 
 // runStepsMax bounds the steps GET /api/v1/runs/{id} returns: a run may
