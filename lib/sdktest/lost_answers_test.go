@@ -79,9 +79,12 @@ func TestDoEffectGetsTheExecuteItsLostAnswerHeld(t *testing.T) {
 	require.Equal(t, ratchet.EffectSucceeded, eff.State)
 }
 
-// A run started under an idempotency key whose answer is lost is started
-// again by the SDK's retry, which answers the run the first made: one run.
-func TestStartRunUnderAKeyRetriesALostAnswer(t *testing.T) {
+// A run started whose answer is lost is started again by the SDK's retry,
+// under the call's own Idempotency-Key, which is answered the first answer
+// again: one run, with the run's own key or without (before, a run started
+// without one was not retried, and the caller could not tell whether it
+// had started).
+func TestStartRunRetriesALostAnswer(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	p, lose := b.losingClient(t, b.env.Key(b.ws, map[string]any{"name": "producer2", "preset": "INGEST"}), "/runs")
@@ -90,7 +93,7 @@ func TestStartRunUnderAKeyRetriesALostAnswer(t *testing.T) {
 		ratchet.WithBudgetMicros(1_000_000))
 	require.NoError(t, err)
 	require.EqualValues(t, 2, lose.seen.Load())
-	require.True(t, run.Deduplicated, "the retry found the run the lost answer named")
+	require.False(t, run.Deduplicated, "the retry was given the lost answer again")
 	require.Equal(t, "onboarding:user_7", *run.IdempotencyKey)
 	again, err := b.producer.StartRun(ctx, "onboarding", ratchet.WithIdempotencyKey("onboarding:user_7"),
 		ratchet.WithBudgetMicros(1_000_000))
@@ -99,11 +102,43 @@ func TestStartRunUnderAKeyRetriesALostAnswer(t *testing.T) {
 	_, err = b.producer.StartRun(ctx, "other", ratchet.WithIdempotencyKey("onboarding:user_7"))
 	require.True(t, ratchet.IsCode(err, ratchet.CodeIdempotencyKeyReuse), "%v", err)
 
-	// Without a key a lost answer is not retried: a repeat would start a second run.
 	lose.n.Store(1)
-	_, err = p.StartRun(ctx, "unkeyed")
-	require.Error(t, err)
-	require.EqualValues(t, 3, lose.seen.Load())
+	unkeyed, err := p.StartRun(ctx, "unkeyed")
+	require.NoError(t, err)
+	require.EqualValues(t, 4, lose.seen.Load(), "the lost start and its retry")
+	require.Equal(t, 1, countRows(t, b, `SELECT count(*) FROM job_runs WHERE workspace_id = $1 AND name = 'unkeyed'`))
+	require.Nil(t, unkeyed.IdempotencyKey)
+}
+
+// A group opened whose answer is lost is opened again by the SDK's retry,
+// under the call's own Idempotency-Key: one group (before, CreateGroup was
+// not retried).
+func TestCreateGroupRetriesALostAnswer(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	operator, lose := b.losingClient(t, b.ws.Key, "/groups")
+	ctx := context.Background()
+	for _, name := range []string{"checkout", "keyed checkout"} {
+		lose.n.Store(1)
+		create := func() (*ratchet.Group, error) { return operator.CreateGroup(ctx, name) }
+		if name == "keyed checkout" {
+			create = func() (*ratchet.Group, error) { return operator.CreateGroupWithKey(ctx, name, "checkout:9") }
+		}
+		g, err := create()
+		require.NoError(t, err, name)
+		require.False(t, g.Deduplicated, "%s: the retry was given the lost answer again", name)
+		require.Equal(t, 1, countRows(t, b, `SELECT count(*) FROM effect_groups WHERE workspace_id = $1 AND name = '`+
+			name+`'`), name)
+	}
+	require.EqualValues(t, 4, lose.seen.Load(), "each lost open and its retry")
+}
+
+// countRows is what query (a count, $1 the workspace) answers for b's.
+func countRows(t *testing.T, b *bundle, query string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.env.App.Pool.QueryRow(context.Background(), query, b.ws.ID).Scan(&n))
+	return n
 }
 
 // A replay whose answer is lost is asked again under the same

@@ -158,10 +158,10 @@ func customOrDefault(custom bool) string {
 // errors, the HTTP client's Timeout) with capped exponential backoff and
 // jitter, but only for calls that are idempotent (every effect-gate and job
 // call is, by idempotency key, Idempotency-Key header or lease token;
-// StartRun without a key is not, nor is UpdateEndpointPolicy, whose repeat
-// would meet the version the first wrote, so they are never repeated after an
-// ambiguous failure; UpdateEffectPolicy is repeated under an Idempotency-Key
-// of its own, answered the first answer). Every wait ends with ctx.
+// UpdateEndpointPolicy is not, whose repeat would meet the version the first
+// wrote, so it is never repeated after an ambiguous failure; StartRun,
+// CreateGroup and UpdateEffectPolicy are repeated under an Idempotency-Key
+// of their own, answered the first answer). Every wait ends with ctx.
 type Client struct {
 	base       string
 	key        string

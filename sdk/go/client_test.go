@@ -278,7 +278,7 @@ func TestRateLimitedWaitsRetryAfter(t *testing.T) {
 		func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 201, map[string]any{"id": "run_1"}) },
 	}}
 	c, log := testClient(t, seq)
-	// StartRun is not idempotent, but a 429 was refused before acting.
+	// A 429 was refused before acting: repeated for any call.
 	run, err := c.StartRun(context.Background(), "x")
 	if err != nil || run.ID != "run_1" {
 		t.Fatalf("run %+v err %v", run, err)
@@ -450,7 +450,7 @@ func TestServiceUnavailableRetryAfterIsCapped(t *testing.T) {
 	}
 	once := &sequence{steps: []func(http.ResponseWriter, *http.Request){unavailable}}
 	c, log = testClient(t, once)
-	if _, err := c.StartRun(context.Background(), "x"); err == nil || once.calls.Load() != 1 || len(log.all()) != 0 {
+	if _, err := updatePolicy(c); err == nil || once.calls.Load() != 1 || len(log.all()) != 0 {
 		t.Fatalf("err %v calls %d sleeps %v", err, once.calls.Load(), log.all())
 	}
 }
@@ -537,10 +537,10 @@ func TestNonIdempotentCallsNotRetriedOnAmbiguousFailure(t *testing.T) {
 		func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 201, map[string]any{"id": "run_2"}) },
 	}}
 	c, _ := testClient(t, seq)
-	if _, err := c.StartRun(context.Background(), "x"); !IsCode(err, CodeInternal) {
+	if _, err := updatePolicy(c); !IsCode(err, CodeInternal) {
 		t.Fatalf("err %v", err)
 	}
-	if _, err := c.StartRun(context.Background(), "y"); err != nil {
+	if _, err := updatePolicy(c); err != nil {
 		t.Fatalf("second call answered by the next step: %v", err)
 	}
 	if seq.calls.Load() != 2 {
@@ -646,7 +646,7 @@ func TestNetworkErrorsRetriedForIdempotentCalls(t *testing.T) {
 	}
 	// A non-idempotent call surfaces the network error instead.
 	ft.n.Store(1)
-	if _, err := c.StartRun(context.Background(), "x"); err == nil || !strings.Contains(err.Error(), "connection reset") {
+	if _, err := updatePolicy(c); err == nil || !strings.Contains(err.Error(), "connection reset") {
 		t.Fatalf("err %v", err)
 	}
 }
@@ -679,9 +679,9 @@ func TestClientTimeoutIsALostAnswer(t *testing.T) {
 		t.Fatalf("calls %d sleeps %v", calls.Load(), log.all())
 	}
 	calls.Store(0)
-	_, err = c.StartRun(context.Background(), "x")
+	_, err = updatePolicy(c)
 	if err == nil || !errors.Is(err, context.DeadlineExceeded) || !mayHaveApplied(err) || calls.Load() != 1 {
-		t.Fatalf("start run: err %v (may have applied %v) calls %d", err, mayHaveApplied(err), calls.Load())
+		t.Fatalf("update policy: err %v (may have applied %v) calls %d", err, mayHaveApplied(err), calls.Load())
 	}
 }
 
@@ -749,7 +749,7 @@ func TestDatabaseUnavailableRetriedForAnyCall(t *testing.T) {
 
 // A database_unavailable whose outcome is unknown (the call reached the
 // database before it failed) is not repeated for a call without a key or
-// token: StartRun would start a second run. An idempotent call is.
+// token: a policy update would meet its own write. An idempotent call is.
 func TestDatabaseUnavailableWithUnknownOutcomeRetriedOnlyWhenSafe(t *testing.T) {
 	t.Parallel()
 	unknown := func(w http.ResponseWriter, r *http.Request) {
@@ -762,7 +762,7 @@ func TestDatabaseUnavailableWithUnknownOutcomeRetriedOnlyWhenSafe(t *testing.T) 
 			func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 201, map[string]any{"id": "run_2"}) },
 		}}
 		c, _ := testClient(t, seq)
-		if _, err := c.StartRun(context.Background(), "x"); !IsCode(err, "database_unavailable") || seq.calls.Load() != 1 {
+		if _, err := updatePolicy(c); !IsCode(err, "database_unavailable") || seq.calls.Load() != 1 {
 			t.Fatalf("err %v after %d calls", err, seq.calls.Load())
 		}
 	}
@@ -1114,7 +1114,7 @@ func TestAnUnreadableAnswerIsAskedForAgainWhereSafe(t *testing.T) {
 
 	run := &sequence{steps: []func(http.ResponseWriter, *http.Request){answer(`{"id":"run_1","na`)}}
 	c, _ = testClient(t, run)
-	if _, err := c.StartRun(context.Background(), "x"); err == nil || !MayHaveApplied(err) || run.calls.Load() != 1 {
+	if _, err := updatePolicy(c); err == nil || !MayHaveApplied(err) || run.calls.Load() != 1 {
 		t.Fatalf("err %v (may have applied: %v), calls %d", err, MayHaveApplied(err), run.calls.Load())
 	}
 }
@@ -1131,7 +1131,7 @@ func TestA2xxWithoutAnObjectIsALostAnswer(t *testing.T) {
 			_, _ = io.WriteString(w, body)
 		}}}
 		c, _ := testClient(t, run)
-		if _, err := c.StartRun(context.Background(), "x"); err == nil || !MayHaveApplied(err) || run.calls.Load() != 1 {
+		if _, err := updatePolicy(c); err == nil || !MayHaveApplied(err) || run.calls.Load() != 1 {
 			t.Fatalf("body %q: err %v (may have applied: %v), calls %d", body, err, MayHaveApplied(err), run.calls.Load())
 		}
 	}
@@ -1618,5 +1618,63 @@ func TestRequestCallsAnyRoute(t *testing.T) {
 	if err := c.Request(context.Background(), "GET", "/other", nil, nil, RequestOptions{}); !errors.As(err, &apiErr) ||
 		apiErr.Code != CodeInternal || len(seen) != 3 || seen[2] != "GET /api/v1/other  Bearer test-key " {
 		t.Fatalf("err %v, seen %q", err, seen)
+	}
+}
+
+// updatePolicy is a call that is not repeated after an ambiguous failure
+// (the repeat of an update that was applied would meet the new version):
+// what these tests send where a repeat could act twice.
+func updatePolicy(c *Client) (*Endpoint, error) {
+	return c.UpdateEndpointPolicy(context.Background(), "end_1", 1, PolicyUpdate{})
+}
+
+// StartRun and CreateGroup are retried after an ambiguous failure under an
+// Idempotency-Key of their own, made once per call (they were not retried
+// without a body key, and a caller's retry after a lost answer started a
+// second run); a body key of the caller's goes in the body beside it.
+func TestStartRunAndCreateGroupRetryUnderAnIdempotencyKeyOfTheirOwn(t *testing.T) {
+	t.Parallel()
+	for name, call := range map[string]func(*Client) (string, error){
+		"StartRun": func(c *Client) (string, error) {
+			r, err := c.StartRun(context.Background(), "r")
+			return r.ID, err
+		},
+		"StartRun with a body key": func(c *Client) (string, error) {
+			r, err := c.StartRun(context.Background(), "r", WithIdempotencyKey("onboard:1"))
+			return r.ID, err
+		},
+		"CreateGroup": func(c *Client) (string, error) {
+			g, err := c.CreateGroup(context.Background(), "g")
+			return g.ID, err
+		},
+		"CreateGroupWithKey": func(c *Client) (string, error) {
+			g, err := c.CreateGroupWithKey(context.Background(), "g", "checkout:1")
+			return g.ID, err
+		},
+	} {
+		var mu sync.Mutex
+		var keys, bodies []string
+		c, _ := testClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			defer mu.Unlock()
+			b, _ := io.ReadAll(r.Body)
+			keys, bodies = append(keys, r.Header.Get(IdempotencyKeyHeader)), append(bodies, string(b))
+			if len(keys)%2 == 1 {
+				apiError(w, 500, CodeInternal, nil)
+				return
+			}
+			writeJSON(w, 201, map[string]any{"id": "x_1"})
+		}))
+		for range 2 {
+			if id, err := call(c); err != nil || id != "x_1" {
+				t.Fatalf("%s: %q, %v", name, id, err)
+			}
+		}
+		if len(keys) != 4 || keys[0] == "" || keys[0] != keys[1] || keys[2] != keys[3] || keys[1] == keys[2] {
+			t.Fatalf("%s: keys %q", name, keys)
+		}
+		if bodies[0] != bodies[1] || bodies[0] != bodies[3] || strings.Contains(bodies[0], keys[0]) {
+			t.Fatalf("%s: bodies %q", name, bodies)
+		}
 	}
 }

@@ -176,11 +176,11 @@ type startRun struct {
 }
 
 // WithIdempotencyKey starts the run under key (1-255 printable characters,
-// unique per workspace among the runs kept): StartRun then retries after an
-// ambiguous failure, and starting it again with the same name and budget
-// answers the run the key started (Run.Deduplicated); another name or budget
-// under the key is 409 idempotency_key_reuse. Derive it from the work
-// ("onboarding:user_123"), as a Temporal workflow id.
+// unique per workspace among the runs kept): starting it again with the same
+// name and budget, from this process or another, answers the run the key
+// started (Run.Deduplicated); another name or budget under the key is 409
+// idempotency_key_reuse. Derive it from the work ("onboarding:user_123"), as
+// a Temporal workflow id.
 func WithIdempotencyKey(key string) RunOption {
 	return func(r *startRun) { r.IdempotencyKey = &key }
 }
@@ -192,24 +192,17 @@ func WithBudgetMicros(micros int64) RunOption {
 	return func(r *startRun) { r.BudgetMicros = &micros }
 }
 
-// StartRun creates a run (POST /api/v1/runs). Without WithIdempotencyKey
-// it is not repeated after an ambiguous failure, since a repeat would create
-// a second run; with it, it is.
+// StartRun creates a run (POST /api/v1/runs), retried after an ambiguous
+// failure under an Idempotency-Key of its own, made once per call
+// (callKeyed): a retry after a lost answer is answered the run the first
+// attempt started, never a second run. WithIdempotencyKey's body key, besides,
+// makes a start from another process (or a later call) find the same run.
 func (c *Client) StartRun(ctx context.Context, name string, opts ...RunOption) (*Run, error) {
 	req := startRun{Name: name}
 	for _, o := range opts {
 		o(&req)
 	}
-	retry := notIdempotent
-	if req.IdempotencyKey != nil {
-		retry = idempotent
-	}
-	var run Run
-	err := c.do(ctx, "POST", "/runs", req, &run, retry)
-	if err != nil {
-		return nil, err
-	}
-	return &run, nil
+	return callKeyed[Run](ctx, c, "POST", "/runs", "", req)
 }
 
 // GetRun reads a run with its steps.

@@ -187,27 +187,22 @@ type GroupCommit struct {
 }
 
 // CreateGroup opens a group (POST /api/v1/groups); begins with its ID in
-// BeginRequest.GroupID join it. Not repeated after an ambiguous failure,
-// since a repeat would open a second group: CreateGroupWithKey is.
+// BeginRequest.GroupID join it. Retried after an ambiguous failure under an
+// Idempotency-Key of its own, made once per call (callKeyed): a retry after
+// a lost answer is answered the group the first attempt opened, never a
+// second group.
 func (c *Client) CreateGroup(ctx context.Context, name string) (*Group, error) {
-	var out Group
-	if err := c.do(ctx, "POST", "/groups", map[string]string{"name": name}, &out, notIdempotent); err != nil {
-		return nil, err
-	}
-	return &out, nil
+	return callKeyed[Group](ctx, c, "POST", "/groups", "", map[string]string{"name": name})
 }
 
 // CreateGroupWithKey opens a group under an idempotency key derived from
-// the work ("checkout:order_123"): retried through transient failures, a
-// repeat answers the group the key opened (Deduplicated). The same key
-// with another name is 409 idempotency_key_reuse.
+// the work ("checkout:order_123"), retried as CreateGroup is: a later call
+// with the key, from this process or another, answers the group the key
+// opened (Deduplicated). The same key with another name is 409
+// idempotency_key_reuse.
 func (c *Client) CreateGroupWithKey(ctx context.Context, name, idempotencyKey string) (*Group, error) {
-	var out Group
-	body := map[string]string{"name": name, "idempotency_key": idempotencyKey}
-	if err := c.do(ctx, "POST", "/groups", body, &out, idempotent); err != nil {
-		return nil, err
-	}
-	return &out, nil
+	return callKeyed[Group](ctx, c, "POST", "/groups", "",
+		map[string]string{"name": name, "idempotency_key": idempotencyKey})
 }
 
 // GetGroup reads a group with its steps: all of them, or the first that

@@ -171,17 +171,18 @@ class Ratchet:
                   budget_micros: Optional[int] = None, timeout: Optional[float] = None) -> Run:
         """Starts a run (POST /runs) and makes it this client's current run.
 
-        With idempotency_key (derived from the work, as a Temporal workflow
-        id) the call is repeated after an ambiguous failure and starting it
-        again answers the same run; without one it is not repeated, since a
-        repeat would start a second run."""
+        It is repeated after an ambiguous failure under an Idempotency-Key
+        of its own, made once per call, so a retry after a lost answer is
+        answered the run the first attempt started, never a second run.
+        idempotency_key (derived from the work, as a Temporal workflow id)
+        is the run's own key, sent in the body: starting it again, from this
+        process or another, answers the same run (``deduplicated``)."""
         body: Dict[str, Any] = {"name": name}
         if idempotency_key is not None:
             body["idempotencyKey"] = idempotency_key
         if budget_micros is not None:
             body["budgetMicros"] = budget_micros
-        run = cast(Run, self._transport.call("POST", "/runs", body, safe=idempotency_key is not None,
-                                             call_timeout=timeout))
+        run = cast(Run, self._keyed("/runs", body, None, timeout))
         with self._lock:
             self._run_id = run["id"]
         return run
@@ -896,8 +897,8 @@ class Ratchet:
     # list methods answer one page: {"data", "next_cursor"} on the gate's
     # routes, {"data", "nextCursor"} on the job routes; pass that cursor as
     # cursor for the next page. Creates the server keys (keys, webhooks,
-    # contracts, tool tests, delivery retries, secret rotations, reconcile)
-    # send one Idempotency-Key across their retries, so a retry after a lost
+    # contracts, tool tests, delivery retries, secret rotations, reconcile,
+    # and a run's start and a group's open, whatever their body key) send one Idempotency-Key across their retries, so a retry after a lost
     # answer gets what the first attempt made instead of a second one.
 
     def _keyed(self, path: str, body: Any, idempotency_key: Optional[str], timeout: Optional[float] = None,
@@ -1057,17 +1058,18 @@ class Ratchet:
 
     def create_group(self, name: str, *, idempotency_key: Optional[str] = None,
                      timeout: Optional[float] = None) -> Group:
-        """Opens a group; begins with its id as group_id join it. With
-        idempotency_key (derived from the work, "checkout:order_123") it is
-        retried and a repeat answers the group the key opened
-        (``deduplicated``; the same key with another name is 409
-        idempotency_key_reuse); without one it is not repeated after an
-        ambiguous failure, since a repeat would open a second group."""
+        """Opens a group; begins with its id as group_id join it. It is
+        repeated after an ambiguous failure under an Idempotency-Key of its
+        own, made once per call, so a retry after a lost answer is answered
+        the group the first attempt opened, never a second group. With
+        idempotency_key (derived from the work, "checkout:order_123"), sent
+        in the body, a later call, from this process or another, answers
+        the group the key opened (``deduplicated``; the same key with
+        another name is 409 idempotency_key_reuse)."""
         body: Dict[str, Any] = {"name": name}
         if idempotency_key is not None:
             body["idempotency_key"] = idempotency_key
-        answer = self._transport.call("POST", "/groups", body, safe=idempotency_key is not None, call_timeout=timeout)
-        return cast(Group, answer)
+        return cast(Group, self._keyed("/groups", body, None, timeout))
 
     def get_group(self, group_id: str, *, timeout: Optional[float] = None) -> Group:
         """Reads a group with its steps: all of them, or the first that fit

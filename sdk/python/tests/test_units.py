@@ -4003,10 +4003,13 @@ class OperatorCallsTest(unittest.TestCase):
             "POST /api/v1/webhooks/wh%2F1/deliveries/retry": lambda c: c.retry_webhook_deliveries("wh/1", ["d"]),
             "POST /api/v1/webhooks/wh_1/rotate-secret": lambda c: c.rotate_webhook_secret("wh_1"),
             "POST /api/v1/reconcile": lambda c: c.reconcile("t", "2026-01-01T00:00:00Z", "2026-01-02T00:00:00Z"),
+            # A run's start and a group's open, whose body key is optional.
+            "POST /api/v1/runs": lambda c: c.start_run("r"),
+            "POST /api/v1/groups": lambda c: c.create_group("g"),
         }
         for route, call in calls.items():
-            client, server = self.client([(500, error("internal_error"), {}), (200, {"ok": True}, {})])
-            self.assertEqual(call(client), {"ok": True}, route)
+            client, server = self.client([(500, error("internal_error"), {}), (200, {"id": "x_1"}, {})])
+            self.assertEqual(call(client), {"id": "x_1"}, route)
             self.assertEqual([f"{m} {p}" for m, p, _, _ in server.seen], [route] * 2)
             keys = {headers.get("Idempotency-Key") for _, _, headers, _ in server.seen}
             self.assertEqual(len(keys), 1, route)
@@ -4193,17 +4196,28 @@ class OperatorCallsTest(unittest.TestCase):
             client.request("GET", "/queue/health", timeout=0.2)
         self.assertEqual(server.seen[0][:2], ("GET", "/api/v1/queue/health"))
 
-    def test_updates_and_an_unkeyed_group_are_not_repeated(self) -> None:
-        for call in (lambda c: c.update_endpoint_policy("ep_1", 3, maxConcurrent=None),
-                     lambda c: c.create_group("g")):
-            client, server = self.client([(500, error("internal_error"), {}), (200, {}, {})])
-            with self.assertRaises(RatchetError):
-                call(client)
-            self.assertEqual(len(server.seen), 1)
-        self.assertEqual(server.seen[0][3], {"name": "g"})
-        client, server = self.client([(500, error("internal_error"), {}), (200, {"id": "grp_1"}, {})])
-        self.assertEqual(client.create_group("g", idempotency_key="checkout:1"), {"id": "grp_1"})
-        self.assertEqual([body for _, _, _, body in server.seen], [{"name": "g", "idempotency_key": "checkout:1"}] * 2)
+    def test_updates_are_not_repeated(self) -> None:
+        client, server = self.client([(500, error("internal_error"), {}), (200, {}, {})])
+        with self.assertRaises(RatchetError):
+            client.update_endpoint_policy("ep_1", 3, maxConcurrent=None)
+        self.assertEqual(len(server.seen), 1)
+
+    def test_a_run_or_group_body_key_goes_beside_a_header_key_of_the_calls_own(self) -> None:
+        # The body key (the run's or group's own, for another process's
+        # retry) is no Idempotency-Key: each call makes its own header key.
+        for call, body in ((lambda c: c.create_group("g", idempotency_key="checkout:1"),
+                            {"name": "g", "idempotency_key": "checkout:1"}),
+                           (lambda c: c.start_run("r", idempotency_key="onboard:1"),
+                            {"name": "r", "idempotencyKey": "onboard:1"})):
+            client, server = self.client([(500, error("internal_error"), {}), (200, {"id": "x_1"}, {}),
+                                          (200, {"id": "x_1"}, {})])
+            self.assertEqual(call(client), {"id": "x_1"})
+            call(client)
+            self.assertEqual([b for _, _, _, b in server.seen], [body] * 3)
+            keys = [h.get("Idempotency-Key") for _, _, h, _ in server.seen]
+            self.assertEqual(keys[0], keys[1])
+            self.assertNotEqual(keys[1], keys[2])
+            self.assertNotIn(keys[0], ("checkout:1", "onboard:1"))
 
     def test_reads_and_repeatable_changes_are_repeated(self) -> None:
         # Without an Idempotency-Key: the actions a repeat of which would undo

@@ -67,10 +67,9 @@ function query(params) {
  * A client of the Ratchet API. Calls that are idempotent (every gate and job
  * call, by key, lease token or Idempotency-Key) are repeated after a lost
  * answer or a 5xx with capped backoff and jitter, up to maxRetries times; a
- * 429 after the server's retry_after_seconds; startRun and createGroup
- * without an idempotency key, and updateEndpointPolicy, are never repeated
- * after an ambiguous failure (updateEffectPolicy is, under an
- * Idempotency-Key of its own).
+ * 429 after the server's retry_after_seconds; updateEndpointPolicy is never
+ * repeated after an ambiguous failure (updateEffectPolicy is, under an
+ * Idempotency-Key of its own, as startRun and createGroup are).
  */
 export class Ratchet {
   #transport;
@@ -106,12 +105,15 @@ export class Ratchet {
     return this.#runId;
   }
 
-  /** Starts a run and makes it this client's current run. With an
-   * idempotencyKey the call is repeated after an ambiguous failure and
-   * starting it again answers the same run; without one it is not. */
+  /** Starts a run and makes it this client's current run. It is repeated
+   * after an ambiguous failure under an Idempotency-Key of its own, made
+   * once per call, so a retry after a lost answer is answered the run the
+   * first attempt started, never a second run. idempotencyKey (derived from
+   * the work) is the run's own key, sent in the body: starting it again,
+   * from this process or another, answers the same run (deduplicated). */
   async startRun(name, { idempotencyKey, budgetMicros } = {}, options) {
     const body = defined({ name, idempotencyKey, budgetMicros });
-    const run = await this.#transport.call('POST', '/runs', body, { ...perCall(options), safe: body.idempotencyKey !== undefined });
+    const run = await this.#keyed('POST', '/runs', body, undefined, options);
     this.#runId = run.id;
     return run;
   }
@@ -393,13 +395,15 @@ export class Ratchet {
   }
 
   /** Opens a compensation group; begins with its id as groupId join it.
-   * With an idempotencyKey derived from the work ("checkout:order_123") the
-   * call is repeated after an ambiguous failure and a repeat answers the
-   * same group (deduplicated: true); without one it is not (a repeat would
-   * open a second group). */
+   * It is repeated after an ambiguous failure under an Idempotency-Key of
+   * its own, made once per call, so a retry after a lost answer is answered
+   * the group the first attempt opened, never a second group. With an
+   * idempotencyKey derived from the work ("checkout:order_123"), sent in the
+   * body, a later call, from this process or another, answers the same
+   * group (deduplicated: true). */
   createGroup(name, { idempotencyKey } = {}, options) {
     const body = defined({ name, idempotency_key: idempotencyKey });
-    return this.#transport.call('POST', '/groups', body, { ...perCall(options), safe: body.idempotency_key !== undefined });
+    return this.#keyed('POST', '/groups', body, undefined, options);
   }
 
   /** Reads a group with its steps: all of them, or the first that fit in

@@ -2916,7 +2916,7 @@ test('operator actions take the caller\'s Idempotency-Key', async (t) => {
   }
 });
 
-test('operator calls: creating calls go under one Idempotency-Key, an endpoint policy update and a keyless group are not repeated', async (t) => {
+test('operator calls: creating calls go under one Idempotency-Key, an endpoint policy update is not repeated', async (t) => {
   quickBackoff(t);
   const failOnce = () => {
     let n = 0;
@@ -2934,6 +2934,9 @@ test('operator calls: creating calls go under one Idempotency-Key, an endpoint p
     retryWebhookDeliveries: (c) => c.retryWebhookDeliveries('whk_1', ['d1']),
     rotateWebhookSecret: (c) => c.rotateWebhookSecret('whk_1'),
     reconcile: (c) => c.reconcile({ effectType: 'pay', from: new Date(0), to: '1970-01-02T00:00:00Z' }),
+    // A run's start and a group's open, whose body key is optional.
+    startRun: (c) => c.startRun('r'),
+    createGroup: (c) => c.createGroup('checkout'),
   };
   for (const [name, call] of Object.entries(keyed)) {
     const { c, server } = await client();
@@ -2960,7 +2963,6 @@ test('operator calls: creating calls go under one Idempotency-Key, an endpoint p
 
   for (const [name, call] of Object.entries({
     updateEndpointPolicy: (c) => c.updateEndpointPolicy('end_1', { maxConcurrent: 2 }, { expectedVersion: 3 }),
-    createGroup: (c) => c.createGroup('checkout'),
   })) {
     ({ c, server } = await client());
     await assert.rejects(call(c), (err) => err.status === 500, name);
@@ -2970,11 +2972,24 @@ test('operator calls: creating calls go under one Idempotency-Key, an endpoint p
   ({ c, server } = await client());
   await c.updateEffectPolicy('pay', { mode: 'deny' }, { expectedVersion: 0 }).catch(() => {});
   assert.deepEqual(server.seen[0].body, { mode: 'deny', expected_version: 0 });
-  // With a key a group is repeated, the key in its body.
+  // A group's or a run's own key goes in its body, beside an
+  // Idempotency-Key of the call's own, another for each call.
+  for (const [call, body] of [
+    [(c) => c.createGroup('checkout', { idempotencyKey: 'checkout:1' }), { name: 'checkout', idempotency_key: 'checkout:1' }],
+    [(c) => c.startRun('r', { idempotencyKey: 'onboard:1' }), { name: 'r', idempotencyKey: 'onboard:1' }],
+  ]) {
+    ({ c, server } = await client());
+    await call(c);
+    await call(c);
+    assert.equal(server.seen.length, 4, 'each call repeated after its 500');
+    assert.deepEqual(server.seen.map((s) => s.body), [body, body, body, body]);
+    const keys = server.seen.map((s) => s.headers['idempotency-key']);
+    assert.equal(keys[0], keys[1]);
+    assert.equal(keys[2], keys[3]);
+    assert.notEqual(keys[1], keys[2]);
+    assert.match(keys[0], /^[0-9a-f]{32}$/);
+  }
   ({ c, server } = await client());
-  await c.createGroup('checkout', { idempotencyKey: 'checkout:1' });
-  assert.equal(server.seen.length, 2);
-  assert.deepEqual(server.seen[1].body, { name: 'checkout', idempotency_key: 'checkout:1' });
   await assert.rejects(c.updateEndpointPolicy('end_1', {}), TypeError);
 });
 
