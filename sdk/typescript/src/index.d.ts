@@ -373,7 +373,9 @@ export declare class Worker {
    * lease was lost or whose job the server cancelled (before the stop or
    * during its grace) is waited for until the deadline too and left
    * running after the same grace, nothing told
-   * (a newer attempt holds the job, or it runs no more). */
+   * (a newer attempt holds the job, or it runs no more); with no deadline
+   * (Infinity) the grace starts at the stop's call, or at the loss if
+   * later, as under Go's Stop without a deadline. */
   stop(options?: { timeoutMs?: number | undefined }): Promise<boolean>;
   // timeoutMs: Infinity sets no deadline (2^31-1 ms, as any longer one), as Go's Stop under a context without one.
 }

@@ -384,6 +384,10 @@ export class Worker {
   #stopGraceMs = DEFAULT_STOP_GRACE_MS; // start()'s stopGraceMs
   #stopAt = null;
   #stopDeadlinePassed = false;
+  // A stop() without a deadline (Infinity) was asked for: a handler that
+  // ignores a lost lease or a cancel request gets the grace from then (the
+  // Go SDK's undated).
+  #undated = false;
   #changed = withResolvers(); // a slot freed, a report settled, or the stop
   #done = null;
   #onError = null;
@@ -510,7 +514,9 @@ export class Worker {
    * as a ReportNotRecordedError naming the job (one whose lease was lost or
    * whose job the server cancelled, before or during the grace, is left
    * running after the same grace, from the deadline too, nothing told: its job does not run again
-   * for this worker's leaving it); the reports are sent until
+   * for this worker's leaving it; with no deadline, Infinity, the grace
+   * runs from the stop's call, or from the loss if later, as under Go's
+   * Stop without a deadline); the reports are sent until
    * the deadline and twice the grace at most, as the Go SDK's Stop. Resolves to whether every job this worker claimed ended with its
    * outcome recorded or settled elsewhere (a report refused because a newer
    * attempt holds the job, it ended or no longer exists loses nothing, as Go's
@@ -523,6 +529,14 @@ export class Worker {
     }
     if (!this.#started) return true;
     this.#requestStop(timeoutMs);
+    if (timeoutMs === Infinity && !this.#undated) {
+      // No deadline to start their grace at: a handler ignoring a lost
+      // lease or a cancel request, which has nothing left to report, gets
+      // it from now (or from the loss, if later), as under Go's Stop
+      // without a deadline (review: stop() waited for it for ever).
+      this.#undated = true;
+      for (const job of this.#jobs) job.nudge();
+    }
     if (this.#done) await this.#done.catch(() => {}); // a refused registration is start()'s to throw
     // onError is told what is queued, for at most a second (stop may be
     // awaited by an onError call in that very queue).
@@ -886,6 +900,9 @@ export class Worker {
         record.stopRequested = true;
         record.cancel('stopping');
       },
+      nudge() {
+        wake.resolve();
+      },
     };
     label.record = record;
     this.#jobs.add(record);
@@ -914,7 +931,7 @@ export class Worker {
     try {
       let graceEnd = null;
       while (settled === null) {
-        if (record.stopRequested && graceEnd === null) graceEnd = now() + this.#stopGraceMs;
+        if (graceEnd === null && (record.stopRequested || (record.settledElsewhere && this.#undated))) graceEnd = now() + this.#stopGraceMs;
         const until = Math.min(graceEnd ?? Infinity, reason === null ? deadline : Infinity);
         await nap(until - now(), wake.promise);
         wake = withResolvers();

@@ -3508,6 +3508,52 @@ test('a stop gives a handler ignoring a lost lease or a cancel its deadline, the
   }
 });
 
+// A stop with no deadline (Infinity, as Go's Stop under a context without
+// one) gives a handler that ignores a lost lease or the server's cancel
+// request the stop grace from its call, or from the loss when that comes
+// later, as Go's Stop does (its "undated" stop): such a handler has nothing
+// left to report, and with no deadline to start the grace at, stop() waited
+// for it for ever (review). stop() then resolves false (a handler was left
+// running), onError told nothing of a job to run again. The worker's clock
+// is frozen and the test fires the grace's timer itself.
+test('a stop with no deadline gives a handler ignoring a lost lease or a cancel the grace, not for ever', async (t) => {
+  const graceMs = 4_567;
+  for (const [answer, when] of [['lease_lost', 'before'], ['cancelRequested', 'before'], ['lease_lost', 'after']]) {
+    await t.test(`${answer} ${when} the stop`, async (t) => {
+      let refusing = when === 'before';
+      const { client, reports } = await oneJob(t, job(1, 0), () => {
+        if (refusing && answer === 'lease_lost') return [409, error('lease_lost')];
+        return [200, { leaseExpiresAt: '2030-01-01T00:00:00Z', cancelRequested: refusing }];
+      });
+      const handler = ignoringTool(client);
+      quickBeats(t);
+      const moveClock = frozenClock(t);
+      const timers = watchTimers(t, [graceMs]);
+      const errors = [];
+      const started = client.worker.start({ concurrency: 1, pollIntervalMs: 50, onError: (err) => errors.push(err), stopGraceMs: graceMs });
+      after(t, () => stopWorker(client.worker, started, 0));
+      after(t, () => handler.release());
+      let stopped;
+      if (when === 'before') {
+        await until(() => handler.reason() !== null);
+        stopped = client.worker.stop({ timeoutMs: Infinity });
+      } else {
+        await until(handler.running);
+        stopped = client.worker.stop({ timeoutMs: Infinity });
+        refusing = true;
+        await until(() => handler.reason() !== null);
+      }
+      assert.equal(handler.reason(), answer === 'lease_lost' ? 'lease_lost' : 'cancelled');
+      await until(() => timers.some((timer) => !timer.cleared), 60_000); // the grace begun
+      moveClock(graceMs);
+      timers.find((timer) => !timer.cleared).fire();
+      assert.equal(await hangGuard(stopped, 'the stop never ended'), false, 'a handler was left running');
+      assert.deepEqual(reports, []);
+      assert.deepEqual(errors.filter((err) => err instanceof ReportNotRecordedError), []);
+    });
+  }
+});
+
 // Resolve QA: a resolve names the attempt verified, so a retry can never
 // settle a later one; left out, the body is as before.
 test('a resolve sends its attempt only when given', async (t) => {
