@@ -263,7 +263,8 @@ export class Transport {
    * 4xx without Ratchet's error envelope (no code: a proxy's or a load
    * balancer's answer during a deploy or a misroute, a 404, a 408) as a 5xx,
    * but a bare 413 (a body refused for good): a job's report (the Go SDK's
-   * reporter.retryDelay).
+   * reporter.retryDelay). signal, once aborted, cuts an attempt and ends a
+   * wait between them, rejecting with its reason.
    */
   async callUntil(method, path, body, { mayWait, onRetry = () => {}, onAttempt = () => {}, stopOn = () => false, timeoutMs, signal, read, bareMayPass = false }) {
     let unsure = false; // an attempt may have been applied
@@ -288,7 +289,10 @@ export class Transport {
         if (wait === null || !mayWait(wait)) throw unsure ? markUnconfirmed(err) : err;
       }
       onRetry();
-      await this.sleep(wait);
+      // signal ends the wait as it cuts an attempt (a stopping worker's
+      // report cut-off; review: a wait begun before the stop, a 429's
+      // minute, was waited out, holding stop() past the cut-off).
+      await this.sleep(wait, signal);
     }
   }
 

@@ -3554,6 +3554,49 @@ test('a stop with no deadline gives a handler ignoring a lost lease or a cancel 
   }
 });
 
+// A report waiting out a retry when the stop comes (a 429's Retry-After,
+// up to a minute and a fifth) is given up at the stop's cut-off (its
+// deadline and twice the grace), as a delivery in flight is, and as the Go
+// reporter's wait ends: the wait was not told of the cut-off, so stop(),
+// which waits for the report, waited it out, past the deadline and twice
+// the grace it promises. The transport's waits of a minute or more last an
+// hour here (until the cut-off, or the test's end), the others 10 ms.
+test('a report waiting out a retry is given up at the stop\'s cut-off, not waited out', async (t) => {
+  let reports = 0;
+  let claimed = false;
+  const server = await fakeServer(t, (method, path) => {
+    if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
+    if (path.endsWith('/claim')) {
+      const jobs = claimed ? [] : [job(1, 60_000)];
+      claimed = true;
+      return [200, { jobs }];
+    }
+    reports++;
+    return [429, error('rate_limited', { retry_after_seconds: 60 })];
+  });
+  const ended = new AbortController();
+  const waits = [];
+  const transport = new Transport({
+    baseUrl: server.url, apiKey: 'rk_test', maxRetries: 0,
+    sleep: (ms, signal) => {
+      waits.push(ms);
+      const either = signal ? AbortSignal.any([signal, ended.signal]) : ended.signal;
+      return sleep(ms >= 60_000 ? 3_600_000 : 10, either);
+    },
+  });
+  const worker = new Worker(transport);
+  worker.addTool({ name: 't', version: '1', handler: () => ({ ok: true }) });
+  const errors = [];
+  const started = worker.start({ concurrency: 1, pollIntervalMs: 50, stopGraceMs: 50, onError: (err) => errors.push(err) });
+  after(t, () => stopWorker(worker, started, 0));
+  after(t, () => ended.abort()); // before the worker's stop, should an assertion fail first
+  await until(() => reports === 1 && waits.some((ms) => ms >= 60_000)); // the report waits out the 429
+  assert.equal(await hangGuard(worker.stop({ timeoutMs: 0 }), 'the stop waited out the report\'s retry'), false);
+  await hangGuard(started, 'start() never ended');
+  assert.equal(reports, 1);
+  assert.deepEqual(errors.filter((err) => err instanceof ReportNotRecordedError).map((err) => err.jobId), ['job_1']);
+});
+
 // Resolve QA: a resolve names the attempt verified, so a retry can never
 // settle a later one; left out, the body is as before.
 test('a resolve sends its attempt only when given', async (t) => {
