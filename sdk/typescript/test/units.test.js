@@ -444,20 +444,14 @@ test('a stop with no deadline (Infinity) sends the reports', async (t) => {
   const timers = watchTimers(t, [2 ** 31 - 1, Infinity]);
   let release;
   const released = new Promise((r) => { release = r; });
-  let claimed = false;
   let reports = 0;
-  const { client } = await serve(t, (method, path) => {
-    if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
-    if (path.endsWith('/claim')) {
-      const jobs = claimed ? [] : [job(1, 60_000)];
-      claimed = true;
-      return [200, { jobs }];
-    }
+  const respond = claimOnce(job(1, 60_000), () => {
     reports++;
     return [200, { jobId: 'job_1', status: 'SUCCEEDED', attempt: 1, nextDueAt: null }];
-  }, () => released);
+  });
+  const { client } = await serve(t, respond, () => released);
   after(t, () => release({ ok: true })); // before the worker's stop, should an assertion fail first
-  await until(() => claimed);
+  await until(respond.claimed);
   const stopped = client.worker.stop({ timeoutMs: Infinity });
   assert.deepEqual(timers.map(({ ms }) => ms), [2 ** 31 - 1, 2 ** 31 - 1]);
   release({ ok: true });
@@ -485,6 +479,22 @@ const job = (n, timeoutMs = 5000) => ({
   jobId: `job_${n}`, stepId: 's', runId: 'r', name: 't', version: '1', attempt: 1, leaseToken: `tok_${n}`,
   leaseMs: timeoutMs + 10_000, timeoutMs, idempotencyKey: 'k', input: {},
 });
+
+// A fake server's answers: it registers the worker as wkr_1, hands out
+// first at the first claim and nothing after, and answers every other call
+// with other(method, path, body); its claimed() says whether first was.
+function claimOnce(first, other) {
+  let claimed = false;
+  const respond = (method, path, body) => {
+    if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
+    if (!path.endsWith('/claim')) return other(method, path, body);
+    const jobs = claimed ? [] : [first];
+    claimed = true;
+    return [200, { jobs }];
+  };
+  respond.claimed = () => claimed;
+  return respond;
+}
 
 async function serve(t, respond, handler, concurrency = 1, pollIntervalMs = 50, stopGraceMs = 1_000) {
   const server = await fakeServer(t, respond);
@@ -3426,10 +3436,16 @@ function ignoringTool(client) {
 // armed when the lease is lost: the lost lease wakes the supervisor, which
 // clears its wait and sets another for the same end (firing the first, the
 // stop waited out the grace's real 4.6 s).
+//
+// A stop with no deadline (Infinity, as Go's Stop under a context without
+// one) gives such a handler the grace from its call, or from the loss when
+// that comes later, as Go's Stop does: with no deadline to start the grace
+// at, stop() waited for it for ever (review).
 test('a stop leaves a handler ignoring a lost lease or a cancel running, and tells onError nothing of it', async (t) => {
   const graceMs = 4_567;
-  for (const [answer, when] of [['lease_lost', 'before'], ['cancelRequested', 'before'], ['lease_lost', 'during the grace']]) {
-    await t.test(`${answer} ${when} the stop`, async (t) => {
+  for (const [answer, when, stopMs] of [['lease_lost', 'before', 0], ['cancelRequested', 'before', 0], ['lease_lost', 'during the grace', 0],
+    ['lease_lost', 'before', Infinity], ['cancelRequested', 'before', Infinity], ['lease_lost', 'during the wait', Infinity]]) {
+    await t.test(`${answer} ${when} the stop (deadline ${stopMs} ms)`, async (t) => {
       let refusing = when === 'before';
       const { client, reports } = await oneJob(t, job(1, 0), () => {
         if (refusing && answer === 'lease_lost') return [409, error('lease_lost')];
@@ -3447,13 +3463,19 @@ test('a stop leaves a handler ignoring a lost lease or a cancel running, and tel
       if (when === 'before') {
         await until(() => handler.reason() !== null);
         assert.equal(handler.reason(), answer === 'lease_lost' ? 'lease_lost' : 'cancelled');
-        stopped = client.worker.stop({ timeoutMs: 0 });
-      } else {
+        stopped = client.worker.stop({ timeoutMs: stopMs });
+      } else if (stopMs === 0) {
         await until(handler.running);
-        stopped = client.worker.stop({ timeoutMs: 0 });
+        stopped = client.worker.stop({ timeoutMs: stopMs });
         await until(() => handler.reason() !== null);
         assert.equal(handler.reason(), 'stopping');
         refusing = true;
+      } else {
+        await until(handler.running);
+        stopped = client.worker.stop({ timeoutMs: stopMs });
+        refusing = true;
+        await until(() => handler.reason() !== null);
+        assert.equal(handler.reason(), 'lease_lost');
       }
       if (answer === 'lease_lost') await until(() => errors.some((err) => err instanceof LeaseLostError));
       await until(() => timers.some((timer) => !timer.cleared), 60_000); // the grace begun
@@ -3508,52 +3530,6 @@ test('a stop gives a handler ignoring a lost lease or a cancel its deadline, the
   }
 });
 
-// A stop with no deadline (Infinity, as Go's Stop under a context without
-// one) gives a handler that ignores a lost lease or the server's cancel
-// request the stop grace from its call, or from the loss when that comes
-// later, as Go's Stop does (its "undated" stop): such a handler has nothing
-// left to report, and with no deadline to start the grace at, stop() waited
-// for it for ever (review). stop() then resolves false (a handler was left
-// running), onError told nothing of a job to run again. The worker's clock
-// is frozen and the test fires the grace's timer itself.
-test('a stop with no deadline gives a handler ignoring a lost lease or a cancel the grace, not for ever', async (t) => {
-  const graceMs = 4_567;
-  for (const [answer, when] of [['lease_lost', 'before'], ['cancelRequested', 'before'], ['lease_lost', 'after']]) {
-    await t.test(`${answer} ${when} the stop`, async (t) => {
-      let refusing = when === 'before';
-      const { client, reports } = await oneJob(t, job(1, 0), () => {
-        if (refusing && answer === 'lease_lost') return [409, error('lease_lost')];
-        return [200, { leaseExpiresAt: '2030-01-01T00:00:00Z', cancelRequested: refusing }];
-      });
-      const handler = ignoringTool(client);
-      quickBeats(t);
-      const moveClock = frozenClock(t);
-      const timers = watchTimers(t, [graceMs]);
-      const errors = [];
-      const started = client.worker.start({ concurrency: 1, pollIntervalMs: 50, onError: (err) => errors.push(err), stopGraceMs: graceMs });
-      after(t, () => stopWorker(client.worker, started, 0));
-      after(t, () => handler.release());
-      let stopped;
-      if (when === 'before') {
-        await until(() => handler.reason() !== null);
-        stopped = client.worker.stop({ timeoutMs: Infinity });
-      } else {
-        await until(handler.running);
-        stopped = client.worker.stop({ timeoutMs: Infinity });
-        refusing = true;
-        await until(() => handler.reason() !== null);
-      }
-      assert.equal(handler.reason(), answer === 'lease_lost' ? 'lease_lost' : 'cancelled');
-      await until(() => timers.some((timer) => !timer.cleared), 60_000); // the grace begun
-      moveClock(graceMs);
-      timers.find((timer) => !timer.cleared).fire();
-      assert.equal(await hangGuard(stopped, 'the stop never ended'), false, 'a handler was left running');
-      assert.deepEqual(reports, []);
-      assert.deepEqual(errors.filter((err) => err instanceof ReportNotRecordedError), []);
-    });
-  }
-});
-
 // A report waiting out a retry when the stop comes (a 429's Retry-After,
 // up to a minute and a fifth) is given up at the stop's cut-off (its
 // deadline and twice the grace), as a delivery in flight is, and as the Go
@@ -3563,17 +3539,10 @@ test('a stop with no deadline gives a handler ignoring a lost lease or a cancel 
 // hour here (until the cut-off, or the test's end), the others 10 ms.
 test('a report waiting out a retry is given up at the stop\'s cut-off, not waited out', async (t) => {
   let reports = 0;
-  let claimed = false;
-  const server = await fakeServer(t, (method, path) => {
-    if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
-    if (path.endsWith('/claim')) {
-      const jobs = claimed ? [] : [job(1, 60_000)];
-      claimed = true;
-      return [200, { jobs }];
-    }
+  const server = await fakeServer(t, claimOnce(job(1, 60_000), () => {
     reports++;
     return [429, error('rate_limited', { retry_after_seconds: 60 })];
-  });
+  }));
   const ended = new AbortController();
   const waits = [];
   const transport = new Transport({
