@@ -496,6 +496,10 @@ class Worker:
         self._claim_id: Optional[str] = None  # a claim whose answer was lost, to ask again (loop thread only)
         self._claim_limit = 1  # the limit that claim asked for (loop thread only)
         self._claim_abort = Abort()  # fired at the stop's deadline: cuts a claim in flight
+        # A stop() without a deadline (math.inf) was asked for: a handler that
+        # ignores a lost lease or a cancel request gets the grace from then,
+        # or from the loss if later (the Go SDK's undated; set under the lock).
+        self._undated = False
         self._claim_waits_cut = Abort()  # fired at the stop: ends a claim's wait between attempts (a 429's)
         self._claim_cut: Optional[threading.Timer] = None  # fires it; cancelled once the worker is done
         self._abandoned_claims = 0  # claims whose answers were lost and never asked again in time
@@ -676,7 +680,9 @@ class Worker:
         lease was lost or whose job the server cancelled, before or during
         the grace, is left running after the same grace, from the deadline
         too, nothing told: its
-        job does not run again for this worker's leaving it); the
+        job does not run again for this worker's leaving it; with no
+        deadline, math.inf, the grace runs from the stop's call, or from the
+        loss if later, as under Go's Stop without a deadline); the
         reports are sent until the deadline and twice the grace at most, as
         the Go SDK's Stop. timeout=math.inf sets no deadline (a year, as
         any longer one), as Go's Stop under a context without one. Returns
@@ -699,11 +705,23 @@ class Worker:
         further one cuts short only that wait, none of the giving up)."""
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or math.isnan(timeout):
             raise ValueError("ratchet: stop's timeout must be a number of seconds (math.inf: no deadline)")
-        timeout = min(max(float(timeout), 0.0), _MAX_STOP_WAIT)
+        timeout_asked = float(timeout)
+        timeout = min(max(timeout_asked, 0.0), _MAX_STOP_WAIT)
         with self._lock:
             if not self._started:
                 return True
         self._request_stop(timeout)
+        if math.isinf(timeout_asked) and timeout_asked > 0:
+            with self._lock:
+                if not self._undated:
+                    # No deadline to start their grace at: a handler
+                    # ignoring a lost lease or a cancel request, which has
+                    # nothing left to report, gets it from now (or from the
+                    # loss, if later), as under Go's Stop without a deadline
+                    # (review: it was waited for until the year's deadline).
+                    self._undated = True
+                    for active in self._active.values():
+                        active.wake.set()
         if not self._done.is_set() and threading.current_thread() in (self._loop_thread, self._registering):
             return False
         # The drain cuts the deliveries still in flight at the give-up
@@ -1260,12 +1278,14 @@ class Worker:
         """Waits for the handler, cancelling it at its timeout; once it is
         cancelled for its timeout or the worker's stop, waits at most the
         grace. A server's cancellation or a lost lease (set by the
-        heartbeats) waits for the handler as before, until a stop."""
+        heartbeats) waits for the handler as before, until a stop's deadline
+        or the call of a stop without one (then the grace, from the call or
+        the loss, whichever came later)."""
         context = active.context
         grace_end: Optional[float] = None
         while not outcome.get("returned") and not active.given_up:
             now = time.monotonic()
-            if active.stop_requested and grace_end is None:
+            if grace_end is None and (active.stop_requested or (active.settled_elsewhere and self._undated)):
                 grace_end = now + self._stop_grace
             until = min(grace_end if grace_end is not None else float("inf"),
                         context._deadline if not context.cancelled.is_set() else float("inf"))

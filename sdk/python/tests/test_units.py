@@ -4445,6 +4445,20 @@ def watch_supervisor_waits(test: unittest.TestCase, seen: Callable[[Optional[flo
     test.addCleanup(patched.stop)
 
 
+def frozen_supervisor_clock(test: unittest.TestCase) -> Tuple["_MovedClock", List[Optional[float]]]:
+    """Quick heartbeats, and the worker's clock frozen (moved on by the
+    test) until test ends. Answers the clock and the list of when each
+    supervisor's wait for its handler ends, by that clock (None: no end)."""
+    quick_beats(test)
+    clock = _MovedClock(frozen=True)
+    moved = mock.patch("getratchet.worker.time", clock)
+    moved.start()
+    test.addCleanup(moved.stop)
+    waits: List[Optional[float]] = []
+    watch_supervisor_waits(test, lambda timeout: waits.append(None if timeout is None else clock.monotonic() + timeout))
+    return clock, waits
+
+
 def ignoring_a_settled_job(test: unittest.TestCase, answer: str, refusing: threading.Event):
     """A client of a fake server that hands out job_1 (ten minutes'
     timeout) in its first claim and nothing after, and answers its
@@ -4597,17 +4611,68 @@ class LeftUnreportedTest(unittest.TestCase):
         # worker's clock is frozen and moved on by the test: the supervisor's
         # wait of exactly the grace comes only once the clock reached the
         # deadline.
-        quick_beats(self)
-        clock = _MovedClock(frozen=True)
-        moved = mock.patch("getratchet.worker.time", clock)
-        moved.start()
-        self.addCleanup(moved.stop)
-        waits: List[Optional[float]] = []  # when each supervisor's wait ends, by the worker's clock
-        watch_supervisor_waits(self, lambda timeout: waits.append(None if timeout is None else clock.monotonic() + timeout))
+        clock, waits = frozen_supervisor_clock(self)
         for answer in ("lease_lost", "cancelRequested"):
             with self.subTest(answer=answer):
                 del waits[:]
                 self.deadline_then_grace(clock, waits, answer)
+
+    def test_a_stop_with_no_deadline_gives_a_handler_ignoring_a_lost_lease_or_a_cancel_the_grace(self) -> None:
+        # stop(math.inf) sets no deadline: a handler that ignores a lost
+        # lease or the server's cancel request has nothing left to report,
+        # and gets the grace from stop()'s call, or from the loss if it
+        # comes later, as under Go's Stop without a deadline and the
+        # TypeScript worker's stop({ timeoutMs: Infinity }); then it is left
+        # running, nothing told, and stop() answers False (review: its grace
+        # began only at the deadline, a year on, so stop() waited for it that
+        # long). The worker's clock is frozen and moved on by the test.
+        clock, waits = frozen_supervisor_clock(self)
+        for answer, before in (("lease_lost", True), ("cancelRequested", True), ("lease_lost", False),
+                               ("cancelRequested", False)):
+            with self.subTest(answer=answer, before=before):
+                del waits[:]
+                self.undated_grace(clock, waits, answer, before)
+
+    def undated_grace(self, clock: "_MovedClock", waits: List[Optional[float]], answer: str, before: bool) -> None:
+        grace, later = 7.0, 5.0
+        refusing = threading.Event()
+        if before:
+            refusing.set()
+        client, running, cancelled, reasons, reports = ignoring_a_settled_job(self, answer, refusing)
+        errors: List[BaseException] = []
+        client.worker.start(1, poll_interval=0.05, on_error=errors.append, block=False, stop_grace=grace)
+        self.assertTrue(running.wait(10))  # hang guard
+        if before:
+            self.assertTrue(cancelled.wait(10))  # hang guard
+        answers: List[bool] = []
+        called = clock.monotonic()
+        stopper = threading.Thread(target=lambda: answers.append(client.worker.stop(math.inf)), daemon=True)
+        stopper.start()
+        wait_until(lambda: client.worker._stop_at is not None)
+        if not before:
+            # The loss comes later than the stop's call: its grace runs
+            # from the loss, not from the call.
+            with client.worker._lock:
+                pass  # the stop's request is made
+            clock.offset += later
+            refusing.set()
+            self.assertTrue(cancelled.wait(10))  # hang guard
+        self.assertEqual(reasons, ["lease_lost" if answer == "lease_lost" else "cancelled"])
+        end = (called if before else called + later) + grace
+        wait_until(lambda: any(w is not None and abs(w - end) < 1e-9 for w in waits))
+        self.assertEqual([w for w in waits if w is not None and w < end - 1e-9], [],
+                         "a grace began before the stop's call or the loss")
+        self.assertTrue(stopper.is_alive(), "the handler was given up before the grace ended")
+        clock.offset += grace
+        for active in list(client.worker._active.values()):
+            active.wake.set()
+        stopper.join(30)  # hang guard
+        self.assertFalse(stopper.is_alive(), "stop() still waits for the handler")
+        self.assertEqual(answers, [False], "a handler was left running")
+        self.assertEqual(reports, [])
+        self.assertEqual([e for e in errors if isinstance(e, getratchet.ReportNotRecorded)], [])
+        if answer == "lease_lost":
+            self.assertTrue(any(isinstance(e, getratchet.LeaseLost) for e in errors))
 
     def deadline_then_grace(self, clock: "_MovedClock", waits: List[Optional[float]], answer: str) -> None:
         grace, timeout = 7.0, 45.0
