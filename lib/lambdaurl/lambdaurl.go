@@ -24,6 +24,21 @@ import (
 // Handler returns a Lambda handler function serving h.
 func Handler(h http.Handler) func(context.Context, events.LambdaFunctionURLRequest) (events.LambdaFunctionURLResponse, error) {
 	return func(ctx context.Context, ev events.LambdaFunctionURLRequest) (events.LambdaFunctionURLResponse, error) {
+		if deadline, ok := ctx.Deadline(); ok {
+			// The request ends httpapi.AnswerMargin before the invocation
+			// does, as every route's Timeout ends that long before the
+			// functions' own (httpapi.FunctionTimeout), so that a request
+			// out of its time is answered (503 in the envelope) before
+			// Lambda stops the function: a route bounded by the
+			// invocation's deadline itself (a function given a Timeout
+			// under a route's, or a start retried within the invocation)
+			// was cut at the moment the function was, and its answer lost
+			// to the Function URL's bare 502 and a restarted instance, as
+			// the sweeper, migrate and reseal functions each keep a reserve.
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithDeadline(ctx, deadline.Add(-httpapi.AnswerMargin))
+			defer cancel()
+		}
 		req, err := toRequest(ctx, ev)
 		rec := httptest.NewRecorder()
 		if err != nil {

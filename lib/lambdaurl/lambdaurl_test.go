@@ -13,6 +13,7 @@ import (
 	"github.com/aws/aws-lambda-go/events"
 	"github.com/stretchr/testify/require"
 
+	"github.com/getratchet/ratchet/lib/httpapi"
 	"github.com/getratchet/ratchet/lib/ids"
 )
 
@@ -164,7 +165,7 @@ func TestHandlerSendsTheShorterOfTextAndBase64(t *testing.T) {
 // over, and what the handler answers reaches the reply: the raw query
 // (repeated and encoded parameters as sent, not queryStringParameters'
 // one value a name), the cookies as one Cookie header, the decoded body's
-// length, the invocation's deadline; a repeated response header as one
+// length, the invocation's deadline less the answer's margin; a repeated response header as one
 // comma-joined value, and each Set-Cookie as a cookie of its own.
 func TestHandlerCarriesTheEventAndTheAnswerWhole(t *testing.T) {
 	t.Parallel()
@@ -174,7 +175,7 @@ func TestHandlerCarriesTheEventAndTheAnswerWhole(t *testing.T) {
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		got, ok := r.Context().Deadline()
 		require.True(t, ok)
-		require.Equal(t, deadline, got)
+		require.Equal(t, deadline.Add(-httpapi.AnswerMargin), got)
 		require.Equal(t, []string{"1", "2"}, r.URL.Query()["a"])
 		require.Equal(t, "x&y", r.URL.Query().Get("b"))
 		require.Equal(t, "s=1; t=2", r.Header.Get("Cookie"))
@@ -198,4 +199,34 @@ func TestHandlerCarriesTheEventAndTheAnswerWhole(t *testing.T) {
 	require.Equal(t, "Accept, Authorization", res.Headers["Vary"])
 	require.Equal(t, []string{"u=1", "v=2"}, res.Cookies)
 	require.NotContains(t, res.Headers, "Set-Cookie")
+}
+
+// A request ends httpapi.AnswerMargin before its invocation, as every
+// route's Timeout ends that long before the functions' own: one that runs
+// out of its time is answered in the envelope while the function still
+// runs. Bounded by the invocation's own deadline (a function deployed with
+// a Timeout under a route's), a route waiting on a lock was cut at the
+// instant Lambda stopped the function, and its 503 never sent.
+func TestHandlerAnswersBeforeTheInvocationEnds(t *testing.T) {
+	t.Parallel()
+	deadline := time.Now().Add(time.Hour)
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	var got time.Time
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got, _ = r.Context().Deadline()
+		w.WriteHeader(http.StatusServiceUnavailable)
+	})
+	ev := events.LambdaFunctionURLRequest{RawPath: "/api/v1/effects"}
+	ev.RequestContext.HTTP.Method = "GET"
+	res, err := Handler(h)(ctx, ev)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusServiceUnavailable, res.StatusCode)
+	require.Equal(t, deadline.Add(-httpapi.AnswerMargin), got, "the request's time ends before the invocation's")
+	// An invocation without a deadline (a test's, a local run) leaves the
+	// request's time to its route.
+	got = time.Time{}
+	_, err = Handler(h)(context.Background(), ev)
+	require.NoError(t, err)
+	require.True(t, got.IsZero())
 }
