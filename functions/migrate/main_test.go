@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"regexp"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -229,4 +231,32 @@ func TestOwnVersion(t *testing.T) {
 	require.True(t, ownVersion(nil), "a template that passes none")
 	t.Setenv("AWS_LAMBDA_FUNCTION_VERSION", "$LATEST")
 	require.True(t, ownVersion("arn:aws:lambda:eu-west-1:1:function:m:1"), "an unpublished function")
+}
+
+// template.yaml gives MIGRATION_DATABASE_URL, whose role may change the
+// schema, to the migrate function alone, which reads it: the API, the
+// sweeper and reseal read DATABASE_URL only (without AUTO_MIGRATE, which the
+// template does not set), and the public API function held the direct
+// URL in its environment for nothing (deploy review: it was a Global).
+func TestTemplateGivesTheMigrationURLToTheMigrateFunctionAlone(t *testing.T) {
+	b, err := os.ReadFile("../../template.yaml")
+	require.NoError(t, err)
+	tmpl := string(b)
+	_, resources, ok := strings.Cut(tmpl, "\nResources:\n")
+	require.True(t, ok)
+	resources, _, _ = strings.Cut(resources, "\nOutputs:\n")
+	// Each resource: its two-space-indented logical id and what follows.
+	starts := regexp.MustCompile(`(?m)^  ([A-Za-z]+):\n`).FindAllStringSubmatchIndex(resources, -1)
+	given := map[string]bool{}
+	for i, m := range starts {
+		end := len(resources)
+		if i+1 < len(starts) {
+			end = starts[i+1][0]
+		}
+		given[resources[m[2]:m[3]]] = strings.Contains(resources[m[1]:end], "MIGRATION_DATABASE_URL:")
+	}
+	require.Equal(t, map[string]bool{"ApiFunction": false, "SweeperFunction": false, "MigrateFunction": true,
+		"Migrations": false, "ResealFunction": false}, given)
+	head, _, _ := strings.Cut(tmpl, "\nResources:\n")
+	require.NotContains(t, head, "MIGRATION_DATABASE_URL:", "not in Globals, which every function gets")
 }
