@@ -137,11 +137,13 @@ func webhookData(typ string) map[string]any {
 		return object(map[string]any{"status": enum("how the run ended", "SUCCEEDED", "FAILED"),
 			"synthetic": boolean("the run is a tool test's (POST /tools/{name}/test; false for every other run)")})
 	case events.StepExhausted:
-		return object(map[string]any{"jobId": str("the step's durable job"), "attempt": integer("its last attempt"),
+		return object(map[string]any{"jobId": str("the step's durable job"), "runId": str("the step's run"),
+			"attempt":     integer("its last attempt"),
 			"leaseLapsed": boolean("the last attempt's lease lapsed without a report: its side effect may have happened"),
 			"synthetic":   boolean("the step is a tool test's (POST /tools/{name}/test; false for every other step)")})
 	case events.StepReplayed:
-		return object(map[string]any{"jobId": str("the step's durable job"), "replayId": str("the replay's audit id"),
+		return object(map[string]any{"jobId": str("the step's durable job"), "runId": str("the step's run"),
+			"replayId":           str("the replay's audit id"),
 			"keyId":              str("the key that asked for it"),
 			"priorStatus":        enum("the step's status before it", "EXHAUSTED", "CANCELLED"),
 			"attempt":            integer("the last attempt made so far (the next claim is attempt + 1)"),

@@ -143,8 +143,8 @@ func TestAnExhaustingReportsRoundTrips(t *testing.T) {
 		var data, want string
 		require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT e.data::text, $2::jsonb::text FROM events e
 			WHERE e.type = 'step.exhausted' AND e.subject_id = $1`, j.StepID,
-			fmt.Sprintf(`{"jobId":%q,"attempt":%d,"leaseLapsed":%t,"synthetic":%t}`, j.JobID, 1, false,
-				synthetic[j.StepID])).Scan(&data, &want))
+			fmt.Sprintf(`{"jobId":%q,"runId":%q,"attempt":%d,"leaseLapsed":%t,"synthetic":%t}`, j.JobID, j.RunID, 1,
+				false, synthetic[j.StepID])).Scan(&data, &want))
 		require.Equal(t, want, data)
 	}
 }

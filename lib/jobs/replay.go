@@ -755,7 +755,7 @@ func (s *Service) Replay(ctx context.Context, p *auth.Principal, stepID string, 
 			now); err != nil {
 			return fmt.Errorf("replay audit: %w", err)
 		}
-		data, err := json.Marshal(map[string]any{"jobId": j.id, "replayId": replayID, "keyId": p.KeyID,
+		data, err := json.Marshal(map[string]any{"jobId": j.id, "runId": j.runID, "replayId": replayID, "keyId": p.KeyID,
 			"priorStatus": j.status, "attempt": j.attempt, "maxAttempts": ceiling,
 			"oldHandlerVersion": j.version, "newHandlerVersion": newVersion,
 			"oldContractVersion": intPtr(j.contractVersion), "newContractVersion": newContract})

@@ -1310,8 +1310,8 @@ func (s *Service) release(ctx context.Context, tx pgx.Tx, done []endedStep, depe
 			// (synthetic), as run.finished does, so a receiver paging on it
 			// can tell: its record reads the run's (syntheticRun).
 			events = append(events, event{workspaceID: e.workspaceID, typ: EventStepExhausted, subject: e.stepID,
-				data: fmt.Sprintf(`{"jobId":%q,"attempt":%d,"leaseLapsed":%t,"synthetic":false}`,
-					e.jobID, e.attempt, e.lapsed),
+				data: fmt.Sprintf(`{"jobId":%q,"runId":%q,"attempt":%d,"leaseLapsed":%t,"synthetic":false}`,
+					e.jobID, e.runID, e.attempt, e.lapsed),
 				dedupe: strconv.Itoa(e.attempt), syntheticRun: e.runID})
 		}
 	}

@@ -254,7 +254,8 @@ func TestWebhookHandlerAnswersEachDelivery(t *testing.T) {
 	t.Parallel()
 	secret := "whsec_handler"
 	body := []byte(`{"id":"evt_2","type":"step.exhausted","created_at":"2030-01-01T00:00:00Z",` +
-		`"workspace_id":"ws_1","subject_id":"stp_1","data":{"jobId":"job_1","attempt":3,"leaseLapsed":false}}`)
+		`"workspace_id":"ws_1","subject_id":"stp_1","data":{"jobId":"job_1","runId":"run_1","attempt":3,"leaseLapsed":false,` +
+		`"synthetic":false}}`)
 	var handled []string
 	failing := false
 	h := ratchet.WebhookHandler(secret, func(_ context.Context, ev *ratchet.WebhookEvent) error {

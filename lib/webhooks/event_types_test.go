@@ -98,6 +98,11 @@ func TestEveryEventTypeIsDeliveredAsTheDocumentSaysIt(t *testing.T) {
 		seen[ev.Type]++
 		require.Contains(t, documented(ev.Type), slices.Sorted(maps.Keys(ev.Data)),
 			"%s's data has exactly the fields documented: %s", ev.Type, body)
+		if ev.Type == events.StepExhausted || ev.Type == events.StepReplayed {
+			// Its subject is the step: data names the run a receiver
+			// reads (both named only the job, QA).
+			require.Equal(t, run["id"], ev.Data["runId"], "%s names the step's run: %s", ev.Type, body)
+		}
 	}
 	for _, typ := range events.Types {
 		require.NotZero(t, seen[typ], "%s was sent (sent: %v)", typ, seen)
@@ -161,6 +166,7 @@ func TestAToolTestsEventsSayTheyAreSynthetic(t *testing.T) {
 		return env.Must(status, method, path, ws.Key, body).JSON()
 	}
 	synthetic := map[string]bool{} // subject (run or step) → data.synthetic expected
+	runOf := map[string]any{}      // step → its run, which its step.exhausted names
 	for range 2 {
 		run := must(http.StatusCreated, "POST", "/api/v1/runs", map[string]any{"name": "welcome"})
 		step := must(http.StatusCreated, "POST", "/api/v1/runs/"+run["id"].(string)+"/steps", map[string]any{
@@ -168,6 +174,7 @@ func TestAToolTestsEventsSayTheyAreSynthetic(t *testing.T) {
 		synthetic[run["id"].(string)], synthetic[step["stepId"].(string)] = false, false
 		tested := must(http.StatusOK, "POST", "/api/v1/tools/send_mail/test", map[string]any{"version": "1", "input": map[string]any{}})
 		synthetic[tested["runId"].(string)], synthetic[tested["stepId"].(string)] = true, true
+		runOf[step["stepId"].(string)], runOf[tested["stepId"].(string)] = run["id"], tested["runId"]
 	}
 	worker := must(http.StatusCreated, "POST", "/api/v1/workers/register",
 		map[string]any{"tools": []any{map[string]any{"name": "send_mail", "version": "1"}}})
@@ -205,6 +212,9 @@ func TestAToolTestsEventsSayTheyAreSynthetic(t *testing.T) {
 		want, ok := synthetic[ev.SubjectID]
 		require.True(t, ok, "an event of this test's runs and steps: %s", body)
 		require.Equal(t, want, ev.Data["synthetic"], "%s", body)
+		if ev.Type == events.StepExhausted {
+			require.Equal(t, runOf[ev.SubjectID], ev.Data["runId"], "a step.exhausted names its step's run: %s", body)
+		}
 		seen[fmt.Sprintf("%s lapsed=%v synthetic=%v", ev.Type, ev.Data["leaseLapsed"], want)]++
 	}
 	require.Equal(t, map[string]int{

@@ -182,7 +182,8 @@ func record(t *testing.T, env *apitest.Env, ws, typ string, at time.Time) string
 	case events.RunFinished:
 		data = map[string]any{"status": "SUCCEEDED", "synthetic": false}
 	case events.StepExhausted:
-		data = map[string]any{"jobId": ids.New(ids.Job), "attempt": 1, "leaseLapsed": false, "synthetic": false}
+		data = map[string]any{"jobId": ids.New(ids.Job), "runId": ids.New(ids.Run), "attempt": 1, "leaseLapsed": false,
+			"synthetic": false}
 	}
 	require.NoError(t, events.Record(context.Background(), env.App.Pool, events.Event{
 		WorkspaceID: ws, Type: typ, SubjectID: subject, Data: data, At: at,
