@@ -98,7 +98,7 @@ type DurableJob struct {
 	Status          string         `json:"status" openapi:"enum=WAITING|QUEUED|RUNNING|RETRY_SCHEDULED|SUCCEEDED|EXHAUSTED|CANCELLED|SKIPPED"`
 	Attempt         int            `json:"attempt"`
 	MaxAttempts     int            `json:"maxAttempts"`
-	DueAt           *time.Time     `json:"dueAt" jsonschema:"when a QUEUED or RETRY_SCHEDULED job is due: no claim takes it before. A step replayed while its cancelled attempt may still run is due at that attempt's lease expiry (leaseExpiresAt), or at its report if that comes first"`
+	DueAt           *time.Time     `json:"dueAt" jsonschema:"when a QUEUED or RETRY_SCHEDULED job is due: no claim takes it before. A step replayed while its cancelled attempt may still run is due at that attempt's lease expiry (leaseExpiresAt), or at its report if that comes first. Null in every other status: WAITING, RUNNING (a lapsed attempt's job is claimable again from its leaseExpiresAt) and once ended"`
 	LeaseExpiresAt  *time.Time     `json:"leaseExpiresAt"`
 	CancelRequested bool           `json:"cancelRequested"`
 	PolicyVersion   int64          `json:"policyVersion"`
@@ -1031,6 +1031,9 @@ func dedupe(op enqueueOp, hash []byte, stepID, jobID, status string, due *time.T
 		}
 		return EnqueueResult{}, apierr.Conflict(apierr.CodeIdempotencyKeyReuse,
 			"This idempotency key was used for a different operation in this workspace.")
+	}
+	if status == StatusRunning {
+		due = nil // as the step's read shows it (pendingDue)
 	}
 	return EnqueueResult{StepID: stepID, JobID: jobID, IdempotencyKey: op.key, Status: status, DueAt: due,
 		Deduplicated: true}, nil

@@ -188,8 +188,15 @@ func openAttempt(cond string) string { return currentAttempt("x.outcome IS NULL 
 // otherwise, though the column keeps the last lease after it ended.
 var heldLease = `CASE WHEN j.status = 'RUNNING' OR ` + openAttempt("true") + ` THEN j.lease_expires_at END`
 
+// pendingDue is a job's (alias j) due time while one is pending: NULL while
+// RUNNING, though the column keeps the due time it was claimed at (a claim
+// leaves it; a lapsed attempt reclaimed at once keeps the earlier one), so
+// a running step read as due in the past (QA). Every other status without
+// a pending due time has it NULL already.
+const pendingDue = `CASE WHEN j.status <> 'RUNNING' THEN j.due_at END`
+
 var stepColumns = `j.step_id, j.id, j.name, j.version, e.name, j.status, j.idempotency_key, j.after_step_id,
-	j.after_status, j.contract_version, j.attempt, j.max_attempts, j.due_at, ` + heldLease + `, j.cancel_requested,
+	j.after_status, j.contract_version, j.attempt, j.max_attempts, ` + pendingDue + `, ` + heldLease + `, j.cancel_requested,
 	j.policy_preset, j.initial_delay_ms, j.multiplier, j.max_delay_ms, j.jitter_percent, j.timeout_ms,
 	j.policy_version, j.input_preview, j.output_preview, j.created_at, j.finished_at, j.run_id,
 	coalesce(j.policy_max_attempts, j.max_attempts), ` + replaysJSON
