@@ -45,7 +45,7 @@ func ExampleVerifyWebhook() {
 		w.WriteHeader(http.StatusNoContent)
 	}
 
-	body := `{"id":"evt_1","type":"step.exhausted","created_at":"2030-01-01T00:00:00Z","workspace_id":"ws_1","subject_id":"stp_1","data":{"status":"EXHAUSTED"}}`
+	body := `{"id":"evt_1","type":"step.exhausted","created_at":"2030-01-01T00:00:00Z","workspace_id":"ws_1","subject_id":"stp_1","data":{"jobId":"job_1","runId":"run_1","attempt":3,"leaseLapsed":false,"synthetic":false}}`
 	t := strconv.FormatInt(time.Now().Unix(), 10)
 	mac := hmac.New(sha256.New, []byte(secret))
 	mac.Write([]byte(t + "." + body))

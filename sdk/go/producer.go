@@ -88,7 +88,8 @@ type DurableJob struct {
 	// Attempt is the number of executions so far; MaxAttempts the ceiling.
 	Attempt     int `json:"attempt"`
 	MaxAttempts int `json:"maxAttempts"`
-	// DueAt is when the job may next be claimed (a scheduled retry included).
+	// DueAt is when a QUEUED or RETRY_SCHEDULED job may next be claimed;
+	// nil while WAITING or RUNNING and once the job ended.
 	DueAt           *time.Time `json:"dueAt"`
 	LeaseExpiresAt  *time.Time `json:"leaseExpiresAt"`
 	CancelRequested bool       `json:"cancelRequested"`
