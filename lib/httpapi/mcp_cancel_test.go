@@ -2,15 +2,18 @@ package httpapi_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/httpapi"
 )
 
 // cancelledTooLate is the MCP transport next, but that it never sees a
@@ -106,4 +109,45 @@ func TestMCPCancelledBeginGivesBackItsLease(t *testing.T) {
 	require.Equal(t, "execute", retried["decision"], "%v", retried)
 	require.EqualValues(t, 1, effect["attempt"], "the retry rejoined the lease: %v", effect)
 	require.Nil(t, effect["attempts"].([]any)[0].(map[string]any)["outcome"], "%v", effect)
+}
+
+// A lease its batch's answer will not tell of is given back only while the
+// function can still write that answer: by half the AnswerMargin past the
+// route's Timeout, the function stopped as early as AnswerMargin past it.
+// A batch that ran to its route's 28 s gave back for up to 5 s more, past
+// Lambda's 30 s, and its answer was lost with the function (AL review).
+// Past that time the lease is left to lapse, as one that could not be
+// given back: the key's next begin is in_flight.
+func TestMCPLeaseIsGivenBackOnlyWhileTheAnswerCanBeWritten(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	agent := env.Key(ws, map[string]any{"name": "agent", "preset": "AGENT"})
+	h := httpapi.NewWithMCPTimeout(env.App.Server.Deps, lateRouteTimeout)
+	h.WrapMCPHandler(func(next http.Handler) http.Handler {
+		late := cancelledTooLate(next)
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			late.ServeHTTP(w, r) // the begin is granted, and its cancellation comes too late
+			// The batch ends AnswerMargin past its route's Timeout, where
+			// the function may be stopped.
+			bounded, ok := httpapi.RouteTime(r.Context())
+			require.True(t, ok)
+			deadline, ok := bounded.Deadline()
+			require.True(t, ok)
+			stopped, cancel := context.WithDeadline(context.Background(), deadline.Add(httpapi.AnswerMargin))
+			defer cancel()
+			<-stopped.Done()
+		})
+	})
+	args := map[string]any{"effect_type": "email.send", "idempotency_key": "late-give-back:1"}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, mcpRequest(agent, bytes.NewReader(mustJSON([]any{
+		map[string]any{"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+			"params": map[string]any{"name": "ratchet_begin", "arguments": args}},
+		map[string]any{"jsonrpc": "2.0", "method": "notifications/cancelled", "params": map[string]any{"requestId": 1}},
+	}))))
+	require.Equal(t, http.StatusAccepted, rec.Code, rec.Body.String())
+
+	again := env.Must(http.StatusOK, "POST", "/api/v1/effects/begin", agent, args).JSON()
+	require.Equal(t, "in_flight", again["decision"], "the lease was not given back so late: %v", again)
 }

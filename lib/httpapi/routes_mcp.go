@@ -96,7 +96,18 @@ func (s *Server) mcpRoutes() []Route {
 		// work is, and answered so; the transport keeps the request's own
 		// context, to write that answer (mcpserver.Carried). They ran
 		// unbounded on the local server.
-		r = r.WithContext(mcpserver.WithRoom(mcpserver.Carried(r.Context(), bounded), body))
+		//
+		// What its answer will not tell of is given back (a lease its
+		// cancelled or refused ratchet_begin was granted) by half the
+		// AnswerMargin past the route's Timeout, the other half left to
+		// write the answer: the function may be stopped as early as
+		// AnswerMargin past it (FunctionTimeout; the Lambda adapter's
+		// request ends AnswerMargin before its invocation).
+		ctx := mcpserver.WithRoom(mcpserver.Carried(r.Context(), bounded), body)
+		if deadline, ok := bounded.Deadline(); ok {
+			ctx = mcpserver.GiveBackBy(ctx, deadline.Add(AnswerMargin/2))
+		}
+		r = r.WithContext(ctx)
 		s.mcp.once.Do(func() { s.mcp.handler = s.mcpHandler() })
 		jw := &jsonRPCErrors{ResponseWriter: w, body: body, release: s.releaseUnseen(r)}
 		s.mcp.handler.ServeHTTP(jw, r)
@@ -153,10 +164,11 @@ func (s *Server) mcpHandler() http.Handler {
 // results left out of r's answer grant (mcpserver.ReleaseUnseen): their
 // requests were cancelled, and the answer, the only thing that told of a
 // lease, is not sent. It is done before the answer is written, all within
-// mcpserver.GiveBackTimeout of r's end (cancelled or not), so that the
-// client's next begin of a key is answered execute, where it was in_flight
-// until the lease lapsed, then blocked (MCP QA). Said in the log, naming
-// nothing of the call.
+// mcpserver.GiveBackTimeout of r's end (cancelled or not), and by half the
+// AnswerMargin past the route's Timeout (mcpserver.GiveBackBy), so that
+// the client's next begin of a key is answered execute, where it was
+// in_flight until the lease lapsed, then blocked (MCP QA). Said in the log,
+// naming nothing of the call.
 func (s *Server) releaseUnseen(r *http.Request) func(results []json.RawMessage) {
 	auth := r.Header.Get("Authorization")
 	return func(results []json.RawMessage) {

@@ -201,6 +201,9 @@ func ReleaseUnseen(ctx context.Context, c Caller, auth string, result json.RawMe
 	if !ok || s.Probe {
 		return false, nil
 	}
+	if ctx.Err() != nil {
+		return false, errors.New("no time was left to give it back")
+	}
 	body, err := jsonx.Marshal(map[string]any{"lease_token": s.LeaseToken, "outcome": "failed"})
 	if err != nil {
 		return false, fmt.Errorf("encode report: %w", err)
@@ -223,9 +226,28 @@ const GiveBackTimeout = 5 * time.Second
 // GivingBack is the context to give back a lease under (ReleaseUnseen):
 // ctx, that of the call or request that was granted it, without its
 // cancellation, which is most often why the lease is given back, and ended
-// within. stop releases it.
+// within, or sooner at the end GiveBackBy set on ctx. stop releases it.
 func GivingBack(ctx context.Context, within time.Duration) (_ context.Context, stop context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), within)
+	deadline := time.Now().Add(within)
+	if end, ok := ctx.Value(giveBackByKey{}).(time.Time); ok && end.Before(deadline) {
+		deadline = end
+	}
+	return context.WithDeadline(context.WithoutCancel(ctx), deadline)
+}
+
+// giveBackByKey holds the instant by which a request's leases are given
+// back (GiveBackBy).
+type giveBackByKey struct{}
+
+// GiveBackBy is ctx, a request's to Handler, with end as the instant by
+// which what its answer will not tell of is given back (GivingBack), all
+// of it, whatever time is left of GiveBackTimeout: past it, the function
+// serving the request may be stopped before the answer is written (AL
+// review: a batch that ran to its route's 28 s gave back for 5 s more,
+// past Lambda's 30 s, and its answer was lost). A lease not given back by
+// then lapses, as one that could not be.
+func GiveBackBy(ctx context.Context, end time.Time) context.Context {
+	return context.WithValue(ctx, giveBackByKey{}, end)
 }
 
 // methodCancelled is the notification by which a client cancels a request.

@@ -20,17 +20,20 @@ import (
 )
 
 // grantingCaller answers every begin execute with a lease and records the
-// calls made.
+// calls made, and the deadline each was made within.
 type grantingCaller struct {
-	mu    sync.Mutex
-	calls []string
-	sent  []map[string]any
+	mu        sync.Mutex
+	calls     []string
+	sent      []map[string]any
+	deadlines []time.Time
 }
 
-func (g *grantingCaller) Call(_ context.Context, method, path, _ string, body []byte) (int, []byte, error) {
+func (g *grantingCaller) Call(ctx context.Context, method, path, _ string, body []byte) (int, []byte, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.calls = append(g.calls, method+" "+path)
+	deadline, _ := ctx.Deadline()
+	g.deadlines = append(g.deadlines, deadline)
 	var sent map[string]any
 	_ = json.Unmarshal(body, &sent)
 	g.sent = append(g.sent, sent)
@@ -47,11 +50,14 @@ func (g *grantingCaller) Call(_ context.Context, method, path, _ string, body []
 // given back at once (reported failed with its token, as when its request
 // is cancelled), so that the request sent again executes; under a
 // request_id the lease is left to the request sent again, which is given
-// it. A result that fits is answered, and nothing is given back.
+// it. A result that fits is answered, and nothing is given back. It is
+// given back by the end its request set (GiveBackBy), sooner than
+// GiveBackTimeout here.
 func TestABeginPastItsBatchsRoomGivesItsLeaseBack(t *testing.T) {
 	t.Parallel()
+	end := time.Now().Add(GiveBackTimeout / 2)
 	within := func(left int) context.Context {
-		return context.WithValue(context.Background(), roomKey{}, &Room{left: left})
+		return GiveBackBy(context.WithValue(context.Background(), roomKey{}, &Room{left: left}), end)
 	}
 	rid := "req-0123456789abcdef"
 	for _, tc := range []struct {
@@ -82,6 +88,7 @@ func TestABeginPastItsBatchsRoomGivesItsLeaseBack(t *testing.T) {
 		if tc.given {
 			require.Equal(t, []string{"POST " + beginPath, "POST /api/v1/effects/eff_01/report"}, g.calls)
 			require.Equal(t, map[string]any{"lease_token": "lt_1", "outcome": "failed"}, g.sent[1])
+			require.Equal(t, end, g.deadlines[1], "given back by its request's end")
 		} else {
 			require.Equal(t, []string{"POST " + beginPath}, g.calls)
 		}
