@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -233,30 +234,84 @@ func TestOwnVersion(t *testing.T) {
 	require.True(t, ownVersion("arn:aws:lambda:eu-west-1:1:function:m:1"), "an unpublished function")
 }
 
-// template.yaml gives MIGRATION_DATABASE_URL, whose role may change the
-// schema, to the migrate function alone, which reads it: the API, the
-// sweeper and reseal read DATABASE_URL only (without AUTO_MIGRATE, which the
-// template does not set), and the public API function held the direct
-// URL in its environment for nothing (deploy review: it was a Global).
-func TestTemplateGivesTheMigrationURLToTheMigrateFunctionAlone(t *testing.T) {
+// template.yaml gives each function exactly the secrets (the NoEcho
+// parameters) it reads, and no other: SAM merges Globals into every
+// function, so a secret there reached every one (AL review: the migrate
+// function, which reads the database URLs alone, held KEY_HASH_SECRET, the
+// RESULT_ENCRYPTION_KEYs, CRON_SECRET and SIGNUP_TOKEN). MIGRATION_DATABASE_URL,
+// whose role may change the schema, goes to the migrate function alone:
+// the API, the sweeper and reseal read DATABASE_URL only (without
+// AUTO_MIGRATE, which the template does not set), and the public API
+// function held the direct URL for nothing (deploy review: it was a
+// Global). The API, the sweeper and reseal start through lib/config, which
+// requires KEY_HASH_SECRET and RESULT_ENCRYPTION_KEY; CRON_SECRET and
+// signup's settings are read by the API's routes alone, and SIGNUP_MODE
+// goes with SIGNUP_TOKEN (token mode without one refuses to start).
+func TestTemplateGivesEachFunctionTheSecretsItReads(t *testing.T) {
 	b, err := os.ReadFile("../../template.yaml")
 	require.NoError(t, err)
 	tmpl := string(b)
-	_, resources, ok := strings.Cut(tmpl, "\nResources:\n")
-	require.True(t, ok)
-	resources, _, _ = strings.Cut(resources, "\nOutputs:\n")
-	// Each resource: its two-space-indented logical id and what follows.
-	starts := regexp.MustCompile(`(?m)^  ([A-Za-z]+):\n`).FindAllStringSubmatchIndex(resources, -1)
-	given := map[string]bool{}
-	for i, m := range starts {
-		end := len(resources)
-		if i+1 < len(starts) {
-			end = starts[i+1][0]
+	// section is a top-level key's body; blocks, a section's two-space
+	// indented keys and their bodies.
+	section := func(name string) string {
+		_, body, ok := strings.Cut(tmpl, "\n"+name+":\n")
+		require.True(t, ok, name)
+		if end := regexp.MustCompile(`(?m)^\S`).FindStringIndex(body); end != nil {
+			body = body[:end[0]]
 		}
-		given[resources[m[2]:m[3]]] = strings.Contains(resources[m[1]:end], "MIGRATION_DATABASE_URL:")
+		return body
 	}
-	require.Equal(t, map[string]bool{"ApiFunction": false, "SweeperFunction": false, "MigrateFunction": true,
-		"Migrations": false, "ResealFunction": false}, given)
-	head, _, _ := strings.Cut(tmpl, "\nResources:\n")
-	require.NotContains(t, head, "MIGRATION_DATABASE_URL:", "not in Globals, which every function gets")
+	blocks := func(body string) map[string]string {
+		out := map[string]string{}
+		starts := regexp.MustCompile(`(?m)^  ([A-Za-z]+):\n`).FindAllStringSubmatchIndex(body, -1)
+		for i, m := range starts {
+			end := len(body)
+			if i+1 < len(starts) {
+				end = starts[i+1][0]
+			}
+			out[body[m[2]:m[3]]] = body[m[1]:end]
+		}
+		return out
+	}
+	secret := map[string]bool{} // the NoEcho parameters
+	for name, body := range blocks(section("Parameters")) {
+		secret[name] = regexp.MustCompile(`(?m)^    NoEcho: true$`).MatchString(body)
+	}
+	variable := regexp.MustCompile(`(?m)^ +([A-Z_]+): !Ref ([A-Za-z]+)$`)
+	variables := func(body string) map[string]string {
+		out := map[string]string{}
+		for _, m := range variable.FindAllStringSubmatch(body, -1) {
+			out[m[1]] = m[2]
+		}
+		return out
+	}
+	globals := variables(section("Globals"))
+	given := map[string][]string{}
+	for name, body := range blocks(section("Resources")) {
+		if !strings.HasPrefix(body, "    Type: AWS::Serverless::Function\n") {
+			continue
+		}
+		env := variables(body)
+		for k, v := range globals {
+			env[k] = v
+		}
+		_, mode := env["SIGNUP_MODE"]
+		_, token := env["SIGNUP_TOKEN"]
+		require.Equal(t, token, mode, "%s: SIGNUP_MODE goes with SIGNUP_TOKEN", name)
+		given[name] = []string{}
+		for k, param := range env {
+			if secret[param] {
+				given[name] = append(given[name], k)
+			}
+		}
+		slices.Sort(given[name])
+	}
+	started := []string{"DATABASE_URL", "KEY_HASH_SECRET", "RESULT_ENCRYPTION_KEY", "RESULT_ENCRYPTION_KEYS"}
+	require.Equal(t, map[string][]string{
+		"ApiFunction": {"CRON_SECRET", "DATABASE_URL", "KEY_HASH_SECRET", "RESULT_ENCRYPTION_KEY",
+			"RESULT_ENCRYPTION_KEYS", "SIGNUP_TOKEN"},
+		"SweeperFunction": started,
+		"ResealFunction":  started,
+		"MigrateFunction": {"DATABASE_URL", "MIGRATION_DATABASE_URL"},
+	}, given)
 }
