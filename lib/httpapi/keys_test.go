@@ -701,6 +701,19 @@ func TestCronSweepNeedsSecret(t *testing.T) {
 		require.Equal(t, http.StatusUnauthorized, unset.Do("POST", "/api/cron/sweep", "x", nil).Status)
 	}
 	require.Equal(t, 1, strings.Count(logs.String(), "CRON_SECRET is not set"))
+	// A warning: on Lambda the sweeper function sweeps, and a call to the
+	// route on the public Function URL is someone else's (AL review: it
+	// logged an error). Vercel's schedule, the only sweeper there, that
+	// never sweeps is an error, once too.
+	require.Contains(t, logs.String(), "level=WARN")
+	require.NotContains(t, logs.String(), "level=ERROR")
+	vercel := http.Header{"User-Agent": {"vercel-cron/1.0"}}
+	for range 2 {
+		require.Equal(t, http.StatusUnauthorized, unset.DoWith("GET", "/api/cron/sweep", "", vercel, nil).Status)
+	}
+	require.Equal(t, 1, strings.Count(logs.String(), "level=ERROR"), logs.String())
+	require.Contains(t, logs.String(), "Vercel's schedule never sweeps")
+	require.Equal(t, 2, strings.Count(logs.String(), "CRON_SECRET is not set"))
 }
 
 // HEAD is answered elsewhere as GET without its body; on the cron sweep,

@@ -54,11 +54,13 @@ type Server struct {
 	groups map[string]*group // by pattern
 	mcp    mcpEndpoint
 
-	// cronUnsetLogged is set once the refusal of the cron route for want
-	// of CRON_SECRET was logged: once per instance says it, and the route
-	// is public (on a Lambda Function URL anyone could otherwise write an
-	// ERROR line per request into the log and set off its alarms).
+	// cronUnsetLogged and cronUnsetWarned are set once the refusal of the
+	// cron route for want of CRON_SECRET was logged, of Vercel's schedule
+	// and of another caller (logCronUnset): once per instance says it, and
+	// the route is public (on a Lambda Function URL anyone could otherwise
+	// write a line per request into the log and set off its alarms).
 	cronUnsetLogged atomic.Bool
+	cronUnsetWarned atomic.Bool
 }
 
 // group is every route sharing one path pattern: the unit of a Vercel
@@ -606,17 +608,41 @@ func (s *Server) authorize(ctx context.Context, c *Call, count bool) error {
 	case AuthCron:
 		secret, ok := bearer(c.R)
 		want := s.Config.CronBearer() // trimmed, as the credential is
-		if want == "" && s.cronUnsetLogged.CompareAndSwap(false, true) {
-			// Refused, and said where an operator looks: on Vercel the
-			// schedule is the only sweeper, and nothing else tells that it
-			// never runs.
-			s.Logger.Error("cron sweep refused: CRON_SECRET is not set", "request_id", c.RequestID)
+		if want == "" {
+			s.logCronUnset(c)
 		}
 		if !ok || want == "" || !auth.SharedSecretEqual(secret, want) {
 			return apierr.Unauthorized("The cron route needs Authorization: Bearer $CRON_SECRET.")
 		}
 	}
 	return nil
+}
+
+// vercelCron begins the User-Agent of the calls Vercel's cron makes
+// (vercel-cron/1.0).
+const vercelCron = "vercel-cron/"
+
+// logCronUnset says, where an operator looks, that c, a call of the cron
+// route, is refused for want of CRON_SECRET. Vercel's schedule (its
+// User-Agent, vercelCron) is the only sweeper there, and nothing else tells
+// that it never runs: an error. Any other caller's is a warning: on Lambda
+// the sweeper function sweeps without the route (the template leaves
+// CRON_SECRET unset), and a call on the public Function URL, someone's
+// probe, logged an error that said the sweep was refused (AL review). Each
+// once per instance: the route is public, and a line per call let anyone
+// fill the log (deploy review).
+func (s *Server) logCronUnset(c *Call) {
+	if strings.HasPrefix(c.R.Header.Get("User-Agent"), vercelCron) {
+		if s.cronUnsetLogged.CompareAndSwap(false, true) {
+			s.Logger.Error("cron sweep refused: CRON_SECRET is not set, so Vercel's schedule never sweeps",
+				"request_id", c.RequestID)
+		}
+		return
+	}
+	if s.cronUnsetWarned.CompareAndSwap(false, true) {
+		s.Logger.Warn("cron sweep refused: CRON_SECRET is not set (a sweep through this route needs it: "+
+			"Vercel's schedule, or one by hand)", "request_id", c.RequestID)
+	}
 }
 
 func bearer(r *http.Request) (string, bool) {
