@@ -99,3 +99,37 @@ func TestMCPToolCallsStopAtTheRoutesTimeout(t *testing.T) {
 	require.NoError(t, tx.Rollback(ctx))
 	require.Empty(t, env.Must(http.StatusOK, "GET", "/api/v1/effects", ws.Key, nil).JSON()["data"], "nothing granted")
 }
+
+// Behind the Lambda adapter a request's own context ends with the MCP
+// route's time (AnswerMargin before the invocation), and the transport
+// writes nothing once the context it waits under ends: a batch whose calls
+// were stopped at the route's time raced their answers and, losing, was
+// answered 200 with no body (AL review follow-up). The transport waits
+// under a context that outlives the route's time, until half the
+// AnswerMargin past it, and answers.
+func TestMCPAnswersOnceTheRequestsOwnTimeHasEnded(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	h := httpapi.NewWithMCPTimeout(env.App.Server.Deps, httpapi.FunctionTimeout-httpapi.AnswerMargin)
+	h.WrapMCPHandler(func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			bounded, ok := httpapi.RouteTime(r.Context())
+			require.True(t, ok)
+			<-bounded.Done() // the route's time, the request's own, is over
+			require.NoError(t, r.Context().Err(), "the transport can still answer")
+			deadline, _ := r.Context().Deadline()
+			routeDeadline, _ := bounded.Deadline()
+			require.Equal(t, routeDeadline.Add(httpapi.AnswerMargin/2), deadline, "and only for half the margin")
+			next.ServeHTTP(w, r)
+		})
+	})
+	// The request's own time ends with the route's, as behind the Lambda
+	// adapter.
+	ctx, cancel := context.WithTimeout(context.Background(), lateRouteTimeout)
+	defer cancel()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, mcpRequest(ws.Key, strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"ping"}`)).WithContext(ctx))
+	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+	require.JSONEq(t, `{"jsonrpc":"2.0","id":1,"result":{}}`, rec.Body.String())
+}

@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"io"
 	"mime"
@@ -97,15 +98,24 @@ func (s *Server) mcpRoutes() []Route {
 		// context, to write that answer (mcpserver.Carried). They ran
 		// unbounded on the local server.
 		//
-		// What its answer will not tell of is given back (a lease its
-		// cancelled or refused ratchet_begin was granted) by half the
-		// AnswerMargin past the route's Timeout, the other half left to
-		// write the answer: the function may be stopped as early as
-		// AnswerMargin past it (FunctionTimeout; the Lambda adapter's
-		// request ends AnswerMargin before its invocation).
+		// The transport waits for those answers, and what its answer will
+		// not tell of is given back (a lease its cancelled or refused
+		// ratchet_begin was granted), until half the AnswerMargin past the
+		// route's Timeout, the other half left to write the answer: the
+		// function may be stopped as early as AnswerMargin past it
+		// (FunctionTimeout). The request's own context is not what the
+		// transport waits under: behind the Lambda adapter it ends with the
+		// route's time (AnswerMargin before the invocation), and the
+		// transport, which writes nothing once it ends, answered a batch
+		// stopped there 200 with no body, when it lost the race with the
+		// calls' answers (AL review follow-up). A client that hangs up
+		// still stops the calls (the carrier).
 		ctx := mcpserver.WithRoom(mcpserver.Carried(r.Context(), bounded), body)
 		if deadline, ok := bounded.Deadline(); ok {
-			ctx = mcpserver.GiveBackBy(ctx, deadline.Add(AnswerMargin/2))
+			answerBy := deadline.Add(AnswerMargin / 2)
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithDeadline(context.WithoutCancel(mcpserver.GiveBackBy(ctx, answerBy)), answerBy)
+			defer cancel()
 		}
 		r = r.WithContext(ctx)
 		s.mcp.once.Do(func() { s.mcp.handler = s.mcpHandler() })
