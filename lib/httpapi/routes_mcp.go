@@ -94,9 +94,9 @@ func (s *Server) mcpRoutes() []Route {
 		// The answer to it holds at most answer.Budget: its tool calls
 		// share what is left of it (mcpserver.Room).
 		// Its tool calls are stopped at the route's Timeout, as a route's
-		// work is, and answered so; the transport keeps the request's own
-		// context, to write that answer (mcpserver.Carried). They ran
-		// unbounded on the local server.
+		// work is, and answered so; the transport keeps a context that
+		// outlives it, to write that answer (mcpserver.Carried, below).
+		// They ran unbounded on the local server.
 		//
 		// The transport waits for those answers, and what its answer will
 		// not tell of is given back (a lease its cancelled or refused
