@@ -36,6 +36,13 @@ type Approval struct {
 	// one it was asked for and every other that held as it was given
 	// (null while pending, and for a rejection).
 	Answers []string `json:"answers" openapi:"itemEnum=policy_requires_approval|circuit_open|cost_at_or_above_threshold" jsonschema:"once approved, every reason the approval answers: the one it was asked for and every other that held as it was given; null while pending, and for a rejection"`
+	// DecidedByKeyID is the key that decided it: the operator's that
+	// approved or rejected it, the resolving key's for one a resolution
+	// closed, the unwinding key's for one an unwind closed; null while
+	// pending, and for one that no key decided (closed where a rollback
+	// ended, or by the sweeper for a rollback). Keys are revoked, never
+	// deleted, so it names the key for good.
+	DecidedByKeyID *string `json:"decided_by_key_id" jsonschema:"the key that decided it (approved or rejected it, or closed it by a resolution or an unwind); null while pending, and for one no key decided"`
 }
 
 // DecideRequest is the body of approve and reject.
@@ -52,7 +59,7 @@ func scanApproval(row pgx.Row) (Approval, error) {
 // dest is where approvalCols scan into.
 func (a *Approval) dest() []any {
 	return []any{&a.ID, &a.EffectID, &a.EffectType, &a.State, &a.Reason, &a.CreatedAt, &a.DecidedAt, &a.Note,
-		&a.Answers}
+		&a.Answers, &a.DecidedByKeyID}
 }
 
 // GetApproval reads one approval: what begin's approval_id names, so a

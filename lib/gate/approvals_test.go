@@ -551,3 +551,50 @@ func TestAPendingApprovalHoldsItsKeyUnderAStricterRule(t *testing.T) {
 		})
 	}
 }
+
+// An approval names the key that decided it (decided_by_key_id), as an
+// attempt names the key that resolved it: who approved a held effect is
+// the first thing an audit of it asks, and the README's "decided by the
+// resolving key" / "by the key that called unwind" / "by no key" said what
+// no read showed (QA: stored, never answered). Null while pending; the
+// first decision's key stands when the decision is repeated by another.
+func TestAnApprovalNamesTheKeyThatDecidedIt(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("wire.send", map[string]any{"mode": "require_approval"})
+	approver := b.env.Key(b.ws, map[string]any{"name": "approver", "preset": "OPERATOR"})
+	held := func() string { return str(b.mustBegin("approval_required", wire(key("wire")))["approval_id"]) }
+	read := func(id string) map[string]any {
+		return b.env.Must(http.StatusOK, "GET", "/api/v1/approvals/"+id, b.ws.Key, nil).JSON()
+	}
+
+	yes := held()
+	pending := read(yes)
+	require.Contains(t, pending, "decided_by_key_id")
+	require.Nil(t, pending["decided_by_key_id"], "no key decided it yet")
+	ap := b.env.Must(http.StatusOK, "POST", "/api/v1/approvals/"+yes+"/approve", approver, nil).JSON()
+	require.Equal(t, keyID(approver), ap["decided_by_key_id"])
+	require.Equal(t, ap, read(yes))
+	// A repeat by another key answers the first decision, its key included.
+	require.Equal(t, ap, b.env.Must(http.StatusOK, "POST", "/api/v1/approvals/"+yes+"/approve", b.ws.Key, nil).JSON())
+
+	no := held()
+	rej := b.env.Must(http.StatusOK, "POST", "/api/v1/approvals/"+no+"/reject", b.ws.Key, nil).JSON()
+	require.Equal(t, keyID(b.ws.Key), rej["decided_by_key_id"])
+	byID := map[string]any{}
+	for _, a := range b.env.Must(http.StatusOK, "GET", "/api/v1/approvals", b.ws.Key, nil).JSON()["data"].([]any) {
+		byID[str(a.(map[string]any)["id"])] = a.(map[string]any)["decided_by_key_id"]
+	}
+	require.Equal(t, map[string]any{yes: keyID(approver), no: keyID(b.ws.Key)}, byID)
+	// approval.decided says so too, once each.
+	for id, by := range byID {
+		var said []map[string]any
+		rows, err := b.env.App.Pool.Query(context.Background(), `SELECT data FROM events
+			WHERE workspace_id = $1 AND type = 'approval.decided' AND subject_id = $2`, b.ws.ID, id)
+		require.NoError(t, err)
+		said, err = pgx.CollectRows(rows, pgx.RowTo[map[string]any])
+		require.NoError(t, err)
+		require.Len(t, said, 1)
+		require.Equal(t, by, said[0]["decided_by_key_id"])
+	}
+}

@@ -127,6 +127,7 @@ func TestResolvingAnEffectSucceededClosesItsPendingApproval(t *testing.T) {
 			require.Equal(t, "rejected", a["state"], "%v", a)
 			require.NotNil(t, a["decided_at"])
 			require.Contains(t, str(a["note"]), "succeeded")
+			require.Equal(t, keyID(b.ws.Key), a["decided_by_key_id"], "decided by the resolving key")
 			pending := b.env.Must(http.StatusOK, "GET", "/api/v1/approvals?state=pending", b.ws.Key, nil).JSON()
 			require.Empty(t, pending["data"])
 			require.Equal(t, 1, b.events("approval.decided"))

@@ -1048,9 +1048,11 @@ WITH due AS (
 SELECT count(*) FROM ins`
 
 // approvalCols are an approval's fields; answers is what an approved one
-// answers (one approved before 0041 recorded none: its reason alone).
+// answers (one approved before 0041 recorded none: its reason alone), and
+// decided_by_key_id the key that decided it (null while pending, and for
+// one a rollback's end or the sweeper closed, which no key decided).
 const approvalCols = `id, effect_id, effect_type, state, reason, created_at, decided_at, note,
-    CASE WHEN state = 'approved' THEN coalesce(answers, ARRAY[reason]) END AS answers`
+    CASE WHEN state = 'approved' THEN coalesce(answers, ARRAY[reason]) END AS answers, decided_by_key_id`
 
 // sqlDecideApproval approves or rejects a pending approval and updates its
 // effect in one statement: a rejection is a final denial for the key. An
@@ -1114,7 +1116,7 @@ WITH asked AS (
     INSERT INTO events (id, workspace_id, type, subject_id, data, created_at)
     SELECT $7, $2, '` + events.ApprovalDecided + `', a.id,
         jsonb_build_object('approval_id', a.id, 'effect_id', a.effect_id, 'effect_type', a.effect_type,
-                           'state', a.state, 'answers', a.answers), $4
+                           'state', a.state, 'answers', a.answers, 'decided_by_key_id', a.decided_by_key_id), $4
     FROM a
 )
 SELECT ` + approvalCols + `, (SELECT group_id FROM e) FROM a`
@@ -1197,7 +1199,7 @@ const closeApprovalsSQL = `), a AS (
     UPDATE approvals ap SET state = 'rejected', decided_at = $1, note = m.note, answers = NULL,
         decided_by_key_id = m.decided_by
     FROM moot m WHERE ap.id = m.id
-    RETURNING ap.id, ap.workspace_id, ap.effect_id, ap.effect_type
+    RETURNING ap.id, ap.workspace_id, ap.effect_id, ap.effect_type, ap.decided_by_key_id
 ), e AS (
     UPDATE effects e SET approval_state = 'rejected', updated_at = $1
     FROM a WHERE e.id = a.effect_id AND e.approval_id = a.id
@@ -1207,7 +1209,7 @@ const closeApprovalsSQL = `), a AS (
     INSERT INTO events (id, workspace_id, type, subject_id, data, created_at)
     SELECT ($4::text[])[n], workspace_id, '` + events.ApprovalDecided + `', id,
         jsonb_build_object('approval_id', id, 'effect_id', effect_id, 'effect_type', effect_type,
-                           'state', 'rejected', 'answers', NULL), $1
+                           'state', 'rejected', 'answers', NULL, 'decided_by_key_id', decided_by_key_id), $1
     FROM numbered
     ON CONFLICT DO NOTHING -- announced already: one event per approval, whatever its past
 )

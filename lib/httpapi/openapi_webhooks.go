@@ -127,7 +127,9 @@ func webhookData(typ string) map[string]any {
 			"effect_id": str("the effect it held"), "effect_type": str("its type"),
 			"state": enum("the decision", "approved", "rejected"),
 			"answers": map[string]any{"type": []string{"array", "null"}, "items": map[string]any{"type": "string"},
-				"description": "an approval's reasons it answers; null for a rejection"}})
+				"description": "an approval's reasons it answers; null for a rejection"},
+			"decided_by_key_id": orNull(str("the key that decided it (approved or rejected it, or closed it by a " +
+				"resolution or an unwind); null for one no key decided"))})
 	case events.ReconciliationDue:
 		return object(map[string]any{"effect_type": str("the type to reconcile, as subject_id"),
 			"reconcile_every_hours": integer("its policy's period"),

@@ -318,6 +318,10 @@ type Approval struct {
 	// Answers, once approved, is every reason the approval answers (the
 	// one it was asked for and any other that held as it was given).
 	Answers []string `json:"answers"`
+	// DecidedByKeyID is the key that decided it (approved or rejected it,
+	// or closed it by a resolution or an unwind); nil while pending, and
+	// for one no key decided.
+	DecidedByKeyID *string `json:"decided_by_key_id"`
 }
 
 // ApprovalQuery filters ListApprovals: State "" lists every state. Limit 0

@@ -42,6 +42,17 @@ func (f *fx) closedByRollback(approval string, key *string) map[string]any {
 	require.NoError(f.t, f.env.App.Pool.QueryRow(context.Background(),
 		`SELECT decided_by_key_id FROM approvals WHERE id = $1`, approval).Scan(&by))
 	require.Equal(f.t, key, by)
+	var said map[string]any // what approval.decided says of the key
+	require.NoError(f.t, f.env.App.Pool.QueryRow(context.Background(), `SELECT data FROM events
+		WHERE workspace_id = $1 AND type = 'approval.decided' AND subject_id = $2`, f.ws.ID, approval).Scan(&said))
+	require.Contains(f.t, said, "decided_by_key_id")
+	if key == nil {
+		require.Nil(f.t, a["decided_by_key_id"], "%v", a)
+		require.Nil(f.t, said["decided_by_key_id"], "%v", said)
+	} else {
+		require.Equal(f.t, *key, a["decided_by_key_id"], "%v", a)
+		require.Equal(f.t, *key, said["decided_by_key_id"], "%v", said)
+	}
 	return a
 }
 

@@ -239,6 +239,8 @@ class Approval(TypedDict):
     note: Optional[str]
     created_at: str
     decided_at: Optional[str]
+    # The key that decided it; None while pending, and for one no key decided.
+    decided_by_key_id: Optional[str]
 
 
 class ApprovalPage(TypedDict):

@@ -613,6 +613,8 @@ export interface Approval {
   note: string | null;
   /** The reasons the decision answered; null while pending. */
   answers: ApprovalReason[] | null;
+  /** The key that decided it (approved or rejected it, or closed it by a resolution or an unwind); null while pending, and for one no key decided. */
+  decided_by_key_id: string | null;
 }
 
 export type BreakerAction = 'monitor' | 'require_approval' | 'deny';
