@@ -43,6 +43,13 @@ type Approval struct {
 	// ended, or by the sweeper for a rollback). Keys are revoked, never
 	// deleted, so it names the key for good.
 	DecidedByKeyID *string `json:"decided_by_key_id" jsonschema:"the key that decided it (approved or rejected it, or closed it by a resolution or an unwind); null while pending, and for one no key decided"`
+	// CostMicros and IdempotencyKey are the held effect's: what an
+	// approver says yes to (the amount, the work), readable without
+	// effects:read. The effect's fingerprint binds both, so a begin of the
+	// key with another cost is 409 idempotency_key_reuse, never the
+	// approved effect.
+	CostMicros     *int64 `json:"cost_micros" jsonschema:"the held effect's declared cost (null: none declared); its key cannot be begun with another"`
+	IdempotencyKey string `json:"idempotency_key" jsonschema:"the held effect's idempotency key"`
 }
 
 // DecideRequest is the body of approve and reject.
@@ -59,7 +66,7 @@ func scanApproval(row pgx.Row) (Approval, error) {
 // dest is where approvalCols scan into.
 func (a *Approval) dest() []any {
 	return []any{&a.ID, &a.EffectID, &a.EffectType, &a.State, &a.Reason, &a.CreatedAt, &a.DecidedAt, &a.Note,
-		&a.Answers, &a.DecidedByKeyID}
+		&a.Answers, &a.DecidedByKeyID, &a.CostMicros, &a.IdempotencyKey}
 }
 
 // GetApproval reads one approval: what begin's approval_id names, so a

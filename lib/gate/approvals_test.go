@@ -598,3 +598,43 @@ func TestAnApprovalNamesTheKeyThatDecidedIt(t *testing.T) {
 		require.Equal(t, by, said[0]["decided_by_key_id"])
 	}
 }
+
+// An approval names what it holds, the effect's cost and idempotency key,
+// so an approver that holds approvals:write alone (an approval bot) sees
+// the amount and the work it says yes to: it cannot read the effect (QA: it
+// approved a held wire blind). The fingerprint binds both: the approved key
+// begun with another cost is 409 idempotency_key_reuse, never executed.
+func TestAnApprovalNamesWhatItHolds(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("wire.send", map[string]any{"approval_above_micros": 1_000_000})
+	bot := b.env.Key(b.ws, map[string]any{"name": "approval bot", "scopes": []string{"approvals:write"}})
+	k := key("wire")
+	held := b.mustBegin("approval_required", wire(k))
+	aid := str(held["approval_id"])
+	errCode(t, b.env.Do("GET", "/api/v1/effects/"+str(held["effect_id"]), bot, nil), http.StatusForbidden, "forbidden")
+
+	a := b.env.Must(http.StatusOK, "GET", "/api/v1/approvals/"+aid, bot, nil).JSON()
+	require.EqualValues(t, 2_000_000, a["cost_micros"])
+	require.Equal(t, k, a["idempotency_key"])
+	ap := b.env.Must(http.StatusOK, "POST", "/api/v1/approvals/"+aid+"/approve", bot, nil).JSON()
+	require.EqualValues(t, 2_000_000, ap["cost_micros"])
+	require.Equal(t, k, ap["idempotency_key"])
+	listed := b.env.Must(http.StatusOK, "GET", "/api/v1/approvals?state=approved", bot, nil).JSON()["data"].([]any)
+	require.Equal(t, []any{ap}, listed)
+
+	more := wire(k)
+	more["cost_micros"] = 2_000_000_000
+	errCode(t, b.begin(more), http.StatusConflict, "idempotency_key_reuse")
+	require.EqualValues(t, 1, b.mustBegin("execute", wire(k))["attempt"])
+
+	// A held effect that declared no cost names none.
+	b.putPolicy("email.send", map[string]any{"mode": "require_approval"})
+	noCost := email(key("mail"))
+	delete(noCost, "cost_micros")
+	a = b.env.Must(http.StatusOK, "GET", "/api/v1/approvals/"+str(b.mustBegin("approval_required", noCost)["approval_id"]),
+		bot, nil).JSON()
+	require.Contains(t, a, "cost_micros")
+	require.Nil(t, a["cost_micros"])
+	require.Equal(t, noCost["idempotency_key"], a["idempotency_key"])
+}

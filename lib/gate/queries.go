@@ -1050,9 +1050,15 @@ SELECT count(*) FROM ins`
 // approvalCols are an approval's fields; answers is what an approved one
 // answers (one approved before 0041 recorded none: its reason alone), and
 // decided_by_key_id the key that decided it (null while pending, and for
-// one a rollback's end or the sweeper closed, which no key decided).
+// one a rollback's end or the sweeper closed, which no key decided); the
+// effect's cost_micros and idempotency_key say what it holds (both bound by
+// the effect's fingerprint, so what is approved is what runs). Read from a
+// row of approvals under that name (a statement's FROM, or an UPDATE's
+// RETURNING).
 const approvalCols = `id, effect_id, effect_type, state, reason, created_at, decided_at, note,
-    CASE WHEN state = 'approved' THEN coalesce(answers, ARRAY[reason]) END AS answers, decided_by_key_id`
+    CASE WHEN state = 'approved' THEN coalesce(answers, ARRAY[reason]) END AS answers, decided_by_key_id,
+    (SELECT f.cost_micros FROM effects f WHERE f.id = approvals.effect_id) AS cost_micros,
+    (SELECT f.idempotency_key FROM effects f WHERE f.id = approvals.effect_id) AS idempotency_key`
 
 // sqlDecideApproval approves or rejects a pending approval and updates its
 // effect in one statement: a rejection is a final denial for the key. An
@@ -1119,7 +1125,7 @@ WITH asked AS (
                            'state', a.state, 'answers', a.answers, 'decided_by_key_id', a.decided_by_key_id), $4
     FROM a
 )
-SELECT ` + approvalCols + `, (SELECT group_id FROM e) FROM a`
+SELECT a.*, (SELECT group_id FROM e) FROM a`
 
 // sqlMootApprovals answers the pending approvals of those of effects $1
 // (workspace $2) that are settled succeeded: a resolution settled an effect

@@ -322,6 +322,10 @@ type Approval struct {
 	// or closed it by a resolution or an unwind); nil while pending, and
 	// for one no key decided.
 	DecidedByKeyID *string `json:"decided_by_key_id"`
+	// CostMicros and IdempotencyKey are the held effect's: what the
+	// approval says yes to. CostMicros is nil when it declared no cost.
+	CostMicros     *int64 `json:"cost_micros"`
+	IdempotencyKey string `json:"idempotency_key"`
 }
 
 // ApprovalQuery filters ListApprovals: State "" lists every state. Limit 0

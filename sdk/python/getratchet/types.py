@@ -241,6 +241,9 @@ class Approval(TypedDict):
     decided_at: Optional[str]
     # The key that decided it; None while pending, and for one no key decided.
     decided_by_key_id: Optional[str]
+    # The held effect's: what the approval says yes to (cost None: none declared).
+    cost_micros: Optional[int]
+    idempotency_key: str
 
 
 class ApprovalPage(TypedDict):

@@ -615,6 +615,10 @@ export interface Approval {
   answers: ApprovalReason[] | null;
   /** The key that decided it (approved or rejected it, or closed it by a resolution or an unwind); null while pending, and for one no key decided. */
   decided_by_key_id: string | null;
+  /** The held effect's declared cost, what the approval says yes to; null when it declared none. */
+  cost_micros: number | null;
+  /** The held effect's idempotency key. */
+  idempotency_key: string;
 }
 
 export type BreakerAction = 'monitor' | 'require_approval' | 'deny';
