@@ -171,3 +171,60 @@ func seedEffects(ctx context.Context, t *testing.T, tx pgx.Tx, approvalsEvery in
 		require.NoError(t, err, "%.40s", s)
 	}
 }
+
+// Retention reads the runs of a batch's effects, to keep their wallets'
+// spend (money.RetiredRunSpendSQL), by their ids, not every run, however it
+// is planned, whether runs have wallets or, as most, none (scale QA: as id
+// IN (…), with no run's budget set a plan made for the batch's values
+// hashed it against a scan of the whole of job_runs, every run read again
+// for each batch: 41 times in a pass that purged 41,000 effects; of
+// 200,000 runs, all read for a batch of 1,000 effects).
+func TestRetentionReadsTheRunsOfABatchsEffects(t *testing.T) {
+	t.Parallel()
+	for name, budget := range map[string]string{"no wallets": "NULL", "wallets": "CASE WHEN g % 2 = 0 THEN 1000000 END"} {
+		t.Run(name, func(t *testing.T) {
+			b := setup(t)
+			ctx := context.Background()
+			tx := testpg.Scratch(ctx, t, b.env.App.Pool, "effects", "effect_attempts", "approvals",
+				"gate_effect_history", "job_runs", "run_retired_spend")
+			now := time.Now().UTC().Truncate(time.Microsecond)
+			// $2 runs of 20 workspaces, and as many effects, every fourth
+			// of a run, a fifth ended 100 days ago (due). Within
+			// ANALYZE's sample, so its statistics are the same on every
+			// run.
+			const runs, workspaces = 20000, 20
+			_, err := tx.Exec(ctx, `INSERT INTO job_runs (id, workspace_id, name, status, created_at, finished_at,
+					budget_micros)
+				SELECT 'run_p' || g, 'ws_p' || g % $3, 'r', 'SUCCEEDED', $1::timestamptz - interval '100 days',
+					$1::timestamptz - interval '100 days', `+budget+`
+				FROM generate_series(1, $2::int) g`, now, runs, workspaces)
+			require.NoError(t, err)
+			_, err = tx.Exec(ctx, `ANALYZE job_runs`)
+			require.NoError(t, err)
+			seedEffects(ctx, t, tx, 10, `INSERT INTO effects (id, workspace_id, effect_type, idempotency_key,
+					fingerprint, state, lease_seconds, created_by_key_id, created_at, updated_at, run_id, cost_micros)
+				SELECT 'eff_p' || k, 'ws_p' || k % $3, 'email.send', 'k' || k, 'f', 'succeeded', 30, 'key_p',
+					$1::timestamptz - CASE WHEN k % 5 = 0 THEN interval '100 days' ELSE interval '1 day' END
+						+ make_interval(secs => k),
+					$1::timestamptz - CASE WHEN k % 5 = 0 THEN interval '100 days' ELSE interval '1 day' END
+						+ make_interval(secs => k),
+					CASE WHEN k % 4 = 0 THEN 'run_p' || (k % $2 + 1) END, 10
+				FROM generate_series(1, $2::int) k`, now, runs, workspaces)
+			pairs, types := make([]string, workspaces), make([]string, workspaces)
+			for i := range pairs {
+				pairs[i], types[i] = fmt.Sprintf("ws_p%d", i), "email.send"
+			}
+			for _, mode := range testpg.PlanCacheModes {
+				for _, limit := range []int{100, 1000} {
+					read, nodes, err := testpg.RowsRead(ctx, tx, mode, gate.SQLPurgeExpired, now, limit, []string(nil),
+						pairs, types)
+					require.NoError(t, err, "%s, limit %d", mode, limit)
+					// The runs of the batch's effects (a quarter of them),
+					// each once.
+					testpg.ReadsAtMost(t, read, nodes, map[string]int{"job_runs": limit, "run_retired_spend": limit},
+						fmt.Sprintf("%s: a batch of %d effects", mode, limit))
+				}
+			}
+		})
+	}
+}
