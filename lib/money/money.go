@@ -58,13 +58,16 @@ const walletEffect = `x.compensates_effect_id IS NULL`
 // wallet goes with it) rather than failing the insert's foreign key, and
 // with it the whole pass (review). The effects are read in the statement's
 // snapshot, before its deletes; they are ended, so their attempts'
-// outcomes no longer move. The runs are read by their ids as
-// = ANY(ARRAY(…)), through the primary key: as id IN (…), with no run's
-// budget set (wallets are rare), a plan made for the batch's values hashed
-// the batch against a scan of every run, for each batch (scale QA).
+// outcomes no longer move. The batch's effects, then their runs, are read
+// by their ids as = ANY(ARRAY(…)), through the primary keys: as id IN (…)
+// over the effects joined to the batch, with no run's budget set (wallets
+// are rare), a plan made for the batch's values hashed the batch against a
+// scan of every effect with a run, then of every run, for each batch
+// (scale QA).
 var RetiredRunSpendSQL = `retired_runs AS (
     SELECT r.id FROM job_runs r
-    WHERE r.id = ANY(ARRAY(SELECT x.run_id FROM expired d JOIN effects x ON x.id = d.id WHERE x.run_id IS NOT NULL))
+    WHERE r.id = ANY(ARRAY(SELECT x.run_id FROM effects x
+                           WHERE x.id = ANY(ARRAY(SELECT id FROM expired)) AND x.run_id IS NOT NULL))
       AND r.budget_micros IS NOT NULL
     FOR KEY SHARE
 ), retired AS (
