@@ -1,12 +1,15 @@
 package jobs_test
 
 import (
+	"fmt"
+	"net/http"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/jobs"
 )
 
@@ -42,4 +45,71 @@ func TestACancelFindsALapsedLastAttemptEnded(t *testing.T) {
 	got, err := b.svc.CancelStep(ctx, b.ws, again.StepID)
 	require.NoError(t, err)
 	require.Equal(t, jobs.StatusCancelled, got.Status)
+}
+
+// A cancel that waits for its job's row while the last attempt's lease
+// lapses finds it ended all the same: it decides at the clock reading it
+// records as the step's end, not at the one its first look read (QA: the
+// look before the lock saw the lease held, and the cancel, granted the row
+// after the expiry, made the lapsed job CANCELLED without its
+// step.exhausted). Under an Idempotency-Key too, where the request's
+// transaction has begun by the time the cancel finds the lapse: the end
+// commits on its own, and the 409 answered rolls back none of it.
+func TestACancelWaitingWhileTheLastLeaseLapsesFindsItEnded(t *testing.T) {
+	t.Parallel()
+	for _, keyed := range []bool{false, true} {
+		t.Run(fmt.Sprintf("keyed=%t", keyed), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			run := b.run(t)
+			st := b.enqueue(t, run, jobs.EnqueueRequest{MaxAttempts: ptr[int64](1), TimeoutMs: ptr[int64](1_000)})
+			j := b.claimOne(t, b.register(t))
+
+			// Another transaction holds the job's row (as a report or a
+			// read settling the run would), so the cancel's first look
+			// sees the lease held and its transaction then waits.
+			tx, err := b.env.App.Pool.Begin(ctx)
+			require.NoError(t, err)
+			defer func() { _ = tx.Rollback(ctx) }()
+			_, err = tx.Exec(ctx, `SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE`, j.JobID)
+			require.NoError(t, err)
+			waits := apitest.NewLockWaits(t, b.env.App.Pool, apitest.BackendPID(t, tx))
+			answered, done := make(chan struct{}), make(chan string, 1)
+			go func() {
+				defer close(answered)
+				if !keyed {
+					got, err := b.svc.CancelStep(ctx, b.ws, st.StepID)
+					if err != nil {
+						done <- code(t, err)
+						return
+					}
+					done <- got.Status
+					return
+				}
+				r := b.env.DoWith("POST", "/api/v1/steps/"+st.StepID+"/cancel", b.op,
+					http.Header{"Idempotency-Key": {"cancel-" + st.StepID}}, nil)
+				if c := r.ErrorCode(); c != "" {
+					done <- c
+					return
+				}
+				done <- fmt.Sprint(r.JSON()["status"])
+			}()
+			waits.Waiting(answered, "the cancel waits for the job's row")
+			b.clock.Add(time.Hour) // the lease lapses while it waits
+			require.NoError(t, tx.Commit(ctx))
+
+			require.Equal(t, apierr.CodeInvalidState, <-done, "the cancel finds the step ended")
+			// Read as stored, not through a read of the step, which would
+			// end the lapsed job itself.
+			var status string
+			require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT status FROM jobs WHERE step_id = $1`,
+				st.StepID).Scan(&status))
+			require.Equal(t, jobs.StatusExhausted, status, "ended by the cancel's look")
+			var lapsed string
+			require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT data->>'leaseLapsed' FROM events
+				WHERE type = 'step.exhausted' AND subject_id = $1`, st.StepID).Scan(&lapsed))
+			require.Equal(t, "true", lapsed)
+			require.Equal(t, []string{"FAILED"}, b.runFinishedEvents(t, run))
+		})
+	}
 }

@@ -22,6 +22,7 @@ type bundle struct {
 	svc    *jobs.Service
 	clock  *apitest.Clock
 	ws     string
+	op     string // the workspace's operator key, for a request over HTTP
 	worker *auth.Principal
 	looks  *lookCounter
 }
@@ -37,7 +38,7 @@ func setup(t testing.TB, tools ...string) *bundle {
 	secret := env.Key(ws, map[string]any{"name": "worker", "preset": "WORKER", "tools": tools})
 	p, err := env.App.Server.Auth.Authenticate(context.Background(), secret)
 	require.NoError(t, err)
-	b := &bundle{env: env, svc: env.App.Server.Jobs, clock: c, ws: ws.ID, worker: p, looks: &lookCounter{n: map[string]int{}}}
+	b := &bundle{env: env, svc: env.App.Server.Jobs, clock: c, ws: ws.ID, op: ws.Key, worker: p, looks: &lookCounter{n: map[string]int{}}}
 	jobs.OnLook(b.svc, b.looks.add)
 	return b
 }

@@ -1205,38 +1205,77 @@ func (s *Service) readStep(ctx context.Context, workspaceID, stepID string) (Ste
 // cancel refused so (jobs QA: with no read before it, the cancel made it
 // CANCELLED, and the step.exhausted saying its side effect may have
 // happened never went out). Like a replay's, that end commits on its own,
-// never under the request's transaction (see Replay).
+// never under the request's transaction (see Replay). The cancel decides at
+// the clock reading it records, once it holds the job: a lease that lapsed
+// while it waited for the job (or its endpoint) is ended so too, and looked
+// at again (QA: the look before the lock saw the lease held, and the
+// cancel, granted the row after the expiry, made the lapsed job CANCELLED
+// without its step.exhausted).
 func (s *Service) CancelStep(ctx context.Context, workspaceID, stepID string) (Step, error) {
-	if _, err := s.settledStep(db.OutsideRequest(ctx), workspaceID, stepID); err != nil {
-		return Step{}, err
-	}
-	err := s.txRetrying(ctx, func(tx pgx.Tx) error {
-		var jobID, status, runID, endpointID string
-		var attempt int
-		err := tx.QueryRow(ctx, sqlCancelLock, stepID, workspaceID).Scan(nil, &jobID, &status, &runID, &attempt, &endpointID)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return apierr.NotFound("step")
+	look := db.OutsideRequest(ctx)
+	for round := 0; ; round++ {
+		if _, err := s.settledStep(look, workspaceID, stepID); err != nil {
+			return Step{}, err
+		}
+		err := s.txRetrying(ctx, func(tx pgx.Tx) error {
+			return s.cancelLocked(ctx, tx, workspaceID, stepID, round < cancelLooks)
+		})
+		if errors.Is(err, errLapsedMeanwhile) {
+			// The request's transaction, if any, has begun by now (its
+			// savepoint rolled back, holding nothing): the next look
+			// still commits on its own.
+			look = db.AfterRequest(ctx)
+			continue
 		}
 		if err != nil {
-			return fmt.Errorf("cancel lock: %w", err)
+			return Step{}, err
 		}
-		if status == StatusCancelled {
-			return nil // cancelling twice answers the cancelled step, so a retried cancel is safe
-		}
-		if ended(status) {
-			return apierr.InvalidState("The step already ended (%s).", status)
-		}
-		now := s.now()
-		if _, err := tx.Exec(ctx, sqlCancel, jobID, now, status == StatusRunning); err != nil {
-			return fmt.Errorf("cancel: %w", err)
-		}
-		return s.afterEnded(ctx, tx, []endedStep{{stepID: stepID, runID: runID, workspaceID: workspaceID,
-			jobID: jobID, status: StatusCancelled, attempt: attempt}})
-	})
-	if err != nil {
-		return Step{}, err
+		return s.GetStep(ctx, workspaceID, stepID)
 	}
-	return s.GetStep(ctx, workspaceID, stepID)
+}
+
+// cancelLooks bounds how many times a cancel looks again at a step whose
+// last lease lapsed while it waited (each look ends it, unless another
+// transaction holds it for lapseWait, twice): past them it is cancelled as
+// it stands, as before that check.
+const cancelLooks = 2
+
+// errLapsedMeanwhile: the step's last attempt's lease had lapsed by the
+// time the cancel held its job (cancelLocked).
+var errLapsedMeanwhile = errors.New("jobs: the step's last lease lapsed while the cancel waited")
+
+// cancelLocked cancels step stepID inside tx, once it holds its job.
+// refuseLapsed: a job whose last attempt's lease has lapsed by then is
+// errLapsedMeanwhile, to be ended first.
+func (s *Service) cancelLocked(ctx context.Context, tx pgx.Tx, workspaceID, stepID string, refuseLapsed bool) error {
+	var jobID, status, runID, endpointID string
+	var attempt, maxAttempts int
+	var leaseExpiresAt *time.Time
+	err := tx.QueryRow(ctx, sqlCancelLock, stepID, workspaceID).Scan(nil, &jobID, &status, &runID, &attempt, &endpointID,
+		&maxAttempts, &leaseExpiresAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return apierr.NotFound("step")
+	}
+	if err != nil {
+		return fmt.Errorf("cancel lock: %w", err)
+	}
+	if status == StatusCancelled {
+		return nil // cancelling twice answers the cancelled step, so a retried cancel is safe
+	}
+	if ended(status) {
+		return apierr.InvalidState("The step already ended (%s).", status)
+	}
+	now := s.now()
+	lapsed := (&DurableJob{Status: status, Attempt: attempt, MaxAttempts: maxAttempts, LeaseExpiresAt: leaseExpiresAt}).
+		lapsedOnLastAttempt(now)
+	if refuseLapsed && lapsed {
+		return errLapsedMeanwhile
+	}
+	if _, err := tx.Exec(ctx, sqlCancel, jobID, now, status == StatusRunning); err != nil {
+		return fmt.Errorf("cancel: %w", err)
+	}
+	return s.afterEnded(ctx, tx, []endedStep{{stepID: stepID, runID: runID, workspaceID: workspaceID,
+		jobID: jobID, status: StatusCancelled, attempt: attempt}})
 }
 
 // endedStep is a step that just reached an ending status.

@@ -1008,7 +1008,8 @@ FROM unnest($1::text[], $2::bytea[], $3::text[]) AS u(id, output, preview)
 WHERE j.id = u.id AND j.status IN ('CANCELLED', 'QUEUED')`
 
 const sqlCancelLock = `
-SELECT pg_advisory_xact_lock_shared(hashtextextended(endpoint_id, 0))::text, id, status, run_id, attempt, endpoint_id FROM jobs WHERE step_id = $1::text AND workspace_id = $2::text FOR UPDATE`
+SELECT pg_advisory_xact_lock_shared(hashtextextended(endpoint_id, 0))::text, id, status, run_id, attempt, endpoint_id,
+    max_attempts, lease_expires_at FROM jobs WHERE step_id = $1::text AND workspace_id = $2::text FOR UPDATE`
 
 // sqlCancel cancels job $1 at $2. A RUNNING one ($3) keeps its concurrency
 // slot for its attempt (slot_attempt), which its worker may still be
