@@ -65,51 +65,71 @@ func TestACancelWaitingWhileTheLastLeaseLapsesFindsItEnded(t *testing.T) {
 			st := b.enqueue(t, run, jobs.EnqueueRequest{MaxAttempts: ptr[int64](1), TimeoutMs: ptr[int64](1_000)})
 			j := b.claimOne(t, b.register(t))
 
-			// Another transaction holds the job's row (as a report or a
-			// read settling the run would), so the cancel's first look
-			// sees the lease held and its transaction then waits.
-			tx, err := b.env.App.Pool.Begin(ctx)
-			require.NoError(t, err)
-			defer func() { _ = tx.Rollback(ctx) }()
-			_, err = tx.Exec(ctx, `SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE`, j.JobID)
-			require.NoError(t, err)
-			waits := apitest.NewLockWaits(t, b.env.App.Pool, apitest.BackendPID(t, tx))
-			answered, done := make(chan struct{}), make(chan string, 1)
-			go func() {
-				defer close(answered)
-				if !keyed {
-					got, err := b.svc.CancelStep(ctx, b.ws, st.StepID)
-					if err != nil {
-						done <- code(t, err)
-						return
-					}
-					done <- got.Status
-					return
+			got := b.lapseWhileWaiting(t, j.JobID, func() string {
+				if keyed {
+					return answerOf(b.env.DoWith("POST", "/api/v1/steps/"+st.StepID+"/cancel", b.op,
+						http.Header{"Idempotency-Key": {"cancel-" + st.StepID}}, nil))
 				}
-				r := b.env.DoWith("POST", "/api/v1/steps/"+st.StepID+"/cancel", b.op,
-					http.Header{"Idempotency-Key": {"cancel-" + st.StepID}}, nil)
-				if c := r.ErrorCode(); c != "" {
-					done <- c
-					return
+				cancelled, err := b.svc.CancelStep(ctx, b.ws, st.StepID)
+				if err != nil {
+					return code(t, err)
 				}
-				done <- fmt.Sprint(r.JSON()["status"])
-			}()
-			waits.Waiting(answered, "the cancel waits for the job's row")
-			b.clock.Add(time.Hour) // the lease lapses while it waits
-			require.NoError(t, tx.Commit(ctx))
-
-			require.Equal(t, apierr.CodeInvalidState, <-done, "the cancel finds the step ended")
-			// Read as stored, not through a read of the step, which would
-			// end the lapsed job itself.
-			var status string
-			require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT status FROM jobs WHERE step_id = $1`,
-				st.StepID).Scan(&status))
-			require.Equal(t, jobs.StatusExhausted, status, "ended by the cancel's look")
-			var lapsed string
-			require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT data->>'leaseLapsed' FROM events
-				WHERE type = 'step.exhausted' AND subject_id = $1`, st.StepID).Scan(&lapsed))
-			require.Equal(t, "true", lapsed)
+				return cancelled.Status
+			})
+			require.Equal(t, apierr.CodeInvalidState, got, "the cancel finds the step ended")
+			require.Equal(t, jobs.StatusExhausted, b.storedStatus(t, j.JobID), "ended by the cancel's look")
+			require.Equal(t, "true", b.exhaustedLapsed(t, st.StepID))
 			require.Equal(t, []string{"FAILED"}, b.runFinishedEvents(t, run))
 		})
 	}
+}
+
+// lapseWhileWaiting holds job jobID's row in a transaction of its own (as a
+// report, or a read ending the job, would), sends a request that waits for
+// it (send, in the background: its first look sees the job as it is), and
+// once it waits moves the clock an hour on, past any lease, and lets it
+// have the row. It answers what send answered.
+func (b *bundle) lapseWhileWaiting(t *testing.T, jobID string, send func() string) string {
+	t.Helper()
+	tx, err := b.env.App.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE`, jobID)
+	require.NoError(t, err)
+	waits := apitest.NewLockWaits(t, b.env.App.Pool, apitest.BackendPID(t, tx))
+	sent, answer := make(chan struct{}), make(chan string, 1)
+	go func() {
+		defer close(sent)
+		answer <- send()
+	}()
+	waits.Waiting(sent, "the request waits for the job's row")
+	b.clock.Add(time.Hour) // the lease lapses while it waits
+	require.NoError(t, tx.Commit(ctx))
+	return <-answer
+}
+
+// answerOf is an HTTP answer's error code, or its status field.
+func answerOf(r *apitest.Response) string {
+	if c := r.ErrorCode(); c != "" {
+		return c
+	}
+	return fmt.Sprint(r.JSON()["status"])
+}
+
+// storedStatus is job jobID's status as stored, not through a read of its
+// step, which would end a lapsed job itself.
+func (b *bundle) storedStatus(t *testing.T, jobID string) string {
+	t.Helper()
+	var status string
+	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT status FROM jobs WHERE id = $1`, jobID).Scan(&status))
+	return status
+}
+
+// exhaustedLapsed is the leaseLapsed of step stepID's step.exhausted.
+func (b *bundle) exhaustedLapsed(t *testing.T, stepID string) string {
+	t.Helper()
+	var lapsed string
+	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT data->>'leaseLapsed' FROM events
+		WHERE type = 'step.exhausted' AND subject_id = $1`, stepID).Scan(&lapsed))
+	return lapsed
 }

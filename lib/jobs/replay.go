@@ -235,12 +235,26 @@ type replayJob struct {
 	// synthetic: the step is a tool test's (POST /tools/{name}/test), whose
 	// job has exactly one attempt (seed 000), so it is never replayed.
 	synthetic bool
+	// The job's lease, and its dependency's and whether that one is on its
+	// last attempt (lapsedBy).
+	leaseExpiresAt, dependencyLease *time.Time
+	dependencyLast                  *bool
+}
+
+// lapsedBy says whether the job, or the step it depends on, is RUNNING on
+// its last attempt with its lease lapsed by now: ended, as a read of the
+// step would end it (readReplayJob).
+func (j replayJob) lapsedBy(now time.Time) bool {
+	own := DurableJob{Status: j.status, Attempt: j.attempt, MaxAttempts: j.maxAttempts, LeaseExpiresAt: j.leaseExpiresAt}
+	return own.lapsedOnLastAttempt(now) || j.dependency != nil && *j.dependency == StatusRunning &&
+		j.dependencyLast != nil && *j.dependencyLast && j.dependencyLease != nil && !j.dependencyLease.After(now)
 }
 
 func scanReplayJob(row pgx.Row) (replayJob, error) {
 	var j replayJob
 	err := row.Scan(&j.id, &j.runID, &j.name, &j.version, &j.contractVersion, &j.status, &j.attempt, &j.maxAttempts,
-		&j.policyMax, &j.inputSealed, &j.paused, &j.dependency, &j.afterStatus, &j.versionForbidden, &j.synthetic)
+		&j.policyMax, &j.inputSealed, &j.paused, &j.dependency, &j.afterStatus, &j.versionForbidden, &j.synthetic,
+		&j.leaseExpiresAt, &j.dependencyLast, &j.dependencyLease)
 	return j, err
 }
 
@@ -648,10 +662,29 @@ func (s *Service) Replay(ctx context.Context, p *auth.Principal, stepID string, 
 	// step would: under an Idempotency-Key it would otherwise hold the
 	// run's shared and settle locks until the replay commits, and the
 	// replay's run lock below would then come after them, against the
-	// order reports and sweeps take them in (review: a deadlock).
-	if _, err := s.readReplayJob(db.OutsideRequest(ctx), p.WorkspaceID, stepID); err != nil {
-		return ReplayResult{}, err
+	// order reports and sweeps take them in (review: a deadlock). One that
+	// lapsed while the replay waited for the job is ended so too, and the
+	// replay looks again (QA: refused as RUNNING, a step any read then
+	// showed EXHAUSTED).
+	look := db.OutsideRequest(ctx)
+	for round := 0; ; round++ {
+		if _, err := s.readReplayJob(look, p.WorkspaceID, stepID); err != nil {
+			return ReplayResult{}, err
+		}
+		out, err := s.replayLocked(ctx, p, stepID, req, additional, round < lapseLooks)
+		if errors.Is(err, errLapsedMeanwhile) {
+			look = db.AfterRequest(ctx) // see CancelStep
+			continue
+		}
+		return out, err
 	}
+}
+
+// replayLocked replays the step under its job's lock (see Replay).
+// refuseLapsed: a job, or dependency, whose last attempt's lease has lapsed
+// by then is errLapsedMeanwhile, to be ended first.
+func (s *Service) replayLocked(ctx context.Context, p *auth.Principal, stepID string, req ReplayRequest, additional int,
+	refuseLapsed bool) (ReplayResult, error) {
 	var (
 		out  ReplayResult
 		tool string // the name@version the job is queued for (toolKey)
@@ -668,6 +701,10 @@ func (s *Service) Replay(ctx context.Context, p *auth.Principal, stepID string, 
 		}
 		if err != nil {
 			return fmt.Errorf("replay lock: %w", err)
+		}
+		now := s.now()
+		if refuseLapsed && j.lapsedBy(now) {
+			return errLapsedMeanwhile
 		}
 		if why := j.ineligible(); why != "" {
 			return apierr.InvalidState("%s", why)
@@ -686,7 +723,6 @@ func (s *Service) Replay(ctx context.Context, p *auth.Principal, stepID string, 
 				"expectedHandlerVersion is stale: the step's handler version is %s. Re-read the preview.", j.version).
 				WithDetail("currentHandlerVersion", j.version)
 		}
-		now := s.now()
 		ceiling := j.attempt + additional
 		newVersion, newContract := j.version, intPtr(j.contractVersion)
 		if upgrade := req.changesContract(j); upgrade {

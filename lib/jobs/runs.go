@@ -1218,7 +1218,7 @@ func (s *Service) CancelStep(ctx context.Context, workspaceID, stepID string) (S
 			return Step{}, err
 		}
 		err := s.txRetrying(ctx, func(tx pgx.Tx) error {
-			return s.cancelLocked(ctx, tx, workspaceID, stepID, round < cancelLooks)
+			return s.cancelLocked(ctx, tx, workspaceID, stepID, round < lapseLooks)
 		})
 		if errors.Is(err, errLapsedMeanwhile) {
 			// The request's transaction, if any, has begun by now (its
@@ -1234,15 +1234,15 @@ func (s *Service) CancelStep(ctx context.Context, workspaceID, stepID string) (S
 	}
 }
 
-// cancelLooks bounds how many times a cancel looks again at a step whose
-// last lease lapsed while it waited (each look ends it, unless another
-// transaction holds it for lapseWait, twice): past them it is cancelled as
-// it stands, as before that check.
-const cancelLooks = 2
+// lapseLooks bounds how many times a cancel or a replay looks again at a
+// step whose last lease lapsed while it waited for the job (each look ends
+// it, unless another transaction holds it for lapseWait, twice): past them
+// it decides on the job as it stands, as before that check.
+const lapseLooks = 2
 
-// errLapsedMeanwhile: the step's last attempt's lease had lapsed by the
-// time the cancel held its job (cancelLocked).
-var errLapsedMeanwhile = errors.New("jobs: the step's last lease lapsed while the cancel waited")
+// errLapsedMeanwhile: a last attempt's lease had lapsed by the time a
+// cancel or a replay held the job (cancelLocked, replayLocked).
+var errLapsedMeanwhile = errors.New("jobs: a last attempt's lease lapsed while the request waited for its job")
 
 // cancelLocked cancels step stepID inside tx, once it holds its job.
 // refuseLapsed: a job whose last attempt's lease has lapsed by then is

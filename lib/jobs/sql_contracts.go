@@ -154,14 +154,18 @@ VALUES ($1::text, $2::text, $3::text, 'RUNNING', true, $4::timestamptz, true)`
 // statement's start: one committed while it waited for the lock is not,
 // as it would not be had it committed just after the replay. The run's
 // synthetic flag (set at its insert, never changed) says the step is a
-// tool test's.
+// tool test's. The last three columns are the job's lease and whether its
+// dependency is on its last attempt, and that one's lease: the replay's
+// lock sees whether either lapsed while it waited (replayJob.lapsedBy).
 const sqlReplayPreview = `
 SELECT j.id, j.run_id, j.name, j.version, j.contract_version, j.status, j.attempt, j.max_attempts,
        coalesce(j.policy_max_attempts, j.max_attempts), j.input_sealed, e.paused,
        (SELECT d.status FROM jobs d WHERE d.step_id = j.after_step_id), j.after_status,
        (SELECT coalesce(bool_and(c.status = 'FORBIDDEN'), false) FROM tool_contracts c
         WHERE c.workspace_id = j.workspace_id AND c.name = j.name AND c.handler_version = j.version),
-       (SELECT r.synthetic FROM job_runs r WHERE r.id = j.run_id)
+       (SELECT r.synthetic FROM job_runs r WHERE r.id = j.run_id), j.lease_expires_at,
+       (SELECT d.attempt >= d.max_attempts FROM jobs d WHERE d.step_id = j.after_step_id),
+       (SELECT d.lease_expires_at FROM jobs d WHERE d.step_id = j.after_step_id)
 FROM jobs j JOIN job_endpoints e ON e.id = j.endpoint_id
 WHERE j.step_id = $1::text AND j.workspace_id = $2::text`
 
