@@ -105,6 +105,11 @@ def summary(error: BaseException) -> Tuple[str, bool]:
     by lease=lapsed or lost, its job id, attempt and tool (name@version),
     then the heartbeat's refusal as above; neither is a failed call to the
     server (the recovery line counts none)."""
+    if isinstance(error, ReportNotRecorded) and error.what == "retrying" and error.__cause__ is not None:
+        # A report still retried is logged as its delivery's failure, a
+        # failed call to the server, as the Go SDK logs its notice (which
+        # wraps that failure).
+        return summary(error.__cause__)
     if isinstance(error, ReportNotRecorded) and error.job_id:
         # Not counted as a failed call to the server: it answered it (or the
         # stop gave it up), and no recovery line is owed for it.

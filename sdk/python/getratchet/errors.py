@@ -216,7 +216,10 @@ class ReportNotRecorded(_SDKError):
     interrupt): the job's lease lapses and it runs again (or, on its last
     attempt, ends EXHAUSTED). ``what`` is "not_recorded", or
     "output_refused" when the server refused a success's output and a
-    failure is reported instead; ``job_id`` and ``attempt`` name the
+    failure is reported instead, or "retrying" when nothing is lost yet:
+    the report's delivery has kept failing for a reason that may pass (an
+    outage, 429s) and is still retried, told every 30 s while it does (the
+    Go SDK's OnError is told the same); ``job_id`` and ``attempt`` name the
     attempt, and ``__cause__`` is the call's error (a RatchetError, a
     ConnectionLost), when there is one (none for a job a stop gave up)."""
 

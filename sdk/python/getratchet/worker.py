@@ -73,6 +73,12 @@ _REPORT_LEASE_MARGIN = 5.0
 # answer before it is repeated (the Go SDK's reportTimeout): a connection
 # that hangs must not hold every report behind it for the client's timeout.
 _REPORT_TIMEOUT = 30.0
+# While one delivery of a report or a batch keeps failing for a reason that
+# may pass (an outage, 429s), on_error is told this often that it is still
+# being retried (a ReportNotRecorded, what "retrying"), as the Go SDK's
+# reporter tells OnError every reportTimeout: an operator sees an outage
+# that holds the worker's claims before a stop gives its reports up.
+_REPORT_RETRYING_NOTICE = 30.0
 # Report deliveries in flight at once (the Go SDK's reportInFlight).
 _REPORTS_IN_FLIGHT = 3
 # The single reports a batch sent again report by report (see _Reporter)
@@ -208,8 +214,10 @@ class _Report:
     sent on its own (alone)."""
 
     def __init__(self, job_id: str, body: Dict[str, Any], may_wait: Callable[[float], bool],
-                 on_retry: Callable[[], None], on_attempt: Callable[[], None] = lambda: None) -> None:
+                 on_retry: Callable[[], None], on_attempt: Callable[[], None] = lambda: None,
+                 attempt: int = 0) -> None:
         self.job_id = job_id
+        self.attempt = attempt
         self.body = body
         self.may_wait = may_wait
         self.on_retry = on_retry
@@ -223,6 +231,44 @@ class _Report:
         # reports share, _SINGLE_REPORTS_IN_FLIGHT of them.
         self.alone: Optional[threading.BoundedSemaphore] = None
         self.error: Optional[BaseException] = None
+
+
+class _Retrying:
+    """Tells tell, every _REPORT_RETRYING_NOTICE while one delivery (of a
+    report, or a batch: named by its first report) keeps failing for a
+    reason that may pass, that it is still retried, as the Go SDK's
+    reporter.send does: a ReportNotRecorded (what "retrying") naming the
+    job and attempt, how many more the batch holds and for how long it has
+    failed, its cause the last failure; never a report's body. failed is
+    the delivery's stop_on (it records the failure and never stops it),
+    retrying its on_retry."""
+
+    def __init__(self, batch: List["_Report"], tell: Callable[[BaseException], None]) -> None:
+        self._batch = batch
+        self._tell = tell
+        self._since: Optional[float] = None
+        self._told = 0.0
+        self._last: Optional[BaseException] = None
+
+    def failed(self, err: BaseException) -> bool:
+        self._last = err
+        return False
+
+    def retrying(self) -> None:
+        now = time.monotonic()
+        if self._since is None:
+            self._since = self._told = now
+            return
+        if now - self._told < _REPORT_RETRYING_NOTICE:
+            return
+        self._told = now
+        first, more = self._batch[0], len(self._batch) - 1
+        failure = self._last
+        detail = failure.code if isinstance(failure, RatchetError) else type(failure).__name__
+        self._tell(ReportNotRecorded(
+            f"ratchet: the report of job {first.job_id} attempt {first.attempt} (and {more} more in its batch) "
+            f"not recorded for {round(now - self._since)}s ({detail}); still retrying",
+            job_id=first.job_id, attempt=first.attempt, what="retrying", cause=failure))
 
 
 class _Reporter:
@@ -255,8 +301,9 @@ class _Reporter:
     the Go and TypeScript SDKs.
     """
 
-    def __init__(self, transport: Transport) -> None:
+    def __init__(self, transport: Transport, tell: Callable[[BaseException], None] = lambda error: None) -> None:
         self._transport = transport
+        self._tell = tell  # on_error's: a delivery still failing (_Retrying)
         self._cond = threading.Condition()
         self._queue: List[_Report] = []
         self._in_flight = 0  # deliveries being sent
@@ -269,11 +316,12 @@ class _Reporter:
         self._abort.fire()
 
     def deliver(self, job_id: str, body: Dict[str, Any], *, may_wait: Callable[[float], bool],
-                on_retry: Callable[[], None], on_attempt: Callable[[], None] = lambda: None) -> None:
-        """Delivers job_id's report and returns once recorded; raises what
-        Transport.call_until raises for the single report: its refusal, or
-        the failure may_wait gave up on."""
-        report = _Report(job_id, body, may_wait, on_retry, on_attempt)
+                on_retry: Callable[[], None], on_attempt: Callable[[], None] = lambda: None,
+                attempt: int = 0) -> None:
+        """Delivers job_id's report (of attempt) and returns once recorded;
+        raises what Transport.call_until raises for the single report: its
+        refusal, or the failure may_wait gave up on."""
+        report = _Report(job_id, body, may_wait, on_retry, on_attempt, attempt)
         with self._cond:
             self._queue.append(report)
             while not report.done:
@@ -290,8 +338,15 @@ class _Reporter:
                     self._in_flight -= 1
                     self._cond.notify_all()
         if report.alone is not None:
+            retrying = _Retrying([report], self._tell)
+
+            def retried() -> None:
+                on_retry()
+                retrying.retrying()
+
             with report.alone:
-                self._transport.call_until("POST", _report_path(job_id), body, may_wait=may_wait, on_retry=on_retry,
+                self._transport.call_until("POST", _report_path(job_id), body, may_wait=may_wait, on_retry=retried,
+                                           stop_on=retrying.failed,
                                            timeout=min(self._transport.timeout, _REPORT_TIMEOUT), abort=self._abort,
                                            on_attempt=on_attempt, bare_may_pass=True)
         elif report.error is not None:
@@ -338,8 +393,10 @@ class _Reporter:
         failed_500 = [0]  # 500s running
         mismatched = [0]  # answers running that do not line up with the reports (batch_results)
         misread = [False]  # the answer to the attempt that just failed did not
+        retrying = _Retrying(batch, self._tell)
 
         def stop_on(err: Exception) -> bool:
+            retrying.failed(err)
             failed_500[0] = failed_500[0] + 1 if isinstance(err, RatchetError) and err.status == 500 else 0
             mismatched[0] = mismatched[0] + 1 if misread[0] else 0
             misread[0] = False
@@ -351,6 +408,7 @@ class _Reporter:
         def on_retry() -> None:
             for r in batch:
                 r.on_retry()
+            retrying.retrying()
 
         def on_attempt() -> None:
             for r in batch:
@@ -457,7 +515,7 @@ class Worker:
 
     def __init__(self, transport: Transport) -> None:
         self._transport = transport
-        self._reporter = _Reporter(transport)
+        self._reporter = _Reporter(transport, self._notify)
         self._tools: Dict[Tuple[str, str], _Tool] = {}
         self._lock = threading.Condition()
         self._running = 0  # slots taken: a slot is freed when its handler returns
@@ -1495,7 +1553,8 @@ class Worker:
                     self._lock.notify_all()
 
         try:
-            self._reporter.deliver(context.job_id, body, may_wait=may_wait, on_retry=on_retry, on_attempt=on_attempt)
+            self._reporter.deliver(context.job_id, body, may_wait=may_wait, on_retry=on_retry, on_attempt=on_attempt,
+                                   attempt=context.attempt)
             with self._lock:
                 if state["sent"] > self._recorded_sent:
                     self._recorded_sent, self._recorded_at = state["sent"], time.monotonic()

@@ -5625,3 +5625,150 @@ class CallTimeoutTest(unittest.TestCase):
         with self.assertRaises(ConnectionLost) as raised:
             client.get_step("s", timeout=0.5)
         self.assertIn("timeout", str(raised.exception))
+
+
+class ReportRetryingTest(unittest.TestCase):
+    """A report whose delivery keeps failing for a reason that may pass is
+    told to on_error every 30 s while it is retried (a ReportNotRecorded,
+    what "retrying"), as the Go SDK's reporter tells OnError, naming its
+    job and attempt and never its body; the worker's clock is moved on by
+    the fake server, so no test waits 30 s."""
+
+    SECRET_OUTPUT = {"card": "4242-4242-secret"}
+
+    def setUp(self) -> None:
+        quick_backoff(self)
+        self.clock = _MovedClock(frozen=True)
+        patcher = mock.patch("getratchet.worker.time", self.clock)
+        patcher.start()
+        self.addCleanup(patcher.stop)
+
+    def failing_then_recorded(self, on_report):
+        """A responder that answers the first four reports (or batches) 503,
+        moving the worker's clock on 31 s before the second and 30 s before
+        the fourth, and records the fifth; on_report(path) runs first."""
+        state = {"reports": 0}
+
+        def answer(path: str):
+            on_report(path)
+            state["reports"] += 1
+            n = state["reports"]
+            if n in (2, 4):
+                self.clock.offset += 31 if n == 2 else 30
+            if n <= 4:
+                return 503, error("unavailable"), {}
+            if path == "/api/v1/jobs/report":
+                return 200, {"results": [{"jobId": "job_1", "status": "SUCCEEDED"},
+                                         {"jobId": "job_2", "status": "SUCCEEDED"}]}, {}
+            return 200, {"jobId": path.split("/")[-2], "status": "SUCCEEDED", "attempt": 1}, {}
+        return answer
+
+    def assert_told(self, told: List[BaseException], job_id: str, attempt: int, more: int) -> None:
+        retrying = [e for e in told if isinstance(e, getratchet.ReportNotRecorded) and e.what == "retrying"]
+        # Failures 1 to 4: the first starts the count, the second is 31 s
+        # on (told), the third 0 s after it (not), the fourth 30 s (told).
+        self.assertEqual(len(retrying), 2, told)
+        for notice, seconds in zip(retrying, ("31s", "61s")):
+            self.assertEqual((notice.job_id, notice.attempt), (job_id, attempt))
+            self.assertIsInstance(notice.__cause__, RatchetError)
+            self.assertEqual(notice.__cause__.status, 503)
+            self.assertIn(f"(and {more} more in its batch) not recorded for {seconds}", str(notice))
+            self.assertIn("still retrying", str(notice))
+            for secret in ("4242", "tok_", "rk_test"):
+                self.assertNotIn(secret, str(notice))
+                self.assertNotIn(secret, repr(notice.__cause__))
+
+    def test_a_failing_report_is_told_every_30s_while_retried(self) -> None:
+        told: List[BaseException] = []
+        respond = self.failing_then_recorded(lambda path: None)
+        server = FakeServer(lambda method, path, body: respond(path))
+        self.addCleanup(server.close)
+        transport = Transport(server.url, "rk_test", timeout=5)
+        self.addCleanup(transport.close_idle)
+        reporter = getratchet.worker._Reporter(transport, told.append)
+        reporter.deliver("job_1", {"leaseToken": "tok_1", "status": "SUCCEEDED", "output": self.SECRET_OUTPUT},
+                         may_wait=lambda wait: True, on_retry=lambda: None, attempt=2)
+        self.assert_told(told, "job_1", 2, 0)
+
+    def test_a_failing_batch_is_told_once_for_its_reports(self) -> None:
+        told: List[BaseException] = []
+        first_sent = threading.Event()
+        second_queued = threading.Event()
+
+        patcher = mock.patch("getratchet.worker._REPORTS_IN_FLIGHT", 1)
+        patcher.start()
+        self.addCleanup(patcher.stop)
+        state = {"n": 0}
+        respond = self.failing_then_recorded(lambda path: None)
+
+        def answer(method, path, body):
+            state["n"] += 1
+            if state["n"] == 1:
+                # job_0's report holds the one delivery in flight until
+                # job_1's and job_2's are queued behind it: they go as one
+                # batch, which the responder then fails.
+                first_sent.set()
+                second_queued.wait(10)
+                return 200, {"jobId": "job_0", "status": "SUCCEEDED", "attempt": 1}, {}
+            return respond(path)
+
+        server = FakeServer(answer)
+        self.addCleanup(server.close)
+        transport = Transport(server.url, "rk_test", timeout=5)
+        self.addCleanup(transport.close_idle)
+        reporter = getratchet.worker._Reporter(transport, told.append)
+        results: List[object] = []
+
+        def deliver(job_id: str) -> None:
+            reporter.deliver(job_id, {"leaseToken": f"tok_{job_id}", "status": "SUCCEEDED",
+                                      "output": self.SECRET_OUTPUT},
+                             may_wait=lambda wait: True, on_retry=lambda: None, attempt=3)
+            results.append(job_id)
+
+        threads = [threading.Thread(target=deliver, args=("job_0",))]
+        threads[0].start()
+        first_sent.wait(10)
+        for job_id in ("job_1", "job_2"):
+            threads.append(threading.Thread(target=deliver, args=(job_id,)))
+            threads[-1].start()
+        wait_until(lambda: len(reporter._queue) == 2)
+        second_queued.set()
+        for thread in threads:
+            thread.join(10)
+        self.assertEqual(sorted(results), ["job_0", "job_1", "job_2"])
+        self.assertEqual(server.seen[1][1], "/api/v1/jobs/report")
+        self.assert_told(told, "job_1", 3, 1)
+
+    def test_the_worker_tells_on_error(self) -> None:
+        told: List[BaseException] = []
+        respond = self.failing_then_recorded(lambda path: None)
+        claims = {"n": 0}
+
+        def answer(method, path, body):
+            if path.endswith("/register"):
+                return 200, {"workerId": "wkr_1"}, {}
+            if path.endswith("/claim"):
+                claims["n"] += 1
+                return 200, {"jobs": [WorkerRulesTest.job(1)] if claims["n"] == 1 else []}, {}
+            return respond(path)
+
+        server = FakeServer(answer)
+        self.addCleanup(server.close)
+        client = getratchet.Ratchet(server.url, "rk_test")
+        client.register_tool("t", "1", lambda input, context: self.SECRET_OUTPUT)
+        client.worker.start(1, poll_interval=0.05, block=False, on_error=told.append, stop_grace=1.0)
+        wait_until(lambda: sum(1 for s in server.seen if s[1].endswith("/report")) >= 5)
+        self.assertTrue(client.worker.stop(5))
+        self.assert_told(told, "job_1", 1, 0)
+        self.assertEqual([e for e in told if not (isinstance(e, getratchet.ReportNotRecorded)
+                                                   and e.what == "retrying")], [])
+
+    def test_the_default_log_names_a_report_still_retried_by_its_failure(self) -> None:
+        # As the Go SDK logs its notice, which wraps the delivery's failure:
+        # a failed call to the server, owed a recovery line.
+        from getratchet._failurelog import summary
+        cause = RatchetError(503, "unavailable", "down", request_id="req_1")
+        notice = getratchet.ReportNotRecorded("still retrying", job_id="job_1", attempt=1, what="retrying",
+                                              cause=cause)
+        self.assertEqual(summary(notice), summary(cause))
+        self.assertEqual(summary(notice), ("error=api status=503 code=unavailable request_id=req_1", True))

@@ -159,7 +159,10 @@ export class InvalidDecisionError extends Error {
  * again (or, on its last attempt, ends EXHAUSTED). */
 export class ReportNotRecordedError extends Error {
   /** what is 'not_recorded', or 'output_refused' when the server refused a
-   * success's output and a failure is reported instead; jobId and attempt
+   * success's output and a failure is reported instead, or 'retrying' when
+   * nothing is lost yet: the report's delivery has kept failing for a reason
+   * that may pass (an outage, 429s) and is still retried, told every 30 s
+   * while it does (the Go SDK's OnError is told the same); jobId and attempt
    * name the attempt, and cause is the call's error, when there is one. */
   constructor(message, { jobId = '', attempt = 0, what = 'not_recorded', cause } = {}) {
     super(message, cause === undefined ? undefined : { cause });

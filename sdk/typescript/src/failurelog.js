@@ -98,6 +98,12 @@ export class FailureLog {
  * neither is a failed call to the server (the recovery line counts none).
  */
 export function summary(error) {
+  if (error instanceof ReportNotRecordedError && error.what === 'retrying' && error.cause !== undefined) {
+    // A report still retried is logged as its delivery's failure, a failed
+    // call to the server, as the Go SDK logs its notice (which wraps that
+    // failure).
+    return summary(error.cause);
+  }
   if (error instanceof ReportNotRecordedError && error.jobId) {
     const [text] = error.cause !== undefined ? summary(error.cause) : [`error=ReportNotRecordedError ${HINT}`];
     return [`report=${token(error.what)} job_id=${token(error.jobId)} attempt=${Number(error.attempt)} ${text}`, false];

@@ -1186,12 +1186,14 @@ export declare class InvalidDecisionError extends Error {
   clamped: boolean;
 }
 export declare class ReportNotRecordedError extends Error {
-  constructor(message: string, options?: { jobId?: string; attempt?: number; what?: 'not_recorded' | 'output_refused'; cause?: unknown });
+  constructor(message: string, options?: { jobId?: string; attempt?: number; what?: 'not_recorded' | 'output_refused' | 'retrying'; cause?: unknown });
   /** The job whose report was not recorded ('' when not said). */
   jobId: string;
   attempt: number;
-  /** 'not_recorded', or 'output_refused' when a failure was reported instead of an output the server refused. */
-  what: 'not_recorded' | 'output_refused';
+  /** 'not_recorded', or 'output_refused' when a failure was reported instead of an output the server refused, or
+   * 'retrying' when nothing is lost yet: its delivery keeps failing for a reason that may pass and is still retried
+   * (told every 30 s while it does). */
+  what: 'not_recorded' | 'output_refused' | 'retrying';
   /** The call's error (a RatchetError, a ConnectionLostError), when there is one. */
   cause?: unknown;
 }

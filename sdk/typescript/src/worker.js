@@ -61,7 +61,13 @@ const REPORT_LEASE_MARGIN_MS = 5_000;
 // reportTimes.singlesInFlight is how many single reports of a batch sent
 // again report by report (see Reporter) may be in flight at once (the Go
 // SDK's singleReportsInFlight).
-export const reportTimes = { deliveryMs: 30_000, inFlight: 3, singlesInFlight: 8 };
+// reportTimes.retryingNoticeMs is how often onError is told that one
+// delivery of a report or a batch still fails for a reason that may pass (an
+// outage, 429s) and is retried (a ReportNotRecordedError, what 'retrying'),
+// as the Go SDK's reporter tells OnError every reportTimeout: an operator
+// sees an outage that holds the worker's claims before a stop gives its
+// reports up.
+export const reportTimes = { deliveryMs: 30_000, inFlight: 3, singlesInFlight: 8, retryingNoticeMs: 30_000 };
 // How a heartbeat waits for the next (ms, or until signal aborts): a test
 // seam, as reportTimes; not exported by the package.
 export const heartbeatTimes = { pause: (ms, signal) => sleep(ms, signal) };
@@ -173,18 +179,22 @@ export class Reporter { // exported for the tests; not by the package
   #queue = [];
   #inFlight = 0; // deliveries being sent
   #cutoff;
+  #tell;
 
   /** cutoff aborts every delivery in flight (the stop's deadline and twice
    * its grace passed): one that hangs then ends as one
-   * given up, as in the Go SDK, instead of holding stop() for its time. */
-  constructor(transport, cutoff) {
+   * given up, as in the Go SDK, instead of holding stop() for its time.
+   * tell is onError's: a delivery still failing (retrying). */
+  constructor(transport, cutoff, tell = () => {}) {
     this.#transport = transport;
     this.#cutoff = cutoff;
+    this.#tell = tell;
   }
 
-  /** Delivers jobId's report; rejects as Transport.callUntil would for the
-   * single report: with its refusal, or the failure mayWait gave up on. */
-  async deliver(jobId, body, { mayWait, onRetry, onAttempt = () => {} }) {
+  /** Delivers jobId's report (of attempt); rejects as Transport.callUntil
+   * would for the single report: with its refusal, or the failure mayWait
+   * gave up on. */
+  async deliver(jobId, body, { mayWait, onRetry, onAttempt = () => {}, attempt = 0 }) {
     let size;
     try {
       size = Buffer.byteLength(stringify(body));
@@ -193,12 +203,16 @@ export class Reporter { // exported for the tests; not by the package
     }
     let settle;
     const settled = new Promise((resolve) => { settle = resolve; });
-    this.#queue.push({ jobId, body, mayWait, onRetry, onAttempt, size, settle, outcome: {} });
+    const report = { jobId, attempt, body, mayWait, onRetry, onAttempt, size, settle, outcome: {} };
+    this.#queue.push(report);
     this.#pump();
     const outcome = await settled;
     if (outcome.alone) {
+      const told = retrying([report], this.#tell);
       await outcome.alone.run(() => this.#transport.callUntil('POST', reportPath(jobId), body, {
-        mayWait, onRetry, onAttempt, timeoutMs: this.#deliveryTimeout(), signal: this.#cutoff, bareMayPass: true,
+        mayWait, onAttempt, timeoutMs: this.#deliveryTimeout(), signal: this.#cutoff, bareMayPass: true,
+        stopOn: told.failed,
+        onRetry: () => { onRetry(); told.retrying(); },
       }));
     } else if (outcome.error) {
       throw outcome.error;
@@ -252,6 +266,7 @@ export class Reporter { // exported for the tests; not by the package
     let failed500 = 0; // 500s running
     let mismatched = 0; // answers running that do not line up with the reports (batchResults)
     let misread = false; // the answer to the attempt that just failed did not
+    const told = retrying(batch, this.#tell);
     let answer;
     try {
       answer = await this.#transport.callUntil('POST', path, body, {
@@ -260,9 +275,13 @@ export class Reporter { // exported for the tests; not by the package
         bareMayPass: batch.length === 1, // a batch's bare 4xx sends it report by report (below)
         // Every report is told: each keeps whether it gave up.
         mayWait: (wait) => batch.map((r) => r.mayWait(wait)).every(Boolean),
-        onRetry: () => { for (const r of batch) r.onRetry(); },
+        onRetry: () => {
+          for (const r of batch) r.onRetry();
+          told.retrying();
+        },
         onAttempt: () => { for (const r of batch) r.onAttempt(); },
         stopOn: (err) => {
+          told.failed(err);
           failed500 = err.status === 500 ? failed500 + 1 : 0;
           mismatched = misread ? mismatched + 1 : 0;
           misread = false;
@@ -291,6 +310,40 @@ export class Reporter { // exported for the tests; not by the package
       if (error) batch[i].outcome.error = error;
     });
   }
+}
+
+/** Tells tell, every reportTimes.retryingNoticeMs while one delivery (of a
+ * report, or a batch: named by its first report) keeps failing for a reason
+ * that may pass, that it is still retried, as the Go SDK's reporter.send
+ * does: a ReportNotRecordedError (what 'retrying') naming the job and
+ * attempt, how many more the batch holds and for how long it has failed,
+ * its cause the last failure; never a report's body. failed is the
+ * delivery's stopOn (it records the failure and never stops it), retrying
+ * its onRetry. */
+function retrying(batch, tell) {
+  let since = null;
+  let toldAt = 0;
+  let last;
+  return {
+    failed(err) {
+      last = err;
+      return false;
+    },
+    retrying() {
+      const t = now();
+      if (since === null) {
+        since = toldAt = t;
+        return;
+      }
+      if (t - toldAt < reportTimes.retryingNoticeMs) return;
+      toldAt = t;
+      const [first] = batch;
+      const why = last instanceof RatchetError ? last.code : errorName(last);
+      tell(new ReportNotRecordedError(`ratchet: the report of job ${first.jobId} attempt ${first.attempt} (and ${batch.length - 1} more in its batch) `
+        + `not recorded for ${Math.round((t - since) / 1000)}s (${why}); still retrying`,
+      { jobId: first.jobId, attempt: first.attempt, what: 'retrying', cause: last }));
+    },
+  };
 }
 
 /** Slots runs at most size of the functions given to run at once, the
@@ -402,7 +455,7 @@ export class Worker {
 
   constructor(transport) {
     this.#transport = transport;
-    this.#reporter = new Reporter(transport, this.#reportCutoff.signal);
+    this.#reporter = new Reporter(transport, this.#reportCutoff.signal, (error) => this.#notify(error));
     this.workerId = null;
   }
 
@@ -1157,6 +1210,7 @@ export class Worker {
     let sent = 0;
     try {
       await this.#reporter.deliver(label.jobId, body, {
+        attempt: label.attempt,
         mayWait: (wait) => {
           gaveUp = this.#stopAt !== null && now() + wait > this.#stopAt + 2 * this.#stopGraceMs;
           return !gaveUp;

@@ -3627,3 +3627,102 @@ test('answers that carry a secret print it masked, their fields and JSON unchang
     assert.deepEqual(Object.keys(answer), Object.keys(name === 'claim' ? body.jobs[0] : body), name);
   }
 });
+
+// A report whose delivery keeps failing for a reason that may pass is told
+// to onError every 30 s while it is retried (a ReportNotRecordedError, what
+// 'retrying'), as the Go SDK's reporter tells OnError, naming its job and
+// attempt and never its body. The worker's clock is frozen and moved on by
+// the fake server, so no test waits 30 s: it answers the first four
+// deliveries 503, moving the clock 31 s before the second and 30 s before
+// the fourth, and records the fifth.
+const SECRET_OUTPUT = { card: '4242-4242-secret' };
+
+function failingThenRecorded(move) {
+  let n = 0;
+  return (method, path, body) => {
+    n++;
+    if (n === 2) move(31_000);
+    if (n === 4) move(30_000);
+    if (n <= 4) return [503, error('unavailable')];
+    if (body.reports) return [200, { results: body.reports.map((r) => ({ jobId: r.jobId, status: 'SUCCEEDED', attempt: 1 })) }];
+    return [200, { jobId: path.split('/')[4], status: 'SUCCEEDED', attempt: 1 }];
+  };
+}
+
+function assertToldRetrying(told, jobId, attempt, more) {
+  const retrying = told.filter((e) => e instanceof ReportNotRecordedError && e.what === 'retrying');
+  // Failures 1 to 4: the first starts the count, the second is 31 s on
+  // (told), the third 0 s after it (not), the fourth 30 s (told).
+  assert.equal(retrying.length, 2, inspect(told));
+  retrying.forEach((notice, i) => {
+    assert.deepEqual([notice.jobId, notice.attempt], [jobId, attempt]);
+    assert.ok(notice.cause instanceof RatchetError && notice.cause.status === 503, inspect(notice.cause));
+    assert.match(notice.message, new RegExp(`\\(and ${more} more in its batch\\) not recorded for ${['31s', '61s'][i]} .*still retrying`));
+    for (const secret of ['4242', 'tok_', 'rk_test']) {
+      assert.ok(!notice.message.includes(secret) && !inspect(notice.cause).includes(secret), secret);
+    }
+  });
+}
+
+test('a failing report is told to onError every 30 s while it is retried', async (t) => {
+  quickBackoff(t);
+  const move = frozenClock(t);
+  const { t: tr } = await transport(t, failingThenRecorded(move));
+  const told = [];
+  const reporter = new Reporter(tr, new AbortController().signal, (e) => told.push(e));
+  await reporter.deliver('job_1', { leaseToken: 'tok_1', status: 'SUCCEEDED', output: SECRET_OUTPUT },
+    { mayWait: () => true, onRetry: () => {}, attempt: 2 });
+  assertToldRetrying(told, 'job_1', 2, 0);
+});
+
+test('a failing batch is told once for its reports while it is retried', async (t) => {
+  quickBackoff(t);
+  const saved = { ...reportTimes };
+  Object.assign(reportTimes, { inFlight: 1 });
+  after(t, () => Object.assign(reportTimes, saved));
+  const move = frozenClock(t);
+  let release;
+  const held = new Promise((r) => { release = r; });
+  let first = true;
+  const rest = failingThenRecorded(move);
+  const { t: tr, server } = await transport(t, async (method, path, body) => {
+    if (!first) return rest(method, path, body);
+    first = false;
+    await held; // job_0's report holds the one delivery while job_1's and job_2's queue behind it: one batch
+    return [200, { jobId: 'job_0', status: 'SUCCEEDED', attempt: 1 }];
+  });
+  const told = [];
+  const reporter = new Reporter(tr, new AbortController().signal, (e) => told.push(e));
+  const done = ['job_0', 'job_1', 'job_2'].map((id) => reporter.deliver(id, { leaseToken: `tok_${id}`, status: 'SUCCEEDED', output: SECRET_OUTPUT },
+    { mayWait: () => true, onRetry: () => {}, attempt: 3 }));
+  await until(() => server.seen.length === 1);
+  release();
+  await Promise.all(done);
+  assert.equal(server.seen[1].path, '/api/v1/jobs/report');
+  assertToldRetrying(told, 'job_1', 3, 1);
+});
+
+test('the worker tells onError of a report still retried', async (t) => {
+  quickBackoff(t);
+  const move = frozenClock(t);
+  const respond = claimOnce(job(1), failingThenRecorded(move));
+  const server = await fakeServer(t, respond);
+  const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
+  client.registerTool({ name: 't', version: '1', handler: () => SECRET_OUTPUT });
+  const told = [];
+  const started = client.worker.start({ concurrency: 1, pollIntervalMs: 50, stopGraceMs: 1_000, onError: (e) => { told.push(e); } });
+  after(t, () => stopWorker(client.worker, started, 5000));
+  await until(() => server.seen.filter((s) => s.path.endsWith('/report')).length >= 5);
+  assert.equal(await client.worker.stop({ timeoutMs: 5000 }), true);
+  assertToldRetrying(told, 'job_1', 1, 0);
+  assert.deepEqual(told.filter((e) => !(e instanceof ReportNotRecordedError && e.what === 'retrying')), []);
+});
+
+test('the default log names a report still retried by its failure', () => {
+  // As the Go SDK logs its notice, which wraps the delivery's failure: a
+  // failed call to the server, owed a recovery line.
+  const cause = new RatchetError(503, 'unavailable', 'down', {}, 'req_1');
+  const notice = new ReportNotRecordedError('still retrying', { jobId: 'job_1', attempt: 1, what: 'retrying', cause });
+  assert.deepEqual(summary(notice), summary(cause));
+  assert.deepEqual(summary(notice), ['error=api status=503 code=unavailable request_id=req_1', true]);
+});
