@@ -186,6 +186,10 @@ class _Active:
         self.straggler = False  # the supervisor went on without the handler (under the worker's lock)
         self.given_up = False  # a second interrupt gave it up: the supervisor waits for nothing more
         self.told = False  # its report's loss went to on_error (under the worker's lock)
+        # It holds one of the worker's slots (under the worker's lock): from
+        # its claim until its handler returned and its report is queued
+        # (Worker._free_slot), or, a straggler's, until its handler returns.
+        self.holds_slot = True
 
     def end_beats(self) -> None:
         """Ends the heartbeats: none is sent from now, and the answer of one
@@ -218,6 +222,7 @@ class _Report:
                  attempt: int = 0) -> None:
         self.job_id = job_id
         self.attempt = attempt
+        self.queued = False  # deliver's on_queued was called
         self.body = body
         self.may_wait = may_wait
         self.on_retry = on_retry
@@ -317,14 +322,28 @@ class _Reporter:
 
     def deliver(self, job_id: str, body: Dict[str, Any], *, may_wait: Callable[[float], bool],
                 on_retry: Callable[[], None], on_attempt: Callable[[], None] = lambda: None,
-                attempt: int = 0) -> None:
+                attempt: int = 0, on_queued: Callable[[], None] = lambda: None) -> None:
         """Delivers job_id's report (of attempt) and returns once recorded;
         raises what Transport.call_until raises for the single report: its
-        refusal, or the failure may_wait gave up on."""
+        refusal, or the failure may_wait gave up on. on_queued is called
+        once the report is queued (the worker then frees its job's slot, as
+        the Go SDK's does once its reporter took the report): at once while
+        fewer than _REPORT_BATCH_MAX reports wait in the queue before it
+        (the Go reporter's queue holds as many), else once it has moved up
+        or into a delivery, so that a slow server slows claiming instead of
+        piling up reports; at the latest as the call ends."""
         report = _Report(job_id, body, may_wait, on_retry, on_attempt, attempt)
         with self._cond:
             self._queue.append(report)
             while not report.done:
+                if not report.queued and self._room_for(report):
+                    report.queued = True
+                    self._cond.release()
+                    try:
+                        on_queued()
+                    finally:
+                        self._cond.acquire()
+                    continue
                 if self._in_flight >= _REPORTS_IN_FLIGHT or not self._queue:
                     self._cond.wait()
                     continue
@@ -337,6 +356,9 @@ class _Reporter:
                     self._cond.acquire()
                     self._in_flight -= 1
                     self._cond.notify_all()
+        if not report.queued:
+            report.queued = True
+            on_queued()
         if report.alone is not None:
             retrying = _Retrying([report], self._tell)
 
@@ -351,6 +373,14 @@ class _Reporter:
                                            on_attempt=on_attempt, bare_may_pass=True)
         elif report.error is not None:
             raise report.error
+
+    def _room_for(self, report: _Report) -> bool:
+        """Whether fewer than _REPORT_BATCH_MAX reports wait in the queue
+        before report, or it is no longer queued (under the condition)."""
+        for ahead, queued in enumerate(self._queue):
+            if queued is report:
+                return ahead < _REPORT_BATCH_MAX
+        return True
 
     def _take(self) -> List[_Report]:
         batch: List[_Report] = []
@@ -518,7 +548,7 @@ class Worker:
         self._reporter = _Reporter(transport, self._notify)
         self._tools: Dict[Tuple[str, str], _Tool] = {}
         self._lock = threading.Condition()
-        self._running = 0  # slots taken: a slot is freed when its handler returns
+        self._running = 0  # slots taken: a slot is freed once its job's report is queued (_free_slot)
         # Supervisors not yet ended, by job id and attempt: a job's next
         # attempt may be claimed here while the report of its last one is
         # still being retried (QA: keyed by job id, the second attempt's
@@ -1207,11 +1237,26 @@ class Worker:
             self._running -= 1
             self._lock.notify_all()
 
+    def _free_slot(self, active: _Active) -> None:
+        """Frees the slot active holds, if it still does: once its report is
+        queued (the reporter retries it meanwhile, its deliveries bounded by
+        the queue's room and, while they fail, by no claim being made), or
+        as its supervisor ends, as the Go worker frees a job's slot once its
+        report is queued (a report failing on its own, which the server
+        keeps refusing, kept the slot of a worker of one until the stop
+        gave it up, so the worker claimed on in name only). Not a
+        straggler's: its slot is kept until its handler returns."""
+        with self._lock:
+            if not active.holds_slot:
+                return
+            active.holds_slot = False
+            self._running -= 1
+            self._lock.notify_all()
+
     # -- one job ------------------------------------------------------------
 
     def _supervise(self, active: _Active, job: Dict[str, Any]) -> None:
         context = active.context
-        slot_held = True
         try:
             tool = self._tools.get((context.name, context.version))
             if tool is None:
@@ -1269,7 +1314,7 @@ class Worker:
                     # returns later is dropped, and its slot stays taken
                     # until it does.
                     active.straggler = True
-                    slot_held = False
+                    active.holds_slot = False  # released as its handler returns
                     self._stragglers += 1
             if active.straggler:
                 # A timeout is recorded now (the job retries per its
@@ -1301,8 +1346,7 @@ class Worker:
         except BaseException as failure:  # noqa: BLE001 - a supervisor must not die silently
             self._notify(failure)
         finally:
-            if slot_held:
-                self._release_slot()
+            self._free_slot(active)
             with self._lock:
                 self._active.pop((context.job_id, context.attempt), None)
                 self._lock.notify_all()
@@ -1553,8 +1597,11 @@ class Worker:
                     self._lock.notify_all()
 
         try:
+            with self._lock:
+                holder = self._active.get((context.job_id, context.attempt))
             self._reporter.deliver(context.job_id, body, may_wait=may_wait, on_retry=on_retry, on_attempt=on_attempt,
-                                   attempt=context.attempt)
+                                   attempt=context.attempt,
+                                   on_queued=(lambda: None) if holder is None else (lambda: self._free_slot(holder)))
             with self._lock:
                 if state["sent"] > self._recorded_sent:
                     self._recorded_sent, self._recorded_at = state["sent"], time.monotonic()

@@ -1873,6 +1873,10 @@ class WorkerRulesTest(unittest.TestCase):
         # held every claim, though the server recorded other reports: the
         # worker stalled. As in Go, once the server records another report
         # after its failure began, it fails for a reason of its own.
+        # job_1's slot is freed once its report is queued, before its first
+        # failure: its lease, 3 s, within the 5 s margin, holds the claims
+        # from then (_report_lapsing), so that no claim comes before it
+        # fails, until it is found failing on its own.
         lock, order = threading.Lock(), []
 
         def respond(method, path, body):
@@ -1881,7 +1885,8 @@ class WorkerRulesTest(unittest.TestCase):
                     return 200, {"workerId": "wkr_1"}, {}
                 if path.endswith("/claim"):
                     order.append("claim")
-                    return 200, {"jobs": [self.job(1), self.job(2)] if order.count("claim") == 1 else []}, {}
+                    return 200, {"jobs": [dict(self.job(1), leaseMs=3000), self.job(2)]
+                                 if order.count("claim") == 1 else []}, {}
                 if ("job_1" in path or "job_1" in json.dumps(body)) and order.count("claim") < 2:
                     order.append("job_1 failed")
                     return 500, error("internal_error"), {}
@@ -1905,7 +1910,10 @@ class WorkerRulesTest(unittest.TestCase):
         # the claim loop saw it only at its next check (up to a second
         # late). With that check an hour apart, the claim comes only if the
         # change wakes it: job_1's deciding failure is answered once job_2's
-        # slot is freed, so nothing else wakes the loop after it.
+        # slot is freed, so nothing else wakes the loop after it. job_1's
+        # slot is freed once its report is queued, before its first failure:
+        # its lease, 3 s, within the 5 s margin, holds the claims from then
+        # (_report_lapsing), so that no claim comes before it fails.
         patcher = mock.patch("getratchet.worker._CLAIM_CHECK", 3600.0)
         patcher.start()
         self.addCleanup(patcher.stop)
@@ -1914,7 +1922,7 @@ class WorkerRulesTest(unittest.TestCase):
         def settled() -> bool:
             w = worker["w"]
             with w._lock:
-                return w._running == 1 and not any(k[0] == "job_2" for k in w._active)
+                return w._running == 0 and not any(k[0] == "job_2" for k in w._active)
 
         def respond(method, path, body):
             if path.endswith("/register"):
@@ -1922,7 +1930,8 @@ class WorkerRulesTest(unittest.TestCase):
             with lock:
                 if path.endswith("/claim"):
                     order.append("claim")
-                    return 200, {"jobs": [self.job(1), self.job(2)] if order.count("claim") == 1 else []}, {}
+                    return 200, {"jobs": [dict(self.job(1), leaseMs=3000), self.job(2)]
+                                 if order.count("claim") == 1 else []}, {}
                 job_1 = "job_1" in path or "job_1" in json.dumps(body)
                 if not job_1:
                     order.append("recorded")
@@ -5772,3 +5781,76 @@ class ReportRetryingTest(unittest.TestCase):
                                               cause=cause)
         self.assertEqual(summary(notice), summary(cause))
         self.assertEqual(summary(notice), ("error=api status=503 code=unavailable request_id=req_1", True))
+
+
+class ReportQueuedSlotTest(unittest.TestCase):
+    """A job's slot is freed once its report is queued, as the Go worker
+    frees it: the reporter delivers it meanwhile. Only while fewer than
+    _REPORT_BATCH_MAX reports wait before it in the queue (the Go reporter's
+    queue holds as many): beyond that the slot is kept, so that a slow
+    server slows claiming instead of piling up reports."""
+
+    def serve(self, jobs: int):
+        """A worker of one slot whose claims lease job_1, job_2... up to
+        jobs, one a claim, against a server that holds every report until
+        release is set; and what it saw."""
+        state = {"claims": 0, "ran": []}
+        release = threading.Event()
+        self.addCleanup(release.set)  # before the server's close: its handlers wait on it
+
+        def respond(method, path, body):
+            if path.endswith("/register"):
+                return 200, {"workerId": "wkr_1"}, {}
+            if path.endswith("/claim"):
+                state["claims"] += 1
+                n = state["claims"]
+                return 200, {"jobs": [WorkerRulesTest.job(n)] if n <= jobs else []}, {}
+            release.wait(30)
+            if path == "/api/v1/jobs/report":
+                return 200, {"results": [{"jobId": r["jobId"], "status": "SUCCEEDED"} for r in body["reports"]]}, {}
+            return 200, {"jobId": path.split("/")[-2], "status": "SUCCEEDED", "attempt": 1}, {}
+
+        server = FakeServer(respond)
+        self.addCleanup(server.close)
+        client = getratchet.Ratchet(server.url, "rk_test")
+        client.register_tool("t", "1", lambda input, context: state["ran"].append(context.job_id))
+        return client, server, state, release
+
+    def queued(self, client: getratchet.Ratchet) -> int:
+        reporter = client.worker._reporter
+        with reporter._cond:
+            return len(reporter._queue)
+
+    def test_a_slot_is_freed_once_its_report_is_queued(self) -> None:
+        client, server, state, release = self.serve(2)
+        client.worker.start(1, poll_interval=0.05, block=False)
+        self.addCleanup(client.worker.stop, 5)
+        # job_1's report is held by the server; the worker of one slot runs
+        # job_2 meanwhile (it waited for job_1's report to be recorded).
+        wait_until(lambda: state["ran"] == ["job_1", "job_2"])
+        self.assertFalse(release.is_set())
+        release.set()
+        self.assertTrue(client.worker.stop(5))
+        reported = sorted(s[1] for s in server.seen if s[1].endswith("/report"))
+        self.assertEqual(reported, ["/api/v1/jobs/job_1/report", "/api/v1/jobs/job_2/report"])
+
+    def test_a_report_that_waits_behind_a_full_queue_keeps_its_slot(self) -> None:
+        # One delivery in flight, and a queue of one: job_1's report is held
+        # in flight, job_2's waits first in the queue (its slot freed),
+        # job_3's waits behind it and keeps its slot, so the worker claims
+        # no job_4 until the server answers.
+        for name, value in (("_REPORTS_IN_FLIGHT", 1), ("_REPORT_BATCH_MAX", 1)):
+            patcher = mock.patch.object(getratchet.worker, name, value)
+            patcher.start()
+            self.addCleanup(patcher.stop)
+        client, server, state, release = self.serve(4)
+        client.worker.start(1, poll_interval=0.05, block=False)
+        self.addCleanup(client.worker.stop, 5)
+        wait_until(lambda: self.queued(client) == 2)
+        with client.worker._lock:
+            self.assertEqual(client.worker._running, 1)
+        self.assertEqual(state["ran"], ["job_1", "job_2", "job_3"])
+        self.assertEqual(state["claims"], 3)
+        release.set()
+        wait_until(lambda: state["ran"] == ["job_1", "job_2", "job_3", "job_4"])
+        self.assertTrue(client.worker.stop(5))

@@ -67,7 +67,10 @@ const REPORT_LEASE_MARGIN_MS = 5_000;
 // as the Go SDK's reporter tells OnError every reportTimeout: an operator
 // sees an outage that holds the worker's claims before a stop gives its
 // reports up.
-export const reportTimes = { deliveryMs: 30_000, inFlight: 3, singlesInFlight: 8, retryingNoticeMs: 30_000 };
+// reportTimes.queued is how many reports may wait in the reporter's queue
+// with their jobs' slots freed (the Go SDK's reporter queue holds a batch's
+// worth): one queued behind as many keeps its slot until it moves up.
+export const reportTimes = { deliveryMs: 30_000, inFlight: 3, singlesInFlight: 8, retryingNoticeMs: 30_000, queued: REPORT_BATCH_MAX };
 // How a heartbeat waits for the next (ms, or until signal aborts): a test
 // seam, as reportTimes; not exported by the package.
 export const heartbeatTimes = { pause: (ms, signal) => sleep(ms, signal) };
@@ -193,8 +196,13 @@ export class Reporter { // exported for the tests; not by the package
 
   /** Delivers jobId's report (of attempt); rejects as Transport.callUntil
    * would for the single report: with its refusal, or the failure mayWait
-   * gave up on. */
-  async deliver(jobId, body, { mayWait, onRetry, onAttempt = () => {}, attempt = 0 }) {
+   * gave up on. onQueued is called once the report is queued (the worker
+   * then frees its job's slot, as the Go SDK's does once its reporter took
+   * the report): at once while fewer than reportTimes.queued reports wait
+   * in the queue before it, else once it has moved up or into a delivery,
+   * so that a slow server slows claiming instead of piling up reports; at
+   * the latest as the call ends. */
+  async deliver(jobId, body, { mayWait, onRetry, onAttempt = () => {}, attempt = 0, onQueued = () => {} }) {
     let size;
     try {
       size = Buffer.byteLength(stringify(body));
@@ -203,10 +211,12 @@ export class Reporter { // exported for the tests; not by the package
     }
     let settle;
     const settled = new Promise((resolve) => { settle = resolve; });
-    const report = { jobId, attempt, body, mayWait, onRetry, onAttempt, size, settle, outcome: {} };
+    const report = { jobId, attempt, body, mayWait, onRetry, onAttempt, onQueued, queued: false, size, settle, outcome: {} };
     this.#queue.push(report);
     this.#pump();
+    this.#admit();
     const outcome = await settled;
+    admitted(report);
     if (outcome.alone) {
       const told = retrying([report], this.#tell);
       await outcome.alone.run(() => this.#transport.callUntil('POST', reportPath(jobId), body, {
@@ -237,12 +247,20 @@ export class Reporter { // exported for the tests; not by the package
       size += report.size;
     }
     this.#queue.unshift(...later);
+    for (const report of batch) admitted(report);
     this.#inFlight++;
     this.#send(batch).finally(() => {
       this.#inFlight--;
       this.#pump();
+      this.#admit();
     });
     this.#pump(); // what is left, while a delivery may start
+  }
+
+  /** Tells the reports waiting within reportTimes.queued of the queue's
+   * head that they are queued (admitted). */
+  #admit() {
+    for (const report of this.#queue.slice(0, reportTimes.queued)) admitted(report);
   }
 
   async #send(batch) {
@@ -310,6 +328,13 @@ export class Reporter { // exported for the tests; not by the package
       if (error) batch[i].outcome.error = error;
     });
   }
+}
+
+/** Calls report's onQueued, once. */
+function admitted(report) {
+  if (report.queued) return;
+  report.queued = true;
+  report.onQueued();
 }
 
 /** Tells tell, every reportTimes.retryingNoticeMs while one delivery (of a
@@ -415,7 +440,7 @@ export class Worker {
   #transport;
   #reporter;
   #tools = new Map();
-  #slots = 0; // taken: a slot is freed when its handler returns
+  #slots = 0; // taken: a slot is freed once its job's report is queued (#freeSlotOf)
   #active = new Set(); // supervisors not yet ended
   #jobs = new Set(); // each running job's record
   #reporting = new Set(); // the records of jobs whose outcome is being reported
@@ -902,6 +927,19 @@ export class Worker {
     this.#signal();
   }
 
+  /** Frees the slot record holds, if it still does: once its report is
+   * queued (the reporter retries it meanwhile, its deliveries bounded by
+   * the queue's room and, while they fail, by no claim being made), or as
+   * its supervisor ends, as the Go worker frees a job's slot once its report
+   * is queued (a report failing on its own, which the server keeps
+   * refusing, kept the slot of a worker of one until the stop gave it up).
+   * Not a straggler's: its slot is kept until its handler returns. */
+  #freeSlotOf(record) {
+    if (!record.holdsSlot) return;
+    record.holdsSlot = false;
+    this.#freeSlot();
+  }
+
   async #drain() {
     // Running jobs until the stop deadline, then abort the rest and wait
     // for their supervisors (which report what returned within the grace).
@@ -936,6 +974,7 @@ export class Worker {
     const record = {
       leaseEnd: sent + leaseMs, // by this process's clock, as last extended
       lostCode: null, // why the lease was lost: the server's code, or '' for a local lapse
+      holdsSlot: true, // until its report is queued (#freeSlotOf), or a straggler's until its handler returns
       stopRequested: false,
       // The lease was lost or the server cancelled the job, even after the
       // stop aborted the handler: its job does not run again for this
@@ -1020,6 +1059,7 @@ export class Worker {
       // resolves false (QA: a lease lost during the grace was told "it
       // runs again").
       markStraggler();
+      record.holdsSlot = false; // freed as its handler returns
       this.#stragglers++;
       if (reason === 'timeout') {
         await this.#report(label, { status: 'FAILED', error: { message: `handler timed out after ${timeoutMs}ms`, retryable: true } });
@@ -1037,7 +1077,7 @@ export class Worker {
     try {
       await this.#reportOutcome(tool, label, record, context, settled);
     } finally {
-      this.#freeSlot();
+      this.#freeSlotOf(record);
     }
   }
 
@@ -1211,6 +1251,7 @@ export class Worker {
     try {
       await this.#reporter.deliver(label.jobId, body, {
         attempt: label.attempt,
+        onQueued: () => { if (label.record) this.#freeSlotOf(label.record); },
         mayWait: (wait) => {
           gaveUp = this.#stopAt !== null && now() + wait > this.#stopAt + 2 * this.#stopGraceMs;
           return !gaveUp;

@@ -1234,7 +1234,10 @@ test('a report failing on its own does not hold the claims', async (t) => {
   // loop: it saw it only at its next check, up to a second late. With that
   // check an hour apart, the claim comes only if the change wakes it (job_1's
   // deciding delivery goes after a backoff, once job_2's report was recorded
-  // and its slot freed: nothing else wakes the loop after it).
+  // and its slot freed: nothing else wakes the loop after it). job_1's slot
+  // is freed once its report is queued, before its first failure: its
+  // lease, 3 s, within the 5 s margin, holds the claims from then
+  // (#reportLapsing), so that no claim comes before it fails.
   const savedCheck = claimTimes.checkMs;
   claimTimes.checkMs = 3_600_000;
   after(t, () => { claimTimes.checkMs = savedCheck; });
@@ -1244,7 +1247,7 @@ test('a report failing on its own does not hold the claims', async (t) => {
     if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
     if (path.endsWith('/claim')) {
       order.push('claim');
-      return [200, { jobs: claims() === 1 ? [job(1), job(2)] : [] }];
+      return [200, { jobs: claims() === 1 ? [{ ...job(1), leaseMs: 3_000 }, job(2)] : [] }];
     }
     if ((path.includes('job_1') || JSON.stringify(body).includes('job_1')) && claims() < 2) {
       order.push('job_1 failed');
@@ -3725,4 +3728,66 @@ test('the default log names a report still retried by its failure', () => {
   const notice = new ReportNotRecordedError('still retrying', { jobId: 'job_1', attempt: 1, what: 'retrying', cause });
   assert.deepEqual(summary(notice), summary(cause));
   assert.deepEqual(summary(notice), ['error=api status=503 code=unavailable request_id=req_1', true]);
+});
+
+// A job's slot is freed once its report is queued, as the Go worker frees
+// it: the reporter delivers it meanwhile. Only while fewer than
+// reportTimes.queued reports wait before it in the queue (the Go reporter's
+// queue holds a batch's worth): beyond that the slot is kept, so that a
+// slow server slows claiming instead of piling up reports. A worker of one
+// slot, whose claims lease job_1, job_2... up to jobs, one a claim, against
+// a server that holds every report until release().
+async function heldReports(t, jobs) {
+  const state = { claims: 0, ran: [], reports: 0 };
+  let release;
+  const released = new Promise((r) => { release = r; });
+  after(t, () => release()); // before the server's close: its answers wait on it
+  const server = await fakeServer(t, async (method, path, body) => {
+    if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
+    if (path.endsWith('/claim')) {
+      const n = ++state.claims;
+      return [200, { jobs: n <= jobs ? [job(n)] : [] }];
+    }
+    state.reports++;
+    await released;
+    if (body.reports) return [200, { results: body.reports.map((r) => ({ jobId: r.jobId, status: 'SUCCEEDED', attempt: 1 })) }];
+    return [200, { jobId: path.split('/')[4], status: 'SUCCEEDED', attempt: 1 }];
+  });
+  const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
+  client.registerTool({ name: 't', version: '1', handler: (input, context) => { state.ran.push(context.jobId); return null; } });
+  const started = client.worker.start({ concurrency: 1, pollIntervalMs: 50, stopGraceMs: 1_000, onError: () => {} });
+  after(t, () => stopWorker(client.worker, started, 5000));
+  return { client, server, state, release };
+}
+
+test('a slot is freed once its report is queued', async (t) => {
+  const { client, server, state, release } = await heldReports(t, 2);
+  // job_1's report is held by the server; the worker of one slot runs
+  // job_2 meanwhile (it waited for job_1's report to be recorded).
+  await until(() => state.ran.length === 2);
+  assert.deepEqual(state.ran, ['job_1', 'job_2']);
+  release();
+  assert.equal(await client.worker.stop({ timeoutMs: 5000 }), true);
+  assert.deepEqual(server.seen.filter((s) => s.path.endsWith('/report')).map((s) => s.path).toSorted(),
+    ['/api/v1/jobs/job_1/report', '/api/v1/jobs/job_2/report']);
+});
+
+test('a report that waits behind a full queue keeps its slot', async (t) => {
+  // One delivery in flight, and a queue of one: job_1's report is held in
+  // flight, job_2's waits first in the queue (its slot freed), job_3's
+  // waits behind it and keeps its slot, so the worker claims no job_4
+  // until the server answers.
+  const saved = { ...reportTimes };
+  Object.assign(reportTimes, { inFlight: 1, queued: 1 });
+  after(t, () => Object.assign(reportTimes, saved));
+  const { client, state, release } = await heldReports(t, 4);
+  await until(() => state.ran.length === 3);
+  // job_3's report is queued as its handler's promise settles: a turn or
+  // two of the event loop, after which the claim loop has looked again.
+  await new Promise((r) => { setTimeout(r, 200); });
+  assert.equal(state.claims, 3);
+  release();
+  await until(() => state.ran.length === 4);
+  assert.deepEqual(state.ran, ['job_1', 'job_2', 'job_3', 'job_4']);
+  assert.equal(await client.worker.stop({ timeoutMs: 5000 }), true);
 });
