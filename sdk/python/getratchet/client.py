@@ -57,6 +57,12 @@ _MAX_RESULT_BYTES = 1024 * 1024 - 1024
 # bound a report route failing for good held the call, and the key's
 # waiters, for ever.
 _REPORT_TIMEOUT = 30.0
+# How long before an effect lease's end (as last extended, by this
+# process's clock) do_effect tells an action whose heartbeats have not
+# extended it that the lease is lost: at most a quarter of the lease as
+# granted, as the Go SDK's effectLeaseMargin (a lease of 2 s was given up
+# a second early, half of it, where Go gives it up half a second early).
+_EFFECT_LEASE_MARGIN = 1.0
 # How long do_effect asks again for a begin whose answers were all lost,
 # from its first failure (as Go's DoEffect).
 _BEGIN_PATIENCE = 30.0
@@ -762,21 +768,23 @@ class Ratchet:
     def _heartbeat_effect(self, effect_id: str, token: str, state: Dict[str, float],
                           stop: threading.Event, lost: threading.Event) -> None:
         # Paced at a third of the lease left, within 1 s to 1 min; the
-        # action is told the lease is lost on a refusal, or a second before
+        # action is told the lease is lost on a refusal, or a second (at most
+        # a quarter of the lease as granted: _EFFECT_LEASE_MARGIN) before
         # its end by this process's clock when heartbeats keep failing. A
         # heartbeat is always tried before the lease is given up (as Go's):
         # a lease of 3 s or less was given up unbeaten, and lapsed under an
         # action still running (sdk QA).
         tried = False  # a heartbeat was sent since the lease was last extended
         extended = False  # a heartbeat has extended the lease
+        margin = max(min(_EFFECT_LEASE_MARGIN, (state["end"] - time.monotonic()) / 4), 0.0)
         while True:
             left = state["end"] - time.monotonic()
-            pause = min(max(left / 3, 1.0), 60.0, max(left - 1.0, 0.0))
+            pause = min(max(left / 3, 1.0), 60.0, max(left - margin, 0.0))
             if extended and not tried:
                 pause = max(pause, 1.0)  # just extended: not a beat in a loop on a short estimate
             if stop.wait(pause):
                 return
-            if tried and time.monotonic() >= state["end"] - 1.0:
+            if tried and time.monotonic() >= state["end"] - margin:
                 lost.set()
                 return
             # The first try since the lease was extended gets its second
@@ -793,7 +801,7 @@ class Ratchet:
                 beat, date = self._transport.call("POST", "/effects/" + path_id(effect_id) + "/heartbeat",
                                                   {"lease_token": token}, safe=True, max_retries=0, with_date=True,
                                                   timeout=min(self._transport.timeout, 10.0,
-                                                              max(state["end"] - 1.0 - sent, floor)))
+                                                              max(state["end"] - margin - sent, floor)))
             except RatchetError as err:
                 if err.status in (404, 409) and err.code:
                     lost.set()

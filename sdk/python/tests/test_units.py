@@ -5748,6 +5748,54 @@ class ReportRetryingTest(unittest.TestCase):
         self.assertEqual(server.seen[1][1], "/api/v1/jobs/report")
         self.assert_told(told, "job_1", 3, 1)
 
+    def test_a_report_sent_alone_after_its_batch_is_told_as_well(self) -> None:
+        # The server refuses the batch whole (400): each report goes alone
+        # on the single-report route, with its own retries and notices.
+        told: List[BaseException] = []
+        first_sent = threading.Event()
+        second_queued = threading.Event()
+        patcher = mock.patch("getratchet.worker._REPORTS_IN_FLIGHT", 1)
+        patcher.start()
+        self.addCleanup(patcher.stop)
+        respond = self.failing_then_recorded(lambda path: None)
+        state = {"n": 0}
+
+        def answer(method, path, body):
+            state["n"] += 1
+            if state["n"] == 1:
+                first_sent.set()
+                second_queued.wait(10)
+                return 200, {"jobId": "job_0", "status": "SUCCEEDED", "attempt": 1}, {}
+            if path == "/api/v1/jobs/report":
+                return 400, error("invalid_request"), {}
+            if "job_2" in path:
+                return 200, {"jobId": "job_2", "status": "SUCCEEDED", "attempt": 1}, {}
+            return respond(path)
+
+        server = FakeServer(answer)
+        self.addCleanup(server.close)
+        transport = Transport(server.url, "rk_test", timeout=5)
+        self.addCleanup(transport.close_idle)
+        reporter = getratchet.worker._Reporter(transport, told.append)
+
+        def deliver(job_id: str) -> None:
+            reporter.deliver(job_id, {"leaseToken": f"tok_{job_id}", "status": "SUCCEEDED",
+                                      "output": self.SECRET_OUTPUT},
+                             may_wait=lambda wait: True, on_retry=lambda: None, attempt=4)
+
+        threads = [threading.Thread(target=deliver, args=("job_0",))]
+        threads[0].start()
+        first_sent.wait(10)
+        for job_id in ("job_1", "job_2"):
+            threads.append(threading.Thread(target=deliver, args=(job_id,)))
+            threads[-1].start()
+        wait_until(lambda: len(reporter._queue) == 2)
+        second_queued.set()
+        for thread in threads:
+            thread.join(10)
+        self.assertEqual(server.seen[1][1], "/api/v1/jobs/report")
+        self.assert_told(told, "job_1", 4, 0)
+
     def test_the_worker_tells_on_error(self) -> None:
         told: List[BaseException] = []
         respond = self.failing_then_recorded(lambda path: None)
@@ -5854,3 +5902,47 @@ class ReportQueuedSlotTest(unittest.TestCase):
         release.set()
         wait_until(lambda: state["ran"] == ["job_1", "job_2", "job_3", "job_4"])
         self.assertTrue(client.worker.stop(5))
+
+
+class EffectLeaseMarginTest(unittest.TestCase):
+    """do_effect tells the action its lease is lost, while heartbeats fail,
+    at most a quarter of the lease as granted before its end (a second for
+    leases of 4 s and more), as the Go SDK's effectLeaseMargin: a 2 s lease
+    was given up a second early, half of it. The heartbeats' clock is
+    frozen and moved on by each of their waits."""
+
+    def lost_at(self, lease: float) -> Tuple[float, List[float]]:
+        """When (seconds after the grant) the action is told, a lease of
+        lease seconds granted and every heartbeat answered 503; and the
+        waits between heartbeats."""
+        clock = _MovedClock(frozen=True)
+        patcher = mock.patch("getratchet.client.time", clock)
+        patcher.start()
+        self.addCleanup(patcher.stop)
+        server = FakeServer(lambda method, path, body: (503, error("unavailable"), {}))
+        self.addCleanup(server.close)
+        client = getratchet.Ratchet(server.url, "rk_test", max_retries=0)
+        self.addCleanup(client.close)
+        waits: List[float] = []
+
+        class Stop:
+            def wait(self, seconds: float) -> bool:
+                waits.append(seconds)
+                clock.offset += seconds
+                return len(waits) > 20  # hang guard
+
+        lost = threading.Event()
+        start = clock.monotonic()
+        client._heartbeat_effect("eff_1", "tok", {"end": start + lease}, Stop(), lost)  # type: ignore[arg-type]
+        self.assertTrue(lost.is_set())
+        self.assertTrue(any(s[1] == "/api/v1/effects/eff_1/heartbeat" for s in server.seen))
+        return clock.monotonic() - start, waits
+
+    def test_a_short_lease_is_given_up_a_quarter_of_it_before_its_end(self) -> None:
+        at, waits = self.lost_at(2.0)
+        self.assertAlmostEqual(at, 1.5)  # Go: 2 s less min(1 s, 2 s / 4)
+        self.assertAlmostEqual(waits[0], 1.0)
+
+    def test_a_longer_lease_is_given_up_a_second_before_its_end(self) -> None:
+        at, _ = self.lost_at(6.0)
+        self.assertAlmostEqual(at, 5.0)

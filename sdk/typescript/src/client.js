@@ -27,7 +27,17 @@ const MAX_RESULT_BYTES = 1024 * 1024 - 1024;
 // waiters, for ever. Exported for the tests.
 // beginPatienceMs is how long doEffect asks again for a begin whose answers
 // were all lost, from its first failure (as Go's DoEffect).
-export const gateTimes = { reportTimeoutMs: 30_000, beginPatienceMs: 30_000, firstInFlightWaitMs: 250 };
+// gateTimes.leaseMarginMs is how long before an effect lease's end (as last
+// extended, by this process's clock) doEffect tells an action whose
+// heartbeats have not extended it that the lease is lost: at most a quarter
+// of the lease as granted, as the Go SDK's effectLeaseMargin (a lease of 2 s
+// was given up a second early, half of it, where Go gives it up half a
+// second early). gateTimes.pause is how a heartbeat waits for the next (ms,
+// or until signal aborts): a test seam.
+export const gateTimes = {
+  reportTimeoutMs: 30_000, beginPatienceMs: 30_000, firstInFlightWaitMs: 250, leaseMarginMs: 1_000,
+  pause: (ms, signal) => sleep(ms, signal),
+};
 
 // The clock doEffect measures its leases and waits by: monotonic, as the
 // worker's (a wall clock stepped back during a heartbeat read the lease as
@@ -908,24 +918,26 @@ export class Ratchet {
   }
 
   // Paced at a third of the lease left, within 1 s to 1 min; the action is
-  // told the lease is lost on a refusal, or a second before its end by this
+  // told the lease is lost on a refusal, or a second (at most a quarter of
+  // the lease as granted: gateTimes.leaseMarginMs) before its end by this
   // process's clock when heartbeats keep failing. A heartbeat is always
   // tried before the lease is given up (as Go's): a lease of 3 s or less was
   // given up unbeaten, and lapsed under an action still running (sdk QA).
   async #heartbeat(effectId, token, state, signal, lost) {
     let tried = false; // a heartbeat was sent since the lease was last extended
     let extended = false; // a heartbeat has extended the lease
+    const margin = Math.max(Math.min(gateTimes.leaseMarginMs, (state.end - now()) / 4), 0);
     for (;;) {
       const left = state.end - now();
-      let pause = Math.min(Math.max(left / 3, 1_000), 60_000, Math.max(left - 1_000, 0));
+      let pause = Math.min(Math.max(left / 3, 1_000), 60_000, Math.max(left - margin, 0));
       // Just extended: not a beat in a loop on a short estimate.
       if (extended && !tried) pause = Math.max(pause, 1_000);
       try {
-        await sleep(pause, signal);
+        await gateTimes.pause(pause, signal);
       } catch {
         return; // the outcome was reported
       }
-      if (tried && now() >= state.end - 1_000) {
+      if (tried && now() >= state.end - margin) {
         lost.abort(new Error('ratchet: the lease lapsed while heartbeats failed'));
         return;
       }
@@ -942,7 +954,7 @@ export class Ratchet {
           // told (QA: with 10 s, one unanswered beat told it long after the
           // lease lapsed and another caller could act).
           { safe: true, maxRetries: 0, signal, withDate: true,
-            timeoutMs: Math.min(this.#transport.timeoutMs, 10_000, Math.max(state.end - 1_000 - sent, floor)) });
+            timeoutMs: Math.min(this.#transport.timeoutMs, 10_000, Math.max(state.end - margin - sent, floor)) });
         const ms = leaseLength(beat?.lease_expires_at, date);
         if (ms > 0) state.end = sent + ms;
         tried = false;

@@ -3791,3 +3791,86 @@ test('a report that waits behind a full queue keeps its slot', async (t) => {
   assert.deepEqual(state.ran, ['job_1', 'job_2', 'job_3', 'job_4']);
   assert.equal(await client.worker.stop({ timeoutMs: 5000 }), true);
 });
+
+// doEffect tells the action its lease is lost, while heartbeats fail, at
+// most a quarter of the lease as granted before its end (a second for
+// leases of 4 s and more), as the Go SDK's effectLeaseMargin: a 2 s lease
+// was given up a second early, half of it. The clock is frozen and moved on
+// by each heartbeat's wait; the begin's Date and expiry make the lease
+// exactly leaseMs by it (its expiry less Date, less a second).
+async function effectLostAt(t, leaseMs) {
+  const move = frozenClock(t);
+  const waits = [];
+  const saved = gateTimes.pause;
+  gateTimes.pause = async (ms, signal) => {
+    if (signal.aborted) throw signal.reason;
+    waits.push(ms);
+    move(ms);
+    await new Promise((r) => { setImmediate(r); });
+    if (signal.aborted) throw signal.reason;
+  };
+  after(t, () => { gateTimes.pause = saved; });
+  const date = new Date(Math.floor(Date.now() / 1000) * 1000);
+  const server = await fakeServer(t, (method, path, body) => {
+    if (path.endsWith('/begin')) {
+      return [200, { decision: 'execute', effect_id: 'eff_1', state: 'leased', attempt: 1, lease_token: 'tok',
+        lease_expires_at: new Date(date.getTime() + leaseMs + 1_000).toISOString() }, { Date: date.toUTCString() }];
+    }
+    if (path.endsWith('/heartbeat')) return [503, error('unavailable')];
+    return [200, { id: 'eff_1', state: body.outcome }];
+  });
+  const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
+  const start = performance.now();
+  let lostAt = null;
+  await client.doEffect({ effectType: 'email.send', idempotencyKey: 'k', payload: {} }, async (lease) => {
+    await new Promise((r) => { lease.signal.addEventListener('abort', r); });
+    lostAt = performance.now() - start;
+    return { sent: true };
+  });
+  assert.ok(server.seen.some((s) => s.path === '/api/v1/effects/eff_1/heartbeat'));
+  return [lostAt, waits];
+}
+
+test('doEffect gives a short lease up a quarter of it before its end while heartbeats fail', async (t) => {
+  const [at, waits] = await effectLostAt(t, 2_000);
+  assert.equal(at, 1_500); // Go: 2 s less min(1 s, 2 s / 4)
+  assert.equal(waits[0], 1_000);
+});
+
+test('doEffect gives a longer lease up a second before its end while heartbeats fail', async (t) => {
+  const [at] = await effectLostAt(t, 6_000);
+  assert.equal(at, 5_000);
+});
+
+test('a report sent alone after its batch is told to onError as well while it is retried', async (t) => {
+  // The server refuses the batch whole (400): each report goes alone on the
+  // single-report route, with its own retries and notices.
+  quickBackoff(t);
+  const saved = { ...reportTimes };
+  Object.assign(reportTimes, { inFlight: 1 });
+  after(t, () => Object.assign(reportTimes, saved));
+  const move = frozenClock(t);
+  let release;
+  const held = new Promise((r) => { release = r; });
+  let first = true;
+  const rest = failingThenRecorded(move);
+  const { t: tr, server } = await transport(t, async (method, path, body) => {
+    if (first) {
+      first = false;
+      await held; // job_0's report holds the one delivery while job_1's and job_2's queue behind it: one batch
+      return [200, { jobId: 'job_0', status: 'SUCCEEDED', attempt: 1 }];
+    }
+    if (body.reports) return [400, error('invalid_request')];
+    if (path.includes('job_2')) return [200, { jobId: 'job_2', status: 'SUCCEEDED', attempt: 1 }];
+    return rest(method, path, body);
+  });
+  const told = [];
+  const reporter = new Reporter(tr, new AbortController().signal, (e) => told.push(e));
+  const done = ['job_0', 'job_1', 'job_2'].map((id) => reporter.deliver(id, { leaseToken: `tok_${id}`, status: 'SUCCEEDED', output: SECRET_OUTPUT },
+    { mayWait: () => true, onRetry: () => {}, attempt: 4 }));
+  await until(() => server.seen.length === 1);
+  release();
+  await Promise.all(done);
+  assert.equal(server.seen[1].path, '/api/v1/jobs/report');
+  assertToldRetrying(told, 'job_1', 4, 0);
+});
