@@ -270,7 +270,8 @@ func (s *Server) revokeKey(ctx context.Context, c *Call) (any, error) {
 // could not be reached answers 503 with the envelope beside the result, so
 // a scheduler or monitor that reads only the status sees the outage (QA:
 // it answered 200); a pass with some failed tasks answers 200 and lists
-// them in errors.
+// them in errors ("failed", or sweep.CutShort for one that ran out of its
+// time after it changed rows).
 func (s *Server) cronSweep(ctx context.Context, _ *Call) (any, error) {
 	res := s.Sweeper.RunOnce(ctx)
 	if res.Unreachable {

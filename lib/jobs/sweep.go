@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -393,9 +394,16 @@ func (s *Service) settleRuns(ctx context.Context, limit int) (int, error) {
 // answers how many do changed (true), and the errors of those that
 // failed, joined. committed (nil: none) runs after each transaction that
 // committed, for wakes that must not come before their data is visible.
+//
+// The ids that failed of their own are recorded in the pass's
+// sweep.Failures, and an earlier run's in the same pass are passed over:
+// the pick reads that many more, so that the batch is limit others, and
+// the task drains the backlog behind a record that fails every time in
+// one pass, not a batch a pass (review).
 func (s *Service) eachInTx(ctx context.Context, pick string, limit int, what string,
 	do func(tx pgx.Tx, id string) (bool, error), committed func()) (int, error) {
-	rows, err := s.pool.Query(ctx, pick, limit)
+	failures := sweep.FailuresOf(ctx)
+	rows, err := s.pool.Query(ctx, pick, limit+failures.Len())
 	if err != nil {
 		return 0, fmt.Errorf("%s: %w", what, err)
 	}
@@ -403,6 +411,8 @@ func (s *Service) eachInTx(ctx context.Context, pick string, limit int, what str
 	if err != nil {
 		return 0, fmt.Errorf("%s: %w", what, err)
 	}
+	picked = slices.DeleteFunc(picked, failures.Has)
+	picked = picked[:min(len(picked), limit)]
 	n := 0
 	var errs []error
 	for _, id := range picked {
@@ -416,6 +426,7 @@ func (s *Service) eachInTx(ctx context.Context, pick string, limit int, what str
 			if errs = append(errs, err); !sweep.GoOn(ctx, err) {
 				break
 			}
+			failures.Add(id)
 			continue
 		}
 		if committed != nil {

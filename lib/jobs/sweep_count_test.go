@@ -1,7 +1,10 @@
 package jobs_test
 
 import (
+	"context"
 	"encoding/json"
+	"io"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -132,18 +135,7 @@ func TestLapsedBackstopRequeuesWhenEndingALastAttemptFails(t *testing.T) {
 // ended the pass). Not parallel: the backstop sweeps every workspace.
 func TestSettleBackstopGoesOnPastARunThatFails(t *testing.T) {
 	b := setup(t)
-	decided := func() string {
-		b.clock.Add(time.Second) // ids follow the clock: read in creation order
-		runID := b.run(t)
-		st := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`"d"`)})
-		// Ended and finished behind the service's back, as a crash leaves it.
-		_, err := b.env.App.Pool.Exec(ctx, `UPDATE jobs SET status = 'SUCCEEDED', finished_at = $2 WHERE step_id = $1`,
-			st.StepID, b.clock.Now())
-		require.NoError(t, err)
-		_, err = b.env.App.Pool.Exec(ctx, `UPDATE job_runs SET completion_requested = true WHERE id = $1`, runID)
-		require.NoError(t, err)
-		return runID
-	}
+	decided := func() string { return decidedRun(t, b) }
 	failing, next := decided(), decided()
 	apitest.Refuse(t, "BEFORE UPDATE ON job_runs", "OLD.id = '"+failing+"'")
 	n, err := jobs.SettleRuns(b.svc, 500)
@@ -155,6 +147,63 @@ func TestSettleBackstopGoesOnPastARunThatFails(t *testing.T) {
 	}
 	require.Equal(t, "SUCCEEDED", status(next), "settled behind the run that fails")
 	require.Equal(t, "RUNNING", status(failing))
+}
+
+// A pass with time drains the runs to settle behind one whose settling
+// fails every time, in that pass: each later run of the task passes over
+// the failed one (sweep.Failures) and reads a whole batch of others
+// (review: the failure stopped the task after its first batch, and the
+// next pass read the failing run first again, so the backlog behind it
+// drained a batch a pass). The failure is still answered. Not parallel:
+// the backstop sweeps every workspace.
+func TestAPassDrainsTheRunsToSettleBehindOneThatFails(t *testing.T) {
+	b := setup(t)
+	decided := func() string { return decidedRun(t, b) }
+	failing := decided()
+	var backlog []string
+	for range 5 { // more than two batches of 2
+		backlog = append(backlog, decided())
+	}
+	apitest.Refuse(t, "BEFORE UPDATE ON job_runs", "OLD.id = '"+failing+"'")
+	jobs.SetSweepBatch(b.svc, 2)
+	defer jobs.SetSweepBatch(b.svc, 500)
+	var task sweep.Task
+	for _, st := range b.svc.SweepTasks() {
+		if st.Name == "jobs.run_completion" {
+			task = st
+		}
+	}
+	sw := sweep.New(b.clock.Now, slog.New(slog.NewTextHandler(io.Discard, nil)), task)
+	pass, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	res := sw.RunOnce(pass)
+	require.Equal(t, "failed", res.Errors["jobs.run_completion"], "the failure answered")
+	require.GreaterOrEqual(t, res.Changed["jobs.run_completion"], len(backlog))
+	status := func(runID string) (s string) {
+		require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT status FROM job_runs WHERE id = $1`, runID).Scan(&s))
+		return s
+	}
+	for _, runID := range backlog {
+		require.Equal(t, "SUCCEEDED", status(runID), "settled in the pass, behind the run that fails")
+	}
+	require.Equal(t, "RUNNING", status(failing))
+}
+
+// decidedRun is a run whose step ended and whose completion was requested
+// behind the service's back, as a crash between the two leaves it: the
+// run-settling backstop's to settle. Its id follows the last one's (ids
+// follow the clock), so the backstop reads them in creation order.
+func decidedRun(t *testing.T, b *bundle) string {
+	t.Helper()
+	b.clock.Add(time.Second)
+	runID := b.run(t)
+	st := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`"d"`)})
+	_, err := b.env.App.Pool.Exec(ctx, `UPDATE jobs SET status = 'SUCCEEDED', finished_at = $2 WHERE step_id = $1`,
+		st.StepID, b.clock.Now())
+	require.NoError(t, err)
+	_, err = b.env.App.Pool.Exec(ctx, `UPDATE job_runs SET completion_requested = true WHERE id = $1`, runID)
+	require.NoError(t, err)
+	return runID
 }
 
 // Retention deletes idle worker registrations whatever the runs' purge

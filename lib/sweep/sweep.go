@@ -74,6 +74,12 @@ type Task struct {
 // maxDetached bounds the runs of one detached task in flight at once.
 const maxDetached = 8
 
+// CutShort is the errors value of a task that ran out of its time in a
+// pass after it changed rows (its failures are "failed"): the next pass
+// goes on from where it stopped. It is not among a pass's failures
+// (Result.Error).
+const CutShort = "cut_short"
+
 // Result reports one pass.
 type Result struct {
 	Changed map[string]int    `json:"changed"`
@@ -120,9 +126,15 @@ const taskReserve = 500 * time.Millisecond
 // tasks after it their reserve of ctx's deadline (after: what they need in
 // all), and reports a failure; interrupted says it was the database's (an
 // outage's), not the task's own (review: a task out of its time, stuck on
-// a lock, kept an outage from ever being logged as ended).
-func (s *Sweeper) run(ctx context.Context, t Task, after time.Duration, end, now time.Time) (n int, interrupted bool,
-	err error) {
+// a lock, kept an outage from ever being logged as ended). cut says the
+// task ran out of its time after it changed rows (progressed: an earlier
+// run of the pass did, or this one): it is cut short, not failed, and the
+// next pass goes on from where it stopped, so it is logged as a warning
+// (review: a drain cut mid-batch was logged at ERROR, and answered
+// "failed", as a task that could do nothing). One cut before it changed
+// anything (stuck on a lock, say) stays a failure.
+func (s *Sweeper) run(ctx context.Context, t Task, after time.Duration, end, now time.Time, progressed bool) (n int,
+	interrupted, cut bool, err error) {
 	if deadline, ok := ctx.Deadline(); ok {
 		if mine := laterOf(deadline.Add(-after), time.Now().Add(taskReserve)); mine.Before(end) {
 			end = mine
@@ -149,10 +161,13 @@ func (s *Sweeper) run(ctx context.Context, t Task, after time.Duration, end, now
 		// outage).
 		s.noteUnavailable(t.Name, err)
 		interrupted = true
+	case err != nil && taskCtx.Err() != nil && (progressed || n > 0):
+		s.logger.Warn("sweep task cut short by its time; the next pass goes on", "task", t.Name, "err", err)
+		cut = true
 	case err != nil:
 		s.logger.Error("sweep task failed", "task", t.Name, "err", err)
 	}
-	return n, interrupted, err
+	return n, interrupted, cut, err
 }
 
 // noteUnavailable logs the start of an outage, then a reminder a minute
@@ -223,10 +238,13 @@ func (s *Sweeper) RunOnce(ctx context.Context) Result {
 		for _, later := range s.tasks[i+1:] {
 			after += max(later.Needs, taskReserve)
 		}
-		n, interrupted, err := s.runBatches(ctx, t, after)
+		n, interrupted, cut, err := s.runBatches(ctx, t, after)
 		res.Changed[t.Name] = n
 		outage = outage || interrupted
-		if err != nil {
+		switch {
+		case cut:
+			res.Errors[t.Name] = CutShort
+		case err != nil:
 			res.Errors[t.Name] = "failed"
 			if db.IsUnavailable(err) {
 				unreachable++
@@ -253,21 +271,99 @@ func (s *Sweeper) RunOnce(ctx context.Context) Result {
 // few more each time, and the task ran again and again to TaskTimeout
 // every pass, effect retention's scan of every workspace's types included,
 // holding back the tasks after it (review). It answers the rows changed in
-// all and the last run's interruption or error.
-func (s *Sweeper) runBatches(ctx context.Context, t Task, after time.Duration) (changed int, interrupted bool, err error) {
+// all, the last run's interruption or error, and whether that error is only
+// the task's running out of its time after it changed rows (run's cut; not
+// after an earlier run's failure, which is answered with it).
+//
+// A run that failed on records of its own (GoOn), recorded in its
+// Failures, and changed others goes on as one that did not fail: its next
+// runs pass those records over, and a run's batch counts them, so that it
+// is whole when they and the rows changed fill it (review: a record that
+// failed every time was read first again on every run, and the failure
+// stopped the task, so a backlog behind it drained a batch a pass). The
+// error is answered all the same (each failed run's, joined). A run that changed nothing, failing or not, ends the
+// task: a batch made only of failing records is not read past in a loop.
+func (s *Sweeper) runBatches(ctx context.Context, t Task, after time.Duration) (changed int, interrupted, cut bool,
+	err error) {
 	began, now := time.Now(), s.now()
+	failures := &Failures{}
+	ctx = context.WithValue(ctx, failuresKey{}, failures)
+	var failed error // the first error of a run the task went on after
 	for {
 		start := time.Now()
 		var n int
-		n, interrupted, err = s.run(ctx, t, after, began.Add(TaskTimeout), now)
+		had := failures.Len()
+		n, interrupted, cut, err = s.run(ctx, t, after, began.Add(TaskTimeout), now, changed > 0)
 		changed += n
 		took := time.Since(start)
+		read := n + failures.Len() - had
 		deadline, ok := ctx.Deadline()
-		if err != nil || !t.Drains || n == 0 || t.Batch != nil && n < t.Batch() || !ok ||
+		if err != nil && (interrupted || read == n || !GoOn(ctx, err) || errors.Is(err, context.DeadlineExceeded)) ||
+			!t.Drains || n == 0 || t.Batch != nil && read < t.Batch() || !ok ||
 			time.Until(deadline)-after < 2*took+taskReserve || time.Since(began)+2*took > TaskTimeout {
-			return changed, interrupted, err
+			if failed != nil { // a failure of the pass's is not cut short
+				err, cut = errors.Join(failed, err), false
+			}
+			return changed, interrupted, cut, err
+		}
+		if failed == nil {
+			failed = err
 		}
 	}
+}
+
+// Failures is what the runs of one task in one pass (RunOnce) failed to
+// handle of their own (GoOn), by record id: a task that Drains and
+// reads its records in an order a failure does not change records those it
+// failed on (Add), and passes them over in its next runs (Has), so that
+// the rows behind them drain in the same pass (see runBatches). Safe for
+// concurrent use; a nil *Failures (the local loop's runs, a task run
+// alone) records nothing and has nothing.
+type Failures struct {
+	mu  sync.Mutex
+	ids map[string]struct{}
+}
+
+type failuresKey struct{}
+
+// FailuresOf is the Failures of the pass ctx runs a task in (nil: none).
+func FailuresOf(ctx context.Context) *Failures {
+	f, _ := ctx.Value(failuresKey{}).(*Failures)
+	return f
+}
+
+// Add records that handling id failed.
+func (f *Failures) Add(id string) {
+	if f == nil {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.ids == nil {
+		f.ids = map[string]struct{}{}
+	}
+	f.ids[id] = struct{}{}
+}
+
+// Has says whether handling id failed in an earlier run of the pass.
+func (f *Failures) Has(id string) bool {
+	if f == nil {
+		return false
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	_, ok := f.ids[id]
+	return ok
+}
+
+// Len is how many records failed so far.
+func (f *Failures) Len() int {
+	if f == nil {
+		return 0
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.ids)
 }
 
 // Loop runs a pass every interval until ctx ends: the tasks in order (one
@@ -301,7 +397,7 @@ func (s *Sweeper) Loop(ctx context.Context, interval time.Duration) {
 			if last, ok := ran[task.Name]; ok && task.Every > 0 && !now.Before(last) && now.Sub(last) < task.Every {
 				continue
 			}
-			_, interrupted, err := s.run(ctx, task, 0, time.Now().Add(TaskTimeout), now) // the loop has no deadline to share
+			_, interrupted, _, err := s.run(ctx, task, 0, time.Now().Add(TaskTimeout), now, false) // the loop has no deadline to share
 			outage = outage || interrupted
 			if task.Every > 0 && err == nil {
 				ran[task.Name] = now
@@ -323,7 +419,7 @@ func (s *Sweeper) Loop(ctx context.Context, interval time.Duration) {
 			go func() {
 				defer wg.Done()
 				defer func() { <-slots[task.Name] }()
-				_, _, _ = s.run(ctx, task, 0, time.Now().Add(TaskTimeout), s.now()) // the loop has no deadline to share
+				_, _, _, _ = s.run(ctx, task, 0, time.Now().Add(TaskTimeout), s.now(), false) // the loop has no deadline to share
 			}()
 		}
 	}
@@ -347,10 +443,17 @@ func GoOn(ctx context.Context, err error) bool {
 	return ctx.Err() == nil && (!db.IsUnavailable(err) || db.IsCanceled(err))
 }
 
-// Error is returned when a pass had failures.
+// Error is returned when a pass had failures: a task cut short (CutShort)
+// is none.
 func (r Result) Error() error {
-	if len(r.Errors) == 0 {
+	failed := 0
+	for _, e := range r.Errors {
+		if e != CutShort {
+			failed++
+		}
+	}
+	if failed == 0 {
 		return nil
 	}
-	return fmt.Errorf("sweep: %d task(s) failed", len(r.Errors))
+	return fmt.Errorf("sweep: %d task(s) failed", failed)
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -522,4 +523,109 @@ func TestLoopRunsATaskWithAnEveryAtThatPace(t *testing.T) {
 	}
 	cancel()
 	<-done
+}
+
+// A task that Drains and fails on records of its own, recorded in the
+// pass's Failures, goes on past them in the same pass while it changes
+// others, each run passing over those that failed: a backlog behind a
+// record that fails every time drains in one pass (review: the failure
+// stopped the task, and the record, read first again, held the rest to a
+// batch a pass). The failure is still answered. A batch made only of
+// failing records ends the task, and so does a failure a run did not
+// record (the pick's own, a task that records none).
+func TestADrainingTaskGoesOnPastRecordsThatFail(t *testing.T) {
+	t.Parallel()
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	// backlog is a task over ids read in order, a batch of 3 at a time,
+	// whose handling of those in bad fails every time.
+	backlog := func(ids []string, bad map[string]bool, record bool) (*atomic.Int32, *[]string, Task) {
+		var runs atomic.Int32
+		var done []string
+		return &runs, &done, Task{Name: "jobs.run_completion", Drains: true, Batch: func() int { return 3 },
+			Run: func(ctx context.Context, _ time.Time) (int, error) {
+				runs.Add(1)
+				failures := FailuresOf(ctx)
+				n := 0
+				var picked []string
+				for _, id := range ids {
+					if len(picked) < 3 && !slices.Contains(done, id) && !failures.Has(id) {
+						picked = append(picked, id)
+					}
+				}
+				var errs []error
+				for _, id := range picked {
+					if bad[id] {
+						errs = append(errs, fmt.Errorf("record %s: boom", id))
+						if record {
+							failures.Add(id)
+						}
+						continue
+					}
+					n, done = n+1, append(done, id)
+				}
+				return n, errors.Join(errs...)
+			}}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	runs, done, task := backlog([]string{"bad", "a", "b", "c", "d", "e", "f", "g"}, map[string]bool{"bad": true}, true)
+	res := New(time.Now, logger, task).RunOnce(ctx)
+	require.Equal(t, []string{"a", "b", "c", "d", "e", "f", "g"}, *done, "the backlog behind the failing record, in one pass")
+	require.Equal(t, 7, res.Changed["jobs.run_completion"])
+	require.Equal(t, "failed", res.Errors["jobs.run_completion"], "the failure answered")
+	require.EqualValues(t, 3, runs.Load(), "bad a b, then c d e, then f g: short, done")
+
+	runs, done, task = backlog([]string{"x", "y", "z", "a"}, map[string]bool{"x": true, "y": true, "z": true}, true)
+	res = New(time.Now, logger, task).RunOnce(ctx)
+	require.EqualValues(t, 1, runs.Load(), "a batch of failing records alone ends the task")
+	require.Empty(t, *done)
+	require.Equal(t, "failed", res.Errors["jobs.run_completion"])
+
+	runs, _, task = backlog([]string{"bad", "a", "b", "c", "d"}, map[string]bool{"bad": true}, false)
+	res = New(time.Now, logger, task).RunOnce(ctx)
+	require.EqualValues(t, 1, runs.Load(), "a failure not recorded ends the task, as before")
+	require.Equal(t, 2, res.Changed["jobs.run_completion"])
+}
+
+// A task that runs out of its time after it changed rows in the pass (a
+// drain's batch cut mid-way) is cut short, not failed: a warning, answered
+// CutShort, and no failure of the pass (the Lambda invocation does not
+// fail); the next pass goes on from where it stopped (review: logged at
+// ERROR and answered "failed", as a task that could do nothing). One out of
+// its time before it changed anything (stuck on a lock) still failed.
+func TestATaskCutShortAfterProgressIsNoFailure(t *testing.T) {
+	t.Parallel()
+	var logs bytes.Buffer
+	var runs atomic.Int32
+	drain := Task{Name: "jobs.run_completion", Drains: true, Batch: func() int { return 10 },
+		Run: func(ctx context.Context, _ time.Time) (int, error) {
+			if runs.Add(1) == 1 {
+				return 10, nil
+			}
+			<-ctx.Done() // three rows handled, then a statement cut by the task's deadline
+			return 3, fmt.Errorf("runs to settle: %w", ctx.Err())
+		}}
+	stuck := Task{Name: "groups.settle", Run: func(ctx context.Context, _ time.Time) (int, error) {
+		<-ctx.Done()
+		return 0, fmt.Errorf("sweep groups: %w", ctx.Err())
+	}}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second) // time for a second run
+	defer cancel()
+	res := New(time.Now, slog.New(slog.NewTextHandler(&logs, nil)), drain).RunOnce(ctx)
+	require.EqualValues(t, 2, runs.Load())
+	require.Equal(t, 13, res.Changed["jobs.run_completion"])
+	require.Equal(t, map[string]string{"jobs.run_completion": CutShort}, res.Errors)
+	require.NoError(t, res.Error(), "a task cut short is no failure of the pass")
+	require.Contains(t, logs.String(),
+		`level=WARN msg="sweep task cut short by its time; the next pass goes on" task=jobs.run_completion`)
+	require.NotContains(t, logs.String(), "level=ERROR")
+
+	logs.Reset()
+	ctx, cancel = context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	res = New(time.Now, slog.New(slog.NewTextHandler(&logs, nil)), stuck).RunOnce(ctx)
+	require.Equal(t, map[string]string{"groups.settle": "failed"}, res.Errors, "out of its time with nothing done")
+	require.Error(t, res.Error())
+	require.Contains(t, logs.String(), `level=ERROR msg="sweep task failed" task=groups.settle`)
 }
