@@ -281,14 +281,15 @@ func (s *Sweeper) RunOnce(ctx context.Context) Result {
 // is whole when they and the rows changed fill it (review: a record that
 // failed every time was read first again on every run, and the failure
 // stopped the task, so a backlog behind it drained a batch a pass). The
-// error is answered all the same (each failed run's, joined). A run that changed nothing, failing or not, ends the
-// task: a batch made only of failing records is not read past in a loop.
+// error is answered all the same (each failed run's, joined). A run that
+// changed nothing, failing or not, ends the task: a batch made only of
+// failing records is not read past in a loop.
 func (s *Sweeper) runBatches(ctx context.Context, t Task, after time.Duration) (changed int, interrupted, cut bool,
 	err error) {
 	began, now := time.Now(), s.now()
 	failures := &Failures{}
 	ctx = context.WithValue(ctx, failuresKey{}, failures)
-	var failed error // the first error of a run the task went on after
+	var failed error // the errors of the runs the task went on after
 	for {
 		start := time.Now()
 		var n int
@@ -306,8 +307,8 @@ func (s *Sweeper) runBatches(ctx context.Context, t Task, after time.Duration) (
 			}
 			return changed, interrupted, cut, err
 		}
-		if failed == nil {
-			failed = err
+		if err != nil {
+			failed = errors.Join(failed, err)
 		}
 	}
 }

@@ -628,4 +628,22 @@ func TestATaskCutShortAfterProgressIsNoFailure(t *testing.T) {
 	require.Equal(t, map[string]string{"groups.settle": "failed"}, res.Errors, "out of its time with nothing done")
 	require.Error(t, res.Error())
 	require.Contains(t, logs.String(), `level=ERROR msg="sweep task failed" task=groups.settle`)
+
+	// Cut short after a run that failed on a record: the failure is answered.
+	runs.Store(0)
+	failing := Task{Name: "jobs.dependencies", Drains: true, Batch: func() int { return 10 },
+		Run: func(ctx context.Context, _ time.Time) (int, error) {
+			if runs.Add(1) == 1 {
+				FailuresOf(ctx).Add("bad")
+				return 9, errors.New("stranded dependents: bad: boom")
+			}
+			<-ctx.Done()
+			return 3, fmt.Errorf("stranded dependents: %w", ctx.Err())
+		}}
+	ctx, cancel = context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	res = New(time.Now, slog.New(slog.NewTextHandler(io.Discard, nil)), failing).RunOnce(ctx)
+	require.EqualValues(t, 2, runs.Load())
+	require.Equal(t, 12, res.Changed["jobs.dependencies"])
+	require.Equal(t, map[string]string{"jobs.dependencies": "failed"}, res.Errors)
 }
