@@ -10,6 +10,8 @@ import (
 	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/jobs"
 	"github.com/getratchet/ratchet/lib/testpg"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
 )
 
 // lapsedJobs seeds jobs for testpg.CheckBacklog: finished ones, and a
@@ -170,7 +172,8 @@ func TestRetentionReadsABatchOfRunsAndTheirSteps(t *testing.T) {
 	}
 	for _, mode := range testpg.PlanCacheModes {
 		for _, limit := range []int{100, 500} {
-			read, nodes, err := testpg.RowsRead(ctx, tx, mode, jobs.SQLRetiredRuns, time.Now().AddDate(0, 0, -90), limit)
+			read, nodes, err := testpg.RowsRead(ctx, tx, mode, jobs.SQLRetiredRuns, time.Now().AddDate(0, 0, -90), limit,
+				time.Time{}, "")
 			if err != nil {
 				t.Fatalf("%s, limit %d: %v", mode, limit, err)
 			}
@@ -268,5 +271,63 @@ func TestRetentionDeletesABatchOfRunsByTheirSteps(t *testing.T) {
 					fmt.Sprintf("%s, %s: a batch of %d runs of %d steps", c.name, mode, limit, steps))
 			}
 		}
+	}
+}
+
+// Each batch of a retention pass starts after the last run the batch
+// before it took: the runs kept in front of the order it walks (a FAILED
+// run with a step that never ends, queued for a tool with no workers) are
+// read once a pass, not again by every batch (review), however it is
+// planned.
+func TestRetentionReadsTheRunsItKeepsOnceAPass(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	tx := testpg.Scratch(ctx, t, b.env.App.Pool, "job_runs", "jobs")
+	// $1 runs: the first 4,000 FAILED 200 days ago with a step still
+	// queued (kept), the others SUCCEEDED 150 days ago (due); a step each.
+	const runs, kept, limit = 7000, 4000, 1000
+	for i, s := range []string{`INSERT INTO job_runs (id, workspace_id, name, status, created_at, finished_at)
+		SELECT 'run_' || lpad(g::text, 8, '0'), 'ws_h' || g % 100, 'r', CASE WHEN g <= $1 THEN 'FAILED' ELSE 'SUCCEEDED' END,
+			now() - interval '300 days', now() - CASE WHEN g <= $1 THEN interval '200 days' ELSE interval '150 days' END
+				+ g * interval '1 s'
+		FROM generate_series(1, $2::int) g`,
+		seedRunSteps,
+		`UPDATE jobs SET status = 'QUEUED', attempt = 0, finished_at = NULL
+		WHERE run_id IN (SELECT id FROM job_runs WHERE status = 'FAILED')`,
+		`ANALYZE job_runs`, `ANALYZE jobs`} {
+		var args []any
+		switch i {
+		case 0:
+			args = []any{kept, runs}
+		case 1:
+			args = []any{1}
+		}
+		_, err := tx.Exec(ctx, s, args...)
+		require.NoError(t, err, "%.40s", s)
+	}
+	cutoff := time.Now().AddDate(0, 0, -90)
+	// The pass's first batch reads the runs kept, and takes a batch.
+	rows, err := tx.Query(ctx, jobs.SQLRetiredRuns, cutoff, limit, time.Time{}, "")
+	require.NoError(t, err)
+	var (
+		id, lastID string
+		n          int
+		at, lastAt time.Time
+		took       int
+	)
+	_, err = pgx.ForEachRow(rows, []any{&id, &n, &at}, func() error { took, lastID, lastAt = took+1, id, at; return nil })
+	require.NoError(t, err)
+	require.Equal(t, limit, took)
+	require.Equal(t, fmt.Sprintf("run_%08d", kept+limit), lastID, "the last run it took")
+	for _, mode := range testpg.PlanCacheModes {
+		read, nodes, err := testpg.RowsRead(ctx, tx, mode, jobs.SQLRetiredRuns, cutoff, limit, lastAt, lastID)
+		require.NoError(t, err, mode)
+		testpg.ReadsAtMost(t, read, nodes, map[string]int{"job_runs": 2 * limit, "jobs": 3 * limit},
+			fmt.Sprintf("%s: the pass's next batch, %d runs kept before it", mode, kept))
+		// From the front, as a new pass, it reads those kept again.
+		read, _, err = testpg.RowsRead(ctx, tx, mode, jobs.SQLRetiredRuns, cutoff, limit, time.Time{}, "")
+		require.NoError(t, err, mode)
+		require.Greater(t, read["job_runs"], kept, "%s: a new pass reads the runs kept", mode)
 	}
 }

@@ -52,12 +52,13 @@ func requestsRacingARunsRetentionPass(t *testing.T, commit bool) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = tx.Rollback(ctx) })
 	pid := apitest.BackendPID(t, tx)
-	rows, err := tx.Query(ctx, jobs.SQLRetiredRuns, cutoff, 1_000_000) // the tests before left theirs
+	rows, err := tx.Query(ctx, jobs.SQLRetiredRuns, cutoff, 1_000_000, time.Time{}, "") // the tests before left theirs
 	require.NoError(t, err)
 	var due []string
 	var id string
 	var n int
-	_, err = pgx.ForEachRow(rows, []any{&id, &n}, func() error { due = append(due, id); return nil })
+	var finished time.Time
+	_, err = pgx.ForEachRow(rows, []any{&id, &n, &finished}, func() error { due = append(due, id); return nil })
 	require.NoError(t, err)
 	require.Contains(t, due, runID)
 	retired, err := db.CollectIDs(tx.Query(ctx, jobs.SQLLockRetiredJobs, due, cutoff))

@@ -1,8 +1,11 @@
 package jobs_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -11,6 +14,7 @@ import (
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/jobs"
+	"github.com/getratchet/ratchet/lib/sweep"
 	"github.com/getratchet/ratchet/lib/testpg"
 )
 
@@ -369,4 +373,50 @@ func TestRetentionGoesOnPastARunWhosePurgeFails(t *testing.T) {
 	_, err = b.svc.PurgeRetired(ctx, cutoff.Add(time.Hour), 1_000_000)
 	require.NoError(t, err)
 	require.False(t, kept(failing), "put off, it is tried again")
+}
+
+// The batches of one pass (sweep.Place) start each after the last run the
+// batch before it took, past a run kept in front, a FAILED one whose step
+// never ends: and never past one the steps' budget left out of a batch,
+// which the next batch of the pass takes.
+func TestRetentionPassResumesAfterTheRunsItTook(t *testing.T) {
+	b := setup(t)
+	w := b.register(t)
+	first := b.clock.Now()
+	b.clock.Add(time.Second)
+	var runs []string
+	for i, steps := range []int{2, 2, 1} {
+		runID := b.run(t)
+		for k := range steps {
+			b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(fmt.Sprint(10*i + k + 1))})
+			b.succeed(t, b.claimOne(t, w))
+		}
+		_, err := b.svc.FinishRun(ctx, b.ws, runID)
+		require.NoError(t, err)
+		runs = append(runs, runID)
+		b.clock.Add(time.Second) // finished in this order
+	}
+	kept := b.run(t) // finished first, its step queued for good
+	b.enqueue(t, kept, jobs.EnqueueRequest{Input: json.RawMessage(`0`)})
+	_, err := b.env.App.Pool.Exec(ctx, `UPDATE job_runs SET status = 'FAILED', finished_at = $2 WHERE id = $1`,
+		kept, first)
+	require.NoError(t, err)
+	b.clock.Add(91 * 24 * time.Hour)
+	cutoff := b.clock.Now().AddDate(0, 0, -90)
+	jobs.SetPurgeSteps(b.svc, 3) // the first and third runs fit a batch, the second does not
+	var places []string
+	task := sweep.Task{Name: "jobs.retention", Drains: true, Run: func(ctx context.Context, _ time.Time) (int, error) {
+		n, err := b.svc.PurgeRetired(ctx, cutoff, 100)
+		places = append(places, fmt.Sprint(sweep.PlaceOf(ctx).At))
+		return n, err
+	}}
+	pass, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	res := sweep.New(b.clock.Now, slog.New(slog.NewTextHandler(io.Discard, nil)), task).RunOnce(pass)
+	require.Empty(t, res.Errors)
+	require.Zero(t, b.count(t, `SELECT count(*) FROM job_runs WHERE id = ANY($1)`, runs), "one pass takes the three")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM job_runs WHERE id = $1`, kept))
+	require.GreaterOrEqual(t, len(places), 2, places)
+	require.Contains(t, places[0], runs[0], "the first batch took the first and third: it ends at the first")
+	require.Contains(t, places[1], runs[1], "the second took the second")
 }

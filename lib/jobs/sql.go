@@ -1147,8 +1147,12 @@ WHERE t.id = $1::text AND t.status = 'QUEUED'`
 // been over for the whole period. A run that has not finished (RUNNING) is
 // kept. Three statements in one transaction:
 //
-// sqlRetiredRuns takes up to $2 candidates, oldest first
-// (job_runs_finished_idx), with how many steps each has, locking each run's
+// sqlRetiredRuns takes up to $2 candidates, oldest first, after ($3
+// finished_at, $4 id) (job_runs_purge_idx, migration 0087: the batch
+// before it in the pass looked at those up to there, sweep.Place, so a
+// run kept in front, a FAILED one with a step that never ends, is read
+// once a pass, not once a batch), with how many steps each and when it
+// finished, locking each run's
 // row and skipping any a request holds (an enqueue, a finish or a replay's
 // reopening hold it; a replay holds its step's job row from the start,
 // which sqlLockRetiredJobs skips); a run none of whose jobs still holds an
@@ -1158,7 +1162,8 @@ WHERE t.id = $1::text AND t.status = 'QUEUED'`
 // one whose purge failed until the cut-off passes its purge_after
 // (migration 0075; sqlPurgeLater).
 const sqlRetiredRuns = retiredRuns + `
-ORDER BY r.finished_at
+  AND (r.finished_at, r.id) > ($3::timestamptz, $4::text)
+ORDER BY r.finished_at, r.id
 LIMIT $2::int
 FOR UPDATE OF r SKIP LOCKED`
 
@@ -1169,7 +1174,7 @@ const sqlRetiredRun = retiredRuns + `
 FOR UPDATE OF r SKIP LOCKED`
 
 const retiredRuns = `
-SELECT r.id, (SELECT count(*) FROM jobs j WHERE j.run_id = r.id) FROM job_runs r
+SELECT r.id, (SELECT count(*) FROM jobs j WHERE j.run_id = r.id), r.finished_at FROM job_runs r
 WHERE r.status IN ('SUCCEEDED', 'FAILED') AND r.finished_at < $1::timestamptz
   AND (r.purge_after IS NULL OR r.purge_after <= $1::timestamptz)
   -- a probe a run (jobs_run_idx), in finished_at order until the batch is

@@ -79,9 +79,17 @@ const purgeRetryAfter = time.Hour
 // batch failed, and the run put off leaves the next batches whole: a
 // pass's round trips stay those of one batch but for one pass an hour per
 // failing run, and that pass is bounded by its batch. A savepoint per run
-// instead would cost two more round trips per run on every pass.
+// instead would cost two more round trips per run on every pass. Within a
+// pass (sweep.PlaceOf), each batch starts after the last run the batch
+// before it took: a run kept or passed over is read again by the next
+// pass.
 func (s *Service) PurgeRetired(ctx context.Context, cutoff time.Time, limit int) (int, error) {
-	runs, candidates, err := s.purgeRuns(ctx, sqlRetiredRuns, cutoff, limit)
+	place := sweep.PlaceOf(ctx)
+	after, _ := place.At.(runsPlace)
+	runs, candidates, last, err := s.purgeRuns(ctx, sqlRetiredRuns, cutoff, limit, after.finishedAt, after.id)
+	if len(candidates) > 0 {
+		place.At = last
+	}
 	if err != nil {
 		runs, err = s.purgeApart(ctx, cutoff, candidates, err)
 	}
@@ -110,7 +118,7 @@ func (s *Service) purgeApart(ctx context.Context, cutoff time.Time, candidates [
 		err := batchErr
 		if len(candidates) > 1 { // one alone failed as the batch
 			var n int
-			if n, _, err = s.purgeRuns(ctx, sqlRetiredRun, cutoff, id); err == nil {
+			if n, _, _, err = s.purgeRuns(ctx, sqlRetiredRun, cutoff, id); err == nil {
 				runs += n
 				continue
 			}
@@ -129,24 +137,45 @@ func (s *Service) purgeApart(ctx context.Context, cutoff time.Time, candidates [
 	return runs, errors.Join(errs...)
 }
 
-// purgeRuns deletes, in a transaction, the runs pick ($1 cutoff, $2 arg)
-// reads, within purgeSteps steps, whose jobs it then locks all of. It
-// answers how many it deleted and the candidates it read, failing or not.
-func (s *Service) purgeRuns(ctx context.Context, pick string, cutoff time.Time, arg any) (int, []string, error) {
+// runsPlace is where PurgeRetired's batches have got to in a pass
+// (sweep.Place): the last candidate a batch took.
+type runsPlace struct {
+	finishedAt time.Time
+	id         string
+}
+
+// purgeRuns deletes, in a transaction, the runs pick ($1 cutoff, then
+// args) reads, within purgeSteps steps, whose jobs it then locks all of.
+// It answers how many it deleted, the candidates it read, failing or not,
+// and the last of them before the first run read that the steps' bound
+// left out (pick's order), where the next batch of the pass starts after.
+func (s *Service) purgeRuns(ctx context.Context, pick string, cutoff time.Time, args ...any) (int, []string, runsPlace,
+	error) {
 	runs := 0
-	var candidates []string
+	var (
+		candidates []string
+		last       runsPlace
+	)
 	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, pick, cutoff, arg)
+		rows, err := tx.Query(ctx, pick, append([]any{cutoff}, args...)...)
 		if err != nil {
 			return err
 		}
 		var (
 			id       string
 			n, steps int
+			finished time.Time
+			full     bool
 		)
-		_, err = pgx.ForEachRow(rows, []any{&id, &n}, func() error {
-			if len(candidates) == 0 || steps+n <= s.purgeSteps {
+		_, err = pgx.ForEachRow(rows, []any{&id, &n, &finished}, func() error {
+			switch {
+			case len(candidates) == 0 || steps+n <= s.purgeSteps:
 				candidates, steps = append(candidates, id), steps+n
+				if !full {
+					last = runsPlace{finishedAt: finished, id: id}
+				}
+			default:
+				full = true // the next batch of the pass starts at this run
 			}
 			return nil
 		})
@@ -164,9 +193,9 @@ func (s *Service) purgeRuns(ctx context.Context, pick string, cutoff time.Time, 
 		return nil
 	})
 	if err != nil {
-		return 0, candidates, err
+		return 0, candidates, last, err
 	}
-	return runs, candidates, nil
+	return runs, candidates, last, nil
 }
 
 // exhaustLapsed ends jobs whose lease lapsed on their last attempt (a lapsed

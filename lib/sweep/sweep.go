@@ -71,6 +71,29 @@ type Task struct {
 	Every time.Duration
 }
 
+// Place is where a task that Drains has got to in its backlog within one
+// pass: runBatches gives all of a task's runs of a pass the same one (in
+// their ctx, PlaceOf), and the next pass a new one. A run may note in At
+// the last row it looked at, so that the next run of the pass starts after
+// it: rows a retention keeps, old ones in front of the order it walks (the
+// latest reconciliation.due of each type, a FAILED run with a step that
+// never ends), were read again by every batch of the pass (review: 50,000
+// events kept, each batch of 1,000 read 102,000). A row passed over so is
+// read again by the next pass, which starts from the front.
+type Place struct{ At any }
+
+type placeKey struct{}
+
+// PlaceOf is ctx's Place: the pass's for a task's runs in runBatches, a
+// new one, at the front, otherwise (the local loop runs a task once a
+// pass, tests call it alone).
+func PlaceOf(ctx context.Context) *Place {
+	if p, ok := ctx.Value(placeKey{}).(*Place); ok {
+		return p
+	}
+	return new(Place)
+}
+
 // maxDetached bounds the runs of one detached task in flight at once.
 const maxDetached = 8
 
@@ -290,6 +313,7 @@ func (s *Sweeper) runBatches(ctx context.Context, t Task, after time.Duration) (
 	failures := &Failures{}
 	ctx = context.WithValue(ctx, failuresKey{}, failures)
 	var failed error // the errors of the runs the task went on after
+	ctx = context.WithValue(ctx, placeKey{}, new(Place))
 	for {
 		start := time.Now()
 		var n int

@@ -466,6 +466,33 @@ func TestADrainingTasksRunsShareOneNow(t *testing.T) {
 	}
 }
 
+// A draining task's runs within a pass share one Place, where each finds
+// what the one before it noted; the next pass's runs start from a new one.
+func TestADrainingTasksRunsShareOnePlace(t *testing.T) {
+	t.Parallel()
+	var seen []any
+	left := 0
+	task := Task{Name: "retention", Drains: true, Run: func(ctx context.Context, _ time.Time) (int, error) {
+		p := PlaceOf(ctx)
+		seen = append(seen, p.At)
+		if left == 0 {
+			return 0, nil
+		}
+		p.At = left
+		left--
+		return 1, nil
+	}}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	s := New(time.Now, slog.New(slog.NewTextHandler(io.Discard, nil)), task)
+	left = 2
+	s.RunOnce(ctx)
+	left = 1
+	s.RunOnce(ctx)
+	require.Equal(t, []any{nil, 2, 1, nil, 1}, seen)
+	require.Nil(t, PlaceOf(context.Background()).At, "no pass: at the front")
+}
+
 // The local loop runs a task with an Every once that has passed on the
 // sweeper's clock since its last run that did not fail, or the clock moved
 // back; the other tasks run every pass. Each pass ends in a task that

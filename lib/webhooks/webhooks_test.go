@@ -8,6 +8,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -30,10 +31,12 @@ import (
 
 	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/config"
+	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/events"
 	"github.com/getratchet/ratchet/lib/ids"
 	"github.com/getratchet/ratchet/lib/schematags"
 	"github.com/getratchet/ratchet/lib/seal"
+	"github.com/getratchet/ratchet/lib/sweep"
 	"github.com/getratchet/ratchet/lib/testpg"
 	"github.com/getratchet/ratchet/lib/webhooks"
 )
@@ -1583,7 +1586,7 @@ func TestRetentionKeepsADeliveryRetriedWhileItPurges(t *testing.T) {
 func TestRetentionCountsDeletedDeliveriesOnce(t *testing.T) {
 	env, clk := start(t, true)
 	ctx := context.Background()
-	rescans, err := testpg.RescansCTE(ctx, env.App.Pool, "d", webhooks.SQLPurgeDelivered, clk.Now(), 1000)
+	rescans, err := testpg.RescansCTE(ctx, env.App.Pool, "d", webhooks.SQLPurgeDelivered, clk.Now(), 1000, time.Time{}, "")
 	require.NoError(t, err)
 	require.False(t, rescans, "the deleted deliveries are read again for each event")
 }
@@ -1619,7 +1622,7 @@ func TestRetentionReadsTheBatchsDeliveries(t *testing.T) {
 	}
 	cutoff := time.Now().AddDate(0, 0, -100).Add(evts / 2 * time.Minute)
 	for _, mode := range testpg.PlanCacheModes {
-		read, nodes, err := testpg.RowsRead(ctx, tx, mode, webhooks.SQLPurgeDelivered, cutoff, limit)
+		read, nodes, err := testpg.RowsRead(ctx, tx, mode, webhooks.SQLPurgeDelivered, cutoff, limit, time.Time{}, "")
 		require.NoError(t, err, mode)
 		// The batch's deliveries (a quarter of its events) are read four
 		// times: to see none pending, to lock, to delete and to count.
@@ -1630,6 +1633,88 @@ func TestRetentionReadsTheBatchsDeliveries(t *testing.T) {
 		require.LessOrEqual(t, read["events"], 3*limit, "%s: rows of events read: %v", mode,
 			testpg.Reads(nodes, "events"))
 	}
+}
+
+// Each batch of a retention pass starts after the last event the batch
+// before it looked at: the events kept in front of the order it walks
+// (each type's latest reconciliation.due, kept for good) are read once a
+// pass, not again by every batch (review: 50,000 kept, each batch of 1,000
+// read 102,000 events), however it is planned, many of them recorded at one
+// time (a reminders sweep writes its batch at its now).
+func TestRetentionReadsTheEventsItKeepsOnceAPass(t *testing.T) {
+	env, _ := start(t, true)
+	ctx := context.Background()
+	tx := testpg.Scratch(ctx, t, env.App.Pool, "events", "webhook_deliveries")
+	// $1 reminders, each its type's latest, 200 days old, 500 at a time;
+	// then $2 events 150 days old, due.
+	const kept, due, limit = 10000, 3000, 1000
+	for _, q := range []string{`INSERT INTO events (id, workspace_id, type, subject_id, created_at, dispatched_at)
+		SELECT 'evt_k' || lpad(g::text, 8, '0'), 'ws_h' || g % 100, 'reconciliation.due', 'type_' || g,
+			now() - interval '200 days' + g / 500 * interval '1 minute', now() - interval '200 days'
+		FROM generate_series(1, ` + strconv.Itoa(kept) + `) g`,
+		`INSERT INTO events (id, workspace_id, type, subject_id, created_at, dispatched_at)
+		SELECT 'evt_d' || lpad(g::text, 8, '0'), 'ws_h' || g % 100, 'effect.succeeded', 'eff_' || g,
+			now() - interval '150 days' + g * interval '1 s', now() - interval '150 days'
+		FROM generate_series(1, ` + strconv.Itoa(due) + `) g`,
+		`ANALYZE events`, `ANALYZE webhook_deliveries`} {
+		_, err := tx.Exec(ctx, q)
+		require.NoError(t, err, "%.40s", q)
+	}
+	cutoff := time.Now().AddDate(0, 0, -100)
+	// The pass's first batch reads the reminders kept, and deletes a batch.
+	var (
+		n      int
+		lastAt time.Time
+		lastID string
+	)
+	require.NoError(t, tx.QueryRow(ctx, webhooks.SQLPurgeDelivered, cutoff, limit, time.Time{}, "").
+		Scan(&n, &lastAt, &lastID))
+	require.Equal(t, limit, n)
+	require.Equal(t, fmt.Sprintf("evt_d%08d", limit), lastID, "the last event it looked at")
+	for _, mode := range testpg.PlanCacheModes {
+		read, nodes, err := testpg.RowsRead(ctx, tx, mode, webhooks.SQLPurgeDelivered, cutoff, limit, lastAt, lastID)
+		require.NoError(t, err, mode)
+		// The batch's events twice (picked and deleted), and a few more.
+		testpg.ReadsAtMost(t, read, nodes, map[string]int{"events": 3 * limit},
+			fmt.Sprintf("%s: the pass's next batch, %d events kept before it", mode, kept))
+		// From the front, as a new pass, it reads those kept again.
+		read, _, err = testpg.RowsRead(ctx, tx, mode, webhooks.SQLPurgeDelivered, cutoff, limit, time.Time{}, "")
+		require.NoError(t, err, mode)
+		require.Greater(t, read["events"], kept, "%s: a new pass reads the events kept", mode)
+	}
+}
+
+// The batches of one retention pass (sweep.Place) start each after the
+// last event the batch before it looked at, past a reminder kept in front.
+// The events are a quarter of a century old, before any other test's.
+func TestRetentionPassResumesAfterTheEventsItLookedAt(t *testing.T) {
+	env, _ := start(t, true)
+	ctx := context.Background()
+	ws := env.Signup()
+	at := time.Date(2001, 1, 1, 0, 0, 0, 0, time.UTC)
+	evts := []string{ids.New(ids.Event), ids.New(ids.Event), ids.New(ids.Event)}
+	_, err := env.App.Pool.Exec(ctx, `INSERT INTO events (id, workspace_id, type, subject_id, created_at, dispatched_at)
+		SELECT e.id, $2, CASE WHEN e.i = 1 THEN 'reconciliation.due' ELSE 'effect.succeeded' END, 'sub_' || e.id,
+			$3::timestamptz + e.i * interval '1 s', $3::timestamptz
+		FROM unnest($1::text[]) WITH ORDINALITY AS e(id, i)`, evts, ws.ID, at)
+	require.NoError(t, err)
+	var places []string
+	task := sweep.Task{Name: "events.retention", Drains: true, Run: func(ctx context.Context, _ time.Time) (int, error) {
+		n, err := env.App.Server.Webhooks.PurgeDelivered(ctx, at.Add(time.Minute), 1)
+		places = append(places, fmt.Sprint(sweep.PlaceOf(ctx).At))
+		return n, err
+	}}
+	pass, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	res := sweep.New(time.Now, slog.New(slog.NewTextHandler(io.Discard, nil)), task).RunOnce(pass)
+	require.Empty(t, res.Errors)
+	require.Equal(t, 2, res.Changed["events.retention"])
+	left, err := db.CollectIDs(env.App.Pool.Query(ctx, `SELECT id FROM events WHERE id = ANY($1)`, evts))
+	require.NoError(t, err)
+	require.Equal(t, evts[:1], left, "the reminder is kept, the others go")
+	require.Len(t, places, 3, "two batches of one, and one that found none")
+	require.Contains(t, places[0], evts[1], "the first batch looked at the reminder and the next event")
+	require.Contains(t, places[1], evts[2])
 }
 
 // failsFirst is a delivery of one run.finished, fanned out and unsent, to
@@ -2354,9 +2439,12 @@ func TestARetryWaitingForAPurgeAnswersNotFound(t *testing.T) {
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
 			pid := apitest.BackendPID(t, tx)
-			tag, err := tx.Exec(ctx, webhooks.SQLPurgeDelivered, clk.Now().Add(time.Hour), 1_000_000)
+			var purged int
+			var lastAt, lastID any
+			err = tx.QueryRow(ctx, webhooks.SQLPurgeDelivered, clk.Now().Add(time.Hour), 1_000_000, time.Time{}, "").
+				Scan(&purged, &lastAt, &lastID)
 			require.NoError(t, err)
-			require.Positive(t, tag.RowsAffected())
+			require.Positive(t, purged)
 			retried := make(chan *apitest.Response, 1)
 			done := make(chan struct{})
 			go func() { defer close(done); retried <- retry(env, ws.Key, id, dlv) }()
