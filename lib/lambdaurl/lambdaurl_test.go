@@ -110,6 +110,16 @@ func TestHandlerHeadHasNoBody(t *testing.T) {
 	require.Equal(t, http.StatusOK, res.StatusCode)
 	require.Empty(t, res.Body)
 	require.Equal(t, "application/json", res.Headers["Content-Type"])
+
+	// So is the adapter's own refusal of a HEAD it cannot read (its body
+	// not base64 as the event says).
+	ev = events.LambdaFunctionURLRequest{RawPath: "/api/v1/health", Body: "%%%", IsBase64Encoded: true}
+	ev.RequestContext.HTTP.Method = "HEAD"
+	res, err = Handler(h)(context.Background(), ev)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusBadRequest, res.StatusCode)
+	require.Empty(t, res.Body)
+	require.True(t, ids.Valid(ids.Request, res.Headers["X-Request-Id"]))
 }
 
 // A path that begins with two slashes is a path, as the local server's Go
