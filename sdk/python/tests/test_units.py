@@ -5699,27 +5699,26 @@ class ReportRetryingTest(unittest.TestCase):
                          may_wait=lambda wait: True, on_retry=lambda: None, attempt=2)
         self.assert_told(told, "job_1", 2, 0)
 
-    def test_a_failing_batch_is_told_once_for_its_reports(self) -> None:
+    def deliver_behind_one_in_flight(self, then, attempt: int):
+        """Delivers job_0's report, holding the one delivery in flight until
+        job_1's and job_2's are queued behind it, so that they go as one
+        batch; then (path) answers every request after job_0's. Answers what
+        was told, the server and the jobs whose deliver returned."""
         told: List[BaseException] = []
         first_sent = threading.Event()
         second_queued = threading.Event()
-
         patcher = mock.patch("getratchet.worker._REPORTS_IN_FLIGHT", 1)
         patcher.start()
         self.addCleanup(patcher.stop)
         state = {"n": 0}
-        respond = self.failing_then_recorded(lambda path: None)
 
         def answer(method, path, body):
             state["n"] += 1
             if state["n"] == 1:
-                # job_0's report holds the one delivery in flight until
-                # job_1's and job_2's are queued behind it: they go as one
-                # batch, which the responder then fails.
                 first_sent.set()
                 second_queued.wait(10)
                 return 200, {"jobId": "job_0", "status": "SUCCEEDED", "attempt": 1}, {}
-            return respond(path)
+            return then(path)
 
         server = FakeServer(answer)
         self.addCleanup(server.close)
@@ -5731,7 +5730,7 @@ class ReportRetryingTest(unittest.TestCase):
         def deliver(job_id: str) -> None:
             reporter.deliver(job_id, {"leaseToken": f"tok_{job_id}", "status": "SUCCEEDED",
                                       "output": self.SECRET_OUTPUT},
-                             may_wait=lambda wait: True, on_retry=lambda: None, attempt=3)
+                             may_wait=lambda wait: True, on_retry=lambda: None, attempt=attempt)
             results.append(job_id)
 
         threads = [threading.Thread(target=deliver, args=("job_0",))]
@@ -5744,6 +5743,11 @@ class ReportRetryingTest(unittest.TestCase):
         second_queued.set()
         for thread in threads:
             thread.join(10)
+        return told, server, results
+
+    def test_a_failing_batch_is_told_once_for_its_reports(self) -> None:
+        told, server, results = self.deliver_behind_one_in_flight(
+            self.failing_then_recorded(lambda path: None), attempt=3)
         self.assertEqual(sorted(results), ["job_0", "job_1", "job_2"])
         self.assertEqual(server.seen[1][1], "/api/v1/jobs/report")
         self.assert_told(told, "job_1", 3, 1)
@@ -5751,48 +5755,16 @@ class ReportRetryingTest(unittest.TestCase):
     def test_a_report_sent_alone_after_its_batch_is_told_as_well(self) -> None:
         # The server refuses the batch whole (400): each report goes alone
         # on the single-report route, with its own retries and notices.
-        told: List[BaseException] = []
-        first_sent = threading.Event()
-        second_queued = threading.Event()
-        patcher = mock.patch("getratchet.worker._REPORTS_IN_FLIGHT", 1)
-        patcher.start()
-        self.addCleanup(patcher.stop)
         respond = self.failing_then_recorded(lambda path: None)
-        state = {"n": 0}
 
-        def answer(method, path, body):
-            state["n"] += 1
-            if state["n"] == 1:
-                first_sent.set()
-                second_queued.wait(10)
-                return 200, {"jobId": "job_0", "status": "SUCCEEDED", "attempt": 1}, {}
+        def then(path):
             if path == "/api/v1/jobs/report":
                 return 400, error("invalid_request"), {}
             if "job_2" in path:
                 return 200, {"jobId": "job_2", "status": "SUCCEEDED", "attempt": 1}, {}
             return respond(path)
 
-        server = FakeServer(answer)
-        self.addCleanup(server.close)
-        transport = Transport(server.url, "rk_test", timeout=5)
-        self.addCleanup(transport.close_idle)
-        reporter = getratchet.worker._Reporter(transport, told.append)
-
-        def deliver(job_id: str) -> None:
-            reporter.deliver(job_id, {"leaseToken": f"tok_{job_id}", "status": "SUCCEEDED",
-                                      "output": self.SECRET_OUTPUT},
-                             may_wait=lambda wait: True, on_retry=lambda: None, attempt=4)
-
-        threads = [threading.Thread(target=deliver, args=("job_0",))]
-        threads[0].start()
-        first_sent.wait(10)
-        for job_id in ("job_1", "job_2"):
-            threads.append(threading.Thread(target=deliver, args=(job_id,)))
-            threads[-1].start()
-        wait_until(lambda: len(reporter._queue) == 2)
-        second_queued.set()
-        for thread in threads:
-            thread.join(10)
+        told, server, _ = self.deliver_behind_one_in_flight(then, attempt=4)
         self.assertEqual(server.seen[1][1], "/api/v1/jobs/report")
         self.assert_told(told, "job_1", 4, 0)
 

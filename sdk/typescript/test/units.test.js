@@ -3678,7 +3678,11 @@ test('a failing report is told to onError every 30 s while it is retried', async
   assertToldRetrying(told, 'job_1', 2, 0);
 });
 
-test('a failing batch is told once for its reports while it is retried', async (t) => {
+// deliverBehindOneInFlight delivers job_0's report, holding the one
+// delivery in flight while job_1's and job_2's queue behind it (one batch);
+// then(move, method, path, body) answers every request after job_0's. It
+// answers what was told and the server.
+async function deliverBehindOneInFlight(t, then, attempt) {
   quickBackoff(t);
   const saved = { ...reportTimes };
   Object.assign(reportTimes, { inFlight: 1 });
@@ -3687,20 +3691,28 @@ test('a failing batch is told once for its reports while it is retried', async (
   let release;
   const held = new Promise((r) => { release = r; });
   let first = true;
-  const rest = failingThenRecorded(move);
   const { t: tr, server } = await transport(t, async (method, path, body) => {
-    if (!first) return rest(method, path, body);
+    if (!first) return then(move, method, path, body);
     first = false;
-    await held; // job_0's report holds the one delivery while job_1's and job_2's queue behind it: one batch
+    await held;
     return [200, { jobId: 'job_0', status: 'SUCCEEDED', attempt: 1 }];
   });
   const told = [];
   const reporter = new Reporter(tr, new AbortController().signal, (e) => told.push(e));
   const done = ['job_0', 'job_1', 'job_2'].map((id) => reporter.deliver(id, { leaseToken: `tok_${id}`, status: 'SUCCEEDED', output: SECRET_OUTPUT },
-    { mayWait: () => true, onRetry: () => {}, attempt: 3 }));
+    { mayWait: () => true, onRetry: () => {}, attempt }));
   await until(() => server.seen.length === 1);
   release();
   await Promise.all(done);
+  return { told, server };
+}
+
+test('a failing batch is told once for its reports while it is retried', async (t) => {
+  let rest;
+  const { told, server } = await deliverBehindOneInFlight(t, (move, method, path, body) => {
+    rest ??= failingThenRecorded(move);
+    return rest(method, path, body);
+  }, 3);
   assert.equal(server.seen[1].path, '/api/v1/jobs/report');
   assertToldRetrying(told, 'job_1', 3, 1);
 });
@@ -3845,32 +3857,13 @@ test('doEffect gives a longer lease up a second before its end while heartbeats 
 test('a report sent alone after its batch is told to onError as well while it is retried', async (t) => {
   // The server refuses the batch whole (400): each report goes alone on the
   // single-report route, with its own retries and notices.
-  quickBackoff(t);
-  const saved = { ...reportTimes };
-  Object.assign(reportTimes, { inFlight: 1 });
-  after(t, () => Object.assign(reportTimes, saved));
-  const move = frozenClock(t);
-  let release;
-  const held = new Promise((r) => { release = r; });
-  let first = true;
-  const rest = failingThenRecorded(move);
-  const { t: tr, server } = await transport(t, async (method, path, body) => {
-    if (first) {
-      first = false;
-      await held; // job_0's report holds the one delivery while job_1's and job_2's queue behind it: one batch
-      return [200, { jobId: 'job_0', status: 'SUCCEEDED', attempt: 1 }];
-    }
+  let rest;
+  const { told, server } = await deliverBehindOneInFlight(t, (move, method, path, body) => {
     if (body.reports) return [400, error('invalid_request')];
     if (path.includes('job_2')) return [200, { jobId: 'job_2', status: 'SUCCEEDED', attempt: 1 }];
+    rest ??= failingThenRecorded(move);
     return rest(method, path, body);
-  });
-  const told = [];
-  const reporter = new Reporter(tr, new AbortController().signal, (e) => told.push(e));
-  const done = ['job_0', 'job_1', 'job_2'].map((id) => reporter.deliver(id, { leaseToken: `tok_${id}`, status: 'SUCCEEDED', output: SECRET_OUTPUT },
-    { mayWait: () => true, onRetry: () => {}, attempt: 4 }));
-  await until(() => server.seen.length === 1);
-  release();
-  await Promise.all(done);
+  }, 4);
   assert.equal(server.seen[1].path, '/api/v1/jobs/report');
   assertToldRetrying(told, 'job_1', 4, 0);
 });
