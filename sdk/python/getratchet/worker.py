@@ -349,9 +349,19 @@ class _Reporter:
                     continue
                 batch = self._take()
                 self._in_flight += 1
+                # Reports behind the batch moved up: those waiting for room
+                # look again, and so does this one, whose thread is about to
+                # deliver (it freed its slot only once that delivery ended,
+                # where the TypeScript worker frees one after each take).
+                self._cond.notify_all()
+                free = not report.queued and self._room_for(report)
+                report.queued = report.queued or free
                 self._cond.release()
                 try:
-                    self._send(batch)
+                    if free:
+                        self._queued_then_send(on_queued, batch)
+                    else:
+                        self._send(batch)
                 finally:
                     self._cond.acquire()
                     self._in_flight -= 1
@@ -373,6 +383,14 @@ class _Reporter:
                                            on_attempt=on_attempt, bare_may_pass=True)
         elif report.error is not None:
             raise report.error
+
+    def _queued_then_send(self, on_queued: Callable[[], None], batch: List[_Report]) -> None:
+        """Calls on_queued, then sends batch whatever it raised: the batch
+        holds other threads' reports."""
+        try:
+            on_queued()
+        finally:
+            self._send(batch)
 
     def _room_for(self, report: _Report) -> bool:
         """Whether fewer than _REPORT_BATCH_MAX reports wait in the queue

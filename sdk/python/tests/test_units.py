@@ -5854,6 +5854,73 @@ class ReportQueuedSlotTest(unittest.TestCase):
         reported = sorted(s[1] for s in server.seen if s[1].endswith("/report"))
         self.assertEqual(reported, ["/api/v1/jobs/job_1/report", "/api/v1/jobs/job_2/report"])
 
+    def test_a_report_that_moves_up_frees_its_slot_while_the_delivery_before_it_is_held(self) -> None:
+        # Review: a report whose own thread took the batch ahead of it into
+        # a delivery freed its slot only once that delivery ended: moved up
+        # into room, its slot stayed held for the whole delivery before it.
+        for name, value in (("_REPORTS_IN_FLIGHT", 1), ("_REPORT_BATCH_MAX", 1)):
+            patcher = mock.patch.object(getratchet.worker, name, value)
+            patcher.start()
+            self.addCleanup(patcher.stop)
+        first_held, release_first = threading.Event(), threading.Event()
+        second_held, release_second = threading.Event(), threading.Event()
+        self.addCleanup(release_first.set)
+        self.addCleanup(release_second.set)
+
+        def answer(method, path, body):
+            job_id = path.split("/")[-2]
+            if job_id == "job_0":
+                first_held.set()
+                release_first.wait(30)
+            if job_id == "job_1":
+                second_held.set()
+                release_second.wait(30)
+            return 200, {"jobId": job_id, "status": "SUCCEEDED", "attempt": 1}, {}
+
+        server = FakeServer(answer)
+        self.addCleanup(server.close)
+        transport = Transport(server.url, "rk_test", timeout=5)
+        self.addCleanup(transport.close_idle)
+        reporter = getratchet.worker._Reporter(transport, lambda e: None)
+        queued = {job_id: threading.Event() for job_id in ("job_0", "job_1", "job_2")}
+        # job_1's thread stays in its on_queued (the worker's slot release)
+        # until the end, so that job_2's thread is the one to take job_1's
+        # report into a delivery.
+        job_1_back = threading.Event()
+        self.addCleanup(job_1_back.set)
+
+        def on_queued(job_id: str) -> None:
+            queued[job_id].set()
+            if job_id == "job_1":
+                job_1_back.wait(30)
+
+        def deliver(job_id: str) -> None:
+            reporter.deliver(job_id, {"leaseToken": f"tok_{job_id}", "status": "SUCCEEDED"},
+                             may_wait=lambda wait: True, on_retry=lambda: None,
+                             on_queued=lambda: on_queued(job_id))
+
+        threads = [threading.Thread(target=deliver, args=(job_id,)) for job_id in ("job_0", "job_1", "job_2")]
+        threads[0].start()
+        self.assertTrue(first_held.wait(10))
+        threads[1].start()
+        self.assertTrue(queued["job_1"].wait(10), "job_1's report waits first in the queue: queued")
+        threads[2].start()
+        wait_until(lambda: len(reporter._queue) == 2)
+        self.assertFalse(queued["job_2"].is_set(), "job_2's waits behind a full queue")
+        release_first.set()
+        # job_2's thread took job_1's report into a delivery, held now:
+        # job_2's report, first in the queue, is in room, and its slot is
+        # freed before that delivery ends.
+        self.assertTrue(second_held.wait(10))
+        self.assertTrue(queued["job_2"].wait(10), "job_2's report moved up but kept its slot")
+        self.assertFalse(release_second.is_set())
+        release_second.set()
+        job_1_back.set()
+        for thread in threads:
+            thread.join(10)
+        self.assertEqual(sorted(s[1] for s in server.seen),
+                         [f"/api/v1/jobs/job_{n}/report" for n in range(3)])
+
     def test_a_report_that_waits_behind_a_full_queue_keeps_its_slot(self) -> None:
         # One delivery in flight, and a queue of one: job_1's report is held
         # in flight, job_2's waits first in the queue (its slot freed),
