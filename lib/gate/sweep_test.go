@@ -475,3 +475,67 @@ func TestSweptRollbacksGoOnPastOneThatFails(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "unwound", state(failing))
 }
+
+// The lapse, moot-approval and spend sweeps each take a batch in one
+// statement, read in the same order every pass, so a row that made the
+// statement fail would hold every row behind it back for good. None can:
+// their tables have no trigger, their updates change no key and set only
+// values their checks admit, and each insert of an event passes over one
+// recorded already (ON CONFLICT DO NOTHING). This pins the rows closest
+// to failing (sweeper review): a lapse whose attempt row is gone (an older
+// release's retention), one whose effect.indeterminate is recorded already,
+// a moot approval announced already and resolved by a key that no longer
+// exists, a counter at the bounds of its columns. Not parallel, in its own
+// era (1921): the sweeps act on every workspace of the package database.
+func TestSweepsGoOnPastTheRowsClosestToFailing(t *testing.T) {
+	b, _ := inEra(t, 1921)
+	c, ctx, env := b.clock, context.Background(), b.env
+	pool := env.App.Pool
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		_, err := pool.Exec(ctx, sql, args...)
+		require.NoError(t, err)
+	}
+	announce := func(typ, subject, dedupe string) {
+		exec(`INSERT INTO events (id, workspace_id, type, subject_id, data, created_at, dedupe_key)
+			VALUES ($1, $2, $3, $4, '{}', $5, $6)`, ids.NewAt(ids.Event, c.Now()), b.ws.ID, typ, subject, c.Now(), dedupe)
+	}
+	noAttempt := str(b.mustBegin("execute", email(key("gone")))["effect_id"])
+	announced := str(b.mustBegin("execute", email(key("announced")))["effect_id"])
+	plain := str(b.mustBegin("execute", email(key("plain")))["effect_id"])
+	exec(`DELETE FROM effect_attempts WHERE effect_id = $1`, noAttempt)
+	announce("effect.indeterminate", announced, "1")
+	c.Add(2 * time.Hour)
+
+	_, err := env.App.Server.Gate.SweepLapsed(ctx, c.Now(), 500)
+	require.NoError(t, err)
+	var durable int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM effects WHERE id = ANY($1) AND state = 'indeterminate'`,
+		[]string{noAttempt, announced, plain}).Scan(&durable))
+	require.Equal(t, 3, durable)
+
+	// plain, settled succeeded with its retry's approval left pending,
+	// announced already and resolved by a key since deleted.
+	approval := ids.NewAt(ids.Approval, c.Now())
+	exec(`INSERT INTO approvals (id, workspace_id, effect_id, effect_type, state, reason, created_at)
+		VALUES ($1, $2, $3, 'email.send', 'pending', 'indeterminate_retry', $4)`, approval, b.ws.ID, plain, c.Now())
+	exec(`UPDATE effects SET state = 'succeeded', approval_id = $2, approval_state = 'pending' WHERE id = $1`, plain, approval)
+	exec(`UPDATE effect_attempts SET outcome = 'succeeded', resolved_by_key_id = 'key_gone', resolved_at = $2
+		WHERE effect_id = $1`, plain, c.Now())
+	announce("approval.decided", approval, "")
+	_, err = env.App.Server.Gate.SweepMootApprovals(ctx, c.Now(), 500)
+	require.NoError(t, err)
+	var state string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT state FROM approvals WHERE id = $1`, approval).Scan(&state))
+	require.Equal(t, "rejected", state)
+
+	old := c.Now().AddDate(0, 0, -10).Format(time.DateOnly)
+	exec(`INSERT INTO gate_spend (workspace_id, scope, day, micros, count, cap_micros, cap_count)
+		VALUES ($1, 'type:email.send', $2::date, 9223372036854775807, 9223372036854775807, 0, 0)`, b.ws.ID, old)
+	_, err = env.App.Server.Gate.SweepSpend(ctx, c.Now(), 500)
+	require.NoError(t, err)
+	var left int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM gate_spend WHERE workspace_id = $1 AND day = $2::date`,
+		b.ws.ID, old).Scan(&left))
+	require.Equal(t, 0, left)
+}
